@@ -1,0 +1,33 @@
+# One-command set-up: `make demo` and `make test` create .venv, install and run.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# Pinned CPU wheel first: an open range could pull a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/blockdraft demo
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/objectives.py
+	$(BIN)/python bench/offline_eval.py
+
+clean:
+	rm -rf $(VENV)
