@@ -1,0 +1,63 @@
+"""`blockdraft export CKPT --out DIR`: validate a drafter and write the serving-engine format.
+
+The output directory loads in SGLang (`--speculative-algorithm DFLASH
+--speculative-draft-model-path DIR`) and vLLM (`method: dflash`) without conversion; see
+docs/export.md for what is checked and against which loader sources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="validate a drafter checkpoint and write the DFlash serving format",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("ckpt", help="drafter checkpoint directory (config.json + model.safetensors)")
+    p.add_argument("--out", help="output directory (required unless --check)")
+    p.add_argument("--dtype", choices=_DTYPES, default=None, help="cast weights (default: keep)")
+    p.add_argument(
+        "--target", default=None, help="target name/path; needed only for a reduced draft vocab"
+    )
+    p.add_argument("--check", action="store_true", help="only validate CKPT, write nothing")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from blockdraft.models.export import export_drafter, validate_for_serving
+
+    if args.check:
+        problems = validate_for_serving(args.ckpt)
+        for problem in problems:
+            print(f"problem: {problem}", file=sys.stderr)
+        print(f"{args.ckpt}: {'servable' if not problems else f'{len(problems)} problem(s)'}")
+        return 1 if problems else 0
+    if not args.out:
+        print("error: --out DIR is required (or pass --check)", file=sys.stderr)
+        return 2
+    target = None
+    if args.target:
+        from blockdraft.models.registry import load_target
+
+        target = load_target(args.target)
+    try:
+        out = export_drafter(
+            args.ckpt,
+            args.out,
+            dtype=getattr(torch, args.dtype) if args.dtype else None,
+            target=target,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"exported {args.ckpt} -> {out} (validated for SGLang / vLLM / z-lab dflash)")
+    return 0
