@@ -1,0 +1,316 @@
+"""Rollout sets on disk: safetensors shards plus a `manifest.json` that says what they are.
+
+Layout of a rollout directory::
+
+    manifest.json            what, how, and which shards are finished (source of truth)
+    shard-00000.safetensors  rows 0..shard_size-1, in prompt order
+    shard-00001.safetensors  ...
+
+A shard holds its rollouts as flat tensors with offsets (ragged rows without padding):
+`prompt_tokens` int32 `[sum P]` + `prompt_offsets` int64 `[n+1]`, `response_tokens`
+int32 `[sum L]` + `response_offsets`, `logprobs` float32 `[sum L]` (log-prob of each
+realised response token under the sampling distribution; see `generation.py`), and
+with top-k storage `topk_ids` int32 `[sum L, N]`, `topk_logprobs` float32 `[sum L, N]`
+(the N most likely tokens of that same distribution). The safetensors metadata holds
+the prompt ids (`prompt_id`, a JSON list) and `first_row`.
+
+Safetensors (not pickle, not Arrow) because a shard is one small self-describing file
+that can be written to a temp name and renamed into place atomically, checksummed, and
+memory-mapped back without trusting its contents. Only shards listed in the manifest
+count; a shard file is never rewritten once listed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load, save
+
+from blockdraft.data.generation import SamplingSettings
+
+FORMAT = "blockdraft-rollouts"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class RolloutError(ValueError):
+    """A rollout directory is unusable or incompatible; the message names file and key."""
+
+
+@dataclass
+class Rollout:
+    """One target rollout. A training sequence is `prompt_ids + response_ids`."""
+
+    prompt_id: str
+    prompt_ids: torch.Tensor
+    response_ids: torch.Tensor
+    logprobs: torch.Tensor
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.response_ids])
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.prompt_ids.numel())
+
+    @property
+    def response_len(self) -> int:
+        return int(self.response_ids.numel())
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """Bool `[P+L]`: True on response positions (the tokens a drafter learns)."""
+        mask = torch.zeros(self.prompt_len + self.response_len, dtype=torch.bool)
+        mask[self.prompt_len :] = True
+        return mask
+
+
+# --- hashing and atomic files -----------------------------------------------------------
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    """SHA-256 of the vocabulary, special tokens and chat template."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    extra = [
+        getattr(tokenizer, "all_special_tokens", []),
+        getattr(tokenizer, "chat_template", None),
+    ]
+    return hashlib.sha256(json.dumps([vocab, extra], default=str).encode()).hexdigest()
+
+
+def target_fingerprint(target: Any) -> str:
+    """Identity of a target (tokenizer, config, weight sample), as the model registry defines it.
+
+    Re-exported here so every consumer of rollout manifests (training, scoring) compares
+    fingerprints made by one function.
+    """
+    from blockdraft.models.registry import target_fingerprint as registry_fingerprint
+
+    return str(registry_fingerprint(target))
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` via a temp file, fsync and rename: readers see old or new."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # directories cannot be fsynced on every platform
+        pass
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise RolloutError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise RolloutError(f"{path}: not a blockdraft rollout manifest (format != {FORMAT!r})")
+    if manifest.get("version") != VERSION:
+        raise RolloutError(
+            f"{path}: unsupported rollout format version {manifest.get('version')!r}"
+        )
+    return manifest
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    write_atomic(Path(directory) / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+
+
+# --- shards -----------------------------------------------------------------------------
+
+
+def encode_shard(first_row: int, rows: Sequence[Rollout], store_topk: int) -> bytes:
+    """Serialise rollouts to safetensors bytes (the layout in the module docstring)."""
+
+    def offsets(parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.tensor([0] + [int(p.numel()) for p in parts], dtype=torch.int64).cumsum(0)
+
+    prompts = [r.prompt_ids for r in rows]
+    responses = [r.response_ids for r in rows]
+    tensors = {
+        "prompt_tokens": torch.cat(prompts).to(torch.int32),
+        "prompt_offsets": offsets(prompts),
+        "response_tokens": torch.cat(responses).to(torch.int32),
+        "response_offsets": offsets(responses),
+        "logprobs": torch.cat([r.logprobs for r in rows]).to(torch.float32),
+    }
+    if store_topk:
+        tensors["topk_ids"] = torch.cat([r.topk_ids for r in rows]).to(torch.int32)
+        tensors["topk_logprobs"] = torch.cat([r.topk_logprobs for r in rows]).to(torch.float32)
+    meta = {"prompt_id": json.dumps([r.prompt_id for r in rows]), "first_row": str(first_row)}
+    return save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
+
+
+def decode_shard(data: bytes) -> list[Rollout]:
+    """Inverse of `encode_shard` (token ids come back as int64)."""
+    tensors = load(data)
+    meta = _metadata(data)
+    ids = json.loads(meta["prompt_id"])
+    po, ro = tensors["prompt_offsets"].tolist(), tensors["response_offsets"].tolist()
+    has_topk = "topk_ids" in tensors
+    rows = []
+    for i, pid in enumerate(ids):
+        r0, r1 = ro[i], ro[i + 1]
+        rows.append(
+            Rollout(
+                pid,
+                tensors["prompt_tokens"][po[i] : po[i + 1]].long(),
+                tensors["response_tokens"][r0:r1].long(),
+                tensors["logprobs"][r0:r1],
+                tensors["topk_ids"][r0:r1].long() if has_topk else None,
+                tensors["topk_logprobs"][r0:r1] if has_topk else None,
+            )
+        )
+    return rows
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + n]).get("__metadata__", {})
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def ids_hash(prompt_ids: Sequence[str], prompt_tokens: Sequence[Sequence[int]]) -> str:
+    """Hash of a run of prompts (ids and rendered tokens): detects a changed prompt list."""
+    return hashlib.sha256(
+        json.dumps([list(prompt_ids), [list(t) for t in prompt_tokens]]).encode()
+    ).hexdigest()
+
+
+# --- reading ----------------------------------------------------------------------------
+
+
+def split_by_prompt(
+    ids: Sequence[str], eval_fraction: float, seed: int = 0
+) -> tuple[list[int], list[int]]:
+    """Reproducible train/eval split of positions in `ids`, decided by prompt id.
+
+    Ids are ranked by a seeded hash and the `round(eval_fraction * n)` lowest go to eval
+    (at least one when the fraction is positive and n >= 2), so the split depends only on
+    the ids and the seed, never on the order rollouts were written. Returns sorted
+    (train_indices, eval_indices).
+    """
+    if not 0 <= eval_fraction < 1:
+        raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+    n = len(ids)
+    n_eval = round(eval_fraction * n)
+    if eval_fraction > 0 and n >= 2:
+        n_eval = max(1, n_eval)
+    rank = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}\x00{ids[i]}".encode()).digest())
+    eval_set = set(rank[:n_eval])
+    return [i for i in range(n) if i not in eval_set], sorted(eval_set)
+
+
+class RolloutSet(Sequence):
+    """Read access to the finished shards of a rollout directory (optionally a subset)."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any], indices: list[int] | None = None):
+        self.directory = Path(directory)
+        self.manifest = manifest
+        self._shards = manifest["shards"]
+        self._starts = [s["first_row"] for s in self._shards]
+        self._total = sum(s["rows"] for s in self._shards)
+        self._indices = indices
+        self._cache: tuple[int, list[Rollout]] | None = None
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike) -> RolloutSet:
+        manifest = read_manifest(Path(directory))
+        if manifest is None:
+            raise RolloutError(
+                f"{Path(directory) / MANIFEST}: no rollout manifest (run `blockdraft rollout`)"
+            )
+        return cls(Path(directory), manifest)
+
+    @property
+    def settings(self) -> SamplingSettings:
+        return SamplingSettings.from_dict(self.manifest["settings"])
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest.get("complete"))
+
+    def __len__(self) -> int:
+        return len(self._indices) if self._indices is not None else self._total
+
+    def __getitem__(self, i: int) -> Rollout:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"rollout index {i} out of range for {len(self)} rollouts")
+        i %= len(self)
+        row = self._indices[i] if self._indices is not None else i
+        s = bisect.bisect_right(self._starts, row) - 1
+        return self._load(s)[row - self._starts[s]]
+
+    def __iter__(self) -> Iterator[Rollout]:
+        for i in range(len(self)):
+            yield self[i]
+
+    @property
+    def prompt_ids(self) -> list[str]:
+        """Prompt ids of the rollouts in this set (reads shard headers only)."""
+        all_ids: list[str] = []
+        for shard in self._shards:
+            with open(self.directory / shard["file"], "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(n))
+            all_ids.extend(json.loads(header["__metadata__"]["prompt_id"]))
+        return all_ids if self._indices is None else [all_ids[i] for i in self._indices]
+
+    def subset(self, indices: Sequence[int]) -> RolloutSet:
+        """A view with the given positions (of this set), e.g. from `split_by_prompt`."""
+        base = self._indices if self._indices is not None else range(self._total)
+        return RolloutSet(self.directory, self.manifest, [base[i] for i in indices])
+
+    def split(self, eval_fraction: float, seed: int = 0) -> tuple[RolloutSet, RolloutSet]:
+        """(train, eval) views split by prompt id (see `split_by_prompt`)."""
+        train, ev = split_by_prompt(self.prompt_ids, eval_fraction, seed)
+        return self.subset(train), self.subset(ev)
+
+    def verify(self) -> None:
+        """Check every listed shard against its recorded size and SHA-256."""
+        for shard in self._shards:
+            verify_shard(self.directory, shard)
+
+    def _load(self, s: int) -> list[Rollout]:
+        if self._cache is None or self._cache[0] != s:
+            path = self.directory / self._shards[s]["file"]
+            try:
+                self._cache = (s, decode_shard(path.read_bytes()))
+            except (OSError, ValueError, KeyError) as exc:
+                raise RolloutError(f"{path}: cannot read shard ({exc})") from None
+        return self._cache[1]
+
+
+def verify_shard(directory: Path, shard: dict[str, Any]) -> None:
+    path = Path(directory) / shard["file"]
+    if not path.exists():
+        raise RolloutError(f"{path}: shard listed in the manifest is missing")
+    data = path.read_bytes()
+    if len(data) != shard["bytes"] or sha256_bytes(data) != shard["sha256"]:
+        raise RolloutError(f"{path}: shard is corrupted (size or sha256 differs from the manifest)")

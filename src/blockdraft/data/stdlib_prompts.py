@@ -1,0 +1,100 @@
+"""Code prompts cut from the Python standard library: a prompt source every machine has.
+
+Each prompt is a function's signature plus its docstring (dedented), the classic
+"complete the body" code prompt. The split is by *file*: a file belongs to `eval` when
+the SHA-256 of its path relative to the stdlib root falls in the first `EVAL_FRACTION`
+of the hash range, else to `train`. Hashing paths (not shuffling a list) makes the split
+deterministic, independent of which other files exist, and guarantees that a drafter
+evaluated on `stdlib:eval` never saw a function from the same file in training.
+
+The prompts depend on the Python version's stdlib; the rollout manifest records the
+version so a set can be told apart from one made under another Python.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import sysconfig
+import textwrap
+from pathlib import Path
+
+from blockdraft.data.prompts import Prompt, PromptError
+
+EVAL_FRACTION = 0.1
+MAX_PROMPT_CHARS = 4000
+_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "lib2to3", "__pycache__", "turtledemo"}
+
+
+def stdlib_root() -> Path:
+    """Directory of the running interpreter's standard library sources."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_split_of(relpath: str) -> str:
+    """`"eval"` or `"train"` for a stdlib file path relative to the stdlib root."""
+    h = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:8], "big") / 2**64
+    return "eval" if h < EVAL_FRACTION else "train"
+
+
+@functools.lru_cache(maxsize=1)
+def stdlib_files() -> tuple[str, ...]:
+    """All usable stdlib source files (relative posix paths, sorted); tests are excluded."""
+    root = stdlib_root()
+    out = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        parts = rel.split("/")
+        if any(p in _SKIP_DIRS or p.startswith("test_") for p in parts):
+            continue
+        out.append(rel)
+    return tuple(sorted(out))
+
+
+def file_prompts(relpath: str, split: str) -> list[Prompt]:
+    """Signature + docstring prompts of one stdlib file, in source order."""
+    source = (stdlib_root() / relpath).read_text(encoding="utf-8", errors="replace")
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # a few stdlib files are templates or Python-2 era data
+        return []
+    lines = source.splitlines(keepends=True)
+    found = []
+    for node, qualname in _functions(tree, ""):
+        body0 = node.body[0] if node.body else None
+        if ast.get_docstring(node) is None or body0 is None:
+            continue
+        text = textwrap.dedent("".join(lines[node.lineno - 1 : body0.end_lineno]))
+        if len(text) > MAX_PROMPT_CHARS or not text.strip():
+            continue
+        found.append(
+            (
+                node.lineno,
+                Prompt(f"stdlib/{relpath}:{node.lineno}:{qualname}", text, None, f"stdlib:{split}"),
+            )
+        )
+    return [p for _, p in sorted(found, key=lambda x: x[0])]
+
+
+def _functions(node: ast.AST, prefix: str):
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            qual = f"{prefix}{child.name}"
+            if not isinstance(child, ast.ClassDef):
+                yield child, qual
+            yield from _functions(child, qual + ".")
+
+
+def stdlib_prompts(split: str, limit: int | None = None) -> list[Prompt]:
+    """Prompts of the `train` or `eval` split (files in sorted order), at most `limit`."""
+    if split not in ("train", "eval"):
+        raise PromptError(f"unknown stdlib split {split!r}: use stdlib:train or stdlib:eval")
+    out: list[Prompt] = []
+    for rel in stdlib_files():
+        if stdlib_split_of(rel) != split:
+            continue
+        out.extend(file_prompts(rel, split))
+        if limit is not None and len(out) >= limit:
+            return out[:limit]
+    return out

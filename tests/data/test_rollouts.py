@@ -1,0 +1,353 @@
+"""Rollouts: stored log-probs against an independent scoring pass, storage, resume, refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from blockdraft.data.prompts import Prompt, PromptError
+from blockdraft.data.rollouts import (
+    RolloutError,
+    RolloutSet,
+    SamplingSettings,
+    generate_rollouts,
+    sampling_logprobs,
+    split_by_prompt,
+)
+from blockdraft.models.target import Target
+from blockdraft.models.testing import make_random_target
+
+HERE = Path(__file__).parent
+TEXTS = [
+    "def add(a, b):",
+    "class Point:\n    def",
+    "for i in range(10):\n",
+    "import os",
+    "The quick brown fox",
+    "x",
+    "if __name__ == '__main__':\n    main()\n",
+    "print(i * i)",
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models on 2 shared cores run ~8x faster single-threaded; restores the setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def prompts(n: int = len(TEXTS)) -> list[Prompt]:
+    return [
+        Prompt(f"q{i}", TEXTS[i % len(TEXTS)] + " " * (i // len(TEXTS)), None, "test")
+        for i in range(n)
+    ]
+
+
+def hf_logprobs(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
+    """The processed distribution recomputed with HF's own logits warpers."""
+    logits = logits.double()
+    if s.temperature == 0:
+        return torch.log_softmax(logits, -1)
+    x = TemperatureLogitsWarper(s.temperature)(None, logits)
+    if s.top_k:
+        x = TopKLogitsWarper(s.top_k)(None, x)
+    if s.top_p < 1:
+        x = TopPLogitsWarper(s.top_p)(None, x)
+    return torch.log_softmax(x, -1)
+
+
+def test_sampling_logprobs_match_hf_warpers():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=g) * 3
+    for s in [
+        SamplingSettings(1.0),
+        SamplingSettings(0.7, top_p=0.8, top_k=20),
+        SamplingSettings(1.3, top_k=5),
+        SamplingSettings(0.5, top_p=0.3),
+        SamplingSettings(0.0),
+    ]:
+        ours, ref = sampling_logprobs(logits, s), hf_logprobs(logits, s).float()
+        assert torch.equal(torch.isinf(ours), torch.isinf(ref)), s
+        assert torch.allclose(ours[~torch.isinf(ours)], ref[~torch.isinf(ref)], atol=1e-5), s
+        assert torch.allclose(ours.exp().sum(-1), torch.ones(6))
+
+
+SETTINGS = [
+    SamplingSettings(temperature=1.0, max_new_tokens=12, seed=3),
+    SamplingSettings(temperature=0.7, top_p=0.8, top_k=20, max_new_tokens=12, seed=4),
+    SamplingSettings(temperature=0.0, max_new_tokens=12, seed=5),
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=["T1", "T0.7-p0.8-k20", "greedy"])
+def test_stored_logprobs_equal_fresh_scoring(random_target, tmp_path, settings):
+    rs = generate_rollouts(
+        random_target,
+        prompts(),
+        tmp_path / "r",
+        settings,
+        batch_size=3,
+        shard_size=5,
+        store_topk=4,
+        progress=False,
+    )
+    assert len(rs) == len(TEXTS) and [r.prompt_id for r in rs] == [p.id for p in prompts()]
+    for r in RolloutSet.open(tmp_path / "r"):
+        assert r.prompt_ids.tolist() == random_target.encode(TEXTS[int(r.prompt_id[1:])])
+        logits = random_target.forward(r.input_ids[None]).logits[0]
+        ref = hf_logprobs(logits[r.prompt_len - 1 : -1], settings)  # predicts each response token
+        realised = ref.gather(-1, r.response_ids[:, None])[:, 0]
+        assert torch.isfinite(realised).all()  # every sampled token was allowed by the filters
+        assert torch.allclose(r.logprobs.double(), realised, atol=1e-4)
+        if settings.temperature == 0:
+            assert torch.equal(r.response_ids, ref.argmax(-1))
+        top = torch.topk(ref, 4, dim=-1)
+        assert torch.allclose(r.topk_logprobs.double(), top.values, atol=1e-4)
+        assert torch.equal(r.topk_ids[:, 0], top.indices[:, 0])
+        assert r.loss_mask.sum() == r.response_len and not r.loss_mask[: r.prompt_len].any()
+        assert (
+            r.response_len == settings.max_new_tokens
+            or r.response_ids[-1] in random_target.stop_token_ids
+        )
+
+
+def test_stop_tokens_end_a_rollout_and_batches_do_not_matter(random_target, tmp_path):
+    even = Target(
+        random_target.model,
+        random_target.tokenizer,
+        name="even-stops",
+        mask_token_id=random_target.mask_token_id,
+        stop_token_ids=list(range(0, 400, 2)),
+    )
+    s = SamplingSettings(temperature=1.0, max_new_tokens=20, seed=9)
+    batched = generate_rollouts(even, prompts(), tmp_path / "b", s, batch_size=4, progress=False)
+    alone = generate_rollouts(even, prompts(), tmp_path / "a", s, batch_size=1, progress=False)
+    lengths = set()
+    for rb, ra in zip(batched, alone, strict=True):
+        toks = rb.response_ids.tolist()
+        lengths.add(len(toks))
+        assert all(t % 2 for t in toks[:-1])  # nothing after the first stop token
+        assert toks[-1] % 2 == 0 or len(toks) == 20
+        assert torch.equal(rb.response_ids, ra.response_ids)  # seed per prompt, not per batch
+        assert torch.allclose(rb.logprobs, ra.logprobs, atol=1e-5)
+    assert len(lengths) > 2  # rows really finished at different steps
+
+
+def _load_child():
+    spec = importlib.util.spec_from_file_location(
+        "rollout_writer_child", HERE / "rollout_writer_child.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_resume_after_kill_equals_uninterrupted_run(random_target, tmp_path):
+    child = _load_child()
+    out, marker = tmp_path / "killed", tmp_path / "paused"
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "rollout_writer_child.py"), str(out), str(marker), "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.time() + 120
+    while not marker.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"child did not reach the pause point:\n{proc.stdout.read().decode()}")
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [s["rows"] for s in manifest["shards"]] == [3, 3]  # shard 2 was in progress
+    finished = {s["file"]: (out / s["file"]).read_bytes() for s in manifest["shards"]}
+
+    kwargs = dict(
+        batch_size=child.BATCH_SIZE,
+        shard_size=child.SHARD_SIZE,
+        store_topk=child.STORE_TOPK,
+        progress=False,
+    )
+    settings = SamplingSettings(**child.SETTINGS)
+    resumed = generate_rollouts(random_target, child.make_prompts(), out, settings, **kwargs)
+    fresh = generate_rollouts(
+        random_target, child.make_prompts(), tmp_path / "fresh", settings, **kwargs
+    )
+
+    assert {f: (out / f).read_bytes() for f in finished} == finished  # untouched
+    assert len(resumed) == len(fresh) == child.NUM_PROMPTS
+    assert [r.prompt_id for r in RolloutSet.open(out)] == [p.id for p in child.make_prompts()]
+    for a, b in zip(RolloutSet.open(out), fresh, strict=True):
+        assert a.prompt_id == b.prompt_id
+        for field in ("prompt_ids", "response_ids", "logprobs", "topk_ids", "topk_logprobs"):
+            assert torch.equal(getattr(a, field), getattr(b, field)), (a.prompt_id, field)
+    m = RolloutSet.open(out).manifest
+    assert m["complete"] and m["num_rollouts"] == child.NUM_PROMPTS
+    assert [s["first_row"] for s in m["shards"]] == [0, 3, 6, 9]
+    RolloutSet.open(out).verify()
+    assert not list(out.glob(".*.tmp"))
+
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_refuses_to_mix_targets_settings_or_prompts(random_target, tmp_path):
+    out = tmp_path / "r"
+    s = SamplingSettings(temperature=1.0, max_new_tokens=4, seed=0)
+    generate_rollouts(random_target, prompts(4), out, s, batch_size=2, shard_size=2, progress=False)
+    before = _snapshot(out)
+    with pytest.raises(
+        RolloutError, match=r"manifest.json: refusing to mix rollouts: settings.temperature differs"
+    ):
+        generate_rollouts(
+            random_target, prompts(6), out, SamplingSettings(0.7, max_new_tokens=4), progress=False
+        )
+    with pytest.raises(RolloutError, match="settings.seed differs"):
+        generate_rollouts(
+            random_target,
+            prompts(6),
+            out,
+            SamplingSettings(1.0, max_new_tokens=4, seed=1),
+            progress=False,
+        )
+    other = make_random_target("qwen3", seed=1)  # same config and vocab, other weights
+    with pytest.raises(RolloutError, match="target.fingerprint"):
+        generate_rollouts(other, prompts(6), out, s, progress=False)
+    with pytest.raises(RolloutError, match="store_topk differs"):
+        generate_rollouts(random_target, prompts(6), out, s, store_topk=2, progress=False)
+    renamed = [Prompt(f"z{i}", p.text, None, "t") for i, p in enumerate(prompts(6))]
+    with pytest.raises(
+        RolloutError, match=r"shard-00000.safetensors: rows 0..1 were generated for other prompts"
+    ):
+        generate_rollouts(random_target, renamed, out, s, progress=False)
+    assert _snapshot(out) == before  # nothing written, nothing lost
+    assert len(RolloutSet.open(out)) == 4
+
+    (out / "shard-00001.safetensors").write_bytes(b"garbage")
+    with pytest.raises(RolloutError, match="shard-00001.safetensors: shard is corrupted"):
+        generate_rollouts(random_target, prompts(4), out, s, progress=False)
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    with pytest.raises(RolloutError, match="not empty and has no manifest.json"):
+        generate_rollouts(random_target, prompts(2), busy, s, progress=False)
+    assert _snapshot(busy) == {"notes.txt": b"mine"}
+    with pytest.raises(PromptError, match="duplicate prompt id 'q0'"):
+        generate_rollouts(random_target, prompts(2) * 2, tmp_path / "dup", s, progress=False)
+
+
+def test_extend_with_leftovers_equals_one_run(random_target, tmp_path):
+    s = SamplingSettings(temperature=1.0, max_new_tokens=5, seed=2)
+    out = tmp_path / "grow"
+    generate_rollouts(random_target, prompts(4), out, s, batch_size=2, shard_size=2, progress=False)
+    # leftovers of a run killed after renaming shard 2 but before listing it, and mid-write
+    (out / "shard-00002.safetensors").write_bytes(b"orphan")
+    (out / ".shard-00003.safetensors.tmp").write_bytes(b"partial")
+    grown = generate_rollouts(
+        random_target, prompts(8), out, s, batch_size=2, shard_size=2, progress=False
+    )
+    whole = generate_rollouts(
+        random_target, prompts(8), tmp_path / "one", s, batch_size=2, shard_size=2, progress=False
+    )
+    assert [r.response_ids.tolist() for r in grown] == [r.response_ids.tolist() for r in whole]
+    assert grown.manifest["num_rollouts"] == 8 and grown.complete
+    assert not (out / ".shard-00003.safetensors.tmp").exists()
+    RolloutSet.open(out).verify()
+
+
+def test_split_by_prompt_and_subsets(random_target, tmp_path):
+    ids = [f"id{i}" for i in range(200)]
+    train, ev = split_by_prompt(ids, 0.1, seed=0)
+    assert len(ev) == 20 and sorted(train + ev) == list(range(200))
+    assert split_by_prompt(ids, 0.1, seed=0) == (train, ev)
+    assert split_by_prompt(ids, 0.1, seed=1)[1] != ev
+    rev = ids[::-1]  # the split follows the ids, not their order
+    assert {rev[i] for i in split_by_prompt(rev, 0.1, seed=0)[1]} == {ids[i] for i in ev}
+    assert split_by_prompt(ids[:3], 0.01)[1] != []  # at least one eval prompt
+    with pytest.raises(ValueError, match="eval_fraction"):
+        split_by_prompt(ids, 1.0)
+
+    s = SamplingSettings(temperature=1.0, max_new_tokens=3)
+    rs = generate_rollouts(
+        random_target, prompts(8), tmp_path / "r", s, shard_size=3, progress=False
+    )
+    tr, te = rs.split(0.25, seed=0)
+    assert len(tr) == 6 and len(te) == 2
+    assert sorted(rs.prompt_ids) == sorted(tr.prompt_ids + te.prompt_ids)
+    assert [r.prompt_id for r in te] == te.prompt_ids
+    sub = rs.subset([7, 0, 4])
+    assert [r.prompt_id for r in sub] == ["q7", "q0", "q4"] and sub[-1].prompt_id == "q4"
+    assert sub.subset([2])[0].prompt_id == "q4"
+    assert rs.settings == s and rs.manifest["target"]["name"] == random_target.name
+    with pytest.raises(IndexError):
+        rs[8]
+    with pytest.raises(RolloutError, match="no rollout manifest"):
+        RolloutSet.open(tmp_path)
+
+
+def test_cli_rollout(random_target, tmp_path, monkeypatch, capsys):
+    from blockdraft.cli import main
+    from blockdraft.models import registry
+
+    loaded = []
+    monkeypatch.setattr(
+        registry, "load_target", lambda name, **kw: loaded.append(name) or random_target
+    )
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"question": t}) + "\n" for t in TEXTS))
+
+    def args(out: str, temperature: str = "0.8") -> list[str]:
+        return [
+            "rollout",
+            "--target",
+            "x",
+            "--prompts",
+            f"{src}:question",
+            "--out",
+            str(tmp_path / out),
+            "--temperature",
+            temperature,
+            "--top-k",
+            "10",
+            "--max-new-tokens",
+            "4",
+            "--limit",
+            "5",
+            "--shard-size",
+            "2",
+            "--batch-size",
+            "2",
+            "--store-topk",
+            "3",
+            "--no-progress",
+        ]
+
+    assert main(args("o")) == 0 and loaded == ["x"]
+    rs = RolloutSet.open(tmp_path / "o")
+    assert len(rs) == 5 and rs.settings.top_k == 10 and rs[0].topk_ids.shape[1] == 3
+    assert rs.manifest["prompts"]["spec"] == f"{src}:question"
+    assert main(args("o", temperature="0.5")) == 2
+    assert "settings.temperature differs" in capsys.readouterr().err
+    src.write_text('{"question": "a"}\n{oops\n')
+    assert main(args("o2")) == 2
+    assert f"{src}:2: invalid JSON" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
