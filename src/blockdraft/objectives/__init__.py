@@ -1,0 +1,81 @@
+"""Training objectives for block drafters: pure tensor math, no models.
+
+Block objectives weight a per-proposal cross-entropy (uniform, DFlash decay, D-PACE) or
+maximise a block-local accepted-length surrogate (E2E); EDR (in `edr.py`) scores whole
+rollouts. `make_objective(name, **params)` is the single entry point the trainer uses.
+
+The EDR functions are re-exported lazily (PEP 562 `__getattr__`) so importing this
+package never requires `edr.py` to exist or to import cleanly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from blockdraft.objectives.cross_entropy import (
+    default_chunk_rows,
+    target_logprobs,
+    token_logprobs,
+    weighted_cross_entropy,
+)
+from blockdraft.objectives.dpace import DPACE_VARIANTS, dpace_weights
+from blockdraft.objectives.e2e import (
+    e2e_from_overlap,
+    e2e_loss,
+    expected_accepted_fraction,
+    overlap,
+    overlap_with_logits,
+)
+from blockdraft.objectives.registry import (
+    OBJECTIVE_NAMES,
+    E2EObjective,
+    EDRObjective,
+    LossOutput,
+    Objective,
+    WeightedCEObjective,
+    make_objective,
+    objective_params,
+)
+from blockdraft.objectives.schedules import decay_weights, default_decay_gamma, uniform_weights
+
+_EDR_EXPORTS = (
+    "acceptance_and_cost",
+    "rounds_objective",
+    "expected_rounds",
+    "occupancy_and_value",
+    "edr_surrogate",
+    "sample_round_starts",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EDR_EXPORTS:
+        return getattr(importlib.import_module("blockdraft.objectives.edr"), name)
+    raise AttributeError(f"module 'blockdraft.objectives' has no attribute {name!r}")
+
+
+__all__ = [
+    "DPACE_VARIANTS",
+    "OBJECTIVE_NAMES",
+    "E2EObjective",
+    "EDRObjective",
+    "LossOutput",
+    "Objective",
+    "WeightedCEObjective",
+    "decay_weights",
+    "default_chunk_rows",
+    "default_decay_gamma",
+    "dpace_weights",
+    "e2e_from_overlap",
+    "e2e_loss",
+    "expected_accepted_fraction",
+    "make_objective",
+    "objective_params",
+    "overlap",
+    "overlap_with_logits",
+    "target_logprobs",
+    "token_logprobs",
+    "uniform_weights",
+    "weighted_cross_entropy",
+]

@@ -1,0 +1,128 @@
+"""E2E: the block-local expected-accepted-length objective (METHODS.md §1, baselines).
+
+Under lossless speculative sampling, proposal i of a block is accepted (given the earlier
+ones were) with probability `alpha_i = sum_v min(p_i(v), q_i(v)) = 1 - TV(p_i, q_i)`.
+Treating positions as independent, the expected number of accepted proposals is
+`sum_j prod_{i<=j} alpha_i`, and E2E minimises `1 - (1/K) sum_j prod_{i<=j} alpha_i`.
+Unlike cross-entropy it needs the target's full distribution `p_i`.
+
+Masked proposals (padding, past the end of the sequence) are removed from the block:
+they act as `alpha = 1` inside the products (they neither break nor shrink the chain of
+the real positions around them), contribute no term to the sum, and do not count in the
+block's normaliser, which is its number of real proposals `K_b` instead of K. The loss
+is the mean over blocks with at least one real proposal.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from blockdraft.objectives.cross_entropy import default_chunk_rows
+
+
+def _check_pair(p: torch.Tensor, other: torch.Tensor, other_name: str) -> None:
+    if p.dim() < 1 or p.shape != other.shape:
+        raise ValueError(
+            f"target_probs {tuple(p.shape)} and {other_name} {tuple(other.shape)} "
+            "must have the same [..., V] shape"
+        )
+
+
+def _check_chunk_rows(chunk_rows: int | None, vocab_size: int) -> int:
+    if chunk_rows is None:
+        return default_chunk_rows(vocab_size)
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
+    return chunk_rows
+
+
+def _overlap_of_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return torch.minimum(p, q).sum(-1)
+
+
+def _overlap_of_logits(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    return torch.minimum(p, torch.softmax(logits.to(dtype), dim=-1)).sum(-1)
+
+
+def _chunked_rows(fn, p: torch.Tensor, other: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+    """Apply `fn` to row chunks; under autograd each chunk is checkpointed so its
+    `[chunk_rows, V]` intermediates are recomputed in backward instead of stored."""
+    vocab = p.shape[-1]
+    flat_p, flat_o = p.reshape(-1, vocab), other.reshape(-1, vocab)
+    track = torch.is_grad_enabled() and (flat_p.requires_grad or flat_o.requires_grad)
+    parts = []
+    for start in range(0, flat_p.shape[0], chunk_rows):
+        args = (flat_p[start : start + chunk_rows], flat_o[start : start + chunk_rows])
+        parts.append(checkpoint(fn, *args, use_reentrant=False) if track else fn(*args))
+    out = torch.cat(parts) if parts else flat_p.new_zeros(0)
+    return out.reshape(p.shape[:-1])
+
+
+def overlap(p: torch.Tensor, q: torch.Tensor, chunk_rows: int | None = None) -> torch.Tensor:
+    """`sum_v min(p(v), q(v))` over the last dim: the acceptance probability of one
+    speculative-sampling step (1 - total variation). Both inputs are probabilities."""
+    _check_pair(p, q, "q")
+    return _chunked_rows(_overlap_of_probs, p, q, _check_chunk_rows(chunk_rows, p.shape[-1]))
+
+
+def overlap_with_logits(
+    target_probs: torch.Tensor, draft_logits: torch.Tensor, chunk_rows: int | None = None
+) -> torch.Tensor:
+    """Like `overlap` with `q = softmax(draft_logits)` computed chunk by chunk (>= float32),
+    so no extra full `[..., V]` softmax is held for the backward pass."""
+    _check_pair(target_probs, draft_logits, "draft_logits")
+    chunk = _check_chunk_rows(chunk_rows, target_probs.shape[-1])
+    return _chunked_rows(_overlap_of_logits, target_probs, draft_logits, chunk)
+
+
+def expected_accepted_fraction(
+    alpha: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block `(1/K_b) sum_{j real} prod_{i<=j, i real} alpha_i` and the block's `K_b`.
+
+    alpha `[N, K]` per-proposal acceptance probabilities, mask `[N, K]` bool (False = not a
+    real proposal). Blocks with `K_b = 0` get fraction 0.
+    """
+    if alpha.dim() != 2:
+        raise ValueError(f"alpha must have shape [N, K], got {tuple(alpha.shape)}")
+    if mask is None:
+        mask = torch.ones_like(alpha, dtype=torch.bool)
+    if mask.shape != alpha.shape or mask.dtype != torch.bool:
+        raise ValueError(
+            f"mask must be a bool tensor of shape {tuple(alpha.shape)}, "
+            f"got {mask.dtype} {tuple(mask.shape)}"
+        )
+    chain = torch.where(mask, alpha, torch.ones_like(alpha)).cumprod(-1)
+    accepted = torch.where(mask, chain, torch.zeros_like(chain)).sum(-1)
+    count = mask.sum(-1)
+    fraction = accepted / count.clamp_min(1).to(accepted.dtype)
+    return fraction, count
+
+
+def e2e_from_overlap(alpha: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """`mean over blocks of 1 - (1/K_b) sum_j prod_{i<=j} alpha_i` (blocks with K_b > 0)."""
+    fraction, count = expected_accepted_fraction(alpha, mask)
+    has_real = count > 0
+    per_block = torch.where(has_real, 1.0 - fraction, torch.zeros_like(fraction))
+    num_blocks = has_real.sum()
+    return per_block.sum() / num_blocks.clamp_min(1).to(per_block.dtype)
+
+
+def e2e_loss(
+    draft_logits: torch.Tensor,
+    target_probs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """E2E loss from drafter logits `[N, K, V]` and target probabilities `[N, K, V]`.
+
+    The drafter distribution is `softmax(draft_logits)` as given (apply any sampling
+    temperature before calling); `target_probs` should be the target's sampling
+    distribution at the same positions. See the module docstring for masking.
+    """
+    if draft_logits.dim() != 3:
+        raise ValueError(f"draft_logits must have shape [N, K, V], got {tuple(draft_logits.shape)}")
+    alpha = overlap_with_logits(target_probs, draft_logits, chunk_rows)
+    return e2e_from_overlap(alpha, mask)

@@ -1,0 +1,143 @@
+"""Chunked target log-probs and the weighted cross-entropy against plain full-logits autograd."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.objectives import target_logprobs, token_logprobs, weighted_cross_entropy
+
+
+def _reference_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """Full logits, full log_softmax, gather: the obvious (memory-hungry) computation."""
+    logp = torch.log_softmax(hidden @ weight.T, dim=-1)
+    picked = logp.gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1)
+    return torch.where(targets >= 0, picked, torch.zeros_like(picked))
+
+
+def _case(m: int = 13, h: int = 6, v: int = 37, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(m, h, generator=g, dtype=torch.float64)
+    weight = torch.randn(v, h, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, v, (m,), generator=g)
+    upstream = torch.randn(m, generator=g, dtype=torch.float64)
+    return hidden, weight, targets, upstream
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4, 5, 12, 13, 100])
+def test_chunked_values_and_gradients_match_full_logits(chunk_rows: int) -> None:
+    hidden, weight, targets, upstream = _case()
+    targets[3] = -100  # an unlabelled row: log-prob 0, no gradient
+    h1, w1 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    h2, w2 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+
+    got = target_logprobs(h1, w1, targets, chunk_rows=chunk_rows)
+    ref = _reference_logprobs(h2, w2, targets)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    assert got[3] == 0
+
+    g_h1, g_w1 = torch.autograd.grad((got * upstream).sum(), (h1, w1))
+    g_h2, g_w2 = torch.autograd.grad((ref * upstream).sum(), (h2, w2))
+    torch.testing.assert_close(g_h1, g_h2, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(g_w1, g_w2, rtol=1e-10, atol=1e-12)
+    assert torch.all(g_h1[3] == 0)
+
+
+def test_frozen_head_gets_no_gradient_and_leading_dims_are_kept() -> None:
+    hidden, weight, targets, upstream = _case(m=12)
+    h = hidden.reshape(3, 4, -1).clone().requires_grad_(True)
+    got = target_logprobs(h, weight, targets.reshape(3, 4), chunk_rows=5)
+    assert got.shape == (3, 4)
+    (grad,) = torch.autograd.grad((got.reshape(-1) * upstream).sum(), h)
+    h_ref = hidden.clone().requires_grad_(True)
+    (grad_ref,) = torch.autograd.grad(
+        (_reference_logprobs(h_ref, weight, targets) * upstream).sum(), h_ref
+    )
+    torch.testing.assert_close(grad.reshape(12, -1), grad_ref, rtol=1e-10, atol=1e-12)
+
+
+def test_nothing_vocabulary_sized_is_saved_for_backward() -> None:
+    """Peak memory O(chunk_rows * V): the backward must recompute logits, not keep [M, V]."""
+    m, v = 64, 1000
+    hidden, weight, targets, _ = _case(m=m, h=8, v=v)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        target_logprobs(hidden, weight, targets, chunk_rows=8).sum().backward()
+    assert saved, "the hook saw no saved tensors"
+    assert max(saved) <= max(v * 8, m * 8)  # the weight itself [V, H] is the largest input
+
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _reference_logprobs(hidden, weight, targets).sum()
+    assert max(saved) >= m * v  # the reference does keep full logits: the check can fail
+
+
+def test_token_logprobs_matches_log_softmax_and_ignores_negative_targets() -> None:
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 5, 23, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 23, (4, 5), generator=g)
+    targets[1, 4] = -1
+    got = token_logprobs(logits, targets)
+    ref = torch.log_softmax(logits, -1).gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1)
+    torch.testing.assert_close(got[targets >= 0], ref[targets >= 0], rtol=1e-12, atol=1e-12)
+    assert got[1, 4] == 0
+    (grad,) = torch.autograd.grad(got.sum(), logits)
+    assert torch.all(grad[1, 4] == 0)
+
+
+def test_weighted_cross_entropy_formula_mask_and_detached_weights() -> None:
+    g = torch.Generator().manual_seed(2)
+    logq = -torch.rand(6, 4, generator=g, dtype=torch.float64) * 3
+    logq.requires_grad_(True)
+    weights = torch.rand(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(6, 4, generator=g) > 0.3
+    loss = weighted_cross_entropy(logq, weights, mask)
+    w, lq = weights.detach().tolist(), logq.detach().tolist()
+    real = [(i, j) for i in range(6) for j in range(4) if mask[i, j]]
+    manual = sum(w[i][j] * -lq[i][j] for i, j in real) / sum(w[i][j] for i, j in real)
+    assert abs(float(loss.detach()) - manual) < 1e-12
+    loss.backward()
+    assert weights.grad is None  # weights are not a gradient path
+    expected = (
+        torch.where(mask, -weights.detach(), torch.zeros_like(logq))
+        / (weights.detach() * mask).sum()
+    )
+    torch.testing.assert_close(logq.grad, expected)
+
+
+def test_weighted_cross_entropy_survives_infinite_masked_entries_and_zero_weight() -> None:
+    logq = torch.tensor([[-1.0, float("-inf")]], requires_grad=True)
+    mask = torch.tensor([[True, False]])
+    loss = weighted_cross_entropy(logq, torch.tensor([2.0, 5.0]), mask)  # [K] weights broadcast
+    assert float(loss.detach()) == pytest.approx(1.0)
+    loss.backward()
+    assert torch.isfinite(logq.grad).all()
+    zero = weighted_cross_entropy(logq.detach(), torch.zeros(2), mask)
+    assert float(zero) == 0.0
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    hidden, weight, targets, _ = _case()
+    with pytest.raises(ValueError, match="out of range"):
+        target_logprobs(hidden, weight, torch.full_like(targets, 37))
+    with pytest.raises(ValueError, match="hidden size"):
+        target_logprobs(hidden[:, :5], weight, targets)
+    with pytest.raises(ValueError, match="targets shape"):
+        target_logprobs(hidden, weight, targets[:5])
+    with pytest.raises(ValueError, match="chunk_rows"):
+        target_logprobs(hidden, weight, targets, chunk_rows=0)
+    with pytest.raises(ValueError, match="dtype"):
+        target_logprobs(hidden.float(), weight, targets)
+    with pytest.raises(ValueError, match="integer"):
+        token_logprobs(torch.randn(3, 5), torch.zeros(3))
+    with pytest.raises(ValueError, match="broadcast"):
+        weighted_cross_entropy(torch.zeros(2, 3), torch.ones(4))
