@@ -1,0 +1,163 @@
+"""`blockdraft decode --target NAME --drafter CKPT (--prompts SPEC | --rollouts DIR) [...]`.
+
+Real speculative decoding at batch 1 with tau, its CI and histogram, tokens/s and the
+wall-clock speedup over autoregressive decoding timed alternately in the same run.
+
+With `--rollouts DIR` the prompts *and sampling settings* come from a rollout set and the
+drafter's offline MAL on those same rollouts is computed too: the online/offline
+agreement check of METHODS.md §3 in one command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from blockdraft.cli.eval import (
+    add_target_args,
+    drafter_names,
+    resolve_checkpoint,
+    setup_target,
+    write_json,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "decode",
+        help="real speculative decoding: tau, tokens/s and speedup vs autoregressive",
+        description="Speculative decoding (greedy or lossless sampling) of prompts with a target "
+        "and a drafter, timed alternately against plain autoregressive decoding.",
+    )
+    add_target_args(p)
+    p.add_argument(
+        "--drafter", required=True, help="drafter checkpoint directory (or run dir with final/)"
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", help="prompt spec (as for `blockdraft rollout`)")
+    src.add_argument(
+        "--rollouts",
+        help="rollout dir: use its prompts and sampling settings, and "
+        "report the drafter's offline MAL on it for comparison",
+    )
+    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument(
+        "--temperature", type=float, default=None, help="0 = greedy (default 0, or the rollouts')"
+    )
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128, or the rollouts'")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--verifier",
+        choices=["standard", "block"],
+        default="standard",
+        help="lossless verification rule for T > 0 (block: Sun et al. 2024)",
+    )
+    p.add_argument(
+        "--no-ar", action="store_true", help="skip the autoregressive baseline (no speedup)"
+    )
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    p.add_argument("--show", type=int, default=1, help="print the first N decoded outputs")
+    p.set_defaults(func=run)
+
+
+def _prompts_and_settings(
+    args: argparse.Namespace, target: Any
+) -> tuple[list[list[int]], dict[str, Any], Any]:
+    settings: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 128}
+    rollouts = None
+    if args.rollouts:
+        from blockdraft.data.rollout_store import RolloutSet
+
+        rollouts = RolloutSet.open(args.rollouts)
+        if args.limit:
+            rollouts = rollouts.subset(range(min(args.limit, len(rollouts))))
+        s = rollouts.settings
+        settings.update(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
+        )
+        prompts = [r.prompt_ids.tolist() for r in rollouts]
+    else:
+        from blockdraft.data.prompts import load_prompts, render_prompt
+
+        prompts = [
+            render_prompt(target.tokenizer, p) for p in load_prompts(args.prompts, limit=args.limit)
+        ]
+    for key in ("temperature", "top_p", "top_k", "max_new_tokens"):
+        value = getattr(args, key)
+        if value is not None:
+            if rollouts is not None and value != settings[key]:
+                raise ValueError(
+                    f"--{key.replace('_', '-')} {value} differs from the rollouts' "
+                    f"{settings[key]}: the offline comparison needs the same settings"
+                )
+            settings[key] = value
+    return prompts, settings, rollouts
+
+
+def run(args: argparse.Namespace) -> int:
+    from blockdraft.data.prompts import PromptError
+    from blockdraft.evaluation.online import decode
+
+    try:
+        ckpt = resolve_checkpoint(args.drafter)
+        target = setup_target(args)
+        from blockdraft.models.checkpoint import load_drafter
+
+        drafter = load_drafter(ckpt, target).eval()
+        prompts, settings, rollouts = _prompts_and_settings(args, target)
+        result = decode(
+            target,
+            drafter,
+            prompts,
+            seed=args.seed,
+            verifier=args.verifier,
+            measure_ar=not args.no_ar,
+            **settings,
+        )
+        out: dict[str, Any] = {
+            "drafter": drafter_names([args.drafter])[0],
+            "path": str(ckpt),
+            "target": target.name,
+            **result.to_dict(),
+        }
+        if rollouts is not None:
+            from blockdraft.evaluation.offline import mal_ci
+            from blockdraft.evaluation.scoring import checkpoint_hash, score_rollout_set
+
+            acc = score_rollout_set(
+                drafter,
+                target,
+                rollouts,
+                drafter_id=checkpoint_hash(ckpt),
+                cache_dir=args.cache_dir,
+                progress=not args.no_progress,
+            )
+            mal, ci = mal_ci(acc)
+            out.update(offline_mal=mal, offline_mal_ci95=list(ci), rollouts=str(args.rollouts))
+    except (FileNotFoundError, ValueError, PromptError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for i, toks in enumerate(result.outputs[: args.show]):
+        print(f"--- output {i} ({len(toks)} tokens) ---\n{target.decode(toks)}")
+    lo, hi = result.tau_ci95
+    print(
+        f"prompts {len(prompts)}  rounds {result.num_rounds}  "
+        f"tau {result.tau:.3f} [{lo:.3f}, {hi:.3f}]  "
+        f"histogram (tokens/round 1..K+1) {result.histogram[1:]}"
+    )
+    line = f"spec {result.tokens_per_s:.1f} tok/s"
+    if result.speedup is not None:
+        line += f"  AR {result.ar_tokens_per_s:.1f} tok/s  speedup {result.speedup:.2f}x"
+        line += " (timed alternately in this run)"
+    print(line)
+    if "offline_mal" in out:
+        lo2, hi2 = out["offline_mal_ci95"]
+        print(f"offline MAL on the same rollouts {out['offline_mal']:.3f} [{lo2:.3f}, {hi2:.3f}]")
+    if args.json:
+        write_json(Path(args.json), out)
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,200 @@
+"""`blockdraft eval --target NAME --rollouts DIR DRAFTER [DRAFTER...] [--json OUT]`.
+
+(`--rollouts` may be repeated: one benchmark per rollout set.)
+
+Exact offline evaluation (METHODS.md §3) of each drafter on each rollout set (one
+"benchmark" per set): expected rounds, MAL with a bootstrap CI, AR_k and T_{>=k}.
+Acceptance tensors are cached per (drafter checkpoint, rollouts), so `compare` and
+`report` after `eval` cost nothing. `evaluate()` is the same as a Python function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A drafter checkpoint directory: `path` itself, or `path/final` for a run directory."""
+    p = Path(path)
+    for cand in (p, p / "final"):
+        if (cand / "config.json").is_file():
+            return cand
+    raise FileNotFoundError(
+        f"{path}: not a drafter checkpoint (no config.json in it or in {p / 'final'})"
+    )
+
+
+def drafter_names(paths: list[str | Path]) -> list[str]:
+    """Short unique display names: the run directory name (parent of `final`/`best`)."""
+    names = []
+    for raw in paths:
+        p = Path(raw).resolve()
+        name = p.parent.name if p.name in ("final", "best") else p.name
+        names.append(name)
+    if len(set(names)) < len(names):
+        return [str(p) for p in paths]
+    return names
+
+
+def load_scored(
+    target: Any,
+    drafter_paths: list[str | Path],
+    rollout_dir: str | Path,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> tuple[Any, list[list[Any]]]:
+    """Acceptance tensors of every drafter on one rollout set -> (rollout set, [per drafter])."""
+    from blockdraft.data.rollout_store import RolloutSet, target_fingerprint
+    from blockdraft.evaluation.scoring import checkpoint_hash, score_rollout_set
+    from blockdraft.models.checkpoint import load_drafter
+
+    rollouts = RolloutSet.open(rollout_dir)
+    if len(rollouts) == 0:
+        raise ValueError(f"{rollout_dir}: rollout set is empty")
+    made_with = rollouts.manifest.get("target", {}).get("fingerprint")
+    if made_with and made_with != target_fingerprint(target):
+        raise ValueError(
+            f"{rollout_dir}: rollouts were made with another target than "
+            f"{getattr(target, 'name', '?')!r} (fingerprints differ)"
+        )
+    out = []
+    for path in drafter_paths:
+        ckpt = resolve_checkpoint(path)
+        drafter = load_drafter(ckpt, target).eval()
+        out.append(
+            score_rollout_set(
+                drafter,
+                target,
+                rollouts,
+                drafter_id=checkpoint_hash(ckpt),
+                cache_dir=cache_dir,
+                progress=progress,
+            )
+        )
+    return rollouts, out
+
+
+def evaluate(
+    target: Any,
+    drafter_paths: list[str | Path],
+    rollout_dirs: list[str | Path],
+    n_boot: int = 2000,
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Offline statistics of each drafter on each rollout set, as a JSON-ready dict."""
+    from blockdraft.evaluation.offline import mal_ci, offline_stats
+
+    names = drafter_names(drafter_paths)
+    result: dict[str, Any] = {"target": getattr(target, "name", ""), "benchmarks": []}
+    for rdir in rollout_dirs:
+        rollouts, scored = load_scored(target, drafter_paths, rdir, cache_dir, progress)
+        bench = {
+            "name": Path(rdir).resolve().name,
+            "rollouts": str(rdir),
+            "settings": rollouts.settings.to_dict(),
+            "num_rollouts": len(rollouts),
+            "drafters": [],
+        }
+        for name, path, acc in zip(names, drafter_paths, scored, strict=True):
+            stats = offline_stats(acc)
+            _, ci = mal_ci(acc, n_boot=n_boot, seed=seed)
+            bench["tokens"] = stats.tokens
+            bench["drafters"].append(
+                {
+                    "name": name,
+                    "path": str(path),
+                    "mal": stats.mal,
+                    "mal_ci95": list(ci),
+                    "expected_rounds": stats.expected_rounds,
+                    "ar_k": stats.ar_k,
+                    "t_ge_k": stats.t_ge_k,
+                }
+            )
+        result["benchmarks"].append(bench)
+    return result
+
+
+def eval_markdown(result: dict[str, Any]) -> str:
+    from blockdraft.report import _offline_table, drafters_from_eval
+
+    return "\n".join(_offline_table(drafters_from_eval(result)))
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target", required=True, help="target name (tiny, gemma-3-270m) or HF model path"
+    )
+    p.add_argument("--cache-dir", default=None, help="acceptance cache (default: user cache dir)")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def setup_target(args: argparse.Namespace) -> Any:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from blockdraft.models.registry import load_target
+
+    return load_target(args.target, progress=not args.no_progress)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(obj, indent=2, default=float) + "\n")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="exact offline evaluation of drafters on target rollouts",
+        description="Expected rounds, MAL (+bootstrap CI), AR_k and T_{>=k} of each drafter on "
+        "each "
+        "rollout set, computed exactly from the rollouts without running speculative decoding.",
+    )
+    add_target_args(p)
+    p.add_argument(
+        "--rollouts",
+        required=True,
+        action="append",
+        help="rollout directory (a benchmark); repeat for several",
+    )
+    p.add_argument(
+        "drafters", nargs="+", help="drafter checkpoint directories (or run dirs with final/)"
+    )
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    p.add_argument("--n-boot", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        for d in args.drafters:
+            resolve_checkpoint(d)
+        target = setup_target(args)
+        result = evaluate(
+            target,
+            args.drafters,
+            args.rollouts,
+            args.n_boot,
+            args.seed,
+            args.cache_dir,
+            progress=not args.no_progress,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(eval_markdown(result))
+    if args.json:
+        write_json(args.json, result)
+        print(f"wrote {args.json}")
+    return 0

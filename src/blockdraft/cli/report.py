@@ -1,0 +1,74 @@
+"""`blockdraft report RUN_DIR... [--eval JSON...] [--compare JSON...] [--decode JSON...] --out DIR`.
+
+Collects training logs (each run directory's `metrics.jsonl`), offline results
+(`blockdraft eval --json`), paired comparisons (`blockdraft compare --json`) and online
+decoding results (`blockdraft decode --json`) into PNG plots and `DIR/report.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _load(path: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report",
+        help="plots (PNG) and a markdown summary of training runs and evaluations",
+        description="Write acceptance-rate, accepted-length, training-curve and D-PACE weight "
+        "plots "
+        "plus report.md that embeds them.",
+    )
+    p.add_argument("runs", nargs="*", help="training run directories (with metrics.jsonl)")
+    p.add_argument("--eval", nargs="*", default=[], help="JSON files from `blockdraft eval --json`")
+    p.add_argument(
+        "--compare", nargs="*", default=[], help="JSON files from `blockdraft compare --json`"
+    )
+    p.add_argument(
+        "--decode", nargs="*", default=[], help="JSON files from `blockdraft decode --json`"
+    )
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--title", default="blockdraft report")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from blockdraft.report import drafters_from_eval, write_report
+
+    try:
+        drafters = [d for f in args.eval for d in drafters_from_eval(_load(f))]
+        comparisons = [c for f in args.compare for c in _load(f).get("comparisons", [])]
+        online = {}
+        for f in args.decode:
+            data = _load(f)
+            online[data.get("drafter", Path(f).stem)] = data
+        logs = {}
+        for run_dir in args.runs:
+            metrics = Path(run_dir) / "metrics.jsonl"
+            if not metrics.is_file():
+                raise FileNotFoundError(
+                    f"{run_dir}: no metrics.jsonl (not a training run directory)"
+                )
+            logs[Path(run_dir).resolve().name] = metrics
+        if not (drafters or comparisons or online or logs):
+            raise ValueError(
+                "nothing to report: give run directories and/or --eval/--compare/--decode files"
+            )
+        path = write_report(args.out, drafters, comparisons, logs, online, title=args.title)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,237 @@
+"""Acceptance tensors of a drafter on a rollout set: the input of the offline evaluator.
+
+For a rollout `x_1..x_L` (prompt length P) every round start n = 1..L-1 gets its own
+block, anchored at sequence index `a = P + n - 1`, with context = target features of
+indices `< a` (architecture.md). All blocks of a rollout go through the drafter's
+training forward (`forward_blocks`, many blocks in one pass) on the features of *one*
+target forward over the whole sequence; anchors and LM-head rows are chunked so memory
+stays bounded for long rollouts and large vocabularies.
+
+Acceptance of proposal h of round n (token `x_{n+h}` at index `a + h`):
+- greedy rollouts (temperature 0): `A = 1[argmax q = x]`;
+- sampled rollouts: `A = min(1, q(x) / p(x))`, with p(x) = exp(stored log-prob) (the
+  processed target distribution the rollout was drawn from) and q the drafter's
+  distribution processed with the same settings (`blockdraft.sampling`), exactly what
+  the online decoder samples proposals from. A semi-AR drafter sees the teacher-forced
+  previous token (slot k-1 = `x_{n+k-1}`).
+Entries with `n + h > L` are 0 (ignored by the evaluator).
+
+(`objectives.edr.acceptance_and_cost` is not used: it needs the full target distribution
+per position, while rollouts store the realised token's log-prob, and it scores the
+drafter at temperature only, without the top-k/top-p the decoder applies.)
+
+Results are cached on disk per (drafter weights, target, rollouts, settings) as one
+safetensors file, so `eval`, `compare` and `report` never recompute a drafter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from blockdraft.data.anchors import round_start_anchors
+from blockdraft.sampling import processed_probs
+
+SCORING_VERSION = "1"
+LOGIT_BUDGET = 1 << 24  # floats of drafter logits materialised at once (64 MB float32)
+
+
+def _num_proposals(drafter: Any) -> int:
+    cfg = getattr(drafter, "config", None)
+    k = getattr(cfg, "num_proposals", None) if cfg is not None else None
+    return int(k if k is not None else drafter.num_proposals)
+
+
+@torch.no_grad()
+def acceptance_tensor(
+    drafter: Any,
+    target: Any,
+    prompt_ids: torch.Tensor,
+    response_ids: torch.Tensor,
+    logprobs: torch.Tensor | None,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    anchor_chunk: int = 64,
+) -> torch.Tensor:
+    """`[L-1, K]` float32 acceptance probabilities of one rollout (module docstring)."""
+    k = _num_proposals(drafter)
+    prompt_ids, response_ids = prompt_ids.long().reshape(-1), response_ids.long().reshape(-1)
+    P, L = prompt_ids.numel(), response_ids.numel()
+    if P == 0:
+        raise ValueError("rollout has an empty prompt: the first round has no context")
+    if L < 2:
+        return torch.zeros(0, k)
+    greedy = temperature == 0
+    if not greedy:
+        if logprobs is None or logprobs.numel() != L:
+            raise ValueError(
+                f"sampled rollout needs one log-prob per response token ({L}), got "
+                f"{None if logprobs is None else logprobs.numel()}"
+            )
+        p_x = logprobs.double().exp()
+    dev = target.device
+    seq = torch.cat([prompt_ids, response_ids]).to(dev)
+    total = seq.numel()
+    features = target.forward(seq.unsqueeze(0), logits_to_keep=1).features
+    anchors = round_start_anchors(P, L).to(dev)
+    slots = torch.arange(1, k + 1, device=dev)
+    out = torch.zeros(L - 1, k, dtype=torch.float64)
+    vocab = int(target.vocab_size)
+    rows_per_logit_chunk = max(1, LOGIT_BUDGET // max(1, k * vocab))
+    for start in range(0, anchors.numel(), anchor_chunk):
+        chunk = anchors[start : start + anchor_chunk]
+        hidden = drafter.forward_blocks(features, seq.unsqueeze(0), chunk.unsqueeze(0))[
+            0
+        ]  # [A,K,H]
+        for s in range(0, chunk.numel(), rows_per_logit_chunk):
+            a = chunk[s : s + rows_per_logit_chunk]
+            idx = a[:, None] + slots[None, :]  # [A,K] index of the proposed token
+            valid = idx < total
+            labels = seq[idx.clamp_max(total - 1)]
+            prev = seq[(idx - 1).clamp_max(total - 1)]
+            logits = drafter.compute_logits(hidden[s : s + a.numel()], prev)
+            if greedy:
+                acc = (logits.argmax(-1) == labels).double()
+            else:
+                q = processed_probs(logits, temperature, top_p, top_k)
+                q_x = q.gather(-1, labels.unsqueeze(-1)).squeeze(-1).double().cpu()
+                resp_idx = (idx - P).clamp(0, L - 1).cpu()
+                acc = torch.clamp(q_x / p_x[resp_idx].clamp_min(1e-300), max=1.0)
+            rows = (a - P).cpu()
+            out[rows] = torch.where(valid.cpu(), acc.cpu(), torch.zeros((), dtype=torch.float64))
+    return out.float()
+
+
+# --- identities for the cache -------------------------------------------------------------
+def tensor_state_hash(module: Any) -> str:
+    """sha256 over the names and bytes of a module's state dict (its weights)."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def checkpoint_hash(path: str | os.PathLike) -> str:
+    """sha256 of a checkpoint directory's files (config + weights), streamed."""
+    h = hashlib.sha256()
+    files = sorted(
+        p for p in Path(path).iterdir() if p.is_file() and p.suffix in (".json", ".safetensors")
+    )
+    if not files:
+        raise FileNotFoundError(f"{path}: no config.json / model.safetensors to hash")
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def rollouts_hash(rollouts: Iterable[Any]) -> str:
+    """sha256 over every rollout's prompt, response and log-probs (order matters)."""
+    h = hashlib.sha256()
+    for r in rollouts:
+        for t in (r.prompt_ids, r.response_ids, r.logprobs):
+            t = t.detach().cpu().contiguous()
+            h.update(str(tuple(t.shape)).encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _target_id(target: Any) -> str:
+    try:
+        from blockdraft.data.rollout_store import target_fingerprint
+
+        return str(target_fingerprint(target))
+    except Exception:  # fake targets in tests have no HF config
+        return str(getattr(target, "name", type(target).__name__))
+
+
+def default_cache_dir() -> Path:
+    from blockdraft.models.cache import cache_root
+
+    return cache_root() / "acceptance"
+
+
+def score_rollouts(
+    drafter: Any,
+    target: Any,
+    rollouts: Sequence[Any],
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    *,
+    drafter_id: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    use_cache: bool = True,
+    progress: bool = False,
+) -> list[torch.Tensor]:
+    """Acceptance tensors `[L_i - 1, K]` for every rollout, from the disk cache if present.
+
+    `drafter_id` identifies the drafter's weights (e.g. `checkpoint_hash(dir)`); if None
+    it is hashed from the drafter's state dict (nn.Module drafters) or caching is skipped.
+    """
+    rollouts = list(rollouts)
+    if drafter_id is None and hasattr(drafter, "state_dict"):
+        drafter_id = tensor_state_hash(drafter)
+    path = None
+    if use_cache and drafter_id is not None:
+        key = hashlib.sha256(
+            "\x00".join(
+                [
+                    SCORING_VERSION,
+                    drafter_id,
+                    _target_id(target),
+                    rollouts_hash(rollouts),
+                    repr((float(temperature), float(top_p), int(top_k))),
+                ]
+            ).encode()
+        ).hexdigest()
+        path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        path = path / f"{key[:32]}.safetensors"
+        if path.is_file():
+            try:
+                stored = load_file(str(path))
+                return [stored[f"r{i}"] for i in range(len(rollouts))]
+            except Exception:  # unreadable or partial: recompute and overwrite
+                pass
+    iterator: Iterable[Any] = rollouts
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(rollouts, desc="scoring", unit="rollout", dynamic_ncols=True)
+    out = [
+        acceptance_tensor(
+            drafter, target, r.prompt_ids, r.response_ids, r.logprobs, temperature, top_p, top_k
+        )
+        for r in iterator
+    ]
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        save_file(
+            {f"r{i}": t.contiguous() for i, t in enumerate(out)},
+            str(tmp),
+            metadata={"drafter": drafter_id, "num_rollouts": str(len(out))},
+        )
+        os.replace(tmp, path)
+    return out
+
+
+def score_rollout_set(
+    drafter: Any, target: Any, rollout_set: Any, **kwargs: Any
+) -> list[torch.Tensor]:
+    """`score_rollouts` with the sampling settings stored in the rollout set's manifest."""
+    s = rollout_set.settings
+    return score_rollouts(
+        drafter, target, list(rollout_set), s.temperature, s.top_p, s.top_k, **kwargs
+    )

@@ -1,0 +1,160 @@
+"""Verification rules for one speculative round: pure tensor code, no models.
+
+A round has K proposals `y_1..y_K`, the drafter distributions `q [K,V]` they were drawn
+from and the target distributions `p [K+1,V]` (row k is the target's processed
+distribution for proposal k+1 given the anchor and `y_1..y_k`; row K is the bonus
+position). Every verifier returns how many proposals it accepts and one more token
+(the correction after a rejection, or the bonus after full acceptance), so a round
+always emits `accepted + 1` tokens (METHODS.md §0).
+
+- `verify_greedy`: accept while the proposal equals the target argmax.
+- `verify_standard`: lossless speculative sampling (Leviathan et al. / Chen et al.):
+  accept `y_k` with prob `min(1, p(y_k)/q(y_k))`, on rejection resample from
+  `norm([p - q]_+)`, bonus from `p` after K acceptances.
+- `verify_block`: block verification (Sun et al. 2024, arXiv 2403.10444, Alg. 2). It
+  judges the draft as a whole instead of token by token and is also lossless; its
+  expected accepted length is never lower than the standard rule's (their Thm. 2).
+
+The acceptance probabilities are exposed (`standard_accept_probs`, `block_stop_probs`,
+`block_residual`) because exact-enumeration tests and analyses need them; the
+verifiers use exactly these functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from blockdraft.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one round: `accepted` proposals (0..K) and the extra `token`."""
+
+    accepted: int
+    token: int
+
+
+def _check(proposals: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> int:
+    k = proposals.shape[0]
+    if p.shape[0] != k + 1:
+        raise ValueError(f"target distributions need K+1={k + 1} rows, got {p.shape[0]}")
+    if q is not None and q.shape != (k, p.shape[-1]):
+        raise ValueError(f"draft distributions must be [{k},{p.shape[-1]}], got {list(q.shape)}")
+    return k
+
+
+def verify_greedy(proposals: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+    """Greedy rule: accept while `proposal_k == argmax target_logits[k-1]`.
+
+    `target_logits [K+1, V]` may be raw logits or any distribution with the same argmax.
+    """
+    k = _check(proposals, None, target_logits)
+    best = target_logits.argmax(dim=-1)
+    wrong = (proposals != best[:k]).nonzero()
+    m = int(wrong[0, 0]) if wrong.numel() else k
+    return Verdict(m, int(best[m]))
+
+
+def _ratio(proposals: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Unclamped `p_k(y_k) / q_k(y_k)` -> `[K]`.
+
+    `q(y) = 0` cannot happen for a token drawn from q; it is mapped to "accept iff p(y) > 0".
+    """
+    k = _check(proposals, q, p)
+    idx = proposals.long().unsqueeze(-1)
+    py = p[:k].gather(-1, idx).squeeze(-1)
+    qy = q.gather(-1, idx).squeeze(-1)
+    inf_or_zero = torch.where(py > 0, torch.inf, 0.0).to(py.dtype)
+    return torch.where(qy > 0, py / qy.clamp_min(torch.finfo(qy.dtype).tiny), inf_or_zero)
+
+
+def standard_accept_probs(
+    proposals: torch.Tensor, q: torch.Tensor, p: torch.Tensor
+) -> torch.Tensor:
+    """`min(1, p_k(y_k) / q_k(y_k))` for k = 1..K -> `[K]`."""
+    return _ratio(proposals, q, p).clamp(max=1.0)
+
+
+def _residual(p_row: torch.Tensor, q_row: torch.Tensor) -> torch.Tensor:
+    """`norm([p - q]_+)`; falls back to `p` when the residual has no mass (p == q)."""
+    r = (p_row - q_row).clamp_min(0)
+    total = r.sum()
+    return r / total if total > 0 else p_row
+
+
+def verify_standard(
+    proposals: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Lossless token-by-token speculative sampling; consumes K uniforms + 1 sample."""
+    k = _check(proposals, q, p)
+    accept = standard_accept_probs(proposals, q, p)
+    u = torch.rand(k, generator=generator, dtype=accept.dtype)
+    rejected = (u >= accept).nonzero()
+    if rejected.numel() == 0:
+        return Verdict(k, int(sample(p[k], generator)))
+    m = int(rejected[0, 0])
+    return Verdict(m, int(sample(_residual(p[m], q[m]), generator)))
+
+
+def block_weights(proposals: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Block verification's running weights `p_0..p_K` -> `[K+1]` (`p_0 = 1`).
+
+    `p_i = min(1, p_{i-1} * p_i(y_i) / q_i(y_i))`: how much of the target's mass on the
+    prefix `y_1..y_i` the draft has not yet "used up".
+    """
+    raw = _ratio(proposals, q, p)
+    k = proposals.shape[0]
+    weights = [torch.ones((), dtype=p.dtype)]
+    for i in range(k):
+        nxt = torch.nan_to_num(weights[-1] * raw[i], nan=0.0)  # 0 * inf: prefix impossible
+        weights.append(nxt.clamp(max=1.0))
+    return torch.stack(weights)
+
+
+def block_residual(weight: torch.Tensor, p_row: torch.Tensor, q_row: torch.Tensor) -> torch.Tensor:
+    """Unnormalised residual `[w * p - q]_+` at a stopping point (Sun et al., Alg. 2)."""
+    return (weight * p_row - q_row).clamp_min(0)
+
+
+def block_stop_probs(proposals: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """`h_1..h_K` -> `[K]`: the chance to stop at i given no longer prefix was kept.
+
+    `h_i = r_i / (r_i + 1 - w_i)` with `r_i = sum [w_i p_{i+1} - q_{i+1}]_+` for i < K,
+    `h_K = w_K`. The accepted length is `max{i : eta_i <= h_i}` (0 if none) with
+    independent uniforms `eta_i`.
+    """
+    k = _check(proposals, q, p)
+    w = block_weights(proposals, q, p)
+    h = torch.empty(k, dtype=p.dtype)
+    for i in range(1, k):
+        r = block_residual(w[i], p[i], q[i]).sum()
+        denom = r + 1 - w[i]
+        h[i - 1] = r / denom if denom > 0 else torch.zeros((), dtype=p.dtype)
+    h[k - 1] = w[k]
+    return h.clamp(0.0, 1.0)
+
+
+def verify_block(
+    proposals: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Lossless block verification: keep the longest prefix i with `eta_i <= h_i`."""
+    k = _check(proposals, q, p)
+    h = block_stop_probs(proposals, q, p)
+    eta = torch.rand(k, generator=generator, dtype=h.dtype)
+    kept = (eta <= h).nonzero()
+    m = int(kept[-1, 0]) + 1 if kept.numel() else 0
+    if m == k:
+        return Verdict(k, int(sample(p[k], generator)))
+    w = block_weights(proposals, q, p)
+    r = block_residual(w[m], p[m], q[m])
+    dist = r / r.sum() if r.sum() > 0 else p[m]
+    return Verdict(m, int(sample(dist, generator)))

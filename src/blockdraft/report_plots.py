@@ -1,0 +1,153 @@
+"""The report's figures, each a function of plain data (lists and dicts) -> one PNG.
+
+Plain data in, so the demo, the CLI and tests can all call them without models or files.
+Every figure labels its axes, uses honest scales (probabilities on [0, 1], counts from 0)
+and is written with the Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+DPI = 120
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _grid(n: int, width: float = 5.0, height: float = 3.6) -> tuple[Any, list[Any]]:
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.axis("off")
+    return fig, flat[:n]
+
+
+def plot_acceptance_rates(drafters: Sequence[dict[str, Any]], path: Path) -> Path:
+    """AR_k (P(proposal k accepted | 1..k-1 accepted)) vs k, one panel per benchmark."""
+    benches = list(dict.fromkeys(d.get("benchmark", "") for d in drafters))
+    fig, axes = _grid(len(benches))
+    for ax, bench in zip(axes, benches, strict=True):
+        for d in (d for d in drafters if d.get("benchmark", "") == bench):
+            ar = [float("nan") if v is None else float(v) for v in d["ar_k"]]
+            ax.plot(
+                range(1, len(ar) + 1),
+                ar,
+                marker="o",
+                ms=3,
+                label=f"{d['name']} (MAL {d['mal']:.2f})",
+            )
+        ax.set_ylim(0, 1.02)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("proposal position k")
+        ax.set_ylabel("AR_k = P(accept k | 1..k-1 accepted)")
+        ax.set_title(f"per-position acceptance: {bench}" if bench else "per-position acceptance")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_accepted_histogram(online: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Share of drafting rounds by tokens emitted (accepted + 1), one bar group per drafter."""
+    names = [n for n, o in online.items() if o.get("histogram")]
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        hist = [float(h) for h in online[name]["histogram"]]
+        total = sum(hist) or 1.0
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(1, len(hist))]
+        tau = online[name].get("tau")
+        label = (
+            f"{name} (tau {tau:.2f})"
+            if isinstance(tau, (int, float)) and not math.isnan(tau)
+            else name
+        )
+        ax.bar(xs, [h / total for h in hist[1:]], width=width, label=label)
+    ax.set_xlabel("tokens emitted per drafting round (accepted proposals + 1)")
+    ax.set_ylabel("share of rounds")
+    ax.set_ylim(0, None)
+    ax.set_title("online accepted lengths")
+    ax.grid(axis="y", alpha=0.3)
+    if names:
+        ax.legend(fontsize=8)
+        k1 = max(len(online[n]["histogram"]) - 1 for n in names)
+        ax.set_xticks(range(1, k1 + 1))
+    return _save(fig, path)
+
+
+def plot_training_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], path: Path) -> Path:
+    """Left: eval MAL vs step; right: training loss vs step (log scale), one line per run."""
+    fig, (ax_mal, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.0))
+    for name, c in curves.items():
+        if c.get("eval_mal"):
+            s, v = zip(*c["eval_mal"], strict=True)
+            ax_mal.plot(s, v, marker="o", ms=3, label=name)
+        if c.get("loss"):
+            s, v = zip(*c["loss"], strict=True)
+            ax_loss.plot(s, v, lw=1, label=name)
+    ax_mal.set_ylim(bottom=1.0)  # MAL >= 1 always: the honest floor
+    ax_mal.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_mal.set_xlabel("training step")
+    ax_mal.set_ylabel("eval MAL (tokens per round)")
+    ax_mal.set_title("held-out mean accepted length")
+    ax_loss.set_xlabel("training step")
+    ax_loss.set_ylabel("training loss")
+    ax_loss.set_title("training loss (objectives differ in scale)")
+    if any(c.get("loss") for c in curves.values()) and all(
+        v > 0 for c in curves.values() for _, v in c.get("loss", [])
+    ):
+        ax_loss.set_yscale("log")
+    for ax in (ax_mal, ax_loss):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_weight_profiles(profiles: dict[str, list[tuple[int, list[float]]]], path: Path) -> Path:
+    """D-PACE weight profile (mean normalised weight per slot) over training: heatmap of
+    slot x step per run, so the drift of weight towards early/late slots is visible."""
+    names = [n for n, p in profiles.items() if p]
+    fig, axes = _grid(max(1, len(names)), width=5.5, height=3.8)
+    if not names:
+        axes[0].text(
+            0.5, 0.5, "no dpace_weight_profile in the training logs", ha="center", va="center"
+        )
+        axes[0].axis("off")
+        return _save(fig, path)
+    vmax = max(v for n in names for _, p in profiles[n] for v in p if v == v) or 1.0  # shared scale
+    for ax, name in zip(axes, names, strict=True):
+        steps = [s for s, _ in profiles[name]]
+        k = max(len(p) for _, p in profiles[name])
+        rows = [list(p) + [float("nan")] * (k - len(p)) for _, p in profiles[name]]
+        mat = [[rows[t][j] for t in range(len(rows))] for j in range(k)]  # [slot, step]
+        # cell edges halfway between logged steps, so irregular logging is drawn to scale
+        mids = [(a + b) / 2 for a, b in zip(steps[:-1], steps[1:], strict=False)]
+        first = steps[0] - (mids[0] - steps[0] if mids else 0.5)
+        last = steps[-1] + (steps[-1] - mids[-1] if mids else 0.5)
+        x_edges = [first, *mids, last]
+        y_edges = [j + 0.5 for j in range(k + 1)]
+        im = ax.pcolormesh(x_edges, y_edges, mat, cmap="viridis", vmin=0, vmax=vmax, shading="flat")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("training step")
+        ax.set_ylabel("block slot j (proposal)")
+        ax.set_title(f"D-PACE weights: {name}")
+        fig.colorbar(im, ax=ax, label="mean weight")
+    return _save(fig, path)

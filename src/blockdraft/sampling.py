@@ -1,0 +1,60 @@
+""" "The distribution we sample from", as used by decoding, verification and scoring.
+
+Lossless speculative sampling is lossless with respect to *some* distribution p, and the
+offline evaluator only agrees with the online decoder if both use the same p as the
+rollouts were drawn from. So there is exactly one implementation of the logits
+processing (temperature, then top-k, then top-p, HF order):
+`blockdraft.data.generation.sampling_logprobs`, which the rollout sampler uses. This
+module adapts it for decoding and verification:
+
+- `temperature == 0` means greedy: p is one-hot on the first argmax (what `torch.argmax`
+  picks), so the greedy rule is the T -> 0 limit of speculative sampling. (Rollouts store
+  T=1 log-probs for greedy rows; the greedy acceptance never looks at them.)
+- float64 logits stay float64 (exact-enumeration tests), others become float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from blockdraft.data.generation import SamplingSettings, sampling_logprobs
+
+
+def settings_of(temperature: float, top_p: float = 1.0, top_k: int = 0) -> SamplingSettings:
+    """A `SamplingSettings` (validates: clear one-line errors on bad values)."""
+    return SamplingSettings(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
+
+
+def processed_probs(
+    logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0
+) -> torch.Tensor:
+    """Logits `[..., V]` -> the processed sampling distribution `[..., V]` (rows sum to 1)."""
+    settings = settings_of(temperature, top_p, top_k)
+    if settings.greedy:
+        dtype = logits.dtype if logits.dtype == torch.float64 else torch.float32
+        out = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
+        return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    if logits.dtype == torch.float64:
+        return _f64(logits, settings)  # sampling_logprobs is float32; keep float64 exact
+    return sampling_logprobs(logits, settings).exp()
+
+
+def _f64(logits: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
+    """float64 version: same filter (the kept set is decided in float32), float64 softmax."""
+    kept = torch.isfinite(sampling_logprobs(logits, settings))
+    scaled = (logits / settings.temperature).masked_fill(~kept, float("-inf"))
+    return torch.softmax(scaled, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row of `probs [..., V]` -> `[...]` long (inverse CDF, reproducible)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=flat.dtype, device=flat.device)
+    cdf = flat.cumsum(dim=-1)
+    cdf = cdf / cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u, right=True).clamp_max(flat.shape[-1] - 1)
+    # Never return a zero-probability token (possible only through float rounding at the top).
+    bad = flat.gather(-1, idx) <= 0
+    if bad.any():
+        idx = torch.where(bad, flat.argmax(dim=-1, keepdim=True), idx)
+    return idx.reshape(probs.shape[:-1])

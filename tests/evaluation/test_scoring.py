@@ -1,0 +1,221 @@
+"""Offline scoring agrees with online decoding, and its cache and chunking are exact.
+
+- Greedy: when the rollout *is* the greedy output, the offline expected rounds of each
+  rollout equal the online decoder's rounds for that prompt exactly (A is 0/1).
+- Sampling, exact: on a tiny Markov target, the offline expected rounds averaged over the
+  enumerated target distribution equals the online decoder's mean rounds (Monte Carlo,
+  99.9% normal CI).
+- Sampling, real drafter on a random HF target: online tau and offline MAL on rollouts
+  of the same prompts/settings agree within their combined 99.9% interval.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fake_drafter import FakeTarget, MemoDrafter, oracle_drafter
+
+import blockdraft.evaluation.scoring as scoring
+from blockdraft.data.generation import SamplingSettings, generate_batch
+from blockdraft.data.rollout_store import Rollout
+from blockdraft.evaluation.offline import mal_ci, offline_stats
+from blockdraft.evaluation.online import ar_generate, decode, speculative_generate
+from blockdraft.evaluation.scoring import acceptance_tensor, score_rollouts
+from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+from blockdraft.models.semi_ar import SemiARDrafter
+from blockdraft.models.testing import make_random_target
+from blockdraft.sampling import processed_probs
+
+Z = 3.29  # two-sided 99.9%
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _rollout(
+    i: int, prompt: list[int], response: list[int], logprobs: list[float] | None = None
+) -> Rollout:
+    lp = torch.tensor(
+        logprobs if logprobs is not None else [0.0] * len(response), dtype=torch.float32
+    )
+    return Rollout(str(i), torch.tensor(prompt), torch.tensor(response), lp)
+
+
+def test_greedy_offline_rounds_equal_online_rounds_per_prompt(tmp_path) -> None:
+    target = make_random_target("llama", seed=1)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, target.vocab_size, (6,), generator=g).tolist() for _ in range(5)]
+    outs = [ar_generate(target, p, max_new_tokens=30) for p in prompts]
+    drafter = MemoDrafter(
+        target,
+        [p + o for p, o in zip(prompts, outs, strict=True)],
+        [len(p) for p in prompts],
+        num_proposals=4,
+        error_rate=0.3,
+        seed=3,
+    )
+    online = decode(target, drafter, prompts, temperature=0.0, max_new_tokens=30, measure_ar=False)
+    assert online.outputs == outs
+    rollouts = [_rollout(i, p, o) for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
+    acc = score_rollouts(drafter, target, rollouts, 0.0, cache_dir=tmp_path)
+    assert all(a.shape == (len(o) - 1, 4) for a, o in zip(acc, outs, strict=True))
+    assert set(torch.cat(acc).unique().tolist()) <= {0.0, 1.0}
+    stats = offline_stats(acc)
+    assert stats.per_rollout_rounds.tolist() == [float(n) for n in online.per_prompt_rounds()]
+    assert stats.mal == pytest.approx(online.tau, abs=1e-12)
+    assert 1.5 < stats.mal < 5.0  # non-trivial: long accepted runs and rejections
+
+
+def test_sampling_offline_expected_rounds_equal_online_exactly_enumerated() -> None:
+    target = FakeTarget(vocab=3, seed=6, scale=1.0, stop_token_ids=[0])  # mean length 4.5 of 6
+    drafter = oracle_drafter(
+        target, 3, strength=1.5, noise=1.0, ctx_scale=0.5, markov_scale=1.0, seed=8
+    )
+    prompt, max_new, temp, top_k = [2, 1], 6, 0.9, 2
+    exact = target.sequence_probs(prompt, max_new, temp, top_k=top_k)
+    rollouts, weights = [], []
+    for i, (resp, prob) in enumerate(exact.items()):
+        seq = torch.tensor([prompt + list(resp)])
+        probs = processed_probs(target.forward(seq).logits[0], temp, top_k=top_k)
+        lp = [math.log(float(probs[len(prompt) - 1 + j, t])) for j, t in enumerate(resp)]
+        rollouts.append(_rollout(i, prompt, list(resp), lp))
+        weights.append(prob)
+    acc = score_rollouts(drafter, target, rollouts, temp, top_k=top_k, use_cache=False)
+    per = offline_stats(acc).per_rollout_rounds
+    expected_rounds = float((per * torch.tensor(weights, dtype=torch.float64)).sum())
+
+    g = torch.Generator().manual_seed(0)
+    rounds = torch.tensor(
+        [
+            len(
+                speculative_generate(
+                    target,
+                    drafter,
+                    prompt,
+                    temperature=temp,
+                    top_k=top_k,
+                    max_new_tokens=max_new,
+                    generator=g,
+                ).emitted
+            )
+            for _ in range(1500)
+        ],
+        dtype=torch.float64,
+    )
+    se = float(rounds.std() / math.sqrt(rounds.numel()))
+    assert abs(float(rounds.mean()) - expected_rounds) < Z * se, (
+        float(rounds.mean()),
+        expected_rounds,
+        se,
+    )
+    # and the drafter matters: with no acceptance every rollout would need L-1 rounds
+    no_accept = sum(w * (len(r.response_ids) - 1) for w, r in zip(weights, rollouts, strict=True))
+    assert expected_rounds < no_accept - 10 * se
+
+
+@pytest.mark.parametrize("arch", ["dflash", "semi_ar"])
+def test_sampling_online_tau_agrees_with_offline_mal_real_drafter(arch: str) -> None:
+    """Random Qwen3 target at T=1/top-p 0.95 and an untrained drafter: both near-uniform,
+    so acceptance is high and not trivial; rollouts come from the rollout generator (its
+    own processing of the logits), the decoder from `decode`. The semi-AR drafter's Markov
+    head gets random non-zero weights so its sequential path matters."""
+    target = make_random_target("qwen3")
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5, arch=arch, markov_rank=8)
+    drafter = (SemiARDrafter if arch == "semi_ar" else BlockDrafter)(cfg).bind_target(target).eval()
+    if arch == "semi_ar":
+        with torch.no_grad():
+            drafter.markov_head.w2.normal_(0.0, 0.3)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, target.vocab_size, (5,), generator=g).tolist() for _ in range(16)]
+    settings = SamplingSettings(temperature=1.0, top_p=0.95, top_k=0, max_new_tokens=20, seed=3)
+    gen = generate_batch(target, prompts, [str(i) for i in range(16)], settings)
+    rollouts = [
+        _rollout(i, p, r.response_ids, r.logprobs)
+        for i, (p, r) in enumerate(zip(prompts, gen, strict=True))
+    ]
+    acc = score_rollouts(drafter, target, rollouts, 1.0, 0.95, 0, use_cache=False)
+    mal, (lo, hi) = mal_ci(acc, n_boot=1000)
+    online = decode(
+        target,
+        drafter,
+        prompts,
+        temperature=1.0,
+        top_p=0.95,
+        max_new_tokens=20,
+        seed=5,
+        measure_ar=False,
+    )
+    se_off = (hi - lo) / (2 * 1.96)
+    se_on = (online.tau_ci95[1] - online.tau_ci95[0]) / (2 * 1.96)
+    assert 1.5 < mal < 4.9 and 1.5 < online.tau < 4.9
+    assert abs(online.tau - mal) < Z * math.hypot(se_off, se_on), (online.tau, mal, se_on, se_off)
+
+
+def test_cache_and_chunking_are_exact(tmp_path, monkeypatch) -> None:
+    target = make_random_target("qwen3")
+    torch.manual_seed(0)
+    drafter = (
+        BlockDrafter(DrafterConfig.for_target(target, num_layers=1, block_size=4))
+        .bind_target(target)
+        .eval()
+    )
+    g = torch.Generator().manual_seed(2)
+    rollouts = []
+    for i in range(3):
+        resp = torch.randint(3, target.vocab_size, (9 + i,), generator=g)
+        rollouts.append(
+            _rollout(
+                i, [5, 6, 7], resp.tolist(), (-torch.rand(resp.numel(), generator=g) * 6).tolist()
+            )
+        )
+    base = score_rollouts(drafter, target, rollouts, 1.0, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 1
+    # chunked computation (2 anchors per forward, 1 row of logits at a time) is identical
+    monkeypatch.setattr(scoring, "LOGIT_BUDGET", 1)
+    small = [
+        acceptance_tensor(
+            drafter, target, r.prompt_ids, r.response_ids, r.logprobs, 1.0, anchor_chunk=2
+        )
+        for r in rollouts
+    ]
+    for a, b in zip(base, small, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+    def boom(*a, **k):
+        raise AssertionError("recomputed although cached")
+
+    monkeypatch.setattr(scoring, "acceptance_tensor", boom)
+    again = score_rollouts(drafter, target, rollouts, 1.0, cache_dir=tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(base, again, strict=True))
+    with pytest.raises(AssertionError, match="recomputed"):  # other settings: a new entry
+        score_rollouts(drafter, target, rollouts, 0.5, cache_dir=tmp_path)
+    # entries beyond L are zero; values are probabilities
+    for a, r in zip(base, rollouts, strict=True):
+        L = r.response_len
+        for n in range(1, L):
+            assert torch.all(a[n - 1, L - n :] == 0)
+        assert torch.all((a >= 0) & (a <= 1))
+
+
+def test_bad_rollouts_are_rejected() -> None:
+    target = FakeTarget(vocab=3)
+    drafter = oracle_drafter(target, 2)
+    with pytest.raises(ValueError, match="log-prob"):
+        acceptance_tensor(
+            drafter, target, torch.tensor([1]), torch.tensor([1, 2, 1]), torch.zeros(2), 1.0
+        )
+    with pytest.raises(ValueError, match="empty prompt"):
+        acceptance_tensor(
+            drafter, target, torch.tensor([], dtype=torch.long), torch.tensor([1, 2]), None, 0.0
+        )
+    assert acceptance_tensor(
+        drafter, target, torch.tensor([1]), torch.tensor([2]), None, 0.0
+    ).shape == (0, 2)
