@@ -181,10 +181,6 @@ def speculative_generate(
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=dev)
     out = target.forward(ids, use_cache=True)
     cache = out.cache
-    if hasattr(cache, "activate_past_recording"):
-        # Sliding-window layers (Gemma 3) drop states beyond the window unless told to keep
-        # them until the next crop; without this a rejected suffix cannot be cut back.
-        cache.activate_past_recording()
     first = _first_token(out.logits[0, -1], temperature, top_p, top_k, generator)
     trace = Trace([first])
     if first in stops or max_new_tokens <= 1:

@@ -167,6 +167,10 @@ class Target:
         new_cache = out.get("cache", None) if hasattr(out, "get") else None
         if new_cache is None:
             new_cache = getattr(out, "past_key_values", None)
+        if use_cache and hasattr(new_cache, "activate_past_recording"):
+            # Sliding-window layers (Gemma 3) drop states beyond the window unless told to
+            # keep them until the next crop; without this a rejected suffix can't be cut.
+            new_cache.activate_past_recording()
         return TargetOutput(logits=out.logits, features=features, cache=new_cache if use_cache else None)
 
     def encode(self, text: str) -> list[int]:
