@@ -1,0 +1,61 @@
+"""`blockdraft train --config FILE [key.sub=value ...] [--resume]`.
+
+Runs the same under `torchrun --nproc_per_node N -m blockdraft train ...` (data parallel);
+see docs/training.md. Config and setup problems print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train a drafter (any objective; resumable; torchrun for multi-process)",
+        description="Train a parallel block drafter on target rollouts. Settings come from a YAML "
+        "config (see configs/) and dotted overrides such as optim.lr=3e-4 objective.name=dpace.",
+    )
+    p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.sub=value",
+        help="override config keys, e.g. optim.max_steps=100 objective.alpha=0.3",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in run_dir (exactly where it stopped)",
+    )
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from blockdraft.training.config import ConfigError, dump_yaml, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(dump_yaml(cfg), end="")
+        return 0
+    from blockdraft.data.rollout_store import RolloutError
+    from blockdraft.training.loop import NonFiniteLossError
+    from blockdraft.training.setup import TrainSetupError
+    from blockdraft.training.trainer import train
+
+    try:
+        final = train(cfg, resume=args.resume)
+    except (ConfigError, TrainSetupError, RolloutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    print(f"final drafter: {final}")
+    return 0

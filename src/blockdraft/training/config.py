@@ -1,0 +1,318 @@
+"""One typed training config: dataclasses, a YAML file, and dotted command-line overrides.
+
+Why typed dataclasses and strict checking: a training run is expensive, so a typo such as
+`optim.learning_rate=1e-4` must fail at start-up with the key named, not be silently
+ignored while the run uses the default. Every key a YAML file or an override may set is a
+field below; anything else is a `ConfigError` that names the offending dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+OBJECTIVE_NAMES = (
+    "uniform",
+    "decay",
+    "dpace",
+    "dpace-cumulative",
+    "dpace-continuation",
+    "e2e",
+    "edr",
+)
+
+
+class ConfigError(ValueError):
+    """A config problem, always phrased as one line naming the dotted key at fault."""
+
+
+@dataclass
+class TargetConfig:
+    name: str = "tiny"  # registry name (tiny, gemma-3-270m), HF id or local path
+    layer_ids: list[int] | None = None  # target layers feeding the drafter; null = DFlash default
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # target weights dtype
+
+
+@dataclass
+class DataConfig:
+    train_rollouts: str = ""  # directory written by `blockdraft rollout` (training set)
+    eval_rollouts: str | None = None  # held-out rollouts for offline MAL; null = see eval_split
+    eval_split: float = 0.0  # without eval_rollouts: hold out this fraction of train prompts
+    max_seq_len: int = 2048  # prompt+response longer than this are truncated (from the right)
+
+
+@dataclass
+class DrafterConfigSection:
+    arch: Literal["dflash", "semi_ar"] = "dflash"  # parallel (DFlash) or semi-AR (Markov head)
+    num_layers: int = 1  # drafter decoder layers
+    block_size: int = 16  # anchor + K proposals (K = block_size - 1)
+    markov_rank: int = 32  # rank of the semi-AR Markov head (semi_ar only)
+    draft_vocab_size: int | None = None  # reduced draft vocabulary; null = full target vocab
+    init_from: str | None = None  # drafter checkpoint to start from (fine-tuning stage)
+
+
+@dataclass
+class ObjectiveConfig:
+    name: str = (
+        "dpace"  # uniform | decay | dpace | dpace-cumulative | dpace-continuation | e2e | edr
+    )
+    gamma: float | None = None  # decay: w_j = exp(-(j-1)/gamma); null = DFlash default for block
+    alpha: float = 0.5  # dpace: weight smoothing q~ = (1-alpha) q + alpha
+    variant: Literal["full", "cumulative", "continuation"] = "full"  # dpace weight variant
+    mode: Literal["auto", "greedy", "sampling"] = "auto"  # must match the rollouts; auto = read
+    max_anchors: int = 512  # edr: round starts carrying gradient per rollout (PPS-sampled)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4  # peak AdamW learning rate
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.04  # fraction of total steps with linear warm-up
+    warmup_steps: int | None = None  # overrides warmup_ratio when set
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: float = 0.0  # final lr as a fraction of lr (cosine/linear)
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    grad_accum: int = 1  # micro-batches per optimizer step (per process)
+    batch_size: int = 8  # GLOBAL sequences per optimizer step (all processes, all micro-batches)
+    epochs: float = 1.0  # passes over the training rollouts (ignored when max_steps is set)
+    max_steps: int | None = None  # optimizer steps; overrides epochs
+
+
+@dataclass
+class EvalConfig:
+    every: int = 200  # evaluate offline MAL on data.eval_rollouts every N steps (0 = only at end)
+    max_rollouts: int = 64  # held-out rollouts used per evaluation
+    at_start: bool = True  # also evaluate before the first step (the "before" number)
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = 500  # steps between checkpoints (0 = only final)
+    keep_last: int = 3  # step-N checkpoints kept (best/ and final/ are extra)
+
+
+@dataclass
+class LoggingConfig:
+    every: int = 10  # steps between log events (metrics.jsonl, tensorboard)
+    tensorboard: bool = True
+    wandb: bool = False  # needs `pip install wandb`
+    wandb_project: str = "blockdraft"
+    progress: bool = True  # tqdm progress bar (rank 0)
+
+
+@dataclass
+class DistributedConfig:
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # how torchrun processes share the drafter
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, else gloo
+
+
+@dataclass
+class TrainConfig:
+    run_dir: str = "runs/default"  # metrics.jsonl, tensorboard/, checkpoints/, best/, final/
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (under torchrun: the local rank's GPU)
+    amp: Literal["auto", "off", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    num_anchors: int = 512  # anchor blocks sampled per sequence per step (DFlash recipe)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    drafter: DrafterConfigSection = field(default_factory=DrafterConfigSection)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- building from plain data ------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against annotation `tp`; return it (ints widen to float)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise ConfigError(f"{key}: expected one of {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads `3e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping (section), got {value!r}")
+        return _build(tp, value, key)
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in names:
+            raise ConfigError(
+                f"unknown config key {key!r} (valid here: {', '.join(sorted(names))})"
+            )
+        kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`optim.lr=3e-4` -> ("optim.lr", 0.0003); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Semantic checks the types cannot express; each error names its key."""
+    checks: list[tuple[bool, str]] = [
+        (
+            cfg.objective.name in OBJECTIVE_NAMES,
+            f"objective.name: unknown objective {cfg.objective.name!r} "
+            f"(choose from {', '.join(OBJECTIVE_NAMES)})",
+        ),
+        (cfg.drafter.block_size >= 2, "drafter.block_size: must be >= 2 (anchor + >= 1 proposal)"),
+        (cfg.drafter.num_layers >= 1, "drafter.num_layers: must be >= 1"),
+        (cfg.num_anchors >= 1, "num_anchors: must be >= 1"),
+        (cfg.objective.max_anchors >= 1, "objective.max_anchors: must be >= 1"),
+        (0.0 <= cfg.objective.alpha <= 1.0, "objective.alpha: must be in [0, 1]"),
+        (cfg.objective.gamma is None or cfg.objective.gamma > 0, "objective.gamma: must be > 0"),
+        (cfg.optim.lr > 0, "optim.lr: must be > 0"),
+        (len(cfg.optim.betas) == 2, "optim.betas: must be two numbers"),
+        (cfg.optim.grad_accum >= 1, "optim.grad_accum: must be >= 1"),
+        (cfg.optim.batch_size >= 1, "optim.batch_size: must be >= 1"),
+        (cfg.optim.max_steps is None or cfg.optim.max_steps >= 1, "optim.max_steps: must be >= 1"),
+        (cfg.optim.epochs > 0, "optim.epochs: must be > 0"),
+        (0.0 <= cfg.optim.warmup_ratio < 1.0, "optim.warmup_ratio: must be in [0, 1)"),
+        (cfg.optim.grad_clip >= 0, "optim.grad_clip: must be >= 0"),
+        (0.0 <= cfg.data.eval_split < 1.0, "data.eval_split: must be in [0, 1)"),
+        (
+            not (cfg.data.eval_rollouts and cfg.data.eval_split > 0),
+            "data.eval_split: set either data.eval_rollouts or data.eval_split, not both",
+        ),
+        (cfg.data.max_seq_len >= 2, "data.max_seq_len: must be >= 2"),
+        (cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last: must be >= 1"),
+        (cfg.logging.every >= 1, "logging.every: must be >= 1"),
+        (bool(cfg.data.train_rollouts), "data.train_rollouts: required (a rollout directory)"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def config_from_dict(data: dict[str, Any] | None, overrides: list[str] = ()) -> TrainConfig:
+    """Build and validate a `TrainConfig` from a nested dict plus dotted overrides."""
+    merged: dict[str, Any] = dict(data or {})
+    if not isinstance(merged, dict):
+        raise ConfigError("config: top level must be a mapping")
+    merged = _deepcopy(merged)
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(merged, key, value)
+    cfg = _build(TrainConfig, merged)
+    validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """Read a YAML config (or start from defaults when `path` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else "parse error"
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {first}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(p)!r}: top level must be a mapping")
+    return config_from_dict(data, overrides)
+
+
+def _deepcopy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deepcopy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deepcopy(v) for v in data]
+    return data
+
+
+def dump_yaml(cfg: TrainConfig, extra: dict[str, Any] | None = None) -> str:
+    """The resolved config (plus provenance such as version and git sha) as YAML."""
+    body = cfg.to_dict()
+    if extra:
+        body = {**extra, **body}
+    return yaml.safe_dump(body, sort_keys=False)

@@ -1,0 +1,113 @@
+"""From a batch of sequences and anchors to the drafter's `log q(label)` per block slot.
+
+Pieces the objectives need but should not know about:
+
+- `map_to_draft_vocab`: target ids -> rows of a reduced draft vocabulary.
+- `DraftForward`: the one `nn.Module` whose `forward` runs every trainable parameter
+  (backbone and, for the semi-AR drafter, its Markov head). DDP/FSDP hook gradient
+  synchronisation on `forward`, so this wrapper is what gets wrapped, not the drafter.
+
+Large vocabularies: for the parallel drafter `log q(label)` goes through the chunked
+`target_logprobs` with `drafter.head_weight`, never materialising `[N, K, V]` logits
+unless an objective needs the full distribution (E2E, sampling EDR).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from blockdraft.objectives.cross_entropy import target_logprobs, token_logprobs
+
+
+def map_to_draft_vocab(
+    drafter: nn.Module, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target ids -> draft-vocab ids, for the rows of `drafter.head_weight`.
+
+    Returns (ids, in_vocab). With a reduced draft vocabulary, labels outside it cannot be
+    proposed: they get id -1 and drop out of the cross-entropy (evaluation still counts
+    them as rejections). A full-vocabulary drafter returns the labels unchanged.
+    """
+    draft_ids = getattr(drafter, "draft_ids", None)
+    if draft_ids is None:
+        return labels, labels >= 0
+    from blockdraft.models.draft_vocab import target_to_draft
+
+    table = target_to_draft(draft_ids.to(labels.device), int(drafter.config.vocab_size))
+    mapped = torch.where(labels >= 0, table[labels.clamp_min(0)], torch.full_like(labels, -1))
+    return mapped, mapped >= 0
+
+
+class DraftForward(nn.Module):
+    """Runs the drafter on anchored blocks and scores the labels (what DDP wraps)."""
+
+    def __init__(self, drafter: nn.Module, chunk_rows: int | None = None) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.chunk_rows = chunk_rows
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        input_ids: torch.Tensor,
+        anchors: torch.Tensor,
+        labels: torch.Tensor,
+        prev: torch.Tensor,
+        full_logits: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Returns (hidden [B,A,K,H], logq [B,A,K] float32 (0 where label < 0), logits or None).
+
+        `labels` are target ids (-1 = none); `logits` (only with `full_logits`) are in the
+        target vocabulary, -inf outside a reduced draft vocabulary.
+        """
+        hidden = self.drafter.forward_blocks(features, input_ids, anchors)
+        if full_logits or not _is_plain_parallel(self.drafter):
+            logits = self.drafter.compute_logits(hidden, prev)
+            logq = token_logprobs(logits, labels)
+            return hidden, logq, logits if full_logits else None
+        draft_labels, _ = map_to_draft_vocab(self.drafter, labels)
+        weight = self.drafter.head_weight
+        logq = target_logprobs(hidden.to(weight.dtype), weight, draft_labels, self.chunk_rows)
+        return hidden, logq, None
+
+
+def _is_plain_parallel(drafter: nn.Module) -> bool:
+    """A drafter whose logits are just `hidden @ head_weight.T` (no Markov head, no softcap),
+    so `log q(label)` can be chunked over the vocabulary."""
+    from blockdraft.models.semi_ar import SemiARDrafter
+
+    return not isinstance(drafter, SemiARDrafter) and not drafter.config.final_logit_softcapping
+
+
+@torch.no_grad()
+def slot_argmax(
+    drafter: nn.Module, hidden: torch.Tensor, prev: torch.Tensor, chunk_rows: int = 4096
+) -> torch.Tensor:
+    """Target-vocab argmax of q per slot `[B,A,K]`, chunked over rows for large vocabularies."""
+    if not _is_plain_parallel(drafter):
+        return drafter.compute_logits(hidden, prev).argmax(-1)
+    weight = drafter.head_weight
+    flat = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
+    out = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
+    for start in range(0, flat.shape[0], chunk_rows):
+        out[start : start + chunk_rows] = (flat[start : start + chunk_rows] @ weight.T).argmax(-1)
+    draft_ids = drafter.draft_ids
+    if draft_ids is not None:
+        out = draft_ids.to(out.device)[out]
+    return out.reshape(hidden.shape[:-1])
+
+
+def target_sampling_probs(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
+    """Target distribution for the token at each sequence index in `positions [B,A,K]`.
+
+    The token at index i is predicted by the target's logits at i - 1, processed exactly as
+    the rollouts were sampled (temperature, top-k, top-p) so E2E/EDR compare the drafter
+    with the distribution the data came from. Returns `[B,A,K,V]` float32.
+    """
+    from blockdraft.data.rollouts import sampling_logprobs
+
+    b = logits.shape[0]
+    src = (positions - 1).clamp_min(0).reshape(b, -1)
+    picked = logits.gather(1, src.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    return sampling_logprobs(picked, settings).exp().reshape(*positions.shape, logits.shape[-1])

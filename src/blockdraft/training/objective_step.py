@@ -1,0 +1,223 @@
+"""One micro-batch through target, drafter and objective: loss numerator, denominator, stats.
+
+Why a numerator/denominator split: every objective is a ratio whose denominator is a
+detached count or weight sum over the batch (summed CE weights for uniform/decay/D-PACE,
+blocks for E2E, emitted tokens for EDR). To make N processes x M accumulation steps give
+exactly the gradient of one process on the whole global batch, each micro-batch
+back-propagates its *un-normalised* numerator, and the loop divides the summed gradient
+by the global denominator (all-reduced) once all micro-batches are in. Per-micro-batch
+normalisation followed by averaging would weight micro-batches equally instead.
+
+Block objectives (uniform, decay, dpace*, e2e) train on `num_anchors` sampled anchors per
+sequence; the rounds objective (edr) lives in `edr_step.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from blockdraft.data.anchors import block_labels, sample_anchors
+from blockdraft.objectives.dpace import dpace_weights
+from blockdraft.training.batching import Batch, anchor_generator
+from blockdraft.training.draft_forward import map_to_draft_vocab, slot_argmax, target_sampling_probs
+
+
+@dataclass
+class StepStats:
+    """Sums over a micro-batch (reduced across micro-batches and ranks before logging)."""
+
+    k: int
+    acc_correct: torch.Tensor = None  # [K]
+    acc_count: torch.Tensor = None  # [K]
+    profile_sum: torch.Tensor = None  # [K] normalised D-PACE weight profile summed over blocks
+    profile_blocks: torch.Tensor = None  # [] blocks in profile_sum
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        z = torch.zeros(self.k, dtype=torch.float64)
+        self.acc_correct = z.clone() if self.acc_correct is None else self.acc_correct
+        self.acc_count = z.clone() if self.acc_count is None else self.acc_count
+        self.profile_sum = z.clone() if self.profile_sum is None else self.profile_sum
+        self.profile_blocks = (
+            torch.zeros((), dtype=torch.float64)
+            if self.profile_blocks is None
+            else self.profile_blocks
+        )
+
+    def add(self, other: StepStats) -> None:
+        self.acc_correct += other.acc_correct
+        self.acc_count += other.acc_count
+        self.profile_sum += other.profile_sum
+        self.profile_blocks += other.profile_blocks
+
+    def packed(self) -> torch.Tensor:
+        """All sums as one float64 vector (one all-reduce)."""
+        return torch.cat(
+            [self.acc_correct, self.acc_count, self.profile_sum, self.profile_blocks.view(1)]
+        )
+
+    @classmethod
+    def unpack(cls, vec: torch.Tensor, k: int) -> StepStats:
+        vec = vec.cpu()
+        return cls(
+            k,
+            vec[:k].clone(),
+            vec[k : 2 * k].clone(),
+            vec[2 * k : 3 * k].clone(),
+            vec[3 * k].clone(),
+        )
+
+
+@dataclass
+class MicroOutput:
+    numerator: torch.Tensor  # differentiable: local loss * denominator
+    denominator: torch.Tensor  # detached float64 scalar
+    stats: StepStats
+    tokens: int
+
+
+def pad_anchor_lists(lists: list[torch.Tensor]) -> torch.Tensor:
+    width = max([int(a.numel()) for a in lists] + [1])
+    out = torch.full((len(lists), width), -1, dtype=torch.long)
+    for i, a in enumerate(lists):
+        out[i, : a.numel()] = a
+    return out
+
+
+def sampled_anchors(
+    batch: Batch, num_anchors: int, block_size: int, seed: int, step: int
+) -> torch.Tensor:
+    """DFlash recipe: up to `num_anchors` round starts per sequence, uniformly at random."""
+    lists = []
+    for i in range(batch.input_ids.shape[0]):
+        p, l_resp = int(batch.prompt_lens[i]), int(batch.response_lens[i])
+        gen = anchor_generator(seed, step, int(batch.rollout_index[i]))
+        lists.append(sample_anchors(p, p + l_resp, num_anchors, block_size, gen))
+    return pad_anchor_lists(lists)
+
+
+def labels_and_prev(
+    batch: Batch, anchors: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(labels [B,A,K] with -1 where unsupervised, mask, prev tokens [B,A,K])."""
+    lengths = batch.attention_mask.sum(1)
+    labels, mask = block_labels(batch.input_ids, anchors, block_size, lengths)
+    labels = torch.where(mask, labels, torch.full_like(labels, -1))
+    anchor_tok = batch.input_ids.gather(1, anchors.clamp_min(0))
+    prev = torch.cat([anchor_tok.unsqueeze(-1), labels[..., :-1].clamp_min(0)], dim=-1)
+    return labels, mask, prev
+
+
+def label_positions(anchors: torch.Tensor, k: int, seq_len: int) -> torch.Tensor:
+    return (anchors.unsqueeze(-1) + torch.arange(1, k + 1, device=anchors.device)).clamp(
+        0, seq_len - 1
+    )
+
+
+def target_probs_for(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
+    """The target distribution each label was drawn from (one-hot argmax when greedy)."""
+    if settings.greedy:
+        b = logits.shape[0]
+        src = (positions - 1).clamp_min(0).reshape(b, -1)
+        arg = logits.gather(1, src.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).argmax(-1)
+        onehot = torch.nn.functional.one_hot(arg, logits.shape[-1]).to(torch.float32)
+        return onehot.reshape(*positions.shape, logits.shape[-1])
+    return target_sampling_probs(logits, positions, settings)
+
+
+def block_stats(
+    drafter: nn.Module,
+    hidden: torch.Tensor,
+    prev: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    logq: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    want_acc: bool,
+    alpha: float,
+    variant: str,
+) -> StepStats:
+    """Per-slot accuracy (argmax == label) and the mean normalised D-PACE weight profile.
+
+    The profile is taken over blocks whose K slots are all supervised (a truncated block
+    would pile its weight on early slots for a reason unrelated to the drafter) and uses
+    the D-PACE variant/alpha configured, whatever objective is trained: for non-D-PACE
+    runs it shows where D-PACE *would* put the weight.
+    """
+    k = labels.shape[-1]
+    stats = StepStats(k)
+    with torch.no_grad():
+        if want_acc:
+            am = slot_argmax(drafter, hidden, prev)
+            correct = (am == labels) & mask
+            stats.acc_correct = correct.sum(dim=(0, 1)).double().cpu()
+            stats.acc_count = mask.sum(dim=(0, 1)).double().cpu()
+        full = mask.all(-1) & valid
+        if full.any():
+            w = dpace_weights(logq[full].exp(), alpha=alpha, variant=variant)
+            w = w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+            stats.profile_sum = w.sum(0).double().cpu()
+            stats.profile_blocks = torch.tensor(float(full.sum()), dtype=torch.float64)
+    return stats
+
+
+def block_micro_step(
+    fwd: nn.Module,
+    drafter: nn.Module,
+    target,
+    objective,
+    batch: Batch,
+    *,
+    num_anchors: int,
+    seed: int,
+    step: int,
+    settings,
+    want_acc: bool,
+    alpha: float,
+    variant: str,
+) -> MicroOutput:
+    """Forward + objective for a block objective on one micro-batch (no backward here)."""
+    block_size = drafter.config.block_size
+    k = block_size - 1
+    device = batch.input_ids.device
+    tout = target.forward(batch.input_ids, attention_mask=batch.attention_mask.long())
+    anchors = sampled_anchors(batch, num_anchors, block_size, seed, step).to(device)
+    labels, mask, prev = labels_and_prev(batch, anchors, block_size)
+    need_full = bool(objective.needs_target_distribution)
+    hidden, logq, logits = fwd(tout.features, batch.input_ids, anchors, labels, prev, need_full)
+    _, in_vocab = map_to_draft_vocab(drafter, labels)
+    train_mask = mask & in_vocab
+    valid = anchors >= 0
+    kwargs = {}
+    if need_full:
+        positions = label_positions(anchors, k, batch.input_ids.shape[1])
+        # q at the rollout temperature: the distribution the decoder draws proposals from
+        temp = settings.temperature if settings.temperature > 0 else 1.0
+        kwargs = {
+            "draft_logits": logits[valid] / temp,
+            "target_probs": target_probs_for(tout.logits, positions, settings)[valid],
+        }
+    out = objective.loss(logq[valid], train_mask[valid], **kwargs)
+    if objective.needs_target_distribution:  # E2E: mean over blocks with a real proposal
+        denom = float(train_mask[valid].any(-1).sum())
+    else:
+        denom = float(out.metrics["weight_sum"])
+    stats = block_stats(
+        drafter,
+        hidden,
+        prev,
+        labels,
+        mask,
+        logq.detach(),
+        valid,
+        want_acc=want_acc,
+        alpha=alpha,
+        variant=variant,
+    )
+    return MicroOutput(
+        out.loss * denom, torch.tensor(denom, dtype=torch.float64), stats, batch.num_tokens
+    )
