@@ -24,9 +24,11 @@ def default_layer_ids(num_layers: int, count: int = 5) -> list[int]:
     layer i is the output of decoder layer i, i.e. `hidden_states[i + 1]` in HF terms.
     Small targets with fewer layers than `count` get every usable layer once.
     """
-    lo, hi = 1, max(1, num_layers - 3)
+    lo, hi = 1, num_layers - 3
     if num_layers <= 2:
         return list(range(num_layers))[:count]
+    if hi < lo + 2:  # shallow targets (e.g. the 4-layer `tiny`): use every inner layer
+        hi = num_layers - 2
     if hi - lo + 1 <= count:
         return list(range(lo, hi + 1))
     return [round(lo + (hi - lo) * i / (count - 1)) for i in range(count)]

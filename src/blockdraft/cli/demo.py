@@ -1,0 +1,38 @@
+"""`blockdraft demo [--target tiny|gemma-3-270m|<hf id or path>] [--out DIR]`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from blockdraft.demo import DemoSettings, run_demo
+
+_HELP = {
+    "target": "target model: tiny (embedded, default), gemma-3-270m, or an HF id/local path",
+    "out": "output directory (stages are cached here and reused on the next run)",
+    "temperature": "sampling temperature of rollouts and decoding (0 = greedy)",
+    "block_size": "drafter block size (anchor + K proposals)",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("demo", help="run the whole pipeline and compare objectives",
+                              description=__doc__)
+    defaults = DemoSettings()
+    for f in fields(DemoSettings):
+        if f.name == "extra_overrides":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        value = getattr(defaults, f.name)
+        p.add_argument(flag, type=type(value), default=value,
+                       help=_HELP.get(f.name, f"(default: {value})"))
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="extra dotted training-config overrides for every drafter")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    values = {f.name: getattr(args, f.name) for f in fields(DemoSettings)
+              if f.name != "extra_overrides"}
+    run_demo(DemoSettings(**values, extra_overrides=list(args.overrides)))
+    return 0

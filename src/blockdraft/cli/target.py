@@ -1,0 +1,171 @@
+"""`blockdraft target build|info|sample NAME`: build, inspect and try out targets.
+
+Building the embedded `tiny` target (or converting Gemma) is the only slow step of the
+quick-start, so it gets its own command with a progress bar; `sample` is the quickest
+way to see that a target produces sensible text before training a drafter for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("target", help="build, inspect and sample targets")
+    sub = parser.add_subparsers(dest="target_command", required=True)
+
+    build = sub.add_parser("build", help="build/convert a named target into the cache")
+    build.add_argument("name", help="tiny | gemma-3-270m")
+    build.add_argument("--seed", type=int, default=None, help="seed of the tiny build (default 0)")
+    build.set_defaults(func=_build)
+
+    info = sub.add_parser("info", help="show a target's shapes, tokens, fingerprint and manifest")
+    _common(info)
+    info.set_defaults(func=_info)
+
+    sample = sub.add_parser("sample", help="generate text from a prompt")
+    _common(sample)
+    sample.add_argument("--prompt", default="def ", help="prompt text (default 'def ')")
+    sample.add_argument("--max-new-tokens", type=int, default=64)
+    sample.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    sample.set_defaults(func=_sample)
+
+    lst = sub.add_parser("list", help="list named targets and whether they are ready")
+    lst.set_defaults(func=_list)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="tiny | gemma-3-270m | HF model id | local path")
+    p.add_argument("--mask-token", default=None, help="mask token for targets without one")
+    p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
+    p.add_argument("--trust-remote-code", action="store_true")
+
+
+def _load(args: argparse.Namespace):
+    from blockdraft.models.registry import load_target
+
+    return load_target(
+        args.name,
+        mask_token=args.mask_token,
+        allow_download=args.allow_download,
+        trust_remote_code=args.trust_remote_code,
+    )
+
+
+def _build(args: argparse.Namespace) -> int:
+    from blockdraft.models import gemma, registry, tiny
+
+    t0 = time.perf_counter()
+    if args.name == registry.TINY:
+        config = tiny.TinyConfig() if args.seed is None else tiny.TinyConfig(seed=args.seed)
+        path = tiny.build_tiny_target(config, progress=True)
+        manifest = tiny.read_manifest(path)
+    elif args.name == registry.GEMMA:
+        path = gemma.convert_gemma(progress=True)
+        manifest = gemma.read_manifest()
+    else:
+        print(
+            f"error: only named targets are built ({registry.TINY}, {registry.GEMMA}); "
+            f"got {args.name!r}",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"{args.name}: {path} (ready in {time.perf_counter() - t0:.1f}s)")
+    print(json.dumps(_summary(manifest), indent=2))
+    return 0
+
+
+def _summary(manifest: dict) -> dict:
+    """The manifest without the long file lists (they stay on disk)."""
+    out = dict(manifest)
+    if "corpus" in out:
+        corpus = dict(out["corpus"])
+        corpus["train_files"] = f"{len(corpus['train_files'])} files"
+        corpus["heldout_files"] = f"{len(corpus['heldout_files'])} files"
+        out["corpus"] = corpus
+    return out
+
+
+def _info(args: argparse.Namespace) -> int:
+    from blockdraft.models.registry import target_fingerprint
+
+    t0 = time.perf_counter()
+    target = _load(args)
+    load_s = time.perf_counter() - t0
+    tok = target.tokenizer
+    info = {
+        "name": target.name,
+        "architecture": type(target.model).__name__,
+        "parameters": sum(p.numel() for p in target.model.parameters()),
+        "hidden_size": target.hidden_size,
+        "num_layers": target.num_layers,
+        "vocab_size": target.vocab_size,
+        "layer_ids": target.layer_ids,
+        "mask_token": [target.mask_token_id, tok.convert_ids_to_tokens(target.mask_token_id)],
+        "stop_tokens": [[i, tok.convert_ids_to_tokens(i)] for i in target.stop_token_ids],
+        "has_chat_template": bool(getattr(tok, "chat_template", None)),
+        "fingerprint": target_fingerprint(target),
+        "load_seconds": round(load_s, 2),
+    }
+    path = getattr(target.model, "name_or_path", None)
+    if path:
+        from pathlib import Path
+
+        manifest = Path(path) / "blockdraft_manifest.json"
+        info["path"] = str(path)
+        if manifest.is_file():
+            info["manifest"] = _summary(json.loads(manifest.read_text()))
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    target = _load(args)
+    tok = target.tokenizer
+    if args.chat:
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
+        )
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    else:
+        ids = tok(args.prompt)["input_ids"]
+    print(generate_text(target, list(ids), args.max_new_tokens, args.temperature, args.seed))
+    return 0
+
+
+def generate_text(
+    target, ids: list[int], max_new_tokens: int, temperature: float, seed: int
+) -> str:
+    """Prompt + continuation as text (HF generate, stopping at the target's stop tokens)."""
+    torch.manual_seed(seed)
+    input_ids = torch.tensor([ids], device=target.device)
+    kwargs = (
+        {"do_sample": False}
+        if temperature <= 0
+        else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+    )
+    out = target.model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        eos_token_id=target.stop_token_ids,
+        pad_token_id=target.tokenizer.pad_token_id,
+        **kwargs,
+    )
+    return target.decode(out[0])
+
+
+def _list(args: argparse.Namespace) -> int:
+    from blockdraft.models.registry import list_targets
+
+    for t in list_targets():
+        state = "ready" if t["ready"] else "not built"
+        print(f"{t['name']:<14} {state:<10} {t['description']}\n{'':<25}{t['path']}")
+    return 0
