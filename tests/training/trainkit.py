@@ -24,6 +24,7 @@ MAX_NEW_TOKENS = 24
 def learnable_target():
     """Deterministic: every process that calls this gets the same target (DDP tests)."""
     target = make_random_target("qwen3", hidden_size=64, num_layers=4, seed=0)
+    target.layer_ids = [1]  # pinned: the learning thresholds were calibrated on this setting
     with torch.no_grad():
         target.lm_head.weight.mul_(HEAD_SCALE)
     return target
