@@ -66,48 +66,82 @@ def make_rollouts(target: Any, s: DemoSettings, out: Path) -> dict[str, Path]:
     from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
     from blockdraft.models.registry import target_fingerprint
 
-    sampling = SamplingSettings(temperature=s.temperature, max_new_tokens=s.max_new_tokens,
-                                seed=s.seed)
+    sampling = SamplingSettings(
+        temperature=s.temperature, max_new_tokens=s.max_new_tokens, seed=s.seed
+    )
     dirs = {}
-    for split, spec, limit in (("train", s.train_prompts, s.num_train_prompts),
-                               ("eval", s.eval_prompts, s.num_eval_prompts)):
-        stage = Stage(out / "rollouts" / split, {
-            "target": target_fingerprint(target), "spec": spec, "limit": limit,
-            "sampling": sampling.to_dict()})
+    for split, spec, limit in (
+        ("train", s.train_prompts, s.num_train_prompts),
+        ("eval", s.eval_prompts, s.num_eval_prompts),
+    ):
+        stage = Stage(
+            out / "rollouts" / split,
+            {
+                "target": target_fingerprint(target),
+                "spec": spec,
+                "limit": limit,
+                "sampling": sampling.to_dict(),
+            },
+        )
         if stage.is_done():
             _log(f"rollouts/{split}: reused ({stage.outputs().get('count')} rollouts)")
         else:
             _log(f"rollouts/{split}: generating responses to {limit} prompts from {spec}")
             prompts = load_prompts(spec, limit=limit)
-            rs = generate_rollouts(target, prompts, stage.directory / "set", sampling,
-                                   batch_size=16, shard_size=64, prompt_spec=spec)
+            rs = generate_rollouts(
+                target,
+                prompts,
+                stage.directory / "set",
+                sampling,
+                batch_size=16,
+                shard_size=64,
+                prompt_spec=spec,
+            )
             stage.finish({"count": len(rs)})
         dirs[split] = stage.directory / "set"
     return dirs
 
 
-def _train_config(s: DemoSettings, run_dir: Path, rollouts: dict[str, Path],
-                  overrides: list[str], finetune_from: Path | None) -> Any:
+def _train_config(
+    s: DemoSettings,
+    run_dir: Path,
+    rollouts: dict[str, Path],
+    overrides: list[str],
+    finetune_from: Path | None,
+) -> Any:
     from blockdraft.training.config import config_from_dict
 
     base = [
-        f"run_dir={run_dir}", f"seed={s.seed}", f"num_anchors={s.num_anchors}",
+        f"run_dir={run_dir}",
+        f"seed={s.seed}",
+        f"num_anchors={s.num_anchors}",
         f"target.name={s.target}",
-        f"data.train_rollouts={rollouts['train']}", f"data.eval_rollouts={rollouts['eval']}",
-        f"drafter.num_layers={s.drafter_layers}", f"drafter.block_size={s.block_size}",
-        f"optim.batch_size={s.batch_size}", "eval.every=50", "eval.max_rollouts=32",
-        "checkpoint.save_every=100", "checkpoint.keep_last=1", "logging.every=5",
+        f"data.train_rollouts={rollouts['train']}",
+        f"data.eval_rollouts={rollouts['eval']}",
+        f"drafter.num_layers={s.drafter_layers}",
+        f"drafter.block_size={s.block_size}",
+        f"optim.batch_size={s.batch_size}",
+        "eval.every=50",
+        "eval.max_rollouts=32",
+        "checkpoint.save_every=100",
+        "checkpoint.keep_last=1",
+        "logging.every=5",
     ]
     if finetune_from is None:
         base += [f"optim.epochs={s.epochs}", f"optim.lr={s.lr}"]
     else:
-        base += [f"drafter.init_from={finetune_from}", f"optim.epochs={s.finetune_epochs}",
-                 f"optim.lr={s.finetune_lr}", "optim.warmup_ratio=0.0"]
+        base += [
+            f"drafter.init_from={finetune_from}",
+            f"optim.epochs={s.finetune_epochs}",
+            f"optim.lr={s.finetune_lr}",
+            "optim.warmup_ratio=0.0",
+        ]
     return config_from_dict({}, base + overrides + list(s.extra_overrides))
 
 
-def train_drafters(target: Any, s: DemoSettings, out: Path,
-                   rollouts: dict[str, Path]) -> dict[str, Path]:
+def train_drafters(
+    target: Any, s: DemoSettings, out: Path, rollouts: dict[str, Path]
+) -> dict[str, Path]:
     """Train decay and D-PACE from scratch, then E2E and EDR fine-tunes of the D-PACE one."""
     from blockdraft.training import train
 
@@ -116,7 +150,10 @@ def train_drafters(target: Any, s: DemoSettings, out: Path,
     for name, overrides, start in plan:
         start_ckpt = finals[start] if start else None
         cfg = _train_config(s, out / "runs" / name, rollouts, overrides, start_ckpt)
-        inputs = {"config": cfg.to_dict(), "start": _stage_key(out / "runs" / start) if start else None}
+        inputs = {
+            "config": cfg.to_dict(),
+            "start": _stage_key(out / "runs" / start) if start else None,
+        }
         stage = Stage(out / "runs" / name, inputs)
         if stage.is_done():
             _log(f"train {name}: reused")
@@ -135,8 +172,9 @@ def _stage_key(directory: Path) -> str | None:
     return json.loads(marker.read_text()).get("key") if marker.exists() else None
 
 
-def evaluate_offline(target: Any, finals: dict[str, Path], rollouts: dict[str, Path],
-                     out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def evaluate_offline(
+    target: Any, finals: dict[str, Path], rollouts: dict[str, Path], out: Path
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Exact offline MAL/AR_k of each drafter and the paired comparisons, on eval rollouts."""
     from blockdraft.cli.compare import compare
     from blockdraft.cli.eval import evaluate
@@ -149,16 +187,22 @@ def evaluate_offline(target: Any, finals: dict[str, Path], rollouts: dict[str, P
         d["name"] = name
     comparisons = []
     for a, b in COMPARISONS:
-        rows = compare(target, [finals[a], finals[b]], [rollouts["eval"]], cache_dir=cache,
-                       progress=False)
+        rows = compare(
+            target, [finals[a], finals[b]], [rollouts["eval"]], cache_dir=cache, progress=False
+        )
         for row in rows:
             row["a"], row["b"] = a, b
         comparisons.extend(rows)
     return result, comparisons
 
 
-def evaluate_online(target: Any, s: DemoSettings, finals: dict[str, Path],
-                    rollouts: dict[str, Path], offline: dict[str, Any]) -> dict[str, Any]:
+def evaluate_online(
+    target: Any,
+    s: DemoSettings,
+    finals: dict[str, Path],
+    rollouts: dict[str, Path],
+    offline: dict[str, Any],
+) -> dict[str, Any]:
     """Real speculative decoding of held-out prompts: tau, speedup vs autoregressive."""
     from blockdraft.data.rollout_store import RolloutSet
     from blockdraft.evaluation.online import decode
@@ -172,19 +216,34 @@ def evaluate_online(target: Any, s: DemoSettings, finals: dict[str, Path],
     for name, path in finals.items():
         _log(f"online decoding with {name} ({len(prompts)} prompts)")
         drafter = load_drafter(path, target).eval()
-        res = decode(target, drafter, prompts, temperature=s.temperature,
-                     max_new_tokens=s.online_max_new_tokens, seed=s.seed)
+        res = decode(
+            target,
+            drafter,
+            prompts,
+            temperature=s.temperature,
+            max_new_tokens=s.online_max_new_tokens,
+            seed=s.seed,
+        )
         online[name] = {
-            "tau": res.tau, "tau_ci95": list(res.tau_ci95), "histogram": res.histogram,
-            "tokens_per_s": res.tokens_per_s, "ar_tokens_per_s": res.ar_tokens_per_s,
-            "speedup": res.speedup, "offline_mal": by_name[name]["mal"],
+            "tau": res.tau,
+            "tau_ci95": list(res.tau_ci95),
+            "histogram": res.histogram,
+            "tokens_per_s": res.tokens_per_s,
+            "ar_tokens_per_s": res.ar_tokens_per_s,
+            "speedup": res.speedup,
+            "offline_mal": by_name[name]["mal"],
             "offline_mal_ci95": by_name[name]["mal_ci95"],
         }
     return online
 
 
-def build_report_json(s: DemoSettings, rollouts: dict[str, Path], offline: dict[str, Any],
-                      comparisons: list[dict[str, Any]], online: dict[str, Any]) -> dict[str, Any]:
+def build_report_json(
+    s: DemoSettings,
+    rollouts: dict[str, Path],
+    offline: dict[str, Any],
+    comparisons: list[dict[str, Any]],
+    online: dict[str, Any],
+) -> dict[str, Any]:
     """The machine-readable summary other tools read (`DIR/report.json`)."""
     from blockdraft.data.rollout_store import RolloutSet
 
@@ -192,39 +251,62 @@ def build_report_json(s: DemoSettings, rollouts: dict[str, Path], offline: dict[
     drafters = []
     for d in offline["benchmarks"][0]["drafters"]:
         o = online.get(d["name"], {})
-        drafters.append({
-            "name": d["name"], "objective": objective.get(d["name"], d["name"]),
-            "mal_offline": d["mal"], "mal_offline_ci95": d["mal_ci95"],
-            "tau_online": o.get("tau"), "tau_online_ci95": o.get("tau_ci95"),
-            "speedup": o.get("speedup"), "ar_k": d["ar_k"],
-        })
+        drafters.append(
+            {
+                "name": d["name"],
+                "objective": objective.get(d["name"], d["name"]),
+                "mal_offline": d["mal"],
+                "mal_offline_ci95": d["mal_ci95"],
+                "tau_online": o.get("tau"),
+                "tau_online_ci95": o.get("tau_ci95"),
+                "speedup": o.get("speedup"),
+                "ar_k": d["ar_k"],
+            }
+        )
     return {
-        "target": s.target, "block_size": s.block_size, "temperature": s.temperature,
+        "target": s.target,
+        "block_size": s.block_size,
+        "temperature": s.temperature,
         "rollouts": {k: len(RolloutSet.open(v)) for k, v in rollouts.items()},
         "drafters": drafters,
-        "comparisons": [{"a": c["a"], "b": c["b"], "mal_gain": c["diff"],
-                         "mal_gain_ci95": c["diff_ci95"], "rel_gain": c["rel_gain"],
-                         "rel_gain_ci95": c["rel_gain_ci95"]} for c in comparisons],
+        "comparisons": [
+            {
+                "a": c["a"],
+                "b": c["b"],
+                "mal_gain": c["diff"],
+                "mal_gain_ci95": c["diff_ci95"],
+                "rel_gain": c["rel_gain"],
+                "rel_gain_ci95": c["rel_gain_ci95"],
+            }
+            for c in comparisons
+        ],
         "settings": asdict(s),
     }
 
 
 def summary_table(report: dict[str, Any]) -> str:
     """A plain-text table for the terminal."""
-    lines = [f"target={report['target']}  block_size={report['block_size']}  "
-             f"T={report['temperature']}  rollouts={report['rollouts']}", "",
-             f"{'drafter':<8} {'MAL offline':>12} {'95% CI':>16} {'tau online':>11} {'speedup':>8}"]
+    lines = [
+        f"target={report['target']}  block_size={report['block_size']}  "
+        f"T={report['temperature']}  rollouts={report['rollouts']}",
+        "",
+        f"{'drafter':<8} {'MAL offline':>12} {'95% CI':>16} {'tau online':>11} {'speedup':>8}",
+    ]
     for d in report["drafters"]:
         lo, hi = d["mal_offline_ci95"]
         tau = f"{d['tau_online']:.3f}" if d["tau_online"] is not None else "-"
         sp = f"{d['speedup']:.2f}x" if d["speedup"] is not None else "-"
-        lines.append(f"{d['name']:<8} {d['mal_offline']:>12.3f} {f'[{lo:.3f}, {hi:.3f}]':>16} "
-                     f"{tau:>11} {sp:>8}")
+        lines.append(
+            f"{d['name']:<8} {d['mal_offline']:>12.3f} {f'[{lo:.3f}, {hi:.3f}]':>16} "
+            f"{tau:>11} {sp:>8}"
+        )
     lines += ["", f"{'B vs A':<16} {'MAL gain':>9} {'95% CI':>20} {'rel.':>8}"]
     for c in report["comparisons"]:
         lo, hi = c["mal_gain_ci95"]
-        lines.append(f"{c['b'] + ' vs ' + c['a']:<16} {c['mal_gain']:>+9.4f} "
-                     f"{f'[{lo:+.4f}, {hi:+.4f}]':>20} {100 * c['rel_gain']:>+7.2f}%")
+        lines.append(
+            f"{c['b'] + ' vs ' + c['a']:<16} {c['mal_gain']:>+9.4f} "
+            f"{f'[{lo:+.4f}, {hi:+.4f}]':>20} {100 * c['rel_gain']:>+7.2f}%"
+        )
     return "\n".join(lines)
 
 
@@ -240,19 +322,27 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     rollouts = make_rollouts(target, s, out)
     finals = train_drafters(target, s, out, rollouts)
     offline, comparisons = evaluate_offline(target, finals, rollouts, out)
-    online_stage = Stage(out / "online", {"drafters": {n: _stage_key(p.parent) for n, p in finals.items()},
-                                          "settings": fingerprint(asdict(s))})
+    online_stage = Stage(
+        out / "online",
+        {
+            "drafters": {n: _stage_key(p.parent) for n, p in finals.items()},
+            "settings": fingerprint(asdict(s)),
+        },
+    )
     if online_stage.is_done():
         _log("online decoding: reused")
         online = online_stage.outputs()["online"]
     else:
         online = evaluate_online(target, s, finals, rollouts, offline)
         online_stage.finish({"online": online})
-    drafters = [{**d, "benchmark": offline["benchmarks"][0]["name"]}
-                for d in offline["benchmarks"][0]["drafters"]]
+    drafters = [
+        {**d, "benchmark": offline["benchmarks"][0]["name"]}
+        for d in offline["benchmarks"][0]["drafters"]
+    ]
     logs = {n: p.parent / "metrics.jsonl" for n, p in finals.items()}
-    md = write_report(out / "report", drafters, comparisons, logs, online,
-                      title=f"blockdraft demo on {s.target}")
+    md = write_report(
+        out / "report", drafters, comparisons, logs, online, title=f"blockdraft demo on {s.target}"
+    )
     report = build_report_json(s, rollouts, offline, comparisons, online)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     print(summary_table(report), flush=True)

@@ -166,14 +166,16 @@ class Target:
         out = self.model(**kwargs)
         hidden = out.hidden_states
         features = torch.cat([hidden[i + 1] for i in self.layer_ids], dim=-1)
+        if not use_cache:
+            return TargetOutput(logits=out.logits, features=features)
         new_cache = out.get("cache", None) if hasattr(out, "get") else None
-        if new_cache is None:
+        if new_cache is None:  # transformers 4.x
             new_cache = getattr(out, "past_key_values", None)
-        if use_cache and hasattr(new_cache, "activate_past_recording"):
+        if hasattr(new_cache, "activate_past_recording"):
             # Sliding-window layers (Gemma 3) drop states beyond the window unless told to
             # keep them until the next crop; without this a rejected suffix can't be cut.
             new_cache.activate_past_recording()
-        return TargetOutput(logits=out.logits, features=features, cache=new_cache if use_cache else None)
+        return TargetOutput(logits=out.logits, features=features, cache=new_cache)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

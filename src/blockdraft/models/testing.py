@@ -61,7 +61,9 @@ def make_random_target(
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
         model = Gemma3ForCausalLM(
-            Gemma3TextConfig(**common, sliding_window=64, query_pre_attn_scalar=hidden_size // num_heads)
+            Gemma3TextConfig(
+                **common, sliding_window=64, query_pre_attn_scalar=hidden_size // num_heads
+            )
         )
     else:
         raise ValueError(f"unknown test architecture {arch!r}: use qwen3, llama or gemma3")

@@ -17,15 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
-OBJECTIVE_NAMES = (
-    "uniform",
-    "decay",
-    "dpace",
-    "dpace-cumulative",
-    "dpace-continuation",
-    "e2e",
-    "edr",
-)
+from blockdraft.objectives.registry import OBJECTIVE_NAMES
 
 
 class ConfigError(ValueError):
