@@ -26,10 +26,11 @@ and J is the expected number of rounds `sum_n omega_{n,n+1}`.
 How it is computed (one Python loop over positions each way, vectorised over proposals
 and rollouts):
 - forward: omega_{n,n+h} = R_n * prod_{i<h} A_{n,n+i}, so only the round-start
-  occupancies R need a sequential pass (`_round_starts`, one in-place op per position);
+  occupancies R need a sequential pass (`_round_starts`: one fused in-place op per
+  position, using that exactly one round is active at every position);
 - backward (values): states deciding the same position t form one anti-diagonal of the
   `[n, h]` grid, and V_{n,t} needs V at position t+1 only, so the value recursion steps
-  along t on a *skewed* copy of the tensors (`_to_skew`).
+  along t on a *skewed* copy of the tensors (`_to_skew`, a strided view, in place).
 `rounds_objective` is the slow, independent autograd reference: a list-based recurrence
 over round starts with an inner loop over proposals, differentiated by autograd.
 """
@@ -151,61 +152,84 @@ def _sanitize(x: Tensor, mask: Tensor) -> Tensor:
 # --- skewed layout --------------------------------------------------------------------
 
 
-def _skew_index(rows: int, k: int, device: torch.device) -> Tensor:
-    """Flat index into a `[T, K+1]` skewed grid (T = rows + K + 3) of state `(n, n+h)`,
-    h = 1..K+1, stored at `[t = n+h, h-1]`. Shape `[rows, K+1]`."""
-    n = torch.arange(1, rows + 1, device=device).view(rows, 1)
-    h = torch.arange(1, k + 2, device=device).view(1, k + 1)
-    return (n + h) * (k + 1) + (h - 1)
+def _skew_view(s: Tensor, rows: int, k: int) -> Tensor:
+    """`[B, M, K+1]` view of the states `(n, n+h)`, h = 1..K+1, inside a contiguous
+    `[B, T, K+1]` skewed grid (T = rows + K + 3) that stores them at `[t = n+h, h-1]`.
+
+    Why a view: the flat offset `(n+h)(K+1) + h-1` is linear in n and h (strides K+1
+    and K+2), so conversions are one strided copy instead of an index gather/scatter
+    (which needed `[M*(K+1)]` index tensors and dominated `occupancy_and_value`)."""
+    batch, size, _ = s.shape
+    if size != rows + k + 3 or not s.is_contiguous():
+        raise ValueError(f"expected a contiguous [B, {rows + k + 3}, {k + 1}] grid")
+    return s.as_strided(
+        (batch, rows, k + 1), (size * (k + 1), k + 1, k + 2), s.storage_offset() + 2 * k + 2
+    )
 
 
 def _to_skew(x: Tensor, k: int) -> Tensor:
     """`[B, M, K]` row layout -> `[B, T, K+1]` skewed (column K, the bonus, is zero)."""
     batch, rows, _ = x.shape
-    size = rows + k + 3
-    idx = _skew_index(rows, k, x.device)[:, :k].reshape(-1)
-    flat = x.new_zeros((batch, size * (k + 1)))
-    flat[:, idx] = x.reshape(batch, -1)
-    return flat.view(batch, size, k + 1)
+    flat = x.new_zeros((batch, rows + k + 3, k + 1))
+    _skew_view(flat, rows, k)[..., :k].copy_(x)
+    return flat
 
 
 def _from_skew(s: Tensor, rows: int, k: int) -> Tensor:
-    """`[B, T', K+1]` skewed (T' <= rows + K + 3) -> `[B, M, K+1]` row layout."""
-    batch, size, _ = s.shape
-    full = rows + k + 3
-    if size < full:
-        s = torch.cat([s, s.new_zeros((batch, full - size, k + 1))], dim=1)
-    idx = _skew_index(rows, k, s.device).reshape(-1)
-    return s.reshape(batch, -1)[:, idx].view(batch, rows, k + 1)
+    """`[B, T, K+1]` skewed (T = rows + K + 3) -> `[B, M, K+1]` row layout (a copy)."""
+    return _skew_view(s, rows, k).contiguous()
 
 
 # --- forward occupancy ---------------------------------------------------------------
 
 
+_CHUNK = 16  # positions per chunk of the forward pass (see `_round_starts`)
+
+
 def _round_starts(acc: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
     """Round-start occupancies `R [B, M]` (R_n = omega_{n,n+1}) and the within-round
-    reach products `P [M, B, K]` (`P[n-1, b, j-1] = prod_{i<=j} A_{n,n+i}`), detached.
+    reach products `P [B, M, K]` (`P[b, n-1, j-1] = prod_{i<=j} A_{n,n+i}`), detached.
 
     Why this shape: omega_{n,n+h} = R_n P_{h-1} (P_0 = 1), so the only sequential part is
-    R, a linear recurrence: a rejection at proposal h hands R_n (P_{h-1} - P_h) to the
-    start n+h, the bonus hands R_n P_K to n+K+1. It is pushed forward one round start at
-    a time (three in-place ops per position, vectorised over proposals and rollouts)
-    after one cumprod, stored position-major so each step reads contiguous memory.
-    Entries at positions >= L only feed positions >= L (pushes go forward), so garbage
-    there never reaches a valid start and is masked at the end."""
+    R. Exactly one round is active at every position: either a round starts at t, or an
+    earlier round n (t-K <= n < t) accepted the draft of x_t, which has probability
+    R_n P_{t-n}. Hence R_t = 1 - sum_{n=t-K}^{t-1} R_n P_{t-n}[n] (t >= 2; R_1 = 1 if
+    L >= 2). This is the banded recurrence R_t = sum_j R_{t-j} E_{t-j,j} with the handover
+    probabilities E = P_{j-1} - P_j (E = P_K for the bonus) summed by parts, so it needs
+    only the cumprod P, never a `[B, M, K+1]` handover tensor (whose construction with
+    strided copies cost more than the whole recursion).
+
+    We keep the running `U_t = -(1[L >= 2] - coverage pushed to t so far)`, which is
+    -R_t once every n < t has pushed: the step for start n is then one fused in-place
+    `U[n+1..n+K] -= U_n * P[n]` on a preallocated buffer. The per-step views are made
+    once in C++ (`unbind` of an as-strided view), so the Python loop does no slicing.
+    P is read position by position, i.e. rows strided by M*K across the batch, which
+    defeats the prefetcher; copying it `_CHUNK` positions at a time into a small
+    contiguous buffer (L2-resident, inner run `_CHUNK*K`) measured ~2x faster than
+    reading P in place. No transposes: on CPU those cost more than everything else
+    (the previous position-major version spent most of its time transposing).
+    Entries at positions >= L only push to positions > L, so garbage there never reaches
+    a valid start and is masked at the end."""
     batch, rows, k = acc.shape
-    reach = torch.cumprod(acc.transpose(0, 1), dim=-1)  # [M, B, K], contiguous
-    starts = acc.new_zeros((batch, rows + k + 2))
-    starts[:, 1] = (lengths >= 2).to(acc.dtype)
-    for n in range(1, rows + 1):
-        r, p = starts[:, n : n + 1], reach[n - 1]
-        starts[:, n + 1] += starts[:, n]  # P_0 = 1 handed to n+1 ...
-        starts[:, n + 2 : n + k + 2].addcmul_(r, p)  # ... P_h to n+h+1 ...
-        starts[:, n + 1 : n + k + 1].addcmul_(r, p, value=-1)  # ... minus P_h at n+h
+    reach = torch.cumprod(acc, dim=-1)  # [B, M, K], contiguous like acc
+    size = rows + k + 2
+    neg = acc.new_empty((batch, size))  # neg[:, t] -> -R_t (column t = position t)
+    neg.copy_((lengths >= 2).to(acc.dtype).neg().unsqueeze(1).expand(batch, size))
+    # windows[n-1] = neg[:, n+1 : n+K+1], own[n-1] = neg[:, n : n+1]
+    windows = neg.as_strided((rows, batch, k), (1, size, 1), neg.storage_offset() + 2)
+    own = neg.t()[1 : rows + 1].unsqueeze(-1)
+    windows, own = windows.unbind(0), own.unbind(0)
+    buf = acc.new_empty((batch, min(_CHUNK, rows), k))
+    for lo in range(0, rows, _CHUNK):
+        hi = min(lo + _CHUNK, rows)
+        block = buf[:, : hi - lo]
+        block.copy_(reach[:, lo:hi])
+        for w, r, p in zip(windows[lo:hi], own[lo:hi], block.unbind(1), strict=True):
+            w.addcmul_(p, r, value=-1)
     n_idx = torch.arange(1, rows + 1, device=acc.device).view(1, -1)
     valid = n_idx < lengths.view(-1, 1)
     zero = torch.zeros((), dtype=acc.dtype, device=acc.device)
-    return torch.where(valid, starts[:, 1 : rows + 1], zero), reach
+    return torch.where(valid, neg[:, 1 : rows + 1].neg(), zero), reach
 
 
 @torch.no_grad()
@@ -216,8 +240,9 @@ def state_occupancy(acceptance: Tensor, lengths: Tensor | None = None) -> Tensor
     acc, _, lengths, single = as_batch(acceptance.detach(), None, lengths)
     batch, rows, k = acc.shape
     starts, reach = _round_starts(acc, lengths)
-    reach = torch.cat([acc.new_ones((batch, rows, 1)), reach.transpose(0, 1)], dim=-1)  # P_0..P_K
-    omega = reach * starts.unsqueeze(-1)
+    omega = acc.new_empty((batch, rows, k + 1))  # R_n P_{h-1}, P_0 = 1
+    omega[..., 0] = starts
+    torch.mul(reach, starts.unsqueeze(-1), out=omega[..., 1:])
     n = torch.arange(1, rows + 1, device=acc.device).view(1, -1, 1)
     h = torch.arange(1, k + 2, device=acc.device).view(1, 1, -1)
     exists = (n + h <= lengths.view(-1, 1, 1)) & (n < lengths.view(-1, 1, 1))
@@ -259,20 +284,23 @@ def occupancy_and_value(
     l_max = rows + 1
     size = rows + k + 3
     values = acc.new_zeros((batch, size, k + 1))
-    tds = acc.new_zeros((batch, size, k))
+    tds = acc.new_zeros((batch, size, k + 1))  # same skewed grid; column K stays 0
+    steps = torch.arange(size, device=acc.device).view(-1, 1, 1)
+    alive = (lengths.view(1, -1, 1) > steps).to(acc.dtype)  # [T, B, 1]: position t < L
     nxt = acc.new_zeros((batch, k + 1))  # V at t = L_max + 1: nothing left
+    # In-place on views of the preallocated grids (no per-step allocation or cat).
     for t in range(l_max, 1, -1):
         a, c = a_skew[:, t, :k], c_skew[:, t, :k]
-        alive = (lengths > t).to(acc.dtype).unsqueeze(1)
-        td = nxt[:, 1:] - nxt[:, :1]
-        decision = c + a * td + nxt[:, :1]  # = c + A V_{n,t+1} + (1-A) V_{t,t+1}
-        bonus = 1 + nxt[:, :1]
-        cur = torch.cat([decision, bonus], dim=1) * alive
-        values[:, t] = cur
-        tds[:, t] = td * alive
+        cur, td, restart = values[:, t], tds[:, t, :k], nxt[:, :1]  # restart = V_{t,t+1}
+        torch.sub(nxt[:, 1:], restart, out=td)
+        torch.addcmul(c, a, td, out=cur[:, :k])  # c + A V_{n,t+1} + (1-A) V_{t,t+1}
+        cur[:, :k].add_(restart)
+        torch.add(restart, 1, out=cur[:, k:])  # bonus: a new round starts at t
+        cur.mul_(alive[t])
+        td.mul_(alive[t])
         nxt = cur
     value = _from_skew(values, rows, k)
-    td_rows = _from_skew(torch.cat([tds, tds.new_zeros((batch, size, 1))], dim=2), rows, k)[..., :k]
+    td_rows = _from_skew(tds, rows, k)[..., :k]
 
     n = torch.arange(1, rows + 1, device=acc.device)
     bonus_live = ((n + k + 1).view(1, -1) < lengths.view(-1, 1)).to(acc.dtype)
