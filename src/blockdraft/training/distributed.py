@@ -2,15 +2,17 @@
 
 Everything the trainer needs to know about other processes goes through this module, so
 the loop reads the same with 1 process or N: rank/world size, the device of this rank,
-summing a number over all ranks, and wrapping the trainable module (DDP, or FSDP2 for
-drafters too large to replicate). A single process (no `WORLD_SIZE` in the environment)
-never initialises a process group.
+summing a number over all ranks, wrapping the trainable module (DDP, or FSDP2 for
+drafters too large to replicate) and, for FSDP2, turning shards into the full weights and
+optimizer state that checkpoints hold (and back). A single process (no `WORLD_SIZE` in
+the environment) never initialises a process group.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -109,19 +111,177 @@ def wrap_module(module: nn.Module, ctx: DistContext, strategy: str = "ddp") -> n
     """Make `module` data-parallel: DDP (replicated) or FSDP2 `fully_shard` (sharded).
 
     Both average gradients over ranks; the trainer rescales them so the result equals one
-    process on the same global batch (see `loop.py`).
+    process on the same global batch (see `loop.py`). FSDP2 shards each decoder layer as
+    its own unit (only one layer's full weights exist at a time) and then the root, which
+    holds the remaining drafter parameters (fc, norms, Markov head). The target's frozen
+    embedding and LM head are reached through `drafter._shared`, a plain object and not a
+    submodule, so `fully_shard` never sees them: they stay replicated, untrained and out
+    of the optimizer, as under DDP.
     """
     if not ctx.distributed:
         return module
     if strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        fully_shard(module)
+        # FSDP2 warns when a wrapped forward returns a view (the context values are a
+        # transpose, `hidden` a slice) in case the caller modifies it in place; ours are
+        # only read (concatenated, indexed), so the warning is noise on every rank.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        inner = getattr(module, "drafter", module)
+        for layer in getattr(inner, "layers", []):
+            fully_shard(layer, mesh=mesh)
+            _route_context_key_value(layer)
+        fully_shard(module, mesh=mesh)
         return module
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(
         module, device_ids=device_ids, broadcast_buffers=False
     )
+
+
+def _route_context_key_value(layer: nn.Module) -> None:
+    """Let a sharded decoder layer compute the context keys/values outside its `forward`.
+
+    `forward_blocks` calls `layer.self_attn.key_value(context)` before `layer(...)`. FSDP2
+    only gathers a layer's weights around its registered forward methods, so that call
+    would meet sharded weights, and the gradient it sends back to `k_proj`/`v_proj` would
+    arrive after the layer's reduce-scatter. So the call is routed through an extra
+    forward method of the layer (`register_fsdp_forward_method`): its own all-gather, and
+    its own backward hooks that reduce-scatter that gradient too (FSDP2 accumulates over
+    several uses of a layer). Inside `layer.forward` the weights are already gathered and
+    the original method runs; a forward pre/post hook pair tracks which case applies.
+    """
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    attn = getattr(layer, "self_attn", None)
+    if attn is None or not hasattr(attn, "key_value"):
+        return
+    original = attn.key_value
+    depth = [0]  # >0 while layer.forward runs
+
+    def enter(*_: object) -> None:
+        depth[0] += 1
+
+    def leave(*_: object) -> None:
+        depth[0] -= 1
+
+    layer.register_forward_pre_hook(enter)
+    layer.register_forward_hook(leave, always_call=True)
+    layer.context_key_value = original  # type: ignore[attr-defined]
+    register_fsdp_forward_method(layer, "context_key_value")
+
+    def key_value(*args: object, **kwargs: object):
+        if depth[0]:
+            return original(*args, **kwargs)
+        return layer.context_key_value(*args, **kwargs)
+
+    attn.key_value = key_value  # type: ignore[method-assign]
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+    """Clip to `max_norm` by the *global* gradient norm and return that norm.
+
+    With FSDP2 the gradients are DTensor shards; `clip_grad_norm_` reduces their norm over
+    ranks itself and returns a DTensor, which `full_tensor` turns into the global number.
+    """
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+# --- FSDP2 checkpoints: full (unsharded) state on rank 0 ------------------------------------
+# Checkpoints hold the *full* weights and optimizer state in exactly the layout DDP and one
+# process write (`model.safetensors` from `save_drafter`, an index-keyed optimizer state
+# dict), so a checkpoint does not depend on how many ranks or which strategy wrote it, and
+# `best/` / `final/` are servable as they are. Gathering is collective: every rank calls.
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """True when `module`'s parameters are FSDP2 DTensor shards."""
+    return any(hasattr(p, "full_tensor") for p in module.parameters())
+
+
+def _trainable_names(model: nn.Module) -> list[str]:
+    """Parameter names in the order the trainer hands parameters to the optimizer."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full CPU state dict on rank 0 (an empty dict elsewhere). Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=opts)
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Full optimizer state on rank 0, keyed like `optimizer.state_dict()`. Collective.
+
+    `get_optimizer_state_dict` keys states by parameter name; renaming them to the
+    optimizer's integer ids makes the file identical in layout to a DDP checkpoint.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts)
+    if not osd:
+        return {}
+    index = {name: i for i, name in enumerate(_trainable_names(model))}
+    return {
+        "state": {index[k]: v for k, v in osd["state"].items()},
+        "param_groups": [
+            {**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]
+        ],
+    }
+
+
+def load_full_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, torch.Tensor],
+    optim_state: dict,
+) -> None:
+    """Load full (unsharded) weights and optimizer state into sharded `model`. Collective.
+
+    Every rank passes the full state (read from the shared checkpoint directory, as DDP
+    resume does) and keeps only its own shard of it.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    names = _trainable_names(model)
+    by_name = {
+        "state": {names[int(i)]: v for i, v in optim_state["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[int(i)] for i in g["params"]]}
+            for g in optim_state["param_groups"]
+        ],
+    }
+    opts = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_state, options=opts)
+    set_optimizer_state_dict(model, optimizer, by_name, options=opts)
+
+
+def unsharded_copy(drafter: nn.Module, state: dict, target, device: torch.device) -> nn.Module:
+    """A plain (unwrapped) drafter holding the full `state`, bound to `target`.
+
+    Rank 0 evaluates and saves this copy: the shared scoring/saving code then runs on
+    ordinary tensors, with no collective inside that the other ranks would have to join.
+    Built under `fork_rng` so its throw-away random init leaves the training RNG alone.
+    """
+    with torch.random.fork_rng(devices=[]):
+        twin = type(drafter)(drafter.config)
+    twin.load_state_dict(state, strict=True)
+    return twin.to(device=device, dtype=drafter.dtype).bind_target(target)
 
 
 @contextlib.contextmanager

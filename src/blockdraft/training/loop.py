@@ -21,7 +21,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from blockdraft.training.batching import collate, global_batch_indices, micro_batches
-from blockdraft.training.distributed import DistContext, all_reduce_sum, no_grad_sync
+from blockdraft.training.distributed import (
+    DistContext,
+    all_reduce_sum,
+    clip_grad_norm,
+    no_grad_sync,
+)
 from blockdraft.training.objective_step import StepStats, block_micro_step
 
 
@@ -130,7 +135,7 @@ def train_step(parts: LoopParts, step: int, want_acc: bool) -> dict[str, Any]:
             p.grad.mul_(scale)
     loss = g_num / g_den if g_den > 0 else 0.0
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    grad_norm = clip_grad_norm(params, clip)  # global norm, also over FSDP shards
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         what = "loss" if not math.isfinite(loss) else "gradient norm"
         raise NonFiniteLossError(

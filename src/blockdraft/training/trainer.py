@@ -23,13 +23,17 @@ import torch
 from blockdraft import __version__
 from blockdraft.training import state as ckpt
 from blockdraft.training.batching import total_steps
-from blockdraft.training.config import ConfigError, TrainConfig, dump_yaml
+from blockdraft.training.config import TrainConfig, dump_yaml
 from blockdraft.training.distributed import (
     DistContext,
     barrier,
     broadcast_object,
+    full_model_state,
+    full_optimizer_state,
     init_distributed,
+    load_full_state,
     shutdown,
+    unsharded_copy,
     wrap_module,
 )
 from blockdraft.training.draft_forward import DraftForward
@@ -99,10 +103,9 @@ def train(config: TrainConfig, *, target: Any = None, resume: bool = False) -> P
 
 def _train(cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool) -> Path:
     run_dir = Path(cfg.run_dir)
-    if cfg.distributed.strategy == "fsdp" and ctx.distributed:
-        # Sharded params need collective full-state gathering for checkpoints, eval and
-        # resume; until that exists, refuse rather than write sharded garbage.
-        raise ConfigError("distributed.strategy: 'fsdp' is not supported yet; use 'ddp'")
+    # FSDP2: parameters are shards, so saving and evaluating first gather the full state
+    # (collectively, on every rank) and rank 0 works on an unsharded copy of the drafter.
+    sharded = cfg.distributed.strategy == "fsdp" and ctx.distributed
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt.recover_interrupted_swaps(run_dir)
@@ -131,7 +134,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool) -> Pat
     optimizer, scheduler = build_optimizer(cfg, params, steps)
     progress = ckpt.TrainerProgress(world_size=ctx.world_size, global_batch=cfg.optim.batch_size)
     if resume_from is not None:
-        progress = _restore(resume_from, drafter, optimizer, scheduler, ctx)
+        progress = _restore(resume_from, drafter, optimizer, scheduler, ctx, sharded)
         if progress.global_batch != cfg.optim.batch_size:
             raise TrainSetupError(
                 f"optim.batch_size: {cfg.optim.batch_size} but {resume_from} was trained with "
@@ -185,24 +188,38 @@ def _train(cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool) -> Pat
     )
 
     def evaluate(step: int) -> float | None:
+        """Held-out MAL on rank 0; every rank calls (the FSDP gather and `best/` are collective)."""
         if eval_data is None:
             return None
+        full = full_model_state(drafter) if sharded else None
         mal = None
         if ctx.is_main:
-            mal = evaluate_mal(drafter, target, eval_data.rollouts, eval_data.settings)
+            model = unsharded_copy(drafter, full, target, ctx.device) if sharded else drafter
+            mal = evaluate_mal(model, target, eval_data.rollouts, eval_data.settings)
+            del model, full
             logger.log(
                 step, {"eval_mal": mal, "eval_rollouts": len(eval_data.rollouts)}, event="eval"
             )
-            if progress.best_mal is None or mal > progress.best_mal:
-                progress.best_mal, progress.best_step = mal, step
-                if step > 0:
-                    save(step, "best")
         barrier(ctx)
-        return broadcast_object(mal, ctx)
+        mal = broadcast_object(mal, ctx)
+        if progress.best_mal is None or mal > progress.best_mal:
+            progress.best_mal, progress.best_step = mal, step
+            if step > 0:
+                save(step, "best")
+        return mal
 
-    def save(step: int, kind: str) -> Path | None:
-        if not ctx.is_main:
-            return None
+    def save(step: int, kind: str) -> None:
+        """Write a checkpoint from rank 0; every rank calls (FSDP gathering is collective)."""
+        model, optim_state = drafter, None
+        if sharded:
+            full, optim_state = full_model_state(drafter), full_optimizer_state(drafter, optimizer)
+            if ctx.is_main:
+                model = unsharded_copy(drafter, full, target, torch.device("cpu"))
+        if ctx.is_main:
+            _write(step, kind, model, optim_state)
+        barrier(ctx)
+
+    def _write(step: int, kind: str, model, optim_state: dict | None) -> None:
         path = {
             "step": run_dir / "checkpoints" / f"step-{step}",
             "best": run_dir / "best",
@@ -218,22 +235,17 @@ def _train(cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool) -> Pat
         from blockdraft.models.checkpoint import save_drafter
 
         tensors = {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer.state_dict() if optim_state is None else optim_state,
             "scheduler": scheduler.state_dict(),
             "rng": ckpt.rng_state(),
         }
         ckpt.write_checkpoint_dir(
-            path, lambda p: save_drafter(drafter, p, extra), tensors, progress, run_yaml(cfg, ctx)
+            path, lambda p: save_drafter(model, p, extra), tensors, progress, run_yaml(cfg, ctx)
         )
         if kind == "step":
             ckpt.prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
-        return path
 
-    def save_all_ranks(step: int, kind: str) -> None:
-        save(step, kind)
-        barrier(ctx)
-
-    parts.hooks = {"log": logger.log, "evaluate": evaluate, "save": save_all_ranks}
+    parts.hooks = {"log": logger.log, "evaluate": evaluate, "save": save}
     try:
         if eval_data is not None and cfg.eval.at_start and progress.step == 0:
             evaluate(0)
@@ -249,24 +261,32 @@ def _train(cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool) -> Pat
             raise NonFiniteLossError(f"{exc}; {where}") from None
         evaluate(progress.step)
         final = run_dir / "final"
-        save_all_ranks(progress.step, "final")
-        if ctx.is_main and cfg.checkpoint.save_every:
+        save(progress.step, "final")
+        if cfg.checkpoint.save_every:
             save(progress.step, "step")  # so a later --resume with more steps has a start point
     finally:
         logger.close()
     return final
 
 
-def _restore(path: Path, drafter, optimizer, scheduler, ctx: DistContext) -> ckpt.TrainerProgress:
-    """Load drafter weights, optimizer, scheduler and RNG state from a step checkpoint."""
+def _restore(
+    path: Path, drafter, optimizer, scheduler, ctx: DistContext, sharded: bool = False
+) -> ckpt.TrainerProgress:
+    """Load drafter weights, optimizer, scheduler and RNG state from a step checkpoint.
+
+    Checkpoints are full-state whatever wrote them; with FSDP each rank keeps its shard.
+    """
     from safetensors.torch import load_file
 
     state = load_file(str(path / "model.safetensors"))
-    drafter.load_state_dict(
-        {k: v.to(next(drafter.parameters()).device) for k, v in state.items()}, strict=True
-    )
     tensors = ckpt.read_trainer_tensors(path)
-    optimizer.load_state_dict(tensors["optimizer"])
+    if sharded:
+        load_full_state(drafter, optimizer, state, tensors["optimizer"])
+    else:
+        drafter.load_state_dict(
+            {k: v.to(next(drafter.parameters()).device) for k, v in state.items()}, strict=True
+        )
+        optimizer.load_state_dict(tensors["optimizer"])
     scheduler.load_state_dict(tensors["scheduler"])
     ckpt.set_rng_state(tensors["rng"])
     progress = ckpt.read_progress(path)
