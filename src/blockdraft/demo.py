@@ -153,6 +153,8 @@ def train_drafters(
         inputs = {
             "config": cfg.to_dict(),
             "start": _stage_key(out / "runs" / start) if start else None,
+            # the rollout stages' keys, so regenerated rollouts retrain every drafter
+            "rollouts": {k: _stage_key(v.parent) for k, v in sorted(rollouts.items())},
         }
         stage = Stage(out / "runs" / name, inputs)
         if stage.is_done():

@@ -1,0 +1,49 @@
+"""`blockdraft demo` end to end on a small random target saved as a local HF directory:
+every stage runs, report.json has the documented shape, and a second run reuses every
+stage instead of recomputing it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from blockdraft.cli import main
+from blockdraft.models.testing import make_random_target
+
+SMALL = [
+    "--num-train-prompts", "12", "--num-eval-prompts", "6", "--max-new-tokens", "16",
+    "--online-prompts", "2", "--online-max-new-tokens", "12", "--epochs", "1",
+    "--batch-size", "4", "--num-anchors", "8",
+]
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys):
+    target = make_random_target("qwen3", num_layers=4)
+    target.model.save_pretrained(tmp_path / "target")
+    target.tokenizer.save_pretrained(tmp_path / "target")
+    out = tmp_path / "demo"
+    argv = ["demo", "--target", str(tmp_path / "target"), "--out", str(out), *SMALL,
+            "logging.progress=false", "logging.tensorboard=false"]
+    assert main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["block_size"] == 8 and report["temperature"] == 0.0
+    assert report["rollouts"] == {"train": 12, "eval": 6}
+    names = [d["name"] for d in report["drafters"]]
+    assert names == ["decay", "dpace", "e2e", "edr"]
+    for d in report["drafters"]:
+        lo, hi = d["mal_offline_ci95"]
+        assert 1.0 <= lo <= d["mal_offline"] <= hi <= 8.0
+        assert len(d["ar_k"]) == 7 and d["tau_online"] >= 1.0 and d["speedup"] > 0
+    pairs = [(c["a"], c["b"]) for c in report["comparisons"]]
+    assert ("decay", "dpace") in pairs and ("e2e", "edr") in pairs
+    assert (out / "report" / "report.md").is_file()
+    first = capsys.readouterr().out
+
+    assert main(argv) == 0
+    second = capsys.readouterr().out
+    assert "generating" in first and "generating" not in second
+    for stage in ("rollouts/train", "rollouts/eval", "train decay", "train edr", "online"):
+        assert f"{stage}: reused" in second or f"{stage} decoding: reused" in second
+    assert json.loads((out / "report.json").read_text())["drafters"] == report["drafters"]
