@@ -9,6 +9,7 @@ import json
 import pytest
 
 from blockdraft.cli import main
+from blockdraft.demo import DemoSettings
 from blockdraft.models.testing import make_random_target
 
 SMALL = [
@@ -28,7 +29,7 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys):
             "logging.progress=false", "logging.tensorboard=false"]
     assert main(argv) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["block_size"] == 8 and report["temperature"] == 0.0
+    assert report["block_size"] == 8 and report["temperature"] == DemoSettings().temperature
     assert report["rollouts"] == {"train": 12, "eval": 6}
     names = [d["name"] for d in report["drafters"]]
     assert names == ["decay", "dpace", "e2e", "edr"]
