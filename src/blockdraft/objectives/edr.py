@@ -16,7 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from blockdraft.objectives.edr_acceptance import COST_FORMS, MODES, acceptance_and_cost
+from blockdraft.objectives.edr_acceptance import (
+    COST_FORMS,
+    MODES,
+    acceptance_and_cost,
+    greedy_soft_from_logprobs,
+)
 from blockdraft.objectives.edr_recursion import (
     OccupancyValue,
     as_batch,
@@ -109,6 +114,7 @@ __all__ = [
     "OccupancyValue",
     "REDUCTIONS",
     "acceptance_and_cost",
+    "greedy_soft_from_logprobs",
     "dense_row_weights",
     "edr_surrogate",
     "expected_rounds",

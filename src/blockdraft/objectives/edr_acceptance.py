@@ -122,8 +122,7 @@ def acceptance_and_cost(
     logq = torch.log_softmax(draft_logits.to(dtype) / temperature, dim=-1)
     logq_x = logq.gather(-1, ids).squeeze(-1)
     if mode == "greedy_soft":
-        acc = logq_x.exp()
-        return acc, torch.where(stop, zero, 1 - acc)
+        return greedy_soft_from_logprobs(logq_x, target_ids, stop_token_ids)
 
     assert target is not None
     if target_is_probs:
@@ -147,3 +146,18 @@ def acceptance_and_cost(
         gap, mass = gap * keep, p * keep
     cost = gap.sum(-1) / mass.sum(-1).clamp_min(torch.finfo(dtype).tiny)
     return acc, torch.where(stop, zero, cost.clamp(max=1.0))
+
+
+def greedy_soft_from_logprobs(
+    logq_x: Tensor, target_ids: Tensor, stop_token_ids: Sequence[int] = ()
+) -> tuple[Tensor, Tensor]:
+    """Greedy-soft `A = q(x)`, `c = 1 - A` (0 at stop tokens) from `log q(x)` alone.
+
+    Why: against a greedy target only the drafter's probability of the realised token
+    matters, so callers that already have `log q(x)` (e.g. from a vocabulary-chunked
+    cross-entropy) need not materialise `[..., K, V]` logits, which at a 262k vocabulary
+    is gigabytes per batch.
+    """
+    acc = logq_x.exp()
+    stop = _stop_mask(target_ids, stop_token_ids)
+    return acc, torch.where(stop, torch.zeros((), dtype=acc.dtype, device=acc.device), 1 - acc)

@@ -94,6 +94,7 @@ class Objective:
         *,
         draft_logits: torch.Tensor | None = None,
         target_probs: torch.Tensor | None = None,
+        overlap: torch.Tensor | None = None,
     ) -> LossOutput:
         raise TypeError(
             f"objective {self.name!r} is a rounds objective: call rounds_loss, not loss"
@@ -124,7 +125,9 @@ class WeightedCEObjective(Objective):
         super().__init__(name, params)
         self._weight_fn = weight_fn
 
-    def loss(self, logq, mask, *, draft_logits=None, target_probs=None) -> LossOutput:
+    def loss(
+        self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None
+    ) -> LossOutput:
         _check_block_inputs(logq, mask)
         weights = self._weight_fn(logq.detach(), mask)
         weights = torch.where(
@@ -143,15 +146,28 @@ class E2EObjective(Objective):
 
     needs_target_distribution = True
 
-    def loss(self, logq, mask, *, draft_logits=None, target_probs=None) -> LossOutput:
+    def loss(
+        self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None
+    ) -> LossOutput:
+        """`overlap` [N,K] (differentiable `sum_v min(p, q)`) may replace the two full
+        distributions; for a greedy target it is just `q(x)`, which avoids `[N,K,V]`."""
         _check_block_inputs(logq, mask)
-        if draft_logits is None or target_probs is None:
-            raise ValueError("objective 'e2e' needs draft_logits and target_probs ([N, K, V] each)")
-        if draft_logits.shape[:2] != logq.shape:
+        if overlap is not None:
+            if overlap.shape != logq.shape:
+                raise ValueError(
+                    f"overlap {tuple(overlap.shape)} does not match logq {tuple(logq.shape)}"
+                )
+            alpha = overlap
+        elif draft_logits is None or target_probs is None:
+            raise ValueError(
+                "objective 'e2e' needs overlap, or draft_logits and target_probs ([N, K, V] each)"
+            )
+        elif draft_logits.shape[:2] != logq.shape:
             raise ValueError(
                 f"draft_logits {tuple(draft_logits.shape)} do not match logq {tuple(logq.shape)}"
             )
-        alpha = overlap_with_logits(target_probs, draft_logits, self.params["chunk_rows"])
+        else:
+            alpha = overlap_with_logits(target_probs, draft_logits, self.params["chunk_rows"])
         loss = e2e_from_overlap(alpha, mask)
         metrics = _block_metrics(logq, mask)
         with torch.no_grad():

@@ -18,6 +18,8 @@ smooth "greedy EDR" relaxation `A = q(x)`.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -25,10 +27,12 @@ from blockdraft.data.anchors import round_start_anchors
 from blockdraft.objectives.edr import (
     acceptance_and_cost,
     dense_row_weights,
+    greedy_soft_from_logprobs,
     occupancy_and_value,
     sample_round_starts,
 )
 from blockdraft.training.batching import Batch, derived_seed
+from blockdraft.training.draft_forward import map_to_draft_vocab
 from blockdraft.training.objective_step import (
     MicroOutput,
     block_stats,
@@ -46,9 +50,10 @@ def _acceptance(fwd, target, tout, batch, anchors, settings, mode, with_grad: bo
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
     ctx = torch.enable_grad() if with_grad else torch.no_grad()
     with ctx:
-        hidden, logq, logits = fwd(tout.features, batch.input_ids, anchors, labels, prev, True)
+        sampling = mode == "sampling"
+        hidden, logq, logits = fwd(tout.features, batch.input_ids, anchors, labels, prev, sampling)
         ids = labels.clamp_min(0)
-        if mode == "sampling":
+        if sampling:
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
             p = target_probs_for(tout.logits, positions, settings)
             acc, cost = acceptance_and_cost(
@@ -60,10 +65,10 @@ def _acceptance(fwd, target, tout, batch, anchors, settings, mode, with_grad: bo
                 target_is_probs=True,
                 stop_token_ids=target.stop_token_ids,
             )
-        else:
-            acc, cost = acceptance_and_cost(
-                logits, None, ids, mode="greedy_soft", stop_token_ids=target.stop_token_ids
-            )
+        else:  # greedy EDR needs only q(x): no [.., K, V] logits (262k vocab = gigabytes)
+            _, in_vocab = map_to_draft_vocab(drafter, labels)
+            logq_x = torch.where(in_vocab, logq, torch.full_like(logq, -math.inf))
+            acc, cost = greedy_soft_from_logprobs(logq_x, ids, target.stop_token_ids)
     return acc, cost, hidden, logq, labels, mask, prev
 
 

@@ -187,12 +187,17 @@ def block_micro_step(
     tout = target.forward(batch.input_ids, attention_mask=batch.attention_mask.long())
     anchors = sampled_anchors(batch, num_anchors, block_size, seed, step).to(device)
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
-    need_full = bool(objective.needs_target_distribution)
+    # Greedy rollouts: the target is one-hot at the label, so E2E's overlap is q(label)
+    # and no [B, A, K, V] distributions are needed (gigabytes at a 262k vocabulary).
+    greedy_overlap = bool(objective.needs_target_distribution) and settings.greedy
+    need_full = bool(objective.needs_target_distribution) and not greedy_overlap
     hidden, logq, logits = fwd(tout.features, batch.input_ids, anchors, labels, prev, need_full)
     _, in_vocab = map_to_draft_vocab(drafter, labels)
     train_mask = mask & in_vocab
     valid = anchors >= 0
     kwargs = {}
+    if greedy_overlap:
+        kwargs = {"overlap": torch.where(in_vocab, logq.exp(), torch.zeros_like(logq))[valid]}
     if need_full:
         positions = label_positions(anchors, k, batch.input_ids.shape[1])
         # q at the rollout temperature: the distribution the decoder draws proposals from
