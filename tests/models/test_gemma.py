@@ -64,9 +64,8 @@ def test_gemma_loads_and_generates_text():
         tok.convert_tokens_to_ids("<eos>"),
         tok.convert_tokens_to_ids("<end_of_turn>"),
     }
-    assert tok.chat_template and "<start_of_turn>" in tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
+    # the base model is prompted with plain text: no chat template on the loaded tokenizer
+    assert not tok.chat_template
     ids = tok("The capital of France is", return_tensors="pt")["input_ids"]
     out = target.model.generate(
         ids, max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids)

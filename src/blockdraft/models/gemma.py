@@ -175,6 +175,9 @@ def load_gemma_target(
 
     path = convert_gemma(cache_dir, progress=progress)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    # The packaged weights are the *base* model: wrapped in chat turns it answers with
+    # stray tokens, so prompts are rendered as plain text (see `render_prompt`).
+    tokenizer.chat_template = None
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     stop = [tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS]
