@@ -293,11 +293,11 @@ def test_commands_end_to_end(tmp_path, capsys) -> None:
         main(
             [
                 "report",
-                str(tmp_path / "runA"),
                 "--eval",
                 str(tmp_path / "eval.json"),
                 "--compare",
                 str(tmp_path / "cmp.json"),
+                str(tmp_path / "runA"),  # after a file flag: must stay a run directory
                 "--decode",
                 str(tmp_path / "dec.json"),
                 "--out",

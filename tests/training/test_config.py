@@ -76,3 +76,13 @@ def test_cli_reports_config_errors(tmp_path, capsys):
     assert "optim.lr" in capsys.readouterr().err
     assert main(["train", "--config", str(cfg), "--print-config", "objective.name=edr"]) == 0
     assert "name: edr" in capsys.readouterr().out
+
+
+def test_a_runs_own_run_yaml_loads_back(tmp_path):
+    from blockdraft.training.config import TrainConfig, dump_yaml, load_config
+
+    cfg = load_config(None, ["objective.name=decay", "optim.lr=0.002"])
+    path = tmp_path / "run.yaml"
+    path.write_text(dump_yaml(cfg, {"provenance": {"git_sha": "abc", "blockdraft_version": "x"}}))
+    again = load_config(path)
+    assert isinstance(again, TrainConfig) and again.to_dict() == cfg.to_dict()

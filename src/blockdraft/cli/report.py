@@ -32,13 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plus report.md that embeds them.",
     )
     p.add_argument("runs", nargs="*", help="training run directories (with metrics.jsonl)")
-    p.add_argument("--eval", nargs="*", default=[], help="JSON files from `blockdraft eval --json`")
-    p.add_argument(
-        "--compare", nargs="*", default=[], help="JSON files from `blockdraft compare --json`"
-    )
-    p.add_argument(
-        "--decode", nargs="*", default=[], help="JSON files from `blockdraft decode --json`"
-    )
+    # one file per flag, repeatable: a greedy nargs would swallow the run directories
+    p.add_argument("--eval", action="append", default=[], metavar="JSON",
+                   help="a JSON file from `blockdraft eval --json` (repeatable)")
+    p.add_argument("--compare", action="append", default=[], metavar="JSON",
+                   help="a JSON file from `blockdraft compare --json` (repeatable)")
+    p.add_argument("--decode", action="append", default=[], metavar="JSON",
+                   help="a JSON file from `blockdraft decode --json` (repeatable)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--title", default="blockdraft report")
     p.set_defaults(func=run)

@@ -291,6 +291,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
             raise ConfigError(f"config file {str(p)!r} is not valid YAML: {first}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(p)!r}: top level must be a mapping")
+        # a run's own run.yaml carries a `provenance` block (version, git sha): informational,
+        # so a finished run's run.yaml can be fed straight back to `blockdraft train --config`
+        data.pop("provenance", None)
     return config_from_dict(data, overrides)
 
 
