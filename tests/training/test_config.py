@@ -81,7 +81,7 @@ def test_cli_reports_config_errors(tmp_path, capsys):
 def test_a_runs_own_run_yaml_loads_back(tmp_path):
     from blockdraft.training.config import TrainConfig, dump_yaml, load_config
 
-    cfg = load_config(None, ["objective.name=decay", "optim.lr=0.002"])
+    cfg = load_config(None, ["objective.name=decay", "optim.lr=0.002", "data.train_rollouts=r"])
     path = tmp_path / "run.yaml"
     path.write_text(dump_yaml(cfg, {"provenance": {"git_sha": "abc", "blockdraft_version": "x"}}))
     again = load_config(path)
