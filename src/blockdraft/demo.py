@@ -172,6 +172,14 @@ def train_drafters(
     return finals
 
 
+def eval_prompt_spec(rollouts: dict[str, Path]) -> str:
+    """The prompt source of the held-out rollouts (for plot titles and tables)."""
+    from blockdraft.data.rollout_store import RolloutSet
+
+    manifest = RolloutSet.open(rollouts["eval"]).manifest
+    return str(manifest.get("prompts", {}).get("spec", "prompts"))
+
+
 def _stage_key(directory: Path) -> str | None:
     marker = directory / "stage.json"
     return json.loads(marker.read_text()).get("key") if marker.exists() else None
@@ -188,6 +196,8 @@ def evaluate_offline(
     _log("offline evaluation on held-out rollouts")
     cache = out / "scores"
     result = evaluate(target, [finals[n] for n in names], [rollouts["eval"]], cache_dir=cache)
+    bench_name = f"held-out {eval_prompt_spec(rollouts)}"
+    result["benchmarks"][0]["name"] = bench_name
     for d, name in zip(result["benchmarks"][0]["drafters"], names, strict=True):
         d["name"] = name
     comparisons = []
@@ -196,7 +206,7 @@ def evaluate_offline(
             target, [finals[a], finals[b]], [rollouts["eval"]], cache_dir=cache, progress=False
         )
         for row in rows:
-            row["a"], row["b"] = a, b
+            row["a"], row["b"], row["benchmark"] = a, b, bench_name
         comparisons.extend(rows)
     return result, comparisons
 
