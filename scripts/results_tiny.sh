@@ -12,7 +12,7 @@ mkdir -p "$OUT/runs" "$OUT/json" "$OUT/report"
 # 0. Greedy (T=0) demo with default settings: rollouts (384 train / 64 eval stdlib prompts,
 #    128 new tokens), decay + dpace from scratch (block 8), e2e + edr fine-tunes of dpace
 #    (1 epoch, lr 3e-4), offline eval/compare, online decoding (8 prompts, 96 tokens).
-[ -f "$DEMO/report.json" ] || $BD demo --temperature 0 --out "$DEMO"
+[ -f "$DEMO/report.json" ] || $BD demo --epochs 3 --finetune-epochs 1 --temperature 0 --out "$DEMO"
 
 # The demo's exact training config (what demo.py `_train_config` resolves to; identical to
 # $DEMO/runs/dpace/run.yaml minus the `provenance:` block, which `train --config` rejects).
@@ -38,7 +38,7 @@ $BD eval $EVAL --json "$OUT/json/eval_b8_variants.json" \
 
 # 2. Sampling mode: the same demo at T=1 (its own T=1 rollouts; decay/dpace/e2e/edr; online tau, speedup)
 T1=/work/results_runs/tiny-t1
-[ -f "$T1/report.json" ] || $BD demo --temperature 1.0 --out "$T1"
+[ -f "$T1/report.json" ] || $BD demo --epochs 3 --finetune-epochs 1 --temperature 1.0 --out "$T1"
 
 # 3. Online tau vs offline MAL on exactly the same prompts and settings (first 16 held-out
 #    rollouts, 128 new tokens), with wall-clock speedup vs autoregressive decoding

@@ -43,9 +43,9 @@ class DemoSettings:
     drafter_layers: int = 1
     num_anchors: int = 64
     batch_size: int = 8
-    epochs: float = 3.0
+    epochs: float = 2.0
     lr: float = 1e-3
-    finetune_epochs: float = 1.0
+    finetune_epochs: float = 0.5
     finetune_lr: float = 3e-4
     online_prompts: int = 8
     online_max_new_tokens: int = 96
