@@ -48,7 +48,7 @@ class DemoSettings:
     finetune_epochs: float = 0.5
     finetune_lr: float = 3e-4
     online_prompts: int = 8
-    online_max_new_tokens: int = 96
+    online_max_new_tokens: int = 64
     seed: int = 0
     extra_overrides: list[str] = field(default_factory=list)
 
