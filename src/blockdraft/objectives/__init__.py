@@ -27,16 +27,14 @@ from blockdraft.objectives.e2e import (
     overlap,
     overlap_with_logits,
 )
-from blockdraft.objectives.registry import (
-    OBJECTIVE_NAMES,
+from blockdraft.objectives.losses import (
     E2EObjective,
     EDRObjective,
     LossOutput,
     Objective,
     WeightedCEObjective,
-    make_objective,
-    objective_params,
 )
+from blockdraft.objectives.registry import OBJECTIVE_NAMES, make_objective, objective_params
 from blockdraft.objectives.schedules import decay_weights, default_decay_gamma, uniform_weights
 
 _EDR_EXPORTS = (

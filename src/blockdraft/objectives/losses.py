@@ -1,0 +1,263 @@
+"""The objective types behind `make_objective`: a uniform interface for the trainer.
+
+- block objectives (`WeightedCEObjective` for uniform/decay/D-PACE, `E2EObjective`):
+  `.loss(logq [N,K], mask [N,K] bool, *, draft_logits=None, target_probs=None,
+  overlap=None) -> LossOutput`;
+- the rounds objective (`EDRObjective`): `.rounds_loss(acceptance, cost,
+  inclusion_weights=None)`.
+
+Kept apart from the registry so each file has one concern: what an objective computes
+here, how one is named and configured there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from blockdraft.objectives.cross_entropy import weighted_cross_entropy
+from blockdraft.objectives.e2e import (
+    e2e_from_overlap,
+    expected_accepted_fraction,
+    overlap_with_logits,
+)
+
+
+@dataclass
+class LossOutput:
+    """A scalar loss, the per-position weights it used (detached, for logging), metrics."""
+
+    loss: torch.Tensor
+    weights: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _check_block_inputs(logq: torch.Tensor, mask: torch.Tensor) -> None:
+    if logq.dim() != 2:
+        raise ValueError(f"logq must have shape [N, K], got {tuple(logq.shape)}")
+    if mask.shape != logq.shape or mask.dtype != torch.bool:
+        raise ValueError(
+            f"mask must be a bool tensor of shape {tuple(logq.shape)}, "
+            f"got {mask.dtype} {tuple(mask.shape)}"
+        )
+
+
+def _block_metrics(logq: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Objective-independent training signals, comparable across objectives: mean NLL over
+    real proposals and `surrogate_accepted`, the mean over blocks of `sum_j prod_{i<=j} q_i`
+    (the unsmoothed D-PACE surrogate S, a greedy-acceptance proxy in proposals)."""
+    with torch.no_grad():
+        real = mask.sum()
+        nll = torch.where(mask, -logq.float(), torch.zeros((), device=logq.device)).sum()
+        nll = nll / real.clamp_min(1)
+        fraction, count = expected_accepted_fraction(logq.float().exp(), mask)
+        accepted = (fraction * count).sum() / (count > 0).sum().clamp_min(1)
+        values = torch.stack([nll, accepted, real.to(nll.dtype)]).tolist()  # one device sync
+    return dict(zip(("nll", "surrogate_accepted", "real_proposals"), values, strict=True))
+
+
+class Objective:
+    """Base class; subclasses implement `loss` (block objectives) or `rounds_loss` (EDR)."""
+
+    name: str = ""
+    needs_target_distribution: bool = False
+    is_rounds_objective: bool = False
+
+    def __init__(self, name: str, params: dict[str, Any]) -> None:
+        self.name = name
+        self.params = dict(params)
+
+    def loss(
+        self,
+        logq: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        draft_logits: torch.Tensor | None = None,
+        target_probs: torch.Tensor | None = None,
+        overlap: torch.Tensor | None = None,
+    ) -> LossOutput:
+        raise TypeError(
+            f"objective {self.name!r} is a rounds objective: call rounds_loss, not loss"
+        )
+
+    def rounds_loss(
+        self,
+        acceptance: Sequence[torch.Tensor],
+        cost: Sequence[torch.Tensor],
+        inclusion_weights: Sequence[torch.Tensor | None] | None = None,
+    ) -> LossOutput:
+        raise TypeError(f"objective {self.name!r} is a block objective: call loss, not rounds_loss")
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}({self.name!r}{', ' if args else ''}{args})"
+
+
+class WeightedCEObjective(Objective):
+    """`sum sg(w) (-log q) / sum sg(w)` with weights from `weight_fn(logq, mask) -> [N,K]`."""
+
+    def __init__(
+        self,
+        name: str,
+        params: dict[str, Any],
+        weight_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ):
+        super().__init__(name, params)
+        self._weight_fn = weight_fn
+
+    def loss(
+        self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None
+    ) -> LossOutput:
+        _check_block_inputs(logq, mask)
+        weights = self._weight_fn(logq.detach(), mask)
+        weights = torch.where(
+            mask,
+            weights.expand_as(logq).to(logq.dtype),
+            torch.zeros((), dtype=logq.dtype, device=logq.device),
+        )
+        loss = weighted_cross_entropy(logq, weights, mask)
+        metrics = _block_metrics(logq, mask)
+        metrics["weight_sum"] = float(weights.sum())
+        return LossOutput(loss=loss, weights=weights.detach(), metrics=metrics)
+
+
+class E2EObjective(Objective):
+    """Block-local expected accepted length from full target and drafter distributions."""
+
+    needs_target_distribution = True
+
+    def loss(
+        self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None
+    ) -> LossOutput:
+        """`overlap` [N,K] (differentiable `sum_v min(p, q)`) may replace the two full
+        distributions; for a greedy target it is just `q(x)`, which avoids `[N,K,V]`."""
+        _check_block_inputs(logq, mask)
+        if overlap is not None:
+            if overlap.shape != logq.shape:
+                raise ValueError(
+                    f"overlap {tuple(overlap.shape)} does not match logq {tuple(logq.shape)}"
+                )
+            alpha = overlap
+        elif draft_logits is None or target_probs is None:
+            raise ValueError(
+                "objective 'e2e' needs overlap, or draft_logits and target_probs ([N, K, V] each)"
+            )
+        elif draft_logits.shape[:2] != logq.shape:
+            raise ValueError(
+                f"draft_logits {tuple(draft_logits.shape)} do not match logq {tuple(logq.shape)}"
+            )
+        else:
+            alpha = overlap_with_logits(target_probs, draft_logits, self.params["chunk_rows"])
+        loss = e2e_from_overlap(alpha, mask)
+        metrics = _block_metrics(logq, mask)
+        with torch.no_grad():
+            real = mask.sum().clamp_min(1)
+            metrics["mean_overlap"] = float(
+                torch.where(mask, alpha, torch.zeros_like(alpha)).sum() / real
+            )
+        return LossOutput(loss=loss, weights=None, metrics=metrics)
+
+
+class EDRObjective(Objective):
+    """Expected decoding rounds (METHODS.md §2) over whole rollouts.
+
+    `rounds_loss` pads the rollouts into one batch and calls the batched
+    `blockdraft.objectives.edr.edr_surrogate` once (edr is imported when first used, so
+    this registry imports without it). Its value is the exact expected number of rounds
+    J (a Horvitz-Thompson estimate of it with anchor sub-sampling) and its gradient the
+    TD-form gradient. Normalisation: the summed J of all rollouts is divided by the
+    number of tokens emitted by drafting rounds, `sum_i (L_i - 1)` (x_1 comes from the
+    prefill), so the loss is expected rounds per emitted token (= 1 / MAL of the batch)
+    and does not scale with batch size or rollout length; longer rollouts weigh more, as
+    in the MAL definition (tokens over rounds, pooled).
+
+    `mode` "greedy" is the smooth relaxation `A = q(x_t)` for T=0 targets, i.e. edr's
+    `"greedy_soft"` (its hard indicator has no gradient); `edr_mode` holds the name to
+    pass to `edr.acceptance_and_cost`, which `self.acceptance_and_cost` does for you.
+    """
+
+    is_rounds_objective = True
+
+    def __init__(self, name: str, params: dict[str, Any]) -> None:
+        super().__init__(name, params)
+        self.mode: str = params["mode"]
+        self.max_anchors: int = params["max_anchors"]
+        self.edr_mode: str = "sampling" if self.mode == "sampling" else "greedy_soft"
+        self.needs_target_distribution = self.mode == "sampling"
+
+    def acceptance_and_cost(
+        self,
+        draft_logits: torch.Tensor,
+        target: torch.Tensor | None,
+        target_ids: torch.Tensor,
+        **kwargs: Any,
+    ):
+        """`edr.acceptance_and_cost` with this objective's mode (other options passed on)."""
+        from blockdraft.objectives import edr
+
+        return edr.acceptance_and_cost(
+            draft_logits, target, target_ids, mode=self.edr_mode, **kwargs
+        )
+
+    def sample_round_starts(
+        self, round_start_occupancy: torch.Tensor, generator: torch.Generator | None = None
+    ):
+        """`edr.sample_round_starts` with this objective's `max_anchors`."""
+        from blockdraft.objectives import edr
+
+        return edr.sample_round_starts(round_start_occupancy, self.max_anchors, generator)
+
+    def rounds_loss(self, acceptance, cost, inclusion_weights=None) -> LossOutput:
+        from blockdraft.objectives import edr  # lazy: edr.py is developed separately
+
+        acceptance, cost = list(acceptance), list(cost)
+        if not acceptance:
+            raise ValueError("rounds_loss needs at least one rollout")
+        if len(cost) != len(acceptance):
+            raise ValueError(
+                f"got {len(acceptance)} acceptance tensors but {len(cost)} cost tensors"
+            )
+        if inclusion_weights is not None and len(inclusion_weights) != len(acceptance):
+            raise ValueError(
+                f"got {len(acceptance)} rollouts but "
+                f"{len(inclusion_weights)} inclusion weight entries"
+            )
+        for i, (acc, cst) in enumerate(zip(acceptance, cost, strict=True)):
+            if acc.dim() != 2 or acc.shape != cst.shape:
+                raise ValueError(
+                    f"rollout {i}: acceptance {tuple(acc.shape)} and cost {tuple(cst.shape)} "
+                    "must both be [L-1, K]"
+                )
+        acc_batch, lengths = edr.pad_rollouts(acceptance)
+        cost_batch, _ = edr.pad_rollouts(cost)
+        row_weights = None
+        if inclusion_weights is not None and any(w is not None for w in inclusion_weights):
+            # Rollouts without weights use all their rows (weight 1); padding rows get 0.
+            row_weights = acc_batch.new_zeros(acc_batch.shape[:2]).detach()
+            for i, (acc, w) in enumerate(zip(acceptance, inclusion_weights, strict=True)):
+                rows = acc.shape[0]
+                if w is not None and tuple(w.shape) != (rows,):
+                    raise ValueError(
+                        f"rollout {i}: inclusion weights must have shape ({rows},), "
+                        f"got {tuple(w.shape)}"
+                    )
+                row_weights[i, :rows] = 1.0 if w is None else w.detach().to(row_weights.dtype)
+        total = edr.edr_surrogate(
+            acc_batch, cost_batch, lengths=lengths, reduction="sum", inclusion_weights=row_weights
+        )
+        tokens = sum(acc.shape[0] for acc in acceptance)
+        loss = total / max(tokens, 1)
+        rounds = float(total.detach())
+        metrics = {
+            "tokens": float(tokens),
+            "rollouts": float(len(acceptance)),
+            "expected_rounds": rounds,
+            "mal": tokens / rounds if rounds > 0 else float("nan"),
+        }
+        return LossOutput(loss=loss, weights=None, metrics=metrics)
+
+
+# --- parameter specs and validation -------------------------------------------------
