@@ -140,3 +140,12 @@ def test_killed_build_leftovers_are_purged(tmp_path):
     dead.mkdir(), alive.mkdir()
     purge_stale_builds(tmp_path / "tiny-abc")
     assert not dead.exists() and alive.exists()
+
+
+def test_build_threads_stays_within_torch_threads():
+    import torch
+
+    from blockdraft.models.tiny import build_threads
+
+    n = build_threads(window_s=0.05)
+    assert 1 <= n <= torch.get_num_threads()

@@ -280,13 +280,27 @@ def _train(
     return losses
 
 
-def build_threads() -> int:
-    """torch's thread count, reduced to the cores left idle by other processes (load avg)."""
+def _cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies summed over all CPUs, from /proc/stat (Linux)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)
+
+
+def build_threads(window_s: float = 0.3) -> int:
+    """torch's thread count, reduced to the cores idle *right now* (sampled over a short
+    window): two threads on cores shared with another busy process were seen 5-10x slower
+    than one. The 1-minute load average is not used: it still counts the `pip install`
+    that typically ran just before, and would halve the build speed of a fresh machine.
+    The thread count does not change the built weights (tested)."""
     n = torch.get_num_threads()
     try:
-        free = (os.cpu_count() or n) - os.getloadavg()[0]
-    except (OSError, AttributeError):  # no load average on this platform
+        idle0, total0 = _cpu_times()
+        time.sleep(window_s)
+        idle1, total1 = _cpu_times()
+    except (OSError, ValueError, IndexError):  # not Linux: keep torch's choice
         return n
+    busy_cores = (os.cpu_count() or n) * (1 - (idle1 - idle0) / max(1, total1 - total0))
+    free = (os.cpu_count() or n) - busy_cores
     return max(1, min(n, int(free + 0.5)))
 
 
