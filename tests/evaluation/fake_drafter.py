@@ -333,6 +333,18 @@ class MemoDrafter(FakeDrafter):
         self.memo = torch.stack(tables)
         self.hits = 0
 
+    @classmethod
+    def of_outputs(cls, target, prompts, outputs, num_proposals: int = 4) -> MemoDrafter:
+        """The tests' usual memo drafter: memorised `prompt + output`, wrong 30% per slot."""
+        return cls(
+            target,
+            [p + o for p, o in zip(prompts, outputs, strict=True)],
+            [len(p) for p in prompts],
+            num_proposals=num_proposals,
+            error_rate=0.3,
+            seed=3,
+        )
+
     def _parallel(self, anchor_id: int, last_feature: torch.Tensor | None) -> torch.Tensor:
         if last_feature is not None:
             cand = (self.anchor_ids == anchor_id).nonzero().flatten()

@@ -58,14 +58,7 @@ def test_greedy_equals_autoregressive_fake_drafter(llama_target) -> None:
     runs and rejections in the same decode, and still the exact AR output."""
     prompts = _prompts(llama_target, 6)
     ar = [ar_generate(llama_target, p, max_new_tokens=40) for p in prompts]
-    drafter = MemoDrafter(
-        llama_target,
-        [p + o for p, o in zip(prompts, ar, strict=True)],
-        [len(p) for p in prompts],
-        num_proposals=4,
-        error_rate=0.3,
-        seed=3,
-    )
+    drafter = MemoDrafter.of_outputs(llama_target, prompts, ar)
     res = decode(llama_target, drafter, prompts, temperature=0.0, max_new_tokens=40)
     assert res.outputs == res.ar_outputs == ar
     _check_accounting(res, 40, llama_target.stop_token_ids)
@@ -83,14 +76,7 @@ def test_greedy_equals_autoregressive_past_the_sliding_window() -> None:
     window = target.model.config.sliding_window
     prompts = _prompts(target, 2, length=window - 14)
     ar = [ar_generate(target, p, max_new_tokens=40) for p in prompts]
-    drafter = MemoDrafter(
-        target,
-        [p + o for p, o in zip(prompts, ar, strict=True)],
-        [len(p) for p in prompts],
-        num_proposals=4,
-        error_rate=0.3,
-        seed=3,
-    )
+    drafter = MemoDrafter.of_outputs(target, prompts, ar)
     res = decode(target, drafter, prompts, temperature=0.0, max_new_tokens=40, measure_ar=False)
     assert all(len(p) + len(o) > window for p, o in zip(prompts, ar, strict=True))
     assert res.outputs == ar

@@ -53,14 +53,7 @@ def test_greedy_offline_rounds_equal_online_rounds_per_prompt(tmp_path) -> None:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, target.vocab_size, (6,), generator=g).tolist() for _ in range(5)]
     outs = [ar_generate(target, p, max_new_tokens=30) for p in prompts]
-    drafter = MemoDrafter(
-        target,
-        [p + o for p, o in zip(prompts, outs, strict=True)],
-        [len(p) for p in prompts],
-        num_proposals=4,
-        error_rate=0.3,
-        seed=3,
-    )
+    drafter = MemoDrafter.of_outputs(target, prompts, outs)
     online = decode(target, drafter, prompts, temperature=0.0, max_new_tokens=30, measure_ar=False)
     assert online.outputs == outs
     rollouts = [_rollout(i, p, o) for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
