@@ -16,14 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blockdraft.cli.eval import (
-    add_target_args,
-    drafter_names,
-    load_scored,
-    resolve_checkpoint,
-    setup_target,
-    write_json,
-)
+from blockdraft.cli.eval import add_target_args, drafter_names, load_scored, run_scored_command
 
 
 def compare(
@@ -94,27 +87,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from blockdraft.report import comparison_table
 
-    try:
-        if len(args.drafters) < 2:
-            raise ValueError("compare needs at least two drafters")
-        for d in args.drafters:
-            resolve_checkpoint(d)
-        target = setup_target(args)
-        result = compare(
-            target,
-            args.drafters,
-            args.rollouts,
-            args.all_pairs,
-            args.n_boot,
-            args.seed,
-            args.cache_dir,
-            progress=not args.no_progress,
-        )
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    if len(args.drafters) < 2:
+        print("error: compare needs at least two drafters", file=sys.stderr)
         return 2
-    print("\n".join(comparison_table(result)))
-    if args.json:
-        write_json(args.json, {"comparisons": result})
-        print(f"wrote {args.json}")
-    return 0
+    return run_scored_command(
+        args,
+        lambda target: compare(
+            target, args.drafters, args.rollouts, args.all_pairs, args.n_boot, args.seed,
+            args.cache_dir, progress=not args.no_progress,
+        ),
+        lambda result: "\n".join(comparison_table(result)),
+        lambda result: {"comparisons": result},
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -176,25 +177,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_scored_command(
+    args: argparse.Namespace,
+    compute: Callable[[Any], Any],
+    markdown: Callable[[Any], str],
+    json_obj: Callable[[Any], Any],
+) -> int:
+    """Shared body of `eval` and `compare`: check the checkpoints, load the target, compute,
+    print markdown, optionally write JSON; bad input is a one-line error and exit code 2."""
     try:
         for d in args.drafters:
             resolve_checkpoint(d)
-        target = setup_target(args)
-        result = evaluate(
-            target,
-            args.drafters,
-            args.rollouts,
-            args.n_boot,
-            args.seed,
-            args.cache_dir,
-            progress=not args.no_progress,
-        )
+        result = compute(setup_target(args))
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(eval_markdown(result))
+    print(markdown(result))
     if args.json:
-        write_json(args.json, result)
+        write_json(args.json, json_obj(result))
         print(f"wrote {args.json}")
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_scored_command(
+        args,
+        lambda target: evaluate(
+            target, args.drafters, args.rollouts, args.n_boot, args.seed, args.cache_dir,
+            progress=not args.no_progress,
+        ),
+        eval_markdown,
+        lambda result: result,
+    )
