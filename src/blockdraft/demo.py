@@ -154,7 +154,7 @@ def train_drafters(
         start_ckpt = finals[start] if start else None
         cfg = _train_config(s, out / "runs" / name, rollouts, overrides, start_ckpt)
         inputs = {
-            "config": cfg.to_dict(),
+            "config": _portable(cfg.to_dict(), out),
             "start": _stage_key(out / "runs" / start) if start else None,
             # the rollout stages' keys, so regenerated rollouts retrain every drafter
             "rollouts": {k: _stage_key(v.parent) for k, v in sorted(rollouts.items())},
@@ -178,6 +178,21 @@ def eval_prompt_spec(rollouts: dict[str, Path]) -> str:
 
     manifest = RolloutSet.open(rollouts["eval"]).manifest
     return str(manifest.get("prompts", {}).get("spec", "prompts"))
+
+
+def _portable(value: Any, out: Path) -> Any:
+    """`value` with the output directory written as `<out>` wherever it appears.
+
+    Stage keys must not depend on where the demo directory is or how it was typed
+    (`--out d` vs `--out /abs/d`, or a moved directory): only on what was computed.
+    """
+    if isinstance(value, dict):
+        return {k: _portable(v, out) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_portable(v, out) for v in value]
+    if isinstance(value, str) and str(out) in value:
+        return value.replace(str(out), "<out>")
+    return value
 
 
 def _stage_key(directory: Path) -> str | None:
@@ -330,7 +345,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     from blockdraft.models.registry import load_target
     from blockdraft.report import write_report
 
-    out = Path(s.out)
+    out = Path(s.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     _log(f"target {s.target!r} (built and cached on first use)")
     target = load_target(s.target)
@@ -341,7 +356,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         out / "online",
         {
             "drafters": {n: _stage_key(p.parent) for n, p in finals.items()},
-            "settings": fingerprint(asdict(s)),
+            "settings": fingerprint(_portable({**asdict(s), "out": str(out)}, out)),
         },
     )
     if online_stage.is_done():

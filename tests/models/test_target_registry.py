@@ -135,3 +135,19 @@ def test_cli_info_and_sample_on_a_local_path(saved_random, capsys):
     assert main(args) == 0
     assert capsys.readouterr().out.startswith("def ")
     assert main(["target", "build", str(saved_random)]) == 2  # only named targets are built
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "gemma3"])
+def test_features_without_logits_match_the_full_forward(arch):
+    """Training forwards skip the LM head; the features must be the very same tensors'
+    values as in the full forward, with and without padding."""
+    target = make_random_target(arch, seed=3)
+    ids = torch.randint(0, target.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # right padding, as in training batches
+    full = target.forward(ids, attention_mask=mask)
+    lean = target.forward(ids, attention_mask=mask, with_logits=False)
+    assert full.logits is not None and lean.logits is None
+    assert torch.equal(full.features, lean.features)
+    with pytest.raises(ValueError, match="training forwards"):
+        target.forward(ids, use_cache=True, with_logits=False)

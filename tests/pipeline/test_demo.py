@@ -1,6 +1,6 @@
 """`blockdraft demo` end to end on a small random target saved as a local HF directory:
 every stage runs, report.json has the documented shape, and a second run reuses every
-stage instead of recomputing it."""
+stage instead of recomputing it, even with the directory moved and given as a relative path."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ SMALL = [
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys):
+def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
     target = make_random_target("qwen3", num_layers=4)
     target.model.save_pretrained(tmp_path / "target")
     target.tokenizer.save_pretrained(tmp_path / "target")
     out = tmp_path / "demo"
-    argv = ["demo", "--target", str(tmp_path / "target"), "--out", str(out), *SMALL,
-            "logging.progress=false", "logging.tensorboard=false"]
-    assert main(argv) == 0
+    common = ["--target", str(tmp_path / "target"), *SMALL,
+              "logging.progress=false", "logging.tensorboard=false"]
+    assert main(["demo", "--out", str(out), *common]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["block_size"] == 8 and report["temperature"] == DemoSettings().temperature
     assert report["rollouts"] == {"train": 12, "eval": 6}
@@ -42,7 +42,10 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys):
     assert (out / "report" / "report.md").is_file()
     first = capsys.readouterr().out
 
-    assert main(argv) == 0
+    out.rename(tmp_path / "moved")  # stage keys must not depend on where `out` is
+    out = tmp_path / "moved"
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--out", "moved", *common]) == 0
     second = capsys.readouterr().out
     assert "generating" in first and "generating" not in second
     for stage in ("rollouts/train", "rollouts/eval", "train decay", "train edr", "online"):

@@ -36,9 +36,10 @@ def default_layer_ids(num_layers: int, count: int = 5) -> list[int]:
 
 @dataclass
 class TargetOutput:
-    """One target forward: logits `[B,T,V]`, features `[B,T,len(layer_ids)*H]`, cache."""
+    """One target forward: logits `[B,T,V]` (None when not asked for), features
+    `[B,T,len(layer_ids)*H]`, cache."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     features: torch.Tensor
     cache: Any = None
 
@@ -146,12 +147,21 @@ class Target:
         cache: Any = None,
         use_cache: bool = False,
         logits_to_keep: int = 0,
+        with_logits: bool = True,
     ) -> TargetOutput:
         """Run the target; return logits, concatenated chosen-layer features and cache.
 
         With `use_cache=True` and `cache=None` a fresh cache is created; pass it back to
         continue decoding, and cut it with `crop_cache` after rejections.
+        `with_logits=False` skips the LM head (`logits` is None): cross-entropy training
+        on rollout tokens needs only the features, and at Gemma's 262k vocabulary the
+        head costs more than all of its decoder layers together.
         """
+        if not with_logits:
+            if use_cache:
+                raise ValueError("with_logits=False is for training forwards (no cache)")
+            logits_to_keep = 0
+        model = self.model if with_logits else self.model.get_decoder()
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -163,9 +173,11 @@ class Target:
             kwargs["logits_to_keep"] = logits_to_keep
         if cache is not None:
             kwargs[self._cache_kwarg] = cache
-        out = self.model(**kwargs)
+        out = model(**kwargs)
         hidden = out.hidden_states
         features = torch.cat([hidden[i + 1] for i in self.layer_ids], dim=-1)
+        if not with_logits:
+            return TargetOutput(logits=None, features=features)
         if not use_cache:
             return TargetOutput(logits=out.logits, features=features)
         new_cache = out.get("cache", None) if hasattr(out, "get") else None

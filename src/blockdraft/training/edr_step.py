@@ -89,7 +89,9 @@ def edr_micro_step(
 ) -> MicroOutput:
     """Forward + EDR loss on one micro-batch of whole rollouts (no backward here)."""
     device = batch.input_ids.device
-    tout = target.forward(batch.input_ids, attention_mask=batch.attention_mask.long())
+    tout = target.forward(  # greedy EDR needs no target logits: skip the LM head
+        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=mode == "sampling"
+    )
     starts = [
         round_start_anchors(int(p), int(n))
         for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
@@ -103,7 +105,8 @@ def edr_micro_step(
     long_rows = [i for i, r in enumerate(rows) if r > limit]
     if long_rows:  # detached pass over every round start of the long rollouts
         sub = Batch(**{k: v[long_rows] for k, v in batch.__dict__.items()})
-        sub_out = type(tout)(logits=tout.logits[long_rows], features=tout.features[long_rows])
+        logits = None if tout.logits is None else tout.logits[long_rows]
+        sub_out = type(tout)(logits=logits, features=tout.features[long_rows])
         a_all = pad_anchor_lists([starts[i] for i in long_rows]).to(device)
         acc, cost, *_ = _acceptance(
             fwd, target, sub_out, sub, a_all, settings, mode, with_grad=False

@@ -184,13 +184,15 @@ def block_micro_step(
     block_size = drafter.config.block_size
     k = block_size - 1
     device = batch.input_ids.device
-    tout = target.forward(batch.input_ids, attention_mask=batch.attention_mask.long())
-    anchors = sampled_anchors(batch, num_anchors, block_size, seed, step).to(device)
-    labels, mask, prev = labels_and_prev(batch, anchors, block_size)
     # Greedy rollouts: the target is one-hot at the label, so E2E's overlap is q(label)
     # and no [B, A, K, V] distributions are needed (gigabytes at a 262k vocabulary).
     greedy_overlap = bool(objective.needs_target_distribution) and settings.greedy
     need_full = bool(objective.needs_target_distribution) and not greedy_overlap
+    tout = target.forward(
+        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=need_full
+    )
+    anchors = sampled_anchors(batch, num_anchors, block_size, seed, step).to(device)
+    labels, mask, prev = labels_and_prev(batch, anchors, block_size)
     hidden, logq, logits = fwd(tout.features, batch.input_ids, anchors, labels, prev, need_full)
     _, in_vocab = map_to_draft_vocab(drafter, labels)
     train_mask = mask & in_vocab
