@@ -342,6 +342,7 @@ def summary_table(report: dict[str, Any]) -> str:
 
 def run_demo(s: DemoSettings) -> dict[str, Any]:
     """Run (or resume) every stage; write report.md, PNGs and report.json; return the JSON."""
+    from blockdraft.cli.eval import write_json
     from blockdraft.models.registry import load_target
     from blockdraft.report import write_report
 
@@ -374,7 +375,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         out / "report", drafters, comparisons, logs, online, title=f"blockdraft demo on {s.target}"
     )
     report = build_report_json(s, rollouts, offline, comparisons, online)
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    write_json(out / "report.json", report)
     print(summary_table(report), flush=True)
     _log(f"report: {md}  json: {out / 'report.json'}")
     return report

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -148,9 +149,24 @@ def setup_target(args: argparse.Namespace) -> Any:
     return load_target(args.target, progress=not args.no_progress)
 
 
+def _json_safe(obj: Any) -> Any:
+    """NaN/inf (e.g. AR_k of a slot no round reached) become null: strict JSON readers
+    (JavaScript, jq, most non-Python parsers) reject Python's bare `NaN`."""
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):  # numpy / torch scalars
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def write_json(path: str | Path, obj: Any) -> None:
+    """Write strict JSON (no NaN), creating the parent directory."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(obj, indent=2, default=float) + "\n")
+    Path(path).write_text(json.dumps(_json_safe(obj), indent=2, allow_nan=False) + "\n")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
