@@ -1,77 +1,91 @@
 #!/usr/bin/env bash
-# Exact commands behind the `tiny` sections of docs/results.md, in the order they were run.
-# Run from the repo root. One process at a time, one thread each (shared 2-core machine).
-# Run dirs and JSON go OUTSIDE the repo (/work/results_runs/tiny); only PNGs are copied to docs/results/.
+# Exact commands behind the `tiny` sections of docs/results.md (run from the repo root).
+# Sections are in priority order; each is idempotent (finished runs are skipped), so the
+# script can be re-run after an interruption. Run dirs and JSON go OUTSIDE the repo
+# ($OUT); only the PNGs are copied to docs/results/. One thread per process: the runs
+# shared 2 cores with the Gemma job (scripts/results_gemma.sh).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 BD=.venv/bin/blockdraft
-DEMO=/tmp/demo_tiny                     # greedy demo (step 0)
-OUT=/work/results_runs/tiny
+OUT=${OUT:-/work/results_runs/tiny2}
+T1=$OUT/demo-t1          # sampling (T=1), the demo's default temperature
+T0=$OUT/demo-t0          # greedy (T=0)
 mkdir -p "$OUT/runs" "$OUT/json" "$OUT/report"
+SECTIONS=${*:-"t1 ablations blocks finetune-lr t0 decode seeds-t1 seeds-t0 report"}
 
-# 0. Greedy (T=0) demo with default settings: rollouts (384 train / 64 eval stdlib prompts,
-#    128 new tokens), decay + dpace from scratch (block 8), e2e + edr fine-tunes of dpace
-#    (1 epoch, lr 3e-4), offline eval/compare, online decoding (8 prompts, 96 tokens).
-[ -f "$DEMO/report.json" ] || $BD demo --epochs 3 --finetune-epochs 1 --temperature 0 --out "$DEMO"
+# The demo's exact training config for a demo dir (its dpace run.yaml minus the
+# `provenance:` block, which `train --config` rejects).
+config_of() { sed '/^provenance:/,/^[^ ]/{/^provenance:/d;/^  /d}' "$1/runs/dpace/run.yaml"; }
 
-# The demo's exact training config (what demo.py `_train_config` resolves to; identical to
-# $DEMO/runs/dpace/run.yaml minus the `provenance:` block, which `train --config` rejects).
-CFG="$OUT/demo_train_config.yaml"
-sed '/^provenance:/,/^[^ ]/{/^provenance:/d;/^  /d}' "$DEMO/runs/dpace/run.yaml" > "$CFG"
-
-train() {  # train NAME key=value...  (same data/budget/seed as the demo; only the given keys change)
-  local name=$1; shift
-  [ -d "$OUT/runs/$name/final" ] || $BD train --config "$CFG" run_dir="$OUT/runs/$name" "$@"
+train() {  # train DEMO_DIR NAME key=value...: the demo's data/budget/seed; only the given keys change
+  local demo=$1 name=$2; shift 2
+  [ -d "$OUT/runs/$name/final" ] && return 0
+  config_of "$demo" > "$OUT/$(basename "$demo")_config.yaml"
+  $BD train --config "$OUT/$(basename "$demo")_config.yaml" run_dir="$OUT/runs/$name" \
+      logging.progress=false "$@"
 }
+finetune() {  # finetune NAME OBJECTIVE LR: one epoch from the T=1 demo's D-PACE drafter
+  train "$T1" "$1" objective.name="$2" drafter.init_from="$T1/runs/dpace/final" \
+      optim.epochs=1 optim.lr="$3" optim.warmup_ratio=0.0
+}
+compare() {  # compare DEMO_DIR NAME RUN...: paired comparisons (consecutive pairs) + per-drafter eval
+  local demo=$1 name=$2; shift 2
+  local ev="--target tiny --rollouts $demo/rollouts/eval/set --cache-dir $OUT/cache --no-progress"
+  $BD compare $ev --json "$OUT/json/compare_$name.json" "$@"
+  $BD eval $ev --json "$OUT/json/eval_$name.json" "$@"
+}
+R=$OUT/runs
 
-# 1. D-PACE variants and alpha = 0 at block 8 (full / alpha 0.5 = the demo's dpace run)
-train dpace-cumulative   objective.name=dpace objective.variant=cumulative
-train dpace-continuation objective.name=dpace objective.variant=continuation
-train dpace-a0.0         objective.name=dpace objective.alpha=0.0
-
-# Offline evaluation on the demo's 64 held-out greedy rollouts (exact MAL, AR_k; paired bootstrap CIs)
-EVAL="--target tiny --rollouts $DEMO/rollouts/eval/set --cache-dir $OUT/cache --no-progress"
-$BD compare $EVAL --json "$OUT/json/compare_b8_variants.json" \
-    "$DEMO/runs/decay" "$DEMO/runs/dpace" "$OUT/runs/dpace-cumulative" "$OUT/runs/dpace-continuation" "$OUT/runs/dpace-a0.0"
-$BD eval $EVAL --json "$OUT/json/eval_b8_variants.json" \
-    "$DEMO/runs/decay" "$DEMO/runs/dpace" "$OUT/runs/dpace-cumulative" "$OUT/runs/dpace-continuation" "$OUT/runs/dpace-a0.0"
-
-# 2. Sampling mode: the same demo at T=1 (its own T=1 rollouts; decay/dpace/e2e/edr; online tau, speedup)
-T1=/work/results_runs/tiny-t1
-[ -f "$T1/report.json" ] || $BD demo --epochs 3 --finetune-epochs 1 --temperature 1.0 --out "$T1"
-
-# 3. Online tau vs offline MAL on exactly the same prompts and settings (first 16 held-out
-#    rollouts, 128 new tokens), with wall-clock speedup vs autoregressive decoding
-for r in decay dpace; do
-  $BD decode --target tiny --drafter "$DEMO/runs/$r" --rollouts "$DEMO/rollouts/eval/set" --limit 16 \
-      --seed 0 --no-progress --json "$OUT/json/decode_t0_$r.json"
-done
-for r in decay edr; do
-  $BD decode --target tiny --drafter "$T1/runs/$r" --rollouts "$T1/rollouts/eval/set" --limit 16 \
-      --seed 0 --no-progress --json "$OUT/json/decode_t1_$r.json"
-done
-
-# 4. Seed replicate of the headline pair (decay vs D-PACE full, block 8): everything as the
-#    demo except seed=1 (drafter init, data order, anchors)
-train decay-seed1 objective.name=decay seed=1
-train dpace-seed1 objective.name=dpace seed=1
-$BD compare $EVAL --json "$OUT/json/compare_b8_seed1.json" "$OUT/runs/decay-seed1" "$OUT/runs/dpace-seed1"
-
-# 5. Plots for block 8 (training curves with eval MAL, AR_k, D-PACE weight profiles)
-# (run dirs go BEFORE --eval/--compare: those options take any number of files)
-$BD report "$DEMO/runs/decay" "$DEMO/runs/dpace" "$OUT/runs/dpace-cumulative" "$OUT/runs/dpace-continuation" "$OUT/runs/dpace-a0.0" \
-    --out "$OUT/report/b8_variants" --title "tiny, block 8: decay vs D-PACE variants (T=0)" \
-    --eval "$OUT/json/eval_b8_variants.json" --compare "$OUT/json/compare_b8_variants.json"
-
-# 6. alpha sweep at block 8 (0.5 = the demo's dpace, 0.0 above)
-train dpace-a0.3 objective.name=dpace objective.alpha=0.3
-train dpace-a0.7 objective.name=dpace objective.alpha=0.7
-$BD compare $EVAL --json "$OUT/json/compare_b8_alpha.json" \
-    "$DEMO/runs/decay" "$OUT/runs/dpace-a0.0" "$OUT/runs/dpace-a0.3" "$DEMO/runs/dpace" "$OUT/runs/dpace-a0.7"
-$BD eval $EVAL --json "$OUT/json/eval_b8_alpha.json" \
-    "$DEMO/runs/decay" "$OUT/runs/dpace-a0.0" "$OUT/runs/dpace-a0.3" "$DEMO/runs/dpace" "$OUT/runs/dpace-a0.7"
-
-# 7. Second seed replicate of the headline pair (seed=2)
-train decay-seed2 objective.name=decay seed=2
-train dpace-seed2 objective.name=dpace seed=2
-$BD compare $EVAL --json "$OUT/json/compare_b8_seed2.json" "$OUT/runs/decay-seed2" "$OUT/runs/dpace-seed2"
+for section in $SECTIONS; do case $section in
+t1)  # 1. The demo at T=1 with a 3-epoch budget: decay & D-PACE (full, alpha 0.5) from
+     #    scratch, E2E & EDR fine-tunes of D-PACE (1 epoch, lr 3e-4), offline + online eval.
+  [ -f "$T1/report.json" ] || $BD demo --epochs 3 --finetune-epochs 1 --out "$T1" ;;
+ablations)  # 2. D-PACE variants and alpha at block 8 (same data, budget, seed as the demo)
+  train "$T1" cumulative   objective.name=dpace objective.variant=cumulative
+  train "$T1" continuation objective.name=dpace objective.variant=continuation
+  for a in 0.0 0.3 0.7; do train "$T1" "alpha$a" objective.name=dpace objective.alpha=$a; done
+  compare "$T1" variants "$T1/runs/decay" "$T1/runs/dpace" "$R/cumulative" "$R/continuation"
+  compare "$T1" alpha "$T1/runs/decay" "$R/alpha0.0" "$R/alpha0.3" "$T1/runs/dpace" "$R/alpha0.7" ;;
+blocks)  # 3. Block sizes 12 and 16 (decay gamma: DFlash's default for the block size)
+  for b in 12 16; do
+    train "$T1" "decay-b$b" objective.name=decay drafter.block_size=$b
+    train "$T1" "dpace-b$b" objective.name=dpace drafter.block_size=$b
+    compare "$T1" "b$b" "$R/decay-b$b" "$R/dpace-b$b"
+  done ;;
+finetune-lr)  # 4. EDR vs E2E at the papers' fine-tuning setting (1 epoch, lr 3e-5)
+  finetune e2e-lr3e-5 e2e 3e-5
+  finetune edr-lr3e-5 edr 3e-5
+  compare "$T1" finetune-lr3e-5 "$T1/runs/dpace" "$R/e2e-lr3e-5" "$R/edr-lr3e-5" ;;
+t0)  # 5. The same demo, greedy (T=0)
+  [ -f "$T0/report.json" ] || $BD demo --epochs 3 --finetune-epochs 1 --temperature 0 --out "$T0" ;;
+decode)  # 6. Online tau vs offline MAL on the same 16 held-out prompts; speedup at T=0 and T=1
+  for t in 0 1; do
+    demo=$OUT/demo-t$t
+    for r in decay dpace edr; do
+      [ -f "$OUT/json/decode_t${t}_$r.json" ] || $BD decode --target tiny --drafter "$demo/runs/$r" \
+          --rollouts "$demo/rollouts/eval/set" --limit 16 --seed 0 --no-progress \
+          --json "$OUT/json/decode_t${t}_$r.json"
+    done
+  done ;;
+seeds-t1)  # 7. Seed replicates at T=1 (drafter init, data order, anchors): seed 1
+  for s in 1; do
+    train "$T1" "decay-s$s" objective.name=decay seed=$s
+    train "$T1" "dpace-s$s" objective.name=dpace seed=$s
+    train "$T1" "cumulative-s$s" objective.name=dpace objective.variant=cumulative seed=$s
+    train "$T1" "continuation-s$s" objective.name=dpace objective.variant=continuation seed=$s
+    train "$T1" "alpha0.0-s$s" objective.name=dpace objective.alpha=0.0 seed=$s
+    compare "$T1" "seed$s" "$R/decay-s$s" "$R/dpace-s$s" "$R/cumulative-s$s" "$R/continuation-s$s" "$R/alpha0.0-s$s"
+  done ;;
+seeds-t0)  # 8. Seed replicates of the T=0 headline pair
+  for s in 1 2; do
+    train "$T0" "t0-decay-s$s" objective.name=decay seed=$s
+    train "$T0" "t0-dpace-s$s" objective.name=dpace seed=$s
+    compare "$T0" "t0-seed$s" "$R/t0-decay-s$s" "$R/t0-dpace-s$s"
+  done ;;
+report)  # 9. Plots: training curves with eval MAL, AR_k, D-PACE weight profiles
+  $BD report "$T1/runs/decay" "$T1/runs/dpace" "$R/cumulative" "$R/continuation" \
+      --out "$OUT/report/variants" --title "tiny, block 8, T=1: decay vs D-PACE variants" \
+      --eval "$OUT/json/eval_variants.json" --compare "$OUT/json/compare_variants.json" ;;
+*) echo "unknown section $section" >&2; exit 2 ;;
+esac; done
