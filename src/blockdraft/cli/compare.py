@@ -16,7 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blockdraft.cli.eval import add_target_args, drafter_names, load_scored, run_scored_command
+from blockdraft.cli.eval import (
+    add_target_args,
+    benchmark_name,
+    drafter_names,
+    load_scored,
+    run_scored_command,
+)
 
 
 def compare(
@@ -41,12 +47,13 @@ def compare(
     )
     out = []
     for rdir in rollout_dirs:
-        _, scored = load_scored(target, drafter_paths, rdir, cache_dir, progress)
+        rollouts, scored = load_scored(target, drafter_paths, rdir, cache_dir, progress)
+        bench = benchmark_name(rollouts, rdir)
         for i, j in pairs:
             c = paired_comparison(scored[i], scored[j], n_boot=n_boot, seed=seed)
             out.append(
                 {
-                    "benchmark": Path(rdir).resolve().name,
+                    "benchmark": bench,
                     "a": names[i],
                     "b": names[j],
                     "mal_a": c.mal_a,

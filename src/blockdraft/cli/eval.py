@@ -42,6 +42,27 @@ def drafter_names(paths: list[str | Path]) -> list[str]:
     return names
 
 
+_GENERIC_DIR_NAMES = {"set", "eval", "train", "test", "rollouts", "held-out"}
+
+
+def benchmark_name(rollouts: Any, rollout_dir: str | Path) -> str:
+    """Display name of a rollout set in tables and plot titles: its directory name, or,
+    when that says nothing (the demo's `rollouts/eval/set`), the prompt source it was
+    made from (`stdlib:eval`, `gsm8k/test.jsonl:question`)."""
+    name = Path(rollout_dir).resolve().name
+    spec = rollouts.manifest.get("prompts", {}).get("spec")
+    if name not in _GENERIC_DIR_NAMES or not spec:
+        return name
+    spec = str(spec)
+    path, colon, field = spec.rpartition(":")
+    if not colon:
+        path, field = spec, ""
+    if "/" not in path:  # `stdlib:eval`, `hf:org/name`, a bare file name
+        return spec
+    short = "/".join(Path(path).parts[-2:])
+    return f"{short}:{field}" if field else short
+
+
 def load_scored(
     target: Any,
     drafter_paths: list[str | Path],
@@ -97,7 +118,7 @@ def evaluate(
     for rdir in rollout_dirs:
         rollouts, scored = load_scored(target, drafter_paths, rdir, cache_dir, progress)
         bench = {
-            "name": Path(rdir).resolve().name,
+            "name": benchmark_name(rollouts, rdir),
             "rollouts": str(rdir),
             "settings": rollouts.settings.to_dict(),
             "num_rollouts": len(rollouts),
