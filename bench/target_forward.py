@@ -16,7 +16,7 @@ import statistics
 import time
 
 import torch
-from transformers import Gemma3TextConfig, Gemma3ForCausalLM
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from blockdraft.models.target import Target
 

@@ -83,9 +83,17 @@ seeds-t0)  # 8. Seed replicates of the T=0 headline pair
     train "$T0" "t0-dpace-s$s" objective.name=dpace seed=$s
     compare "$T0" "t0-seed$s" "$R/t0-decay-s$s" "$R/t0-dpace-s$s"
   done ;;
-report)  # 9. Plots: training curves with eval MAL, AR_k, D-PACE weight profiles
-  $BD report "$T1/runs/decay" "$T1/runs/dpace" "$R/cumulative" "$R/continuation" \
+report)  # 9. Plots (training curves with held-out MAL, AR_k, D-PACE weight profiles) -> docs/results/
+  $BD report "$T1/runs/decay" "$T1/runs/dpace" "$R/cumulative" "$R/continuation" "$R/alpha0.0" \
       --out "$OUT/report/variants" --title "tiny, block 8, T=1: decay vs D-PACE variants" \
-      --eval "$OUT/json/eval_variants.json" --compare "$OUT/json/compare_variants.json" ;;
+      --eval "$OUT/json/eval_variants.json" --compare "$OUT/json/compare_variants.json"
+  for f in training_curves acceptance_rates dpace_weight_profile; do
+    cp "$OUT/report/variants/$f.png" "docs/results/tiny_t1_variants_$f.png"
+  done
+  for t in 0 1; do
+    for f in training_curves acceptance_rates; do
+      cp "$OUT/demo-t$t/report/$f.png" "docs/results/tiny_t${t}_demo_$f.png"
+    done
+  done ;;
 *) echo "unknown section $section" >&2; exit 2 ;;
 esac; done

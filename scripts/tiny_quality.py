@@ -6,7 +6,7 @@ prompt, still parse as Python (non-blank lines; `ast.parse` on the longest parsa
 block openers closed with `pass`). `--reference` scores the functions' real bodies (cut
 to the same token count) as the ceiling of the measure. Also prints a few samples. Usage:
 
-    python scripts/tiny_quality.py [TARGET_DIR_OR_NAME ...] [--n 32] [--tokens 96] [--temperature 1.0]
+    python scripts/tiny_quality.py [TARGET ...] [--n 32] [--tokens 96] [--temperature 1.0]
 """
 
 from __future__ import annotations
@@ -88,8 +88,11 @@ def main() -> None:
             ok, total = ok + a, total + b
             if i < args.show:
                 print(f"--- sample {i} ({a}/{b} lines parse)\n{p.text}{cont}\n")
-        print(f"{name}: {ok}/{total} = {ok / max(1, total):.1%} of sampled non-blank lines parse as Python "
-              f"({len(prompts)} stdlib:eval prompts, {args.tokens} tokens, T={args.temperature})")
+        share = ok / max(1, total)
+        print(
+            f"{name}: {ok}/{total} = {share:.1%} of sampled non-blank lines parse as Python "
+            f"({len(prompts)} stdlib:eval prompts, {args.tokens} tokens, T={args.temperature})"
+        )
 
 
 if __name__ == "__main__":
