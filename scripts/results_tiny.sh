@@ -56,7 +56,9 @@ blocks)  # 3. Block sizes 12 and 16 (decay gamma: DFlash's default for the block
 finetune-lr)  # 4. EDR vs E2E at the papers' fine-tuning setting (1 epoch, lr 3e-5)
   finetune e2e-lr3e-5 e2e 3e-5
   finetune edr-lr3e-5 edr 3e-5
-  compare "$T1" finetune-lr3e-5 "$T1/runs/dpace" "$R/e2e-lr3e-5" "$R/edr-lr3e-5" ;;
+  compare "$T1" finetune-lr3e-5 "$T1/runs/dpace" "$R/e2e-lr3e-5" "$R/edr-lr3e-5"
+  $BD compare --target tiny --rollouts "$T1/rollouts/eval/set" --cache-dir "$OUT/cache" --no-progress \
+      --json "$OUT/json/compare_edr-vs-e2e-lr3e-5.json" "$R/e2e-lr3e-5" "$R/edr-lr3e-5" ;;
 t0)  # 5. The same demo, greedy (T=0)
   [ -f "$T0/report.json" ] || $BD demo --epochs 3 --finetune-epochs 1 --temperature 0 --out "$T0" ;;
 decode)  # 6. Online tau vs offline MAL on the same 16 held-out prompts; speedup at T=0 and T=1

@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compare",
         help="paired MAL differences between drafters on the same rollouts",
         description="MAL of each drafter minus the first (or all pairs) on the same rollouts, with "
-        "paired bootstrap 95%% confidence intervals.",
+        "paired bootstrap 95% confidence intervals.",
     )
     add_target_args(p)
     p.add_argument(
