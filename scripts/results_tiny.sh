@@ -47,7 +47,7 @@ ablations)  # 2. D-PACE variants and alpha at block 8 (same data, budget, seed a
   for a in 0.0 0.3 0.7; do train "$T1" "alpha$a" objective.name=dpace objective.alpha=$a; done
   compare "$T1" variants "$T1/runs/decay" "$T1/runs/dpace" "$R/cumulative" "$R/continuation"
   compare "$T1" alpha "$T1/runs/decay" "$R/alpha0.0" "$R/alpha0.3" "$T1/runs/dpace" "$R/alpha0.7" ;;
-blocks)  # 3. Block sizes 12 and 16 (decay gamma: DFlash's default for the block size)
+blocks)  # 3. Block sizes 12 and 16 (decay gamma: DFlash's default for the block size, interpolated at 12)
   for b in 12 16; do
     train "$T1" "decay-b$b" objective.name=decay drafter.block_size=$b
     train "$T1" "dpace-b$b" objective.name=dpace drafter.block_size=$b
