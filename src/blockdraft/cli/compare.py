@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from blockdraft.cli.eval import (
+    add_allow_incomplete,
     add_target_args,
     benchmark_name,
     drafter_names,
@@ -34,6 +35,7 @@ def compare(
     seed: int = 0,
     cache_dir: str | Path | None = None,
     progress: bool = True,
+    allow_incomplete: bool = False,
 ) -> list[dict[str, Any]]:
     """Paired comparisons (B vs A) per benchmark, as JSON-ready dicts."""
     from blockdraft.evaluation.offline import paired_comparison
@@ -47,7 +49,9 @@ def compare(
     )
     out = []
     for rdir in rollout_dirs:
-        rollouts, scored = load_scored(target, drafter_paths, rdir, cache_dir, progress)
+        rollouts, scored = load_scored(
+            target, drafter_paths, rdir, cache_dir, progress, allow_incomplete
+        )
         bench = benchmark_name(rollouts, rdir)
         for i, j in pairs:
             c = paired_comparison(scored[i], scored[j], n_boot=n_boot, seed=seed)
@@ -81,13 +85,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         help="rollout directory (a benchmark); repeat for several",
     )
-    p.add_argument("drafters", nargs="+", help="drafter checkpoints; the first is the baseline")
+    p.add_argument(
+        "drafters",
+        nargs="+",
+        help="drafter checkpoints (or `ngram[:k=K,max=N,min=M]`); the first is the baseline",
+    )
     p.add_argument(
         "--all-pairs", action="store_true", help="compare every pair, not just each vs the first"
     )
     p.add_argument("--json", default=None, help="write the comparisons as JSON here")
     p.add_argument("--n-boot", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
+    add_allow_incomplete(p)
     p.set_defaults(func=run)
 
 
@@ -101,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         args,
         lambda target: compare(
             target, args.drafters, args.rollouts, args.all_pairs, args.n_boot, args.seed,
-            args.cache_dir, progress=not args.no_progress,
+            args.cache_dir, progress=not args.no_progress, allow_incomplete=args.allow_incomplete,
         ),
         lambda result: "\n".join(comparison_table(result)),
         lambda result: {"comparisons": result},

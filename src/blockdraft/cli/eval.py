@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from blockdraft.models.ngram import parse_drafter_spec
+
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A drafter checkpoint directory: `path` itself, or `path/final` for a run directory."""
@@ -34,6 +36,9 @@ def drafter_names(paths: list[str | Path]) -> list[str]:
     """Short unique display names: the run directory name (parent of `final`/`best`)."""
     names = []
     for raw in paths:
+        if parse_drafter_spec(raw) is not None:  # `ngram`, `ngram:k=15`: the spec is the name
+            names.append(str(raw))
+            continue
         p = Path(raw).resolve()
         name = p.parent.name if p.name in ("final", "best") else p.name
         names.append(name)
@@ -69,23 +74,23 @@ def load_scored(
     rollout_dir: str | Path,
     cache_dir: str | Path | None = None,
     progress: bool = True,
+    allow_incomplete: bool = False,
 ) -> tuple[Any, list[list[Any]]]:
     """Acceptance tensors of every drafter on one rollout set -> (rollout set, [per drafter])."""
-    from blockdraft.data.rollout_store import RolloutSet, target_fingerprint
+    from blockdraft.data.rollout_store import RolloutSet, check_target
     from blockdraft.evaluation.scoring import checkpoint_hash, score_rollout_set
     from blockdraft.models.checkpoint import load_drafter
 
-    rollouts = RolloutSet.open(rollout_dir)
+    rollouts = RolloutSet.open(rollout_dir, allow_incomplete=allow_incomplete)
     if len(rollouts) == 0:
         raise ValueError(f"{rollout_dir}: rollout set is empty")
-    made_with = rollouts.manifest.get("target", {}).get("fingerprint")
-    if made_with and made_with != target_fingerprint(target):
-        raise ValueError(
-            f"{rollout_dir}: rollouts were made with another target than "
-            f"{getattr(target, 'name', '?')!r} (fingerprints differ)"
-        )
+    check_target(rollouts, target)
     out = []
     for path in drafter_paths:
+        ngram = parse_drafter_spec(path)
+        if ngram is not None:  # prompt lookup: no checkpoint, scored from token ids
+            out.append(score_rollout_set(ngram, target, rollouts, progress=False))
+            continue
         ckpt = resolve_checkpoint(path)
         drafter = load_drafter(ckpt, target).eval()
         out.append(
@@ -109,6 +114,7 @@ def evaluate(
     seed: int = 0,
     cache_dir: str | Path | None = None,
     progress: bool = True,
+    allow_incomplete: bool = False,
 ) -> dict[str, Any]:
     """Offline statistics of each drafter on each rollout set, as a JSON-ready dict."""
     from blockdraft.evaluation.offline import mal_ci, offline_stats
@@ -116,7 +122,9 @@ def evaluate(
     names = drafter_names(drafter_paths)
     result: dict[str, Any] = {"target": getattr(target, "name", ""), "benchmarks": []}
     for rdir in rollout_dirs:
-        rollouts, scored = load_scored(target, drafter_paths, rdir, cache_dir, progress)
+        rollouts, scored = load_scored(
+            target, drafter_paths, rdir, cache_dir, progress, allow_incomplete
+        )
         bench = {
             "name": benchmark_name(rollouts, rdir),
             "rollouts": str(rdir),
@@ -206,12 +214,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rollout directory (a benchmark); repeat for several",
     )
     p.add_argument(
-        "drafters", nargs="+", help="drafter checkpoint directories (or run dirs with final/)"
+        "drafters",
+        nargs="+",
+        help="drafter checkpoint directories (or run dirs with final/); `ngram` or "
+        "`ngram:k=7,max=3,min=1` for the prompt-lookup baseline",
     )
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--n-boot", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
+    add_allow_incomplete(p)
     p.set_defaults(func=run)
+
+
+def add_allow_incomplete(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="score rollout sets whose `blockdraft rollout` was interrupted (refused otherwise)",
+    )
 
 
 def run_scored_command(
@@ -224,7 +244,8 @@ def run_scored_command(
     print markdown, optionally write JSON; bad input is a one-line error and exit code 2."""
     try:
         for d in args.drafters:
-            resolve_checkpoint(d)
+            if parse_drafter_spec(d) is None:
+                resolve_checkpoint(d)
         result = compute(setup_target(args))
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -241,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
         args,
         lambda target: evaluate(
             target, args.drafters, args.rollouts, args.n_boot, args.seed, args.cache_dir,
-            progress=not args.no_progress,
+            progress=not args.no_progress, allow_incomplete=args.allow_incomplete,
         ),
         eval_markdown,
         lambda result: result,

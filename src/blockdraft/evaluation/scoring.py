@@ -20,6 +20,9 @@ Entries with `n + h > L` are 0 (ignored by the evaluator).
 per position, while rollouts store the realised token's log-prob, and it scores the
 drafter at temperature only, without the top-k/top-p the decoder applies.)
 
+An `NgramDrafter` (prompt lookup) is scored from the token ids alone: its proposal is
+deterministic, so `A = min(1, q(x)/p(x)) = 1[x = y]` at every temperature.
+
 Results are cached on disk per (drafter weights, target, rollouts, settings) as one
 safetensors file, so `eval`, `compare` and `report` never recompute a drafter.
 """
@@ -36,6 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from blockdraft.data.anchors import round_start_anchors
+from blockdraft.models.ngram import NgramDrafter
 from blockdraft.sampling import processed_probs
 
 SCORING_VERSION = "1"
@@ -61,6 +65,8 @@ def acceptance_tensor(
     anchor_chunk: int = 64,
 ) -> torch.Tensor:
     """`[L-1, K]` float32 acceptance probabilities of one rollout (module docstring)."""
+    if isinstance(drafter, NgramDrafter):  # deterministic proposals: 1[x = y] from ids alone
+        return drafter.acceptance_from_tokens(prompt_ids.reshape(-1), response_ids.reshape(-1))
     k = _num_proposals(drafter)
     prompt_ids, response_ids = prompt_ids.long().reshape(-1), response_ids.long().reshape(-1)
     P, L = prompt_ids.numel(), response_ids.numel()
@@ -181,6 +187,8 @@ def score_rollouts(
     it is hashed from the drafter's state dict (nn.Module drafters) or caching is skipped.
     """
     rollouts = list(rollouts)
+    if isinstance(drafter, NgramDrafter):
+        use_cache = False  # scoring from token ids is cheaper than hashing the rollouts
     if drafter_id is None and hasattr(drafter, "state_dict"):
         drafter_id = tensor_state_hash(drafter)
     path = None

@@ -1,0 +1,153 @@
+"""The n-gram (prompt lookup) drafter: the free baseline every trained drafter must beat.
+
+Prompt lookup proposes the tokens that followed the latest earlier occurrence of the
+text's last few tokens. It needs no training and no target features, and on text that
+repeats its context (code, quoted passages, greedy loops) it is hard to beat, which is
+why a drafter result without it in the same table says little. The rule is the one of
+HF `generate(prompt_lookup_num_tokens=K)` and vLLM's `ngram` method: try the longest
+suffix first (`max_ngram` tokens down to `min_ngram`), take its latest earlier
+occurrence, and propose up to K tokens that followed it; with no match, propose nothing
+(the round then verifies the anchor alone and emits one token).
+
+Offline, a deterministic proposal y has acceptance `min(1, q(x)/p(x)) = 1[x = y]` given
+the realised token x (METHODS.md §2 with a one-hot q): exact conditioned on the rollout
+at every temperature, so `acceptance_from_tokens` needs the token ids only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    """What a prompt-lookup drafter is: K proposals, suffix lengths tried, which match."""
+
+    num_proposals: int = 7
+    max_ngram: int = 3
+    min_ngram: int = 1
+    match: str = "latest"  # latest earlier occurrence (vLLM-like) | first (HF generate)
+
+    @property
+    def block_size(self) -> int:
+        return self.num_proposals + 1
+
+
+class NgramDrafter:
+    """Prompt lookup, usable wherever a trained drafter is (eval, compare, decode, demo)."""
+
+    objective = "none"
+
+    def __init__(
+        self, num_proposals: int = 7, max_ngram: int = 3, min_ngram: int = 1, match: str = "latest"
+    ) -> None:
+        if num_proposals < 1:
+            raise ValueError(f"ngram drafter: k must be >= 1, got {num_proposals}")
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(
+                f"ngram drafter: need 1 <= min <= max, got min={min_ngram} max={max_ngram}"
+            )
+        if match not in ("latest", "first"):
+            raise ValueError(f"ngram drafter: match must be latest or first, got {match!r}")
+        self.config = NgramConfig(num_proposals, max_ngram, min_ngram, match)
+
+    @property
+    def num_proposals(self) -> int:
+        return self.config.num_proposals
+
+    @property
+    def name(self) -> str:
+        c = self.config
+        if c == NgramConfig():
+            return "ngram"
+        name = f"ngram:k={c.num_proposals},max={c.max_ngram},min={c.min_ngram}"
+        return name + (",match=first" if c.match == "first" else "")
+
+    def eval(self) -> NgramDrafter:  # same call shape as a torch drafter
+        return self
+
+    def propose(self, tokens: Sequence[int] | torch.Tensor) -> list[int]:
+        """Up to K tokens that followed the chosen earlier occurrence of a suffix."""
+        seq = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        index = _NgramIndex(self.config)
+        index.advance(seq, len(seq))
+        return index.propose(seq, len(seq))
+
+    def acceptance_from_tokens(
+        self, prompt_ids: Sequence[int] | torch.Tensor, response_ids: Sequence[int] | torch.Tensor
+    ) -> torch.Tensor:
+        """`[L-1, K]` acceptances of one rollout (round n proposes from prompt + x_1..x_n)."""
+        p = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)
+        r = response_ids.tolist() if isinstance(response_ids, torch.Tensor) else list(response_ids)
+        seq, P, L, K = p + r, len(p), len(r), self.num_proposals
+        acc = torch.zeros(max(L - 1, 0), K)
+        index = _NgramIndex(self.config)
+        for n in range(1, L):
+            end = P + n  # tokens available when the round anchored at x_n starts
+            index.advance(seq, end)
+            for h, y in enumerate(index.propose(seq, end)):
+                if end + h >= len(seq) or seq[end + h] != y:
+                    break
+                acc[n - 1, h] = 1.0
+        return acc
+
+
+class _NgramIndex:
+    """Occurrences of every n-gram of the text so far, grown one token at a time.
+
+    The suffix itself must not count as its own match, so when the text is `seq[:end]`
+    the index holds the n-grams that end at or before `end - 2` (start <= end - n - 1).
+    Growing it incrementally makes scoring a rollout O(L * max_ngram) instead of O(L^2).
+    """
+
+    def __init__(self, cfg: NgramConfig) -> None:
+        self.cfg = cfg
+        self.starts: dict[tuple[int, ...], int] = {}
+        self.done = 0  # n-grams ending before index `done` are in the table
+
+    def advance(self, seq: list[int], end: int) -> None:
+        keep_first = self.cfg.match == "first"
+        for stop in range(self.done, end - 1):  # n-grams ending at index stop
+            for n in range(self.cfg.min_ngram, self.cfg.max_ngram + 1):
+                start = stop - n + 1
+                if start < 0:
+                    break
+                key = tuple(seq[start : stop + 1])
+                if keep_first:
+                    self.starts.setdefault(key, start)
+                else:
+                    self.starts[key] = start
+        self.done = max(self.done, end - 1)
+
+    def propose(self, seq: list[int], end: int) -> list[int]:
+        for n in range(min(self.cfg.max_ngram, end - 1), self.cfg.min_ngram - 1, -1):
+            start = self.starts.get(tuple(seq[end - n : end]))
+            if start is not None:
+                return seq[start + n : min(start + n + self.cfg.num_proposals, end)]
+        return []
+
+
+_SPEC = re.compile(r"^ngram(?::(.*))?$")
+_KEYS = {"k": "num_proposals", "max": "max_ngram", "min": "min_ngram", "match": "match"}
+
+
+def parse_drafter_spec(spec: str | object) -> NgramDrafter | None:
+    """`ngram` or `ngram:k=7,max=3,min=1` -> NgramDrafter; anything else -> None (a path)."""
+    m = _SPEC.match(str(spec))
+    if m is None:
+        return None
+    kwargs: dict[str, int | str] = {}
+    for part in filter(None, (m.group(1) or "").split(",")):
+        key, sep, value = (s.strip() for s in part.partition("="))
+        ok = key == "match" and value in ("latest", "first") or key in _KEYS and value.isdigit()
+        if not sep or not ok:
+            raise ValueError(
+                f"bad drafter spec {spec!r}: expected ngram:k=K,max=N,min=M[,match=latest|first]"
+                f" (got {part!r})"
+            )
+        kwargs[_KEYS[key]] = value if key == "match" else int(value)
+    return NgramDrafter(**kwargs)  # type: ignore[arg-type]
