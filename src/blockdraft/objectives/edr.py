@@ -65,7 +65,8 @@ def edr_surrogate(
     `row_weights` (`[L-1]`, or `[B, L-1]` for batches; alias `inclusion_weights`) weights
     each round-start row, e.g. `1/pi` on rows drawn by `sample_round_starts` and 0
     elsewhere: value and gradient are then Horvitz-Thompson estimates of J and its
-    gradient (each row carries its share `row_value` of J), unbiased over the draw.
+    gradient (each row carries its share `row_value` of J; J's leading 1 is added
+    unweighted), unbiased over the draw.
     Rows with weight 0 need valid detached inputs but their gradient is never used.
 
     Returns a scalar for one rollout; for batches `reduction` picks sum/mean over
@@ -84,7 +85,8 @@ def edr_surrogate(
     zero = torch.zeros((), dtype=acc.dtype, device=acc.device)
     acc, cst = torch.where(live, acc, zero), torch.where(live, cst, zero)
 
-    terms = state.occupancy[..., :k] * (cst + acc * state.td)
+    # omega is float64 (exact round starts); the loss terms need only the input dtype
+    terms = state.occupancy[..., :k].to(acc.dtype) * (cst + acc * state.td)
     row_td = terms.sum(-1)
     row_loss = row_td - row_td.detach() + state.row_value
     if row_weights is not None:
@@ -98,7 +100,9 @@ def edr_surrogate(
         if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
             raise ValueError("row_weights must be finite and non-negative")
         row_loss = row_loss * weights.view(batch, rows)
-    per_rollout = row_loss.sum(-1)
+    # J's leading 1 (the first round, certain for L >= 2) is charged to no row, so it is
+    # never re-weighted and rows without gradient (the last one) can stay unsampled
+    per_rollout = row_loss.sum(-1) + (lengths >= 2).to(row_loss.dtype)
     if single:
         return per_rollout[0]
     if reduction == "sum":

@@ -23,20 +23,18 @@ for L >= 2 (J = 0 for L = 1: no drafting round). The bonus state's cost is the c
 1 (a bonus always starts a new round). With `c = 1 - A` every term counts one round start
 and J is the expected number of rounds `sum_n omega_{n,n+1}`.
 
-How it is computed (one Python loop over positions each way, vectorised over proposals
-and rollouts):
-- forward: omega_{n,n+h} = R_n * prod_{i<h} A_{n,n+i}, so only the round-start
-  occupancies R need a sequential pass (`_round_starts`: one fused in-place op per
-  position, using that exactly one round is active at every position);
-- backward (values): states deciding the same position t form one anti-diagonal of the
-  `[n, h]` grid, and V_{n,t} needs V at position t+1 only, so the value recursion steps
-  along t on a *skewed* copy of the tensors (`_to_skew`, a strided view, in place).
+How it is computed: `edr_kernels` (numba) runs both recursions as scalar loops over
+rollouts, rows and proposals, O(B*L*K), accumulating in float64 (occupancies and round
+starts are returned in float64; values and TD terms in the input's working dtype, from
+float64 sums). `edr_torch` holds the same recursions as readable torch loops over
+positions: the reference the tests compare against and the fallback without numba.
 `rounds_objective` is the slow, independent autograd reference: a list-based recurrence
 over round starts with an inner loop over proposals, differentiated by autograd.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -48,15 +46,17 @@ Tensor = torch.Tensor
 class OccupancyValue:
     """Detached recursion results (leading batch dim only for batched inputs).
 
-    occupancy     `[..., L-1, K+1]` omega_{n,n+h}: probability of visiting the state.
+    occupancy     `[..., L-1, K+1]` omega_{n,n+h}: probability of visiting the state
+                  (float64 whatever the input dtype; others in the input's dtype).
     value         `[..., L-1, K+1]` V_{n,n+h}: expected future cost from the state
                   (its own immediate cost included; 0 for states with t >= L).
     td            `[..., L-1, K]`  V_{n,t+1} - V_{t,t+1} for decision states with t < L
                   (0 elsewhere): the sensitivity of J to A_{n,t}, per unit occupancy.
     round_start   `[..., L-1]`     omega_{n,n+1}: probability that a round starts at n.
-    row_value     `[..., L-1]`     the part of J charged to round start n (the leading 1
-                  goes to n = 1); sums to `objective`. Used to keep anchor-sampled
-                  loss values unbiased.
+    row_value     `[..., L-1]`     the part of J charged to round start n, i.e. its
+                  occupancy-weighted costs: `objective = 1[L >= 2] + row_value.sum(-1)`
+                  (the leading 1 is charged to no row). Keeps anchor-sampled loss values
+                  unbiased; 0 on the dead last row n = L-1 (it only drafts x_L).
     objective     `[...]`          J from the forward recursion.
     """
 
@@ -149,104 +149,84 @@ def _sanitize(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-# --- skewed layout --------------------------------------------------------------------
+# --- backends ------------------------------------------------------------------------
+
+BACKENDS = ("auto", "compiled", "torch")
+_KERNELS: object = None  # the edr_kernels module, False if numba is unavailable
 
 
-def _skew_view(s: Tensor, rows: int, k: int) -> Tensor:
-    """`[B, M, K+1]` view of the states `(n, n+h)`, h = 1..K+1, inside a contiguous
-    `[B, T, K+1]` skewed grid (T = rows + K + 3) that stores them at `[t = n+h, h-1]`.
+def _kernels(backend: str):
+    """The compiled kernels module for `backend`, or None for the torch recursion.
 
-    Why a view: the flat offset `(n+h)(K+1) + h-1` is linear in n and h (strides K+1
-    and K+2), so conversions are one strided copy instead of an index gather/scatter
-    (which needed `[M*(K+1)]` index tensors and dominated `occupancy_and_value`)."""
-    batch, size, _ = s.shape
-    if size != rows + k + 3 or not s.is_contiguous():
-        raise ValueError(f"expected a contiguous [B, {rows + k + 3}, {k + 1}] grid")
-    return s.as_strided(
-        (batch, rows, k + 1), (size * (k + 1), k + 1, k + 2), s.storage_offset() + 2 * k + 2
-    )
+    "auto" uses the compiled kernels when numba imports (a declared dependency) and falls
+    back to the torch recursion with one warning otherwise; "compiled" insists."""
+    global _KERNELS
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "torch":
+        return None
+    if _KERNELS is None:
+        try:
+            from blockdraft.objectives import edr_kernels
+        except ImportError as err:  # pragma: no cover - numba is a declared dependency
+            warnings.warn(
+                f"numba is unavailable ({err}); EDR recursions fall back to the torch loop, "
+                "~1,000x slower (pip install numba)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            _KERNELS = False
+        else:
+            _KERNELS = edr_kernels
+    if _KERNELS is False:
+        if backend == "compiled":
+            raise ImportError("backend='compiled' needs numba (pip install numba)")
+        return None
+    return _KERNELS
 
 
-def _to_skew(x: Tensor, k: int) -> Tensor:
-    """`[B, M, K]` row layout -> `[B, T, K+1]` skewed (column K, the bonus, is zero)."""
-    batch, rows, _ = x.shape
-    flat = x.new_zeros((batch, rows + k + 3, k + 1))
-    _skew_view(flat, rows, k)[..., :k].copy_(x)
-    return flat
+def _host_inputs(*tensors: Tensor) -> list[Tensor]:
+    """Contiguous CPU copies of same-shaped tensors, in one device transfer when they
+    live on an accelerator (the kernels run on the host: a few MB per training step)."""
+    if tensors[0].device.type == "cpu":
+        return [t.contiguous() for t in tensors]
+    return list(torch.stack(tensors).cpu().unbind(0)) if len(tensors) > 1 else [tensors[0].cpu()]
 
 
-def _from_skew(s: Tensor, rows: int, k: int) -> Tensor:
-    """`[B, T, K+1]` skewed (T = rows + K + 3) -> `[B, M, K+1]` row layout (a copy)."""
-    return _skew_view(s, rows, k).contiguous()
+def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Host output buffer; pinned when the results go back to a CUDA device (async copy)."""
+    return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
+
+
+def _to_device(tensors: tuple[Tensor, ...], device: torch.device) -> tuple[Tensor, ...]:
+    if device.type == "cpu":
+        return tensors
+    return tuple(t.to(device, non_blocking=True) for t in tensors)
 
 
 # --- forward occupancy ---------------------------------------------------------------
 
 
-_CHUNK = 16  # positions per chunk of the forward pass (see `_round_starts`)
-
-
-def _round_starts(acc: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-    """Round-start occupancies `R [B, M]` (R_n = omega_{n,n+1}) and the within-round
-    reach products `P [B, M, K]` (`P[b, n-1, j-1] = prod_{i<=j} A_{n,n+i}`), detached.
-
-    Why this shape: omega_{n,n+h} = R_n P_{h-1} (P_0 = 1), so the only sequential part is
-    R. Exactly one round is active at every position: either a round starts at t, or an
-    earlier round n (t-K <= n < t) accepted the draft of x_t, which has probability
-    R_n P_{t-n}. Hence R_t = 1 - sum_{n=t-K}^{t-1} R_n P_{t-n}[n] (t >= 2; R_1 = 1 if
-    L >= 2). This is the banded recurrence R_t = sum_j R_{t-j} E_{t-j,j} with the handover
-    probabilities E = P_{j-1} - P_j (E = P_K for the bonus) summed by parts, so it needs
-    only the cumprod P, never a `[B, M, K+1]` handover tensor (whose construction with
-    strided copies cost more than the whole recursion).
-
-    We keep the running `U_t = -(1[L >= 2] - coverage pushed to t so far)`, which is
-    -R_t once every n < t has pushed: the step for start n is then one fused in-place
-    `U[n+1..n+K] -= U_n * P[n]` on a preallocated buffer. The per-step views are made
-    once in C++ (`unbind` of an as-strided view), so the Python loop does no slicing.
-    P is read position by position, i.e. rows strided by M*K across the batch, which
-    defeats the prefetcher; copying it `_CHUNK` positions at a time into a small
-    contiguous buffer (L2-resident, inner run `_CHUNK*K`) measured ~2x faster than
-    reading P in place. No transposes: on CPU those cost more than everything else
-    (the previous position-major version spent most of its time transposing).
-    Entries at positions >= L only push to positions > L, so garbage there never reaches
-    a valid start and is masked at the end."""
-    batch, rows, k = acc.shape
-    reach = torch.cumprod(acc, dim=-1)  # [B, M, K], contiguous like acc
-    size = rows + k + 2
-    neg = acc.new_empty((batch, size))  # neg[:, t] -> -R_t (column t = position t)
-    neg.copy_((lengths >= 2).to(acc.dtype).neg().unsqueeze(1).expand(batch, size))
-    # windows[n-1] = neg[:, n+1 : n+K+1], own[n-1] = neg[:, n : n+1]
-    windows = neg.as_strided((rows, batch, k), (1, size, 1), neg.storage_offset() + 2)
-    own = neg.t()[1 : rows + 1].unsqueeze(-1)
-    windows, own = windows.unbind(0), own.unbind(0)
-    buf = acc.new_empty((batch, min(_CHUNK, rows), k))
-    for lo in range(0, rows, _CHUNK):
-        hi = min(lo + _CHUNK, rows)
-        block = buf[:, : hi - lo]
-        block.copy_(reach[:, lo:hi])
-        for w, r, p in zip(windows[lo:hi], own[lo:hi], block.unbind(1), strict=True):
-            w.addcmul_(p, r, value=-1)
-    n_idx = torch.arange(1, rows + 1, device=acc.device).view(1, -1)
-    valid = n_idx < lengths.view(-1, 1)
-    zero = torch.zeros((), dtype=acc.dtype, device=acc.device)
-    return torch.where(valid, neg[:, 1 : rows + 1].neg(), zero), reach
-
-
 @torch.no_grad()
-def state_occupancy(acceptance: Tensor, lengths: Tensor | None = None) -> Tensor:
-    """omega_{n,n+h} for h = 1..K+1, `[..., L-1, K+1]` (last column: bonus state);
-    0 for states that do not exist (t > L). Detached (see `rounds_objective` for an
-    autograd path)."""
+def state_occupancy(
+    acceptance: Tensor, lengths: Tensor | None = None, *, backend: str = "auto"
+) -> Tensor:
+    """omega_{n,n+h} for h = 1..K+1, `[..., L-1, K+1]` float64 (last column: bonus
+    state); 0 for states that do not exist (t > L). Detached (see `rounds_objective` for
+    an autograd path)."""
     acc, _, lengths, single = as_batch(acceptance.detach(), None, lengths)
-    batch, rows, k = acc.shape
-    starts, reach = _round_starts(acc, lengths)
-    omega = acc.new_empty((batch, rows, k + 1))  # R_n P_{h-1}, P_0 = 1
-    omega[..., 0] = starts
-    torch.mul(reach, starts.unsqueeze(-1), out=omega[..., 1:])
-    n = torch.arange(1, rows + 1, device=acc.device).view(1, -1, 1)
-    h = torch.arange(1, k + 2, device=acc.device).view(1, 1, -1)
-    exists = (n + h <= lengths.view(-1, 1, 1)) & (n < lengths.view(-1, 1, 1))
-    omega = torch.where(exists, omega, torch.zeros((), dtype=acc.dtype, device=acc.device))
+    kernels = _kernels(backend)
+    if kernels is None:
+        from blockdraft.objectives import edr_torch
+
+        _, live = proposal_masks(lengths, acc.shape[1], acc.shape[2])
+        omega = edr_torch.state_occupancy(_sanitize(acc, live), lengths)
+    else:
+        (a_host,) = _host_inputs(acc)
+        batch, rows, k = a_host.shape
+        omega = _new((batch, rows, k + 1), torch.float64, acc.device)
+        kernels.occupancy_batch(a_host.numpy(), lengths.cpu().numpy(), omega.numpy())
+        (omega,) = _to_device((omega,), acc.device)
     return omega[0] if single else omega
 
 
@@ -254,70 +234,70 @@ def expected_rounds(acceptance: Tensor, lengths: Tensor | None = None) -> Tensor
     """Exact expected number of drafting rounds given the rollout(s): `sum_n omega_{n,n+1}`.
 
     Same as `rounds_objective(acceptance, 1 - acceptance)`. Without autograd it runs the
-    fast detached recursion (`_round_starts`); if `acceptance` requires grad it uses the
-    differentiable reference instead. Scalar for one rollout, `[B]` for a batch."""
+    fast detached recursion; if `acceptance` requires grad it uses the differentiable
+    reference instead. Scalar (float64) for one rollout, `[B]` for a batch."""
     if torch.is_grad_enabled() and acceptance.requires_grad:
         return rounds_objective(acceptance, 1 - acceptance, lengths)
-    with torch.no_grad():
-        acc, _, lengths, single = as_batch(acceptance, None, lengths)
-        total = _round_starts(acc, lengths)[0].sum(-1)
-    return total[0] if single else total
+    omega = state_occupancy(acceptance, lengths)
+    return omega[..., 0].sum(-1)
 
 
 # --- forward + backward, detached ------------------------------------------------------
 
 
-@torch.no_grad()
 def occupancy_and_value(
-    acceptance: Tensor, cost: Tensor, lengths: Tensor | None = None
+    acceptance: Tensor, cost: Tensor, lengths: Tensor | None = None, *, backend: str = "auto"
 ) -> OccupancyValue:
     """Occupancies (forward) and values (backward) of the rounds objective, detached.
 
-    One loop over positions each way, vectorised over proposals and rollouts."""
+    `backend`: "compiled" (numba kernels, `edr_kernels`; inputs on an accelerator are
+    copied to the host and the results back), "torch" (the loop-over-positions
+    reference, `edr_torch`) or "auto" (compiled when numba imports)."""
     acc, cst, lengths, single = as_batch(acceptance.detach(), cost.detach(), lengths)
-    batch, rows, k = acc.shape
-    _, live = proposal_masks(lengths, rows, k)
-    acc, cst = _sanitize(acc, live), _sanitize(cst, live)
-    omega = state_occupancy(acc, lengths)
+    assert cst is not None
+    kernels = _kernels(backend)
+    dtype, device = acc.dtype, acc.device
+    if kernels is None:
+        from blockdraft.objectives import edr_torch
 
-    a_skew, c_skew = _to_skew(acc, k), _to_skew(cst, k)
-    l_max = rows + 1
-    size = rows + k + 3
-    values = acc.new_zeros((batch, size, k + 1))
-    tds = acc.new_zeros((batch, size, k + 1))  # same skewed grid; column K stays 0
-    steps = torch.arange(size, device=acc.device).view(-1, 1, 1)
-    alive = (lengths.view(1, -1, 1) > steps).to(acc.dtype)  # [T, B, 1]: position t < L
-    nxt = acc.new_zeros((batch, k + 1))  # V at t = L_max + 1: nothing left
-    # In-place on views of the preallocated grids (no per-step allocation or cat).
-    for t in range(l_max, 1, -1):
-        a, c = a_skew[:, t, :k], c_skew[:, t, :k]
-        cur, td, restart = values[:, t], tds[:, t, :k], nxt[:, :1]  # restart = V_{t,t+1}
-        torch.sub(nxt[:, 1:], restart, out=td)
-        torch.addcmul(c, a, td, out=cur[:, :k])  # c + A V_{n,t+1} + (1-A) V_{t,t+1}
-        cur[:, :k].add_(restart)
-        torch.add(restart, 1, out=cur[:, k:])  # bonus: a new round starts at t
-        cur.mul_(alive[t])
-        td.mul_(alive[t])
-        nxt = cur
-    value = _from_skew(values, rows, k)
-    td_rows = _from_skew(tds, rows, k)[..., :k]
-
-    n = torch.arange(1, rows + 1, device=acc.device)
-    bonus_live = ((n + k + 1).view(1, -1) < lengths.view(-1, 1)).to(acc.dtype)
-    row_value = (omega[..., :k] * cst).sum(-1) + omega[..., k] * bonus_live
-    if rows:
-        row_value[:, 0] += (lengths >= 2).to(acc.dtype)
-    result = OccupancyValue(
+        _, live = proposal_masks(lengths, acc.shape[1], acc.shape[2])
+        omega, *rest = edr_torch.occupancy_and_value(
+            _sanitize(acc, live), _sanitize(cst, live), lengths
+        )
+        value, td, row_value, objective = (t.to(dtype) for t in rest)
+    else:  # the kernels never read ignored entries: no sanitising needed
+        a_host, c_host = _host_inputs(acc, cst)
+        batch, rows, k = a_host.shape
+        omega = _new((batch, rows, k + 1), torch.float64, device)
+        value = _new((batch, rows, k + 1), dtype, device)
+        td = _new((batch, rows, k), dtype, device)
+        row_value = _new((batch, rows), dtype, device)
+        objective = _new((batch,), dtype, device)
+        kernels.occupancy_value_batch(
+            a_host.numpy(),
+            c_host.numpy(),
+            lengths.cpu().numpy(),
+            omega.numpy(),
+            value.numpy(),
+            td.numpy(),
+            row_value.numpy(),
+            objective.numpy(),
+        )
+        omega, value, td, row_value, objective = _to_device(
+            (omega, value, td, row_value, objective), device
+        )
+    if single:
+        omega, value, td, row_value, objective = (
+            omega[0], value[0], td[0], row_value[0], objective[0]
+        )
+    return OccupancyValue(
         occupancy=omega,
         value=value,
-        td=td_rows,
+        td=td,
         round_start=omega[..., 0],
         row_value=row_value,
-        objective=row_value.sum(-1),
+        objective=objective,
     )
-    if single:
-        result = OccupancyValue(**{f: getattr(result, f)[0] for f in result.__dataclass_fields__})
-    return result
 
 
 # --- slow, independent autograd reference ----------------------------------------------
