@@ -26,7 +26,8 @@ previously drafted token (its Markov head); a parallel drafter drafts all K at o
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -35,8 +36,8 @@ import torch
 
 from blockdraft.evaluation.bench import alternate_timed
 from blockdraft.evaluation.bootstrap import ratio_ci
-from blockdraft.evaluation.verify import verify_block, verify_greedy, verify_standard
-from blockdraft.models.target import crop_cache
+from blockdraft.evaluation.decode_steps import GreedyDraftHead, TargetRunner
+from blockdraft.evaluation.verify import verify_block, verify_onehot, verify_standard
 from blockdraft.sampling import processed_probs, sample, settings_of
 
 VERIFIERS = ("standard", "block")
@@ -49,6 +50,7 @@ class Trace:
     tokens: list[int]
     accepted: list[int] = field(default_factory=list)  # proposals accepted per round
     emitted: list[int] = field(default_factory=list)  # tokens emitted per round (after truncation)
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase, see speculative_generate
 
 
 @dataclass
@@ -66,6 +68,21 @@ class DecodeResult:
     speedup: float | None
     ar_outputs: list[list[int]] | None
     settings: dict[str, Any]
+    # Time per phase of the speculative decodes, summed over prompts (Trace.seconds),
+    # and the autoregressive baseline's split: what the cost model in docs/decoding.md uses.
+    seconds: dict[str, float] = field(default_factory=dict)
+    ar_stats: StepStats | None = None
+
+    @property
+    def ar_step_s(self) -> float | None:
+        """Mean seconds of one autoregressive step (forward + token choice)."""
+        s = self.ar_stats
+        return s.step_s / s.steps if s is not None and s.steps else None
+
+    def round_costs(self) -> dict[str, float]:
+        """Mean seconds per drafting round of each phase (draft, target, verify, other)."""
+        n = max(self.num_rounds, 1)
+        return {k: v / n for k, v in self.seconds.items() if k != "prefill"}
 
     @property
     def num_rounds(self) -> int:
@@ -95,7 +112,6 @@ def _is_sequential(drafter: Any) -> bool:
     return getattr(cfg, "arch", "dflash") == "semi_ar"
 
 
-@torch.no_grad()
 def draft_block(
     drafter: Any,
     state: Any,
@@ -105,34 +121,51 @@ def draft_block(
     top_p: float,
     top_k: int,
     generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Propose K tokens from q = processed drafter distribution -> (tokens [K], q [K,V])."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Propose K tokens -> (tokens [K], q [K,V] they were drawn from; None at T = 0).
+
+    q is the processed drafter distribution (what lossless verification needs); at T = 0
+    the argmax is all that matters, so no distribution is built."""
+    greedy = temperature == 0
     if not _is_sequential(drafter):
-        q = processed_probs(
-            drafter.draft_logits(state, anchor_id, anchor_position), temperature, top_p, top_k
-        )
-        tokens = q.argmax(-1) if temperature == 0 else sample(q, generator)
-        return tokens, q
+        logits = drafter.draft_logits(state, anchor_id, anchor_position)
+        if greedy:
+            return logits.argmax(-1), None
+        q = processed_probs(logits, temperature, top_p, top_k)
+        return sample(q, generator), q
     hidden = drafter.draft_hidden(state, anchor_id, anchor_position)  # [K, H]
     prev = torch.tensor([int(anchor_id)], device=hidden.device)
     tokens, qs = [], []
     for k in range(hidden.shape[0]):
         logits = drafter.compute_logits(hidden[k : k + 1], prev)[0]
-        q = processed_probs(logits, temperature, top_p, top_k)
-        tok = q.argmax(-1) if temperature == 0 else sample(q, generator)
+        if greedy:
+            tok = logits.argmax(-1)
+        else:
+            q = processed_probs(logits, temperature, top_p, top_k)
+            tok = sample(q, generator)
+            qs.append(q)
         tokens.append(tok)
-        qs.append(q)
         prev = tok.reshape(1).to(hidden.device)
-    return torch.stack(tokens), torch.stack(qs)
+    return torch.stack(tokens), (torch.stack(qs) if qs else None)
 
 
-def _first_token(logits: torch.Tensor, temperature: float, top_p: float, top_k: int, gen) -> int:
+def _pick(logits: torch.Tensor, temperature: float, top_p: float, top_k: int, gen) -> int:
+    """One token from one row of logits: argmax at T = 0 (no distribution built)."""
     if temperature == 0:
         return int(logits.argmax())
     return int(sample(processed_probs(logits, temperature, top_p, top_k), gen))
 
 
-@torch.no_grad()
+@dataclass
+class StepStats:
+    """Where an autoregressive decode spent its time (filled by `ar_generate`)."""
+
+    prefill_s: float = 0.0
+    steps: int = 0  # forwards after the prefill
+    step_s: float = 0.0  # their total time, token choice included
+
+
+@torch.inference_mode()
 def ar_generate(
     target: Any,
     prompt_ids: Sequence[int],
@@ -141,23 +174,76 @@ def ar_generate(
     top_k: int = 0,
     max_new_tokens: int = 64,
     generator: torch.Generator | None = None,
+    stats: StepStats | None = None,
 ) -> list[int]:
-    """Plain autoregressive decoding with the same target/KV-cache code (the baseline)."""
+    """Plain autoregressive decoding: the baseline every speedup is measured against.
+
+    It does what HF `generate` does per token and no more (last-row logits only, no
+    hidden states, inference mode), so it is at least as fast (bench/decode.py)."""
     stops = set(target.stop_token_ids)
+    run = TargetRunner(target)
+    t0 = time.perf_counter()
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)
-    out = target.forward(ids, use_cache=True)
-    cache, tokens = out.cache, []
-    while True:
-        tok = _first_token(out.logits[0, -1], temperature, top_p, top_k, generator)
+    out = run.step(ids)
+    tok = _pick(out.logits[-1], temperature, top_p, top_k, generator)
+    t1 = time.perf_counter()
+    tokens = [tok]
+    step = torch.empty((1, 1), dtype=torch.long, device=target.device)
+    while tok not in stops and len(tokens) < max_new_tokens:
+        step.fill_(tok)
+        out = run.step(step, out.cache)
+        tok = _pick(out.logits[-1], temperature, top_p, top_k, generator)
         tokens.append(tok)
-        if tok in stops or len(tokens) >= max_new_tokens:
-            return tokens
-        step = torch.tensor([[tok]], dtype=torch.long, device=target.device)
-        out = target.forward(step, cache=cache, use_cache=True)
-        cache = out.cache
+    if stats is not None:
+        t2 = time.perf_counter()
+        stats.prefill_s += t1 - t0
+        stats.steps += len(tokens) - 1
+        stats.step_s += t2 - t1
+    return tokens
 
 
-@torch.no_grad()
+def _is_ngram(drafter: Any) -> bool:
+    return callable(getattr(drafter, "propose", None)) and not hasattr(drafter, "new_state")
+
+
+class NgramIndex:
+    """An n-gram drafter's lookup table grown with the verified text, one round at a time.
+
+    `drafter.propose(tokens)` rebuilds the table from the whole text (O(length) per
+    round); the verified text only ever grows, so the loop keeps one table and adds the
+    new tokens' n-grams (O(accepted) per round). Falls back to `propose` for drafters
+    without the incremental table."""
+
+    def __init__(self, drafter: Any) -> None:
+        self.drafter = drafter
+        try:
+            from blockdraft.models.ngram import _NgramIndex
+
+            self.index = _NgramIndex(drafter.config)
+        except (ImportError, AttributeError):
+            self.index = None
+
+    def propose(self, tokens: list[int]) -> list[int]:
+        if self.index is None:
+            return list(self.drafter.propose(tokens))[: _num_proposals(self.drafter)]
+        self.index.advance(tokens, len(tokens))
+        return self.index.propose(tokens, len(tokens))
+
+
+class _Clock:
+    """Accumulates seconds per phase of a round (`lap(name)` charges time since last lap)."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.t
+        self.t = now
+
+
+@torch.inference_mode()
 def speculative_generate(
     target: Any,
     drafter: Any,
@@ -169,53 +255,114 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     verifier: str = "standard",
 ) -> Trace:
-    """Speculative decoding of one prompt; see the module docstring for the loop."""
+    """Speculative decoding of one prompt; see the module docstring for the loop.
+
+    `drafter` is a neural drafter (inference interface of docs/architecture.md) or an
+    n-gram drafter (`propose(tokens) -> list`, no features, one-hot q). `Trace.seconds`
+    splits the time into prefill, draft (drafter forward / lookup), target (verification
+    forward), verify (acceptance test and sampling) and other (cache crop, context
+    extension, bookkeeping)."""
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}: use one of {VERIFIERS}")
     if not prompt_ids:
         raise ValueError("speculative decoding needs a non-empty prompt")
     greedy = temperature == 0
+    ngram = _is_ngram(drafter)
     verify = verify_standard if verifier == "standard" else verify_block
     stops = set(target.stop_token_ids)
     dev = target.device
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=dev)
-    out = target.forward(ids, use_cache=True)
-    cache = out.cache
-    first = _first_token(out.logits[0, -1], temperature, top_p, top_k, generator)
-    trace = Trace([first])
+    run = TargetRunner(target)
+    trace = Trace(list(prompt_ids))  # holds prompt + output while decoding; output at the end
+    clock = _Clock(trace.seconds)
+    ids = torch.tensor([trace.tokens], dtype=torch.long, device=dev)
+    out = run.step(ids, keep=1, features=not ngram, croppable=True)
+    first = _pick(out.logits[-1], temperature, top_p, top_k, generator)
+    trace.tokens.append(first)
+    plen = len(prompt_ids)
+    clock.lap("prefill")
     if first in stops or max_new_tokens <= 1:
+        trace.tokens = trace.tokens[plen:]
         return trace
-    state = drafter.new_state()
-    drafter.extend_context(state, out.features[:, : ids.shape[1]], 0)
-    anchor, a = first, ids.shape[1]  # anchor token and its sequence index
+    cache = out.cache
+    if ngram:
+        index = NgramIndex(drafter)
+    else:
+        state = drafter.new_state()
+        drafter.extend_context(state, out.features, 0)
+        head = GreedyDraftHead(drafter) if greedy and GreedyDraftHead.applies(drafter) else None
+    anchor, a = first, plen  # anchor token and its sequence index
+    clock.lap("prefill")
     while True:
-        proposals, q = draft_block(drafter, state, anchor, a, temperature, top_p, top_k, generator)
-        block = torch.cat([torch.tensor([anchor], device=dev), proposals.to(dev)]).unsqueeze(0)
-        out = target.forward(block, cache=cache, use_cache=True)
-        cache = out.cache
-        logits = out.logits[0]
-        proposals = proposals.cpu()
-        if greedy:
-            verdict = verify_greedy(proposals, logits.cpu())
+        # --- draft -------------------------------------------------------------------
+        q = None
+        if ngram:
+            prop_list = index.propose(trace.tokens)
+            k = len(prop_list)
+        elif head is not None:
+            proposals = head.propose(state, anchor, a)
+            k = proposals.shape[0]
         else:
-            p = processed_probs(logits, temperature, top_p, top_k).cpu()
-            verdict = verify(proposals, q.cpu().to(p.dtype), p, generator)
-        m = verdict.accepted
-        new = proposals[:m].tolist() + [verdict.token]
-        new = new[: max_new_tokens - len(trace.tokens)]
+            proposals, q = draft_block(
+                drafter, state, anchor, a, temperature, top_p, top_k, generator
+            )
+            k = proposals.shape[0]
+        clock.lap("draft")
+        if ngram:
+            block_buf = torch.tensor([[anchor, *prop_list]], dtype=torch.long, device=dev)
+        else:
+            block_buf = torch.empty((1, k + 1), dtype=torch.long, device=dev)
+            block_buf[0, 0] = anchor
+            block_buf[0, 1:] = proposals
+        clock.lap("other")
+        # --- verify ------------------------------------------------------------------
+        out = run.step(block_buf, cache, keep=k + 1, features=not ngram)
+        clock.lap("target")
+        if greedy:
+            best = out.logits.argmax(-1).tolist()  # [k+1]: the one host read of the round
+            props = prop_list if ngram else block_buf[0, 1:].tolist()
+            m = next((j for j in range(k) if props[j] != best[j]), k)
+            new = props[:m] + [best[m]]
+        else:
+            p = processed_probs(out.logits, temperature, top_p, top_k)
+            if ngram:
+                y = block_buf[0, 1:]
+                verdict = (
+                    verify_onehot(y, p, generator)
+                    if verifier == "standard" or k == 0
+                    else verify(y, _one_hot(y, p), p, generator)
+                )
+                props = prop_list
+            else:
+                verdict = verify(proposals, q.to(p.dtype), p, generator)
+                props = proposals.tolist()
+            m = verdict.accepted
+            new = props[:m] + [verdict.token]
+        clock.lap("verify")
+        # --- bookkeeping ---------------------------------------------------------------
+        new = new[: max_new_tokens - (len(trace.tokens) - plen)]
         hit = next((j for j, t in enumerate(new) if t in stops), None)
         if hit is not None:
             new = new[: hit + 1]
         trace.tokens.extend(new)
         trace.accepted.append(m)
         trace.emitted.append(len(new))
-        if hit is not None or len(trace.tokens) >= max_new_tokens:
+        if hit is not None or len(trace.tokens) - plen >= max_new_tokens:
+            clock.lap("other")
+            trace.tokens = trace.tokens[plen:]
             return trace
-        crop_cache(cache, a + m + 1)
-        if state.length > a:  # a drafter that cached anything beyond the verified context
-            state.crop(a)
-        drafter.extend_context(state, out.features[:, : m + 1], a)
-        anchor, a = verdict.token, a + m + 1
+        run.crop(cache, a + m + 1)
+        if not ngram:
+            if state.length > a:  # a drafter that cached anything beyond the verified context
+                state.crop(a)
+            drafter.extend_context(state, out.features[:, : m + 1], a)
+        anchor, a = new[-1], a + m + 1
+        clock.lap("other")
+
+
+def _one_hot(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """q of deterministic proposals `[k] -> [k, V]` (only for block verification)."""
+    q = torch.zeros((tokens.shape[0], like.shape[-1]), dtype=like.dtype, device=like.device)
+    return q.scatter_(-1, tokens.view(-1, 1), 1.0)
 
 
 def tau_and_ci(
@@ -245,6 +392,17 @@ def tau_and_ci(
     return tau, ci
 
 
+@dataclass
+class Progress:
+    """What `decode` reports after each prompt (to a tqdm bar and/or a callback)."""
+
+    done: int
+    total: int
+    tokens_per_s: float
+    tau: float
+    ar_tokens_per_s: float | None
+
+
 def decode(
     target: Any,
     drafter: Any,
@@ -257,18 +415,24 @@ def decode(
     verifier: str = "standard",
     measure_ar: bool = True,
     warmup: bool = True,
+    progress: bool = False,
+    callback: Callable[[Progress], None] | None = None,
 ) -> DecodeResult:
     """Speculative decoding of every prompt, with autoregressive decoding of the same
     prompts timed alternately (AR, spec, AR, spec, ...) for the wall-clock speedup.
 
     Each prompt i uses its own generators seeded from (seed, i), so a prompt's output
-    does not depend on the others or on whether the AR baseline runs.
+    does not depend on the others or on whether the AR baseline runs. `progress` shows
+    a tqdm bar (prompts done, tokens/s, running tau); `callback(Progress)` is called
+    after every prompt (the demo's online stage uses it for its own log line).
     """
     settings_of(temperature, top_p, top_k)  # validate up front
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not prompts_ids:
         raise ValueError("no prompts to decode")
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}: use one of {VERIFIERS}")
     kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
 
     def gen(i: int, stream: int) -> torch.Generator:
@@ -281,11 +445,23 @@ def decode(
             target, drafter, prompts_ids[0], generator=gen(0, 0), verifier=verifier, **small
         )
 
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(prompts_ids), desc="decoding", unit="prompt", leave=False)
     traces: list[Trace] = []
     ar_outputs: list[list[int]] = []
+    ar_stats = StepStats() if measure_ar else None
     spec_s = ar_s = 0.0
+    spec_tokens = ar_tokens = 0
     for i, prompt in enumerate(prompts_ids):
-        spec = partial(
+        jobs: dict[str, Callable[[], Any]] = {}
+        if measure_ar:
+            jobs["ar"] = partial(
+                ar_generate, target, prompt, generator=gen(i, 1), stats=ar_stats, **kw
+            )
+        jobs["spec"] = partial(
             speculative_generate,
             target,
             drafter,
@@ -294,29 +470,46 @@ def decode(
             verifier=verifier,
             **kw,
         )
-        jobs = (
-            {"ar": partial(ar_generate, target, prompt, generator=gen(i, 1), **kw)}
-            if measure_ar
-            else {}
-        )
-        jobs["spec"] = spec
         results, seconds = alternate_timed(jobs)
         traces.append(results["spec"])
         spec_s += seconds["spec"]
+        spec_tokens += len(results["spec"].tokens)
         if measure_ar:
             ar_outputs.append(results["ar"])
             ar_s += seconds["ar"]
+            ar_tokens += len(results["ar"])
+        if bar is not None or callback is not None:
+            rounds = sum(len(t.emitted) for t in traces)
+            info = Progress(
+                done=i + 1,
+                total=len(prompts_ids),
+                tokens_per_s=spec_tokens / max(spec_s, 1e-12),
+                tau=sum(sum(t.emitted) for t in traces) / rounds if rounds else math.nan,
+                ar_tokens_per_s=ar_tokens / max(ar_s, 1e-12) if measure_ar else None,
+            )
+            if bar is not None:
+                post = {"tok/s": f"{info.tokens_per_s:.1f}", "tau": f"{info.tau:.2f}"}
+                if info.ar_tokens_per_s is not None:
+                    post["AR tok/s"] = f"{info.ar_tokens_per_s:.1f}"
+                bar.set_postfix(post, refresh=False)
+                bar.update(1)
+            if callback is not None:
+                callback(info)
+    if bar is not None:
+        bar.close()
 
     k = _num_proposals(drafter)
     hist = [0] * (k + 2)
+    phase: dict[str, float] = {}
     for t in traces:
         for e in t.emitted:
             hist[e] += 1
+        for name, sec in t.seconds.items():
+            phase[name] = phase.get(name, 0.0) + sec
     emitted = [t.emitted for t in traces]
     tau, ci = tau_and_ci(emitted, seed=seed)
-    spec_tokens = sum(len(t.tokens) for t in traces)
     tps = spec_tokens / max(spec_s, 1e-12)
-    ar_tps = sum(len(o) for o in ar_outputs) / max(ar_s, 1e-12) if measure_ar else None
+    ar_tps = ar_tokens / max(ar_s, 1e-12) if measure_ar else None
     return DecodeResult(
         outputs=[t.tokens for t in traces],
         rounds_accepted=[t.accepted for t in traces],
@@ -329,4 +522,6 @@ def decode(
         speedup=(tps / ar_tps) if ar_tps else None,
         ar_outputs=ar_outputs if measure_ar else None,
         settings=dict(kw, seed=seed, verifier=verifier, num_proposals=k),
+        seconds=phase,
+        ar_stats=ar_stats,
     )

@@ -8,6 +8,7 @@ position). Every verifier returns how many proposals it accepts and one more tok
 always emits `accepted + 1` tokens (METHODS.md §0).
 
 - `verify_greedy`: accept while the proposal equals the target argmax.
+- `verify_onehot`: `verify_standard` for deterministic proposals (n-gram drafter).
 - `verify_standard`: lossless speculative sampling (Leviathan et al. / Chen et al.):
   accept `y_k` with prob `min(1, p(y_k)/q(y_k))`, on rejection resample from
   `norm([p - q]_+)`, bonus from `p` after K acceptances.
@@ -100,6 +101,32 @@ def verify_standard(
         return Verdict(k, int(sample(p[k], generator)))
     m = int(rejected[0, 0])
     return Verdict(m, int(sample(_residual(p[m], q[m]), generator)))
+
+
+def verify_onehot(
+    proposals: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+) -> Verdict:
+    """`verify_standard` for deterministic proposals (q one-hot on `y`), without building q.
+
+    Accept `y_k` with prob `min(1, p_k(y_k) / 1) = p_k(y_k)`; on rejection sample from
+    `norm([p_k - onehot(y_k)]_+)` = p_k without y_k, renormalised; bonus from `p_K`.
+    Same arithmetic and the same random draws as `verify_standard(y, onehot(y), p)`, so
+    the two return identical verdicts for the same generator state (tested); this is
+    what the n-gram (prompt lookup) drafter uses at T > 0. K = 0 (no proposal) samples
+    the round's one token from `p_0`.
+    """
+    k = _check(proposals, None, p)
+    idx = proposals.long()
+    accept = p[:k].gather(-1, idx.unsqueeze(-1)).squeeze(-1).clamp(max=1.0)
+    u = torch.rand(k, generator=generator, dtype=accept.dtype)
+    rejected = (u >= accept).nonzero()
+    if rejected.numel() == 0:
+        return Verdict(k, int(sample(p[k], generator)))
+    m = int(rejected[0, 0])
+    residual = p[m].clone()
+    residual[idx[m]] = 0
+    total = residual.sum()
+    return Verdict(m, int(sample(residual / total if total > 0 else p[m], generator)))
 
 
 def block_weights(proposals: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
