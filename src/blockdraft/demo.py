@@ -59,7 +59,22 @@ class DemoSettings:
 # (name, objective overrides, starts from)
 SCRATCH = [("decay", ["objective.name=decay"]), ("dpace", ["objective.name=dpace"])]
 FINETUNE = [("e2e", ["objective.name=e2e"]), ("edr", ["objective.name=edr"])]
-COMPARISONS = [("decay", "dpace"), ("dpace", "e2e"), ("dpace", "edr"), ("e2e", "edr")]
+COMPARISONS = [
+    ("decay", "dpace"),
+    ("dpace", "e2e"),
+    ("dpace", "edr"),
+    ("e2e", "edr"),
+    ("ngram", "dpace"),
+    ("ngram", "edr"),
+]
+BASELINE = "ngram"  # prompt lookup with K = block_size - 1: the free drafter to beat
+
+
+def baseline_spec(s: DemoSettings) -> str:
+    """The prompt-lookup drafter at the demo's K (a spec every stage accepts as a drafter)."""
+    from blockdraft.models.ngram import NgramDrafter
+
+    return NgramDrafter(num_proposals=s.block_size - 1).name
 
 
 def _log(msg: str) -> None:
@@ -213,7 +228,8 @@ def evaluate_offline(
     names = list(finals)
     _log("offline evaluation on held-out rollouts")
     cache = out / "scores"
-    result = evaluate(target, [finals[n] for n in names], [rollouts["eval"]], cache_dir=cache)
+    paths = [finals[n] for n in names]
+    result = evaluate(target, paths, [rollouts["eval"]], cache_dir=cache)
     bench_name = f"held-out {eval_prompt_spec(rollouts)}"
     result["benchmarks"][0]["name"] = bench_name
     for d, name in zip(result["benchmarks"][0]["drafters"], names, strict=True):
@@ -240,6 +256,7 @@ def evaluate_online(
     from blockdraft.data.rollout_store import RolloutSet
     from blockdraft.evaluation.online import decode
     from blockdraft.models.checkpoint import load_drafter
+    from blockdraft.models.ngram import parse_drafter_spec
 
     rs = RolloutSet.open(rollouts["eval"])
     prompts = [rs[i].prompt_ids.tolist() for i in range(min(s.online_prompts, len(rs)))]
@@ -248,7 +265,7 @@ def evaluate_online(
     online = {}
     for name, path in finals.items():
         _log(f"online decoding with {name} ({len(prompts)} prompts)")
-        drafter = load_drafter(path, target).eval()
+        drafter = parse_drafter_spec(path) or load_drafter(path, target).eval()
         res = decode(
             target,
             drafter,
@@ -280,7 +297,7 @@ def build_report_json(
     """The machine-readable summary other tools read (`DIR/report.json`)."""
     from blockdraft.data.rollout_store import RolloutSet
 
-    objective = {n: n for n, _ in SCRATCH + FINETUNE}
+    objective = {n: n for n, _ in SCRATCH + FINETUNE} | {BASELINE: "none"}
     drafters = []
     for d in offline["benchmarks"][0]["drafters"]:
         o = online.get(d["name"], {})
@@ -354,12 +371,13 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     _log(f"target {s.target!r} (built and cached on first use)")
     target = load_target(s.target)
     rollouts = make_rollouts(target, s, out)
-    finals = train_drafters(target, s, out, rollouts)
+    trained = train_drafters(target, s, out, rollouts)
+    finals: dict[str, Any] = {BASELINE: baseline_spec(s), **trained}
     offline, comparisons = evaluate_offline(target, finals, rollouts, out)
     online_stage = Stage(
         out / "online",
         {
-            "drafters": {n: _stage_key(p.parent) for n, p in finals.items()},
+            "drafters": {n: _stage_key(p.parent) for n, p in trained.items()},
             "settings": fingerprint(_portable({**asdict(s), "out": str(out)}, out)),
         },
     )
@@ -373,7 +391,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         {**d, "benchmark": offline["benchmarks"][0]["name"]}
         for d in offline["benchmarks"][0]["drafters"]
     ]
-    logs = {n: p.parent / "metrics.jsonl" for n, p in finals.items()}
+    logs = {n: p.parent / "metrics.jsonl" for n, p in trained.items()}
     md = write_report(
         out / "report", drafters, comparisons, logs, online, title=f"blockdraft demo on {s.target}"
     )

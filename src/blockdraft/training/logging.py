@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ class MetricsLogger:
         wandb_project: str = "blockdraft",
         config: dict[str, Any] | None = None,
     ) -> None:
+        self._t0 = time.perf_counter()
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self._tb = None
@@ -94,7 +96,9 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, Any], event: str = "train") -> None:
         if not self.enabled:
             return
-        record = {"step": int(step), "event": event, **_jsonable(metrics)}
+        # seconds since this logger started: learning curves against compute, not only steps
+        elapsed = round(time.perf_counter() - self._t0, 2)
+        record = {"step": int(step), "event": event, "elapsed_s": elapsed, **_jsonable(metrics)}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
         scalars = self._flatten(metrics, prefix=f"{event}/")
