@@ -11,7 +11,18 @@ import argparse
 import importlib
 import sys
 
-STAGES = ["rollout", "train", "eval", "compare", "decode", "report", "export", "demo", "target"]
+STAGES = [
+    "rollout",
+    "features",
+    "train",
+    "eval",
+    "compare",
+    "decode",
+    "report",
+    "export",
+    "demo",
+    "target",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

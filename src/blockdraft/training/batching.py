@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from blockdraft.data.feature_store import truncated_span  # one truncation rule, shared with caching
+
 if TYPE_CHECKING:
     from blockdraft.data.rollouts import Rollout
 
@@ -107,9 +109,9 @@ def _as_list(x) -> list:
 def truncate(prompt: list[int], response: list[int], logprobs: list[float], max_len: int):
     """Fit prompt+response in `max_len`: cut the response's tail; a prompt too long to
     leave two response tokens loses its *start* (the end is what the response follows)."""
-    if len(prompt) > max_len - 2:
-        prompt = prompt[len(prompt) - (max_len - 2) :]
-    room = max_len - len(prompt)
+    cut, length = truncated_span(len(prompt), len(response), max_len)
+    prompt = prompt[cut:]
+    room = length - len(prompt)
     return prompt, response[:room], logprobs[:room]
 
 

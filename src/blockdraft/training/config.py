@@ -37,6 +37,7 @@ class DataConfig:
     eval_rollouts: str | None = None  # held-out rollouts for offline MAL; null = see eval_split
     eval_split: float = 0.0  # without eval_rollouts: hold out this fraction of train prompts
     max_seq_len: int = 2048  # prompt+response longer than this are truncated (from the right)
+    features: str | None = None  # `blockdraft features` dir: skip the target forward; null = online
 
 
 @dataclass

@@ -27,6 +27,7 @@ from blockdraft.training.distributed import (
     clip_grad_norm,
     no_grad_sync,
 )
+from blockdraft.training.features import FeatureSource
 from blockdraft.training.objective_step import StepStats, block_micro_step
 
 
@@ -40,7 +41,7 @@ class LoopParts:
 
     cfg: Any
     ctx: DistContext
-    target: Any
+    features: FeatureSource  # online target or cached features (`training/features.py`)
     drafter: nn.Module
     fwd: nn.Module  # DraftForward, possibly DDP/FSDP-wrapped
     objective: Any
@@ -61,13 +62,14 @@ class LoopParts:
 
 def _micro_step(parts: LoopParts, batch, step: int, want_acc: bool):
     cfg = parts.cfg
+    target = parts.features.bind(batch)  # its forward() returns this batch's features
     if parts.objective.is_rounds_objective:
         from blockdraft.training.edr_step import edr_micro_step
 
         return edr_micro_step(
             parts.fwd,
             parts.drafter,
-            parts.target,
+            target,
             parts.objective,
             batch,
             seed=cfg.seed,
@@ -81,7 +83,7 @@ def _micro_step(parts: LoopParts, batch, step: int, want_acc: bool):
     return block_micro_step(
         parts.fwd,
         parts.drafter,
-        parts.target,
+        target,
         parts.objective,
         batch,
         num_anchors=cfg.num_anchors,

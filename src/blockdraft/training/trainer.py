@@ -38,6 +38,7 @@ from blockdraft.training.distributed import (
 )
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.evaluate import evaluate_mal
+from blockdraft.training.features import build_feature_source
 from blockdraft.training.logging import MetricsLogger, truncate_metrics
 from blockdraft.training.loop import LoopParts, NonFiniteLossError, run_loop
 from blockdraft.training.setup import (
@@ -86,7 +87,9 @@ def _pad_id(target) -> int:
     return int(pad if pad is not None else (target.stop_token_ids or [0])[0])
 
 
-def train(config: TrainConfig, *, target: Any = None, resume: bool = False) -> Path:
+def train(
+    config: TrainConfig, *, target: Any = None, resume: bool = False, overwrite: bool = False
+) -> Path:
     """Train a drafter as configured; returns the `final/` checkpoint directory.
 
     `target` lets callers (tests, notebooks) pass an already loaded `Target` instead of
@@ -96,42 +99,106 @@ def train(config: TrainConfig, *, target: Any = None, resume: bool = False) -> P
     cfg = config
     ctx = init_distributed(cfg.device, cfg.distributed.backend)
     try:
-        return _train(cfg, ctx, target, resume)
+        return _train(cfg, ctx, target, resume, overwrite)
     finally:
         shutdown(ctx)
 
 
-def _train(cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool) -> Path:
+def _train(
+    cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool, overwrite: bool = False
+) -> Path:
     run_dir = Path(cfg.run_dir)
-    # FSDP2: parameters are shards, so saving and evaluating first gather the full state
-    # (collectively, on every rank) and rank 0 works on an unsharded copy of the drafter.
-    sharded = cfg.distributed.strategy == "fsdp" and ctx.distributed
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt.recover_interrupted_swaps(run_dir)
-    barrier(ctx)
-    resume_from = ckpt.latest_checkpoint(run_dir) if resume else None
-    if resume and resume_from is None and ctx.is_main:
-        print(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; starting from scratch")
-    if not resume and ckpt.step_checkpoints(run_dir):
-        raise TrainSetupError(
-            f"run_dir: {run_dir} already has checkpoints; pass --resume or choose another run_dir"
-        )
-
+    resume_from = _prepare_run_dir(run_dir, ctx, resume, overwrite)
     if target is None:
         target = load_target_for(cfg, ctx.device)
     target.model.to(ctx.device)
     train_data, eval_data = load_train_eval(cfg, target)
     mode = resolve_mode(cfg, train_data, eval_data)
     objective = build_objective(cfg, mode)
+    features = build_feature_source(
+        cfg, target, train_data, objective, mode, say=print if ctx.is_main else _quiet
+    )
     drafter = build_drafter(cfg, target, train_data, ctx.device)
-    fwd = DraftForward(drafter)
-    wrapped = wrap_module(fwd, ctx, cfg.distributed.strategy)
     steps = total_steps(
         len(train_data.rollouts), cfg.optim.batch_size, cfg.optim.epochs, cfg.optim.max_steps
     )
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer, scheduler = build_optimizer(cfg, params, steps)
+    # FSDP2: parameters are shards, so saving and evaluating first gather the full state
+    # (collectively, on every rank) and rank 0 works on an unsharded copy of the drafter.
+    sharded = cfg.distributed.strategy == "fsdp" and ctx.distributed
+    progress = _start_progress(cfg, ctx, resume_from, steps, drafter, optimizer, scheduler, sharded)
+    torch.manual_seed(cfg.seed + progress.step)
+    if ctx.is_main and resume_from is not None:
+        truncate_metrics(run_dir, progress.step)  # events after the checkpoint are superseded
+    logger = MetricsLogger(
+        run_dir,
+        enabled=ctx.is_main,
+        tensorboard=cfg.logging.tensorboard,
+        wandb=cfg.logging.wandb,
+        wandb_project=cfg.logging.wandb_project,
+        config=cfg.to_dict(),
+    )
+    if ctx.is_main:
+        (run_dir / "run.yaml").write_text(run_yaml(cfg, ctx))
+    io = _RunIO(
+        cfg, ctx, target, drafter, optimizer, scheduler, progress, logger, eval_data, mode, sharded
+    )
+    alpha, variant = dpace_profile_args(cfg)
+    parts = LoopParts(
+        cfg=cfg,
+        ctx=ctx,
+        features=features,
+        drafter=drafter,
+        fwd=wrap_module(DraftForward(drafter), ctx, cfg.distributed.strategy),
+        objective=objective,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        rollouts=train_data.rollouts,
+        settings=train_data.settings,
+        mode=mode,
+        pad_id=_pad_id(target),
+        total_steps=steps,
+        amp_dtype=amp_dtype(cfg, ctx.device),
+        profile_alpha=alpha,
+        profile_variant=variant,
+        hooks={"log": logger.log, "evaluate": io.evaluate, "save": io.save},
+    )
+    try:
+        return io.run(parts)
+    finally:
+        logger.close()
+
+
+def _quiet(*_args: Any) -> None:
+    """Non-main ranks stay silent (rank 0 prints setup notes once)."""
+
+
+def _prepare_run_dir(
+    run_dir: Path, ctx: DistContext, resume: bool, overwrite: bool = False
+) -> Path | None:
+    """Create `run_dir`, finish an interrupted checkpoint swap; the checkpoint to resume
+    (the newest valid one); refuse to replace an earlier run unless `overwrite`."""
+    return ckpt.prepare_run_dir(
+        run_dir,
+        is_main=ctx.is_main,
+        resume=resume,
+        overwrite=overwrite,
+        barrier=lambda: barrier(ctx),
+    )
+
+
+def _start_progress(
+    cfg: TrainConfig,
+    ctx: DistContext,
+    resume_from: Path | None,
+    steps: int,
+    drafter,
+    optimizer,
+    scheduler,
+    sharded: bool,
+) -> ckpt.TrainerProgress:
+    """Fresh progress, or the resumed checkpoint's (weights, optimizer, RNG restored)."""
     progress = ckpt.TrainerProgress(world_size=ctx.world_size, global_batch=cfg.optim.batch_size)
     if resume_from is not None:
         progress = _restore(resume_from, drafter, optimizer, scheduler, ctx, sharded)
@@ -144,82 +211,95 @@ def _train(cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool) -> Pat
         raise TrainSetupError(
             f"optim: run already finished ({progress.step} of {steps} steps); nothing to resume"
         )
-    torch.manual_seed(cfg.seed + progress.step)
+    return progress
 
-    logger = MetricsLogger(
-        run_dir,
-        enabled=ctx.is_main,
-        tensorboard=cfg.logging.tensorboard,
-        wandb=cfg.logging.wandb,
-        wandb_project=cfg.logging.wandb_project,
-        config=cfg.to_dict(),
-    )
-    if ctx.is_main:
-        if resume_from is not None:
-            logger.close()
-            truncate_metrics(run_dir, progress.step)
-            logger = MetricsLogger(
-                run_dir,
-                enabled=True,
-                tensorboard=cfg.logging.tensorboard,
-                wandb=cfg.logging.wandb,
-                wandb_project=cfg.logging.wandb_project,
-                config=cfg.to_dict(),
+
+class _RunIO:
+    """Held-out evaluation and checkpoint writing of one run (the loop's hooks).
+
+    Every rank calls `evaluate` and `save`: with FSDP gathering the full state is
+    collective; only rank 0 scores, logs and writes.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        ctx: DistContext,
+        target: Any,
+        drafter,
+        optimizer,
+        scheduler,
+        progress: ckpt.TrainerProgress,
+        logger: MetricsLogger,
+        eval_data,
+        mode: str,
+        sharded: bool,
+    ) -> None:
+        self.cfg, self.ctx, self.target, self.drafter = cfg, ctx, target, drafter
+        self.optimizer, self.scheduler, self.progress = optimizer, scheduler, progress
+        self.logger, self.eval_data, self.mode = logger, eval_data, mode
+        self.run_dir, self.sharded = Path(cfg.run_dir), sharded
+
+    def run(self, parts: LoopParts) -> Path:
+        """Evaluate at the start (if asked), train, evaluate at the end, save `final/`."""
+        cfg, progress = self.cfg, self.progress
+        if self.eval_data is not None and cfg.eval.at_start and progress.step == 0:
+            self.evaluate(0)
+        try:
+            run_loop(parts, progress.step, progress)
+        except NonFiniteLossError as exc:
+            last = ckpt.latest_checkpoint(self.run_dir)
+            where = (
+                f"last good checkpoint kept: {last}"
+                if last
+                else "no checkpoint was written before it"
             )
-        (run_dir / "run.yaml").write_text(run_yaml(cfg, ctx))
-    alpha, variant = dpace_profile_args(cfg)
-    parts = LoopParts(
-        cfg=cfg,
-        ctx=ctx,
-        target=target,
-        drafter=drafter,
-        fwd=wrapped,
-        objective=objective,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        rollouts=train_data.rollouts,
-        settings=train_data.settings,
-        mode=mode,
-        pad_id=_pad_id(target),
-        total_steps=steps,
-        amp_dtype=amp_dtype(cfg, ctx.device),
-        profile_alpha=alpha,
-        profile_variant=variant,
-    )
+            raise NonFiniteLossError(f"{exc}; {where}") from None
+        self.evaluate(progress.step)
+        self.save(progress.step, "final")
+        if cfg.checkpoint.save_every:  # so a later --resume with more steps has a start point
+            self.save(progress.step, "step")
+        return self.run_dir / "final"
 
-    def evaluate(step: int) -> float | None:
-        """Held-out MAL on rank 0; every rank calls (the FSDP gather and `best/` are collective)."""
-        if eval_data is None:
+    def evaluate(self, step: int) -> float | None:
+        """Held-out MAL on rank 0, broadcast; a new best is saved to `best/`."""
+        if self.eval_data is None:
             return None
-        full = full_model_state(drafter) if sharded else None
+        ctx, drafter, target = self.ctx, self.drafter, self.target
+        full = full_model_state(drafter) if self.sharded else None
         mal = None
         if ctx.is_main:
-            model = unsharded_copy(drafter, full, target, ctx.device) if sharded else drafter
-            mal = evaluate_mal(model, target, eval_data.rollouts, eval_data.settings)
+            model = unsharded_copy(drafter, full, target, ctx.device) if self.sharded else drafter
+            mal = evaluate_mal(model, target, self.eval_data.rollouts, self.eval_data.settings)
             del model, full
-            logger.log(
-                step, {"eval_mal": mal, "eval_rollouts": len(eval_data.rollouts)}, event="eval"
+            self.logger.log(
+                step, {"eval_mal": mal, "eval_rollouts": len(self.eval_data.rollouts)}, event="eval"
             )
         barrier(ctx)
         mal = broadcast_object(mal, ctx)
+        progress = self.progress
         if progress.best_mal is None or mal > progress.best_mal:
             progress.best_mal, progress.best_step = mal, step
             if step > 0:
-                save(step, "best")
+                self.save(step, "best")
         return mal
 
-    def save(step: int, kind: str) -> None:
-        """Write a checkpoint from rank 0; every rank calls (FSDP gathering is collective)."""
-        model, optim_state = drafter, None
-        if sharded:
-            full, optim_state = full_model_state(drafter), full_optimizer_state(drafter, optimizer)
-            if ctx.is_main:
-                model = unsharded_copy(drafter, full, target, torch.device("cpu"))
-        if ctx.is_main:
-            _write(step, kind, model, optim_state)
-        barrier(ctx)
+    def save(self, step: int, kind: str) -> None:
+        """Write a `step`/`best`/`final` checkpoint from rank 0."""
+        model, optim_state = self.drafter, None
+        if self.sharded:
+            full = full_model_state(self.drafter)
+            optim_state = full_optimizer_state(self.drafter, self.optimizer)
+            if self.ctx.is_main:
+                model = unsharded_copy(self.drafter, full, self.target, torch.device("cpu"))
+        if self.ctx.is_main:
+            self._write(step, kind, model, optim_state)
+        barrier(self.ctx)
 
-    def _write(step: int, kind: str, model, optim_state: dict | None) -> None:
+    def _write(self, step: int, kind: str, model, optim_state: dict | None) -> None:
+        from blockdraft.models.checkpoint import save_drafter
+
+        cfg, run_dir = self.cfg, self.run_dir
         path = {
             "step": run_dir / "checkpoints" / f"step-{step}",
             "best": run_dir / "best",
@@ -228,45 +308,24 @@ def _train(cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool) -> Pat
         extra = {
             "objective": cfg.objective.name,
             "step": step,
-            "mode": mode,
-            "target": target.name,
-            "best_mal": progress.best_mal,
+            "mode": self.mode,
+            "target": self.target.name,
+            "best_mal": self.progress.best_mal,
         }
-        from blockdraft.models.checkpoint import save_drafter
-
         tensors = {
-            "optimizer": optimizer.state_dict() if optim_state is None else optim_state,
-            "scheduler": scheduler.state_dict(),
+            "optimizer": self.optimizer.state_dict() if optim_state is None else optim_state,
+            "scheduler": self.scheduler.state_dict(),
             "rng": ckpt.rng_state(),
         }
         ckpt.write_checkpoint_dir(
-            path, lambda p: save_drafter(model, p, extra), tensors, progress, run_yaml(cfg, ctx)
+            path,
+            lambda p: save_drafter(model, p, extra),
+            tensors,
+            self.progress,
+            run_yaml(cfg, self.ctx),
         )
         if kind == "step":
             ckpt.prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
-
-    parts.hooks = {"log": logger.log, "evaluate": evaluate, "save": save}
-    try:
-        if eval_data is not None and cfg.eval.at_start and progress.step == 0:
-            evaluate(0)
-        try:
-            run_loop(parts, progress.step, progress)
-        except NonFiniteLossError as exc:
-            last = ckpt.latest_checkpoint(run_dir)
-            where = (
-                f"last good checkpoint kept: {last}"
-                if last
-                else "no checkpoint was written before it"
-            )
-            raise NonFiniteLossError(f"{exc}; {where}") from None
-        evaluate(progress.step)
-        final = run_dir / "final"
-        save(progress.step, "final")
-        if cfg.checkpoint.save_every:
-            save(progress.step, "step")  # so a later --resume with more steps has a start point
-    finally:
-        logger.close()
-    return final
 
 
 def _restore(

@@ -1,0 +1,114 @@
+"""`blockdraft features`: cache a rollout set's target features for offline training.
+
+Prints the disk the features will take before computing anything and refuses sets
+above `--max-gb` (hidden-state disk size is what bites users of offline drafter
+training). Re-running the same command after an interruption resumes it. Train on the
+result with `blockdraft train ... data.features=OUT` (see docs/training.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "features",
+        help="cache target features of a rollout set (offline training; resumable)",
+        description="Run the target once over every rollout and store the drafter's context "
+        "features (hidden states of the target's layer_ids) in shards, so `blockdraft train "
+        "data.features=OUT` skips the target forward on every step.",
+    )
+    p.add_argument("--target", required=True, help="target name (tiny, gemma-3-270m) or HF path")
+    p.add_argument("--rollouts", required=True, help="rollout directory (blockdraft rollout)")
+    p.add_argument(
+        "--out", required=True, help="features directory (created; resumed if it exists)"
+    )
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float16", "float32"],
+        help="storage dtype (default bfloat16: half the disk of float32)",
+    )
+    p.add_argument(
+        "--layer-ids",
+        type=int,
+        nargs="+",
+        default=None,
+        help="target layers feeding the drafter (default: the target's; must match training's "
+        "target.layer_ids)",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="truncate like training's data.max_seq_len (default: keep whole sequences)",
+    )
+    p.add_argument(
+        "--max-gb", type=float, default=20.0, help="refuse sets larger than this (default 20)"
+    )
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per target forward")
+    p.add_argument("--shard-size", type=int, default=32, help="rollouts per shard file")
+    p.add_argument("--device", default="cpu", help="device of the target (default cpu)")
+    p.add_argument(
+        "--target-dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="dtype the target runs in (default float32; training's target.dtype)",
+    )
+    p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from blockdraft.data.feature_store import FeatureError
+    from blockdraft.data.features import plan_features, write_features
+    from blockdraft.data.rollout_store import RolloutError
+    from blockdraft.models.registry import load_target
+
+    kwargs = {"layer_ids": args.layer_ids} if args.layer_ids is not None else {}
+    try:
+        target = load_target(
+            args.target,
+            device=args.device,
+            dtype=getattr(torch, args.target_dtype),
+            allow_download=args.allow_download,
+            progress=not args.no_progress,
+            **kwargs,
+        )
+    except (ValueError, OSError) as exc:
+        print(f"error: cannot load target {args.target!r}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        plan = plan_features(
+            target,
+            args.rollouts,
+            args.out,
+            dtype=args.dtype,
+            max_seq_len=args.max_seq_len,
+            shard_size=args.shard_size,
+        )
+        print(plan.summary(), flush=True)
+        gb = plan.total_bytes / 1e9
+        if gb > args.max_gb:
+            print(
+                f"error: --max-gb: the features would take {gb:.2f} GB > {args.max_gb:g} GB; "
+                f"pass --max-gb {gb * 1.1:.1f} to allow it (or use fewer rollouts / --max-seq-len)",
+                file=sys.stderr,
+            )
+            return 2
+        store = write_features(
+            target, plan, batch_size=args.batch_size, progress=not args.no_progress
+        )
+    except (FeatureError, RolloutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{store.num_rows} rollouts, {store.manifest['num_tokens']} tokens of features -> "
+        f"{args.out} (train with data.features={args.out})"
+    )
+    return 0

@@ -1,0 +1,173 @@
+"""Cached target features on disk: safetensors shards plus a `manifest.json`, like rollouts.
+
+Why cache them: a drafter training step runs the frozen target over every sequence of the
+batch only to read `len(layer_ids)` hidden states per token; for a fixed rollout set those
+never change, so `blockdraft features` computes them once and training reads them back
+(`data.features=DIR`) instead of re-running the target on every step of every epoch.
+
+Layout of a features directory::
+
+    manifest.json            identity (target, layers, rollout set, dtype) + finished shards
+    shard-00000.safetensors  features of rollout rows 0..shard_size-1 (stored order)
+    ...
+
+A shard holds its rows as one flat tensor with offsets (ragged rows without padding):
+`features` `[sum T_i, F]` in the stored dtype, `offsets` int64 `[n+1]` and `prompt_cut`
+int64 `[n]` (prompt tokens dropped from the start by `--max-seq-len` truncation, which
+changes every later feature). Row `i` covers sequence indices `0..T_i-1` of
+`truncate(prompt, response, max_seq_len)`: prompt and response, because the context of a
+block is every position before its anchor. The safetensors metadata `rows` is JSON with the
+prompt ids (`prompt_id`) and `first_row`. Shards are written atomically and only
+then listed, so a killed writer resumes at the first unlisted shard.
+
+Size on disk: `sum_i T_i x len(layer_ids) x hidden_size x bytes(dtype)` (2 for
+bfloat16/float16, 4 for float32) plus a few bytes per row.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save
+
+FORMAT = "blockdraft-features"
+VERSION = 1
+MANIFEST = "manifest.json"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class FeatureError(ValueError):
+    """A features directory is unusable or does not match; the message names file or key."""
+
+
+def dtype_bytes(dtype: str) -> int:
+    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+
+
+def rollout_set_id(manifest: dict[str, Any]) -> str:
+    """Identity of a rollout set: target, sampling settings and the SHA-256 of every shard.
+
+    Hashing the identity-bearing parts of the rollout manifest (not its bytes) keeps the
+    id stable when `blockdraft rollout` rewrites bookkeeping fields such as `requested`,
+    and changes it whenever a token could differ (another shard, another target).
+    """
+    ident = {
+        "target": manifest.get("target", {}).get("fingerprint"),
+        "settings": manifest.get("settings"),
+        "shards": [(s["first_row"], s["rows"], s["sha256"]) for s in manifest.get("shards", [])],
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def truncated_span(prompt_len: int, response_len: int, max_seq_len: int | None) -> tuple[int, int]:
+    """(prompt tokens cut from the start, sequence length kept) under `batching.truncate`."""
+    if max_seq_len is None:
+        return 0, prompt_len + response_len
+    cut = max(0, prompt_len - (max_seq_len - 2))
+    kept_prompt = prompt_len - cut
+    return cut, kept_prompt + min(response_len, max_seq_len - kept_prompt)
+
+
+def read_manifest(directory: Path, key: str = "features") -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise FeatureError(f"{key}: {directory} is not a features directory (no {MANIFEST})")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FeatureError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FeatureError(f"{path}: not a blockdraft features manifest (format != {FORMAT!r})")
+    if manifest.get("version") != VERSION:
+        raise FeatureError(
+            f"{path}: unsupported features format version {manifest.get('version')!r}"
+        )
+    return manifest
+
+
+def encode_shard(
+    first_row: int, prompt_ids: list[str], rows: list[torch.Tensor], cuts: list[int]
+) -> bytes:
+    """Serialise one shard (`rows[i]` is `[T_i, F]` in the storage dtype)."""
+    offsets = torch.tensor([0] + [r.shape[0] for r in rows], dtype=torch.int64).cumsum(0)
+    tensors = {
+        "features": torch.cat(rows).contiguous(),
+        "offsets": offsets,
+        "prompt_cut": torch.tensor(cuts, dtype=torch.int64),
+    }
+    # one metadata key: safetensors writes a multi-key map in varying order, and a resumed
+    # shard should be byte-identical to an uninterrupted one
+    meta = {"rows": json.dumps({"first_row": first_row, "prompt_id": prompt_ids})}
+    return save(tensors, metadata=meta)
+
+
+class FeatureStore:
+    """Random access to the rows of a finished features directory (memory-mapped shards)."""
+
+    def __init__(self, directory: str | Path, key: str = "features") -> None:
+        self.directory = Path(directory)
+        self.manifest = read_manifest(self.directory, key)
+        self._shards = self.manifest["shards"]
+        self._starts = [s["first_row"] for s in self._shards]
+        self._handles: dict[int, Any] = {}
+        self._index: dict[int, tuple[list[int], list[int], list[str]]] = {}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.manifest["dtype"]]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(s["rows"] for s in self._shards)
+
+    def _open(self, s: int):
+        if s not in self._handles:
+            path = self.directory / self._shards[s]["file"]
+            if not path.is_file():
+                raise FeatureError(f"{path}: shard listed in the manifest is missing")
+            handle = safe_open(str(path), framework="pt")
+            meta = handle.metadata()
+            self._index[s] = (
+                handle.get_tensor("offsets").tolist(),
+                handle.get_tensor("prompt_cut").tolist(),
+                json.loads(meta["rows"])["prompt_id"],
+            )
+            self._handles[s] = handle
+        return self._handles[s]
+
+    def locate(self, row: int) -> tuple[int, int]:
+        """(shard index, row within the shard) of stored row `row`."""
+        s = bisect.bisect_right(self._starts, row) - 1
+        if s < 0 or row >= self._starts[s] + self._shards[s]["rows"]:
+            raise IndexError(f"{self.directory}: no stored row {row}")
+        return s, row - self._starts[s]
+
+    def row_info(self, row: int) -> tuple[str, int, int]:
+        """(prompt id, prompt tokens cut, stored length) of stored row `row`."""
+        s, i = self.locate(row)
+        self._open(s)
+        offsets, cuts, ids = self._index[s]
+        return ids[i], cuts[i], offsets[i + 1] - offsets[i]
+
+    def prompt_ids(self) -> list[str]:
+        out: list[str] = []
+        for s in range(len(self._shards)):
+            self._open(s)
+            out.extend(self._index[s][2])
+        return out
+
+    def row(self, row: int, length: int | None = None) -> torch.Tensor:
+        """Features `[T, F]` of stored row `row` (its first `length` positions if given)."""
+        s, i = self.locate(row)
+        handle = self._open(s)
+        offsets = self._index[s][0]
+        start, stop = offsets[i], offsets[i + 1]
+        if length is not None:
+            stop = min(stop, start + length)
+        return handle.get_slice("features")[start:stop]

@@ -1,0 +1,210 @@
+"""Where a training step gets the drafter's context features: the live target or a cache.
+
+The loop asks one `FeatureSource` for the features of each micro-batch and never
+branches on where they come from:
+
+- `OnlineTargetFeatures(target)` runs the frozen target on the padded batch (the
+  default; also the only source of target logits, which sampling E2E/EDR need).
+- `CachedFeatures` reads the rows `blockdraft features` stored for the rollout set
+  (`data.features=DIR`), so the target never runs during training. At Gemma 3 270M's
+  shape the target forward is most of a step (see `bench/train_features.py`).
+
+Step functions (`block_micro_step`, `edr_micro_step`) take a `target` and call
+`target.forward(input_ids, attention_mask=..., with_logits=...)`. `FeatureSource.bind(batch)`
+returns a `BatchTarget` whose `forward` answers that call from the source (other
+attributes, e.g. `stop_token_ids`, are the real target's), so the step functions, the
+benchmarks that call them with a real target and the objective code stay unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_set_id, truncated_span
+from blockdraft.models.target import TargetOutput
+from blockdraft.training.batching import Batch
+from blockdraft.training.setup import TrainSetupError
+
+KEY = "data.features"
+
+
+class FeatureSource(Protocol):
+    provides_logits: bool
+
+    def features(self, batch: Batch, *, with_logits: bool = False) -> TargetOutput:
+        """`TargetOutput(logits [B,T,V] | None, features [B,T,F])` for a padded batch."""
+        ...
+
+    def bind(self, batch: Batch) -> BatchTarget: ...
+
+
+class BatchTarget:
+    """The target as one micro-batch's step function sees it (see the module docstring)."""
+
+    def __init__(self, source: FeatureSource, target: Any, batch: Batch) -> None:
+        self._source, self._target, self._batch = source, target, batch
+
+    def forward(
+        self, input_ids: torch.Tensor, *, attention_mask=None, with_logits: bool = True, **kw
+    ) -> TargetOutput:
+        if input_ids.shape != self._batch.input_ids.shape or kw:
+            raise ValueError("BatchTarget answers only the training forward of its own batch")
+        return self._source.features(self._batch, with_logits=with_logits)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+class OnlineTargetFeatures:
+    """Features (and logits when asked) from a forward of the frozen target."""
+
+    provides_logits = True
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def features(self, batch: Batch, *, with_logits: bool = False) -> TargetOutput:
+        return self.target.forward(
+            batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=with_logits
+        )
+
+    def bind(self, batch: Batch) -> BatchTarget:
+        return BatchTarget(self, self.target, batch)
+
+
+class CachedFeatures:
+    """Features of training rollouts read from a `blockdraft features` directory.
+
+    `rollouts` is the training list the batches index (`Batch.rollout_index`); rows are
+    matched to stored rows by prompt id (unique within a rollout set), so a held-out
+    split of the set works. `dtype`/`device` are what the online target would return.
+    """
+
+    provides_logits = False
+
+    def __init__(
+        self,
+        store: FeatureStore,
+        rollouts: list,
+        max_seq_len: int,
+        *,
+        target: Any = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.store, self.target = store, target
+        self.dtype, self.device = dtype, torch.device(device)
+        self.feature_size = int(store.manifest["feature_size"])
+        where = {pid: row for row, pid in enumerate(store.prompt_ids())}
+        self._rows = []
+        for r in rollouts:
+            row = where.get(r.prompt_id)
+            if row is None:
+                raise TrainSetupError(
+                    f"{KEY}: {store.directory} has no row for prompt {r.prompt_id!r}"
+                )
+            _, cut, stored = store.row_info(row)
+            want_cut, want = truncated_span(r.prompt_len, r.response_len, max_seq_len)
+            if want_cut != cut or want > stored:
+                raise TrainSetupError(
+                    f"data.max_seq_len: {max_seq_len} truncates prompt {r.prompt_id!r} other "
+                    f"than the features in {store.directory} (max_seq_len "
+                    f"{store.manifest['max_seq_len']}); recompute with --max-seq-len {max_seq_len}"
+                )
+            self._rows.append(row)
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | Path,
+        *,
+        target: Any,
+        rollout_dir: str | Path,
+        rollouts: list,
+        max_seq_len: int,
+        device: torch.device | str = "cpu",
+    ) -> CachedFeatures:
+        """Open and check `directory` against this target, its layer ids and rollout set."""
+        from blockdraft.data.rollout_store import read_manifest, target_fingerprint
+
+        try:
+            store = FeatureStore(directory, KEY)
+        except FeatureError as exc:
+            raise TrainSetupError(str(exc)) from None
+        m = store.manifest
+        fix = f"recompute with `blockdraft features --target ... --rollouts {rollout_dir}`"
+        if m["target"]["fingerprint"] != target_fingerprint(target):
+            raise TrainSetupError(
+                f"{KEY}: {directory} was computed by target {m['target']['name']!r}, not by "
+                f"{target.name!r} (fingerprints differ); {fix}"
+            )
+        if list(m["layer_ids"]) != list(target.layer_ids):
+            raise TrainSetupError(
+                f"{KEY}: {directory} holds target layers {m['layer_ids']} but training uses "
+                f"target.layer_ids {list(target.layer_ids)}; {fix}"
+            )
+        rid = rollout_set_id(read_manifest(Path(rollout_dir)) or {})
+        if m["rollouts"]["set_id"] != rid:
+            raise TrainSetupError(
+                f"{KEY}: {directory} was computed from another rollout set "
+                f"({m['rollouts']['directory']}) than data.train_rollouts {rollout_dir}; {fix}"
+            )
+        if not m.get("complete"):
+            raise TrainSetupError(
+                f"{KEY}: {directory} is incomplete ({m.get('num_rows', 0)} of "
+                f"{m['rollouts']['num_rollouts']} rollouts); rerun `blockdraft features` to finish"
+            )
+        return cls(store, rollouts, max_seq_len, target=target, dtype=target.dtype, device=device)
+
+    def features(self, batch: Batch, *, with_logits: bool = False) -> TargetOutput:
+        if with_logits:
+            raise TrainSetupError(
+                f"{KEY}: cached features hold no target logits (this objective needs them)"
+            )
+        b, t = batch.input_ids.shape
+        out = torch.zeros((b, t, self.feature_size), dtype=self.dtype)
+        lengths = batch.attention_mask.sum(1).tolist()
+        for i, idx in enumerate(batch.rollout_index.tolist()):
+            n = int(lengths[i])
+            out[i, :n] = self.store.row(self._rows[idx], n).to(self.dtype)
+        return TargetOutput(logits=None, features=out.to(self.device))
+
+    def bind(self, batch: Batch) -> BatchTarget:
+        return BatchTarget(self, self.target, batch)
+
+
+def needs_target_logits(objective: Any, mode: str) -> bool:
+    """Sampling E2E/EDR compare with the target's processed distribution (its logits);
+    greedy ones need only q(label), block CE objectives only the features."""
+    return bool(getattr(objective, "needs_target_distribution", False)) and mode == "sampling"
+
+
+def build_feature_source(
+    cfg: Any, target: Any, train_data: Any, objective: Any, mode: str, *, say=print
+) -> FeatureSource:
+    """The run's feature source: online unless `data.features` is set and usable.
+
+    The cache is always checked (a wrong directory is an error even when unused); an
+    objective that needs target logits then falls back to online with a one-line note.
+    """
+    if not cfg.data.features:
+        return OnlineTargetFeatures(target)
+    cached = CachedFeatures.open(
+        cfg.data.features,
+        target=target,
+        rollout_dir=cfg.data.train_rollouts,
+        rollouts=train_data.rollouts,
+        max_seq_len=cfg.data.max_seq_len,
+        device=target.device,
+    )
+    if needs_target_logits(objective, mode):
+        say(
+            f"{KEY}: objective {cfg.objective.name!r} on sampling rollouts needs the target's "
+            "distributions, which cached features do not store; training online (the target "
+            "runs every step)"
+        )
+        return OnlineTargetFeatures(target)
+    return cached
