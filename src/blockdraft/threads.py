@@ -21,8 +21,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
-
 ENV = "BLOCKDRAFT_THREADS"
 DEFAULT_CAP = 8  # batch-1 decoding of small models gains nothing beyond a few threads
 
@@ -48,6 +46,8 @@ def idle_cores(window_s: float = 0.3) -> int | None:
 
 def default_threads(cap: int = DEFAULT_CAP) -> int:
     """`$BLOCKDRAFT_THREADS`, else the idle cores now, capped at torch's count and `cap`."""
+    import torch  # lazily: CLI modules import this file at registration (`--help` stays fast)
+
     env = os.environ.get(ENV)
     if env:
         return _positive(env, ENV)
@@ -58,6 +58,8 @@ def default_threads(cap: int = DEFAULT_CAP) -> int:
 
 def apply_threads(threads: int | None = None) -> int:
     """Set torch's intra-op thread count (`None` = `default_threads()`); return it."""
+    import torch
+
     n = default_threads() if threads is None else _positive(threads, "--threads")
     torch.set_num_threads(n)
     return n
@@ -67,11 +69,18 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
     """The one `--threads` flag every model-running CLI stage shares."""
     parser.add_argument(
         "--threads",
-        type=int,
+        type=_threads_type,
         default=None,
         help=f"CPU threads for torch (default: ${ENV}, else the cores idle now, at most "
         f"{DEFAULT_CAP}; busy shared cores make extra threads much slower, not faster)",
     )
+
+
+def _threads_type(value: str) -> int:
+    try:
+        return _positive(value, "--threads")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(value: int | str, what: str) -> int:

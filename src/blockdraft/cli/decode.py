@@ -33,7 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_target_args(p)
     p.add_argument(
-        "--drafter", required=True, help="drafter checkpoint directory (or run dir with final/)"
+        "--drafter",
+        required=True,
+        help="drafter checkpoint directory (or run dir with final/); `ngram` or "
+        "`ngram:k=7,max=3,min=1` for prompt lookup",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", help="prompt spec (as for `blockdraft rollout`)")
@@ -103,11 +106,17 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.evaluation.online import decode
 
     try:
-        ckpt = resolve_checkpoint(args.drafter)
-        target = setup_target(args)
-        from blockdraft.models.checkpoint import load_drafter
+        from blockdraft.models.ngram import parse_drafter_spec
 
-        drafter = load_drafter(ckpt, target).eval()
+        ngram = parse_drafter_spec(args.drafter)
+        ckpt = resolve_checkpoint(args.drafter) if ngram is None else None
+        target = setup_target(args)
+        if ngram is None:
+            from blockdraft.models.checkpoint import load_drafter
+
+            drafter = load_drafter(ckpt, target).eval()
+        else:
+            drafter = ngram
         prompts, settings, rollouts = _prompts_and_settings(args, target)
         result = decode(
             target,
@@ -116,11 +125,12 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             verifier=args.verifier,
             measure_ar=not args.no_ar,
+            progress=not args.no_progress,
             **settings,
         )
         out: dict[str, Any] = {
             "drafter": drafter_names([args.drafter])[0],
-            "path": str(ckpt),
+            "path": str(ckpt) if ckpt is not None else None,
             "target": target.name,
             **result.to_dict(),
         }
@@ -132,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 drafter,
                 target,
                 rollouts,
-                drafter_id=checkpoint_hash(ckpt),
+                drafter_id=checkpoint_hash(ckpt) if ckpt is not None else None,
                 cache_dir=args.cache_dir,
                 progress=not args.no_progress,
             )
@@ -154,6 +164,15 @@ def run(args: argparse.Namespace) -> int:
         line += f"  AR {result.ar_tokens_per_s:.1f} tok/s  speedup {result.speedup:.2f}x"
         line += " (timed alternately in this run)"
     print(line)
+    costs = result.round_costs()
+    if costs and result.num_rounds:
+        total = sum(costs.values())
+        parts = "  ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(costs.items()))
+        line = f"per round (ms): {parts}  total {1e3 * total:.2f}"
+        step = result.ar_step_s
+        if step:
+            line += f"  = {total / step:.2f} AR steps of {1e3 * step:.2f} ms"
+        print(line)
     if "offline_mal" in out:
         lo2, hi2 = out["offline_mal_ci95"]
         print(f"offline MAL on the same rollouts {out['offline_mal']:.3f} [{lo2:.3f}, {hi2:.3f}]")

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import fields
 
 from blockdraft.demo import DemoSettings, run_demo
+from blockdraft.threads import add_threads_arg, apply_threads
 
 _HELP = {
     "target": "target model: tiny (embedded, default), gemma-3-270m, or an HF id/local path",
@@ -28,10 +29,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help=_HELP.get(f.name, f"(default: {value})"))
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="extra dotted training-config overrides for every drafter")
+    add_threads_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    apply_threads(args.threads)
     values = {f.name: getattr(args, f.name) for f in fields(DemoSettings)
               if f.name != "extra_overrides"}
     run_demo(DemoSettings(**values, extra_overrides=list(args.overrides)))

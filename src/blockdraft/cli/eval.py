@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from blockdraft.models.ngram import parse_drafter_spec
+from blockdraft.threads import add_threads_arg, apply_threads
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -162,17 +163,12 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
         "--target", required=True, help="target name (tiny, gemma-3-270m) or HF model path"
     )
     p.add_argument("--cache-dir", default=None, help="acceptance cache (default: user cache dir)")
-    p.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
+    add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def setup_target(args: argparse.Namespace) -> Any:
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     from blockdraft.models.registry import load_target
 
     return load_target(args.target, progress=not args.no_progress)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from blockdraft.threads import add_threads_arg, apply_threads
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -30,10 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="continue from the newest checkpoint in run_dir (exactly where it stopped)",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    add_threads_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    apply_threads(args.threads)
     from blockdraft.training.config import ConfigError, dump_yaml, load_config
 
     try:

@@ -1,0 +1,64 @@
+"""`blockdraft decode` with the n-gram drafter, and the shared `--threads` flag.
+
+With `--rollouts` (greedy) the decoder's online tau must equal the drafter's offline MAL
+on the same rollouts exactly: a deterministic drafter and a greedy target leave no noise.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from clikit import make_rollouts, run_cli, save_local_model
+
+from blockdraft.models.registry import load_target
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    old = torch.get_num_threads()
+    yield
+    torch.set_num_threads(old)
+
+
+def test_decode_ngram_spec_online_tau_equals_offline_mal(tmp_path, capsys) -> None:
+    model = save_local_model(tmp_path / "target")
+    rollouts = make_rollouts(load_target(str(model)), tmp_path / "rollouts", tokens=24)
+    code, out, err = run_cli(
+        capsys,
+        "decode",
+        "--target", model,
+        "--drafter", "ngram:k=3,max=2,match=first",
+        "--rollouts", rollouts,
+        "--threads", "1",
+        "--no-progress",
+        "--json", tmp_path / "out.json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert torch.get_num_threads() == 1
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert res["drafter"].startswith("ngram")
+    assert res["path"] is None
+    assert res["tau"] == pytest.approx(res["offline_mal"], abs=1e-12)
+    assert res["tau"] > 1.0  # the random target repeats itself: some proposals accepted
+    assert "per round (ms)" in out and "AR steps" in out
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two"])
+def test_threads_flag_rejects_non_positive_counts(bad, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run_cli(capsys, "decode", "--target", "x", "--drafter", "ngram", "--prompts", "p",
+                "--threads", bad)  # fmt: skip
+    assert exc.value.code == 2
+    assert "--threads" in capsys.readouterr().err
+
+
+def test_default_threads_respects_the_environment(monkeypatch) -> None:
+    from blockdraft.threads import apply_threads, default_threads
+
+    monkeypatch.setenv("BLOCKDRAFT_THREADS", "1")
+    assert default_threads() == 1
+    assert apply_threads(None) == 1 and torch.get_num_threads() == 1
+    monkeypatch.delenv("BLOCKDRAFT_THREADS")
+    assert 1 <= default_threads() <= max(1, torch.get_num_threads())
