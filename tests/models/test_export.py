@@ -82,6 +82,12 @@ def _break(path, drop=None, rename=None, reshape=None, add=None):
     if add:
         tensors.update(add)
     save_file(tensors, str(path / "model.safetensors"))
+    # a consistently re-made (not corrupted) file: record its new size and sha256
+    from blockdraft.models.checkpoint import file_digest
+
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["blockdraft"]["weights"] = file_digest(path / "model.safetensors")
+    (path / "config.json").write_text(json.dumps(cfg))
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 STAGES = [
@@ -43,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one sub-command; user and file errors print one line (`error: ...`), exit 2.
+
+    `BLOCKDRAFT_TRACEBACK=1` re-raises them instead (for debugging).
+    """
+    from blockdraft.errors import BlockdraftError, os_error_message
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -50,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; finished work is kept and the run can be resumed", file=sys.stderr)
         return 130
+    except (BlockdraftError, OSError) as exc:
+        if os.environ.get("BLOCKDRAFT_TRACEBACK"):
+            raise
+        msg = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
+        print(f"error: {msg.splitlines()[0] if msg else type(exc).__name__}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

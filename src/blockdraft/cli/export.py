@@ -20,26 +20,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("ckpt", help="drafter checkpoint directory (config.json + model.safetensors)")
+    p.add_argument(
+        "ckpt", help="drafter checkpoint directory, or a run directory (its final/ is used)"
+    )
     p.add_argument("--out", help="output directory (required unless --check)")
     p.add_argument("--dtype", choices=_DTYPES, default=None, help="cast weights (default: keep)")
     p.add_argument(
-        "--target", default=None, help="target name/path; needed only for a reduced draft vocab"
+        "--target",
+        default=None,
+        help="target name/path: needed for a reduced draft vocab; also names the mask token",
     )
     p.add_argument("--check", action="store_true", help="only validate CKPT, write nothing")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the contents of an existing --out dir"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from blockdraft.models.export import export_drafter, validate_for_serving
+    from blockdraft.models.checkpoint import resolve_checkpoint, verify_weights
+    from blockdraft.models.export import export_drafter, serve_commands, validate_for_serving
 
+    ckpt = resolve_checkpoint(args.ckpt)
     if args.check:
-        problems = validate_for_serving(args.ckpt)
+        verify_weights(ckpt)
+        problems = validate_for_serving(ckpt)
         for problem in problems:
             print(f"problem: {problem}", file=sys.stderr)
-        print(f"{args.ckpt}: {'servable' if not problems else f'{len(problems)} problem(s)'}")
+        print(f"{ckpt}: {'servable' if not problems else f'{len(problems)} problem(s)'}")
         return 1 if problems else 0
     if not args.out:
         print("error: --out DIR is required (or pass --check)", file=sys.stderr)
@@ -51,13 +61,16 @@ def run(args: argparse.Namespace) -> int:
         target = load_target(args.target)
     try:
         out = export_drafter(
-            args.ckpt,
+            ckpt,
             args.out,
             dtype=getattr(torch, args.dtype) if args.dtype else None,
             target=target,
+            overwrite=args.overwrite,
         )
-    except (ValueError, FileNotFoundError) as exc:
+    except ValueError as exc:  # not servable (or another user error): one line, status 1
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"exported {args.ckpt} -> {out} (validated for SGLang / vLLM / z-lab dflash)")
+    print(f"exported {ckpt} -> {out} (validated for SGLang / vLLM / z-lab dflash)")
+    print("serve it (target first, then the drafter):")
+    print(serve_commands(out, args.target))
     return 0

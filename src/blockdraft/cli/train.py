@@ -7,7 +7,10 @@ see docs/training.md. Config and setup problems print one line and exit with sta
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from pathlib import Path
 
 from blockdraft.threads import add_threads_arg, apply_threads
 
@@ -30,6 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--resume",
         action="store_true",
         help="continue from the newest checkpoint in run_dir (exactly where it stopped)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier run in run_dir (deletes its final/, best/, checkpoints/, "
+        "metrics); without it such a run_dir is refused",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     add_threads_arg(p)
@@ -54,12 +63,32 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.training.trainer import train
 
     try:
-        final = train(cfg, resume=args.resume)
+        final = train(cfg, resume=args.resume, overwrite=args.overwrite)
     except (ConfigError, TrainSetupError, RolloutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except NonFiniteLossError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
-    print(f"final drafter: {final}")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
+        mal = final_eval_mal(Path(cfg.run_dir) / "metrics.jsonl")
+        held_out = f"; final held-out MAL {mal[1]:.4f} (step {mal[0]})" if mal else ""
+        print(f"final drafter: {final}{held_out}")
     return 0
+
+
+def final_eval_mal(metrics: Path) -> tuple[int, float] | None:
+    """(step, MAL) of the last held-out evaluation in a run's metrics.jsonl, if any."""
+    last = None
+    try:
+        lines = metrics.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == "eval" and rec.get("eval_mal") is not None:
+            last = (int(rec["step"]), float(rec["eval_mal"]))
+    return last

@@ -29,11 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blockdraft.errors import BlockdraftError
+
 AUTO_FIELDS = ("turns", "messages", "prompt", "question", "instruction", "text", "input")
 ID_FIELDS = ("id", "question_id", "task_id", "idx")
 
 
-class PromptError(ValueError):
+class PromptError(BlockdraftError, ValueError):
     """A prompt source could not be read; the message names the file/line or spec."""
 
 
@@ -173,8 +175,14 @@ def _file_prompts(path: Path, field: str | None, spec: str) -> Iterator[Prompt]:
 def _jsonl_records(path: Path) -> Iterator[tuple[str, int, Any]]:
     opener = gzip.open if path.name.lower().endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
+        with opener(path, "rb") as fh:  # bytes: a decoding error then names its exact line
+            for lineno, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise PromptError(
+                        f"{path}:{lineno}: not UTF-8 text (byte {exc.start + 1} of the line)"
+                    ) from None
                 if not line.strip():
                     continue
                 try:
@@ -191,7 +199,10 @@ def _json_records(path: Path) -> Iterator[tuple[str, int, Any]]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise PromptError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise PromptError(f"{path}:{line}: not UTF-8 text") from None
+    except OSError as exc:
         raise PromptError(f"{path}: cannot read ({exc})") from None
     if isinstance(data, dict):  # {"id": record, ...}
         data = [dict(v, id=v.get("id", k)) if isinstance(v, dict) else v for k, v in data.items()]

@@ -35,13 +35,14 @@ import torch
 from safetensors.torch import load, save
 
 from blockdraft.data.generation import SamplingSettings
+from blockdraft.errors import BlockdraftError
 
 FORMAT = "blockdraft-rollouts"
 VERSION = 1
 MANIFEST = "manifest.json"
 
 
-class RolloutError(ValueError):
+class RolloutError(BlockdraftError, ValueError):
     """A rollout directory is unusable or incompatible; the message names file and key."""
 
 
@@ -240,13 +241,62 @@ class RolloutSet(Sequence):
         self._cache: tuple[int, list[Rollout]] | None = None
 
     @classmethod
-    def open(cls, directory: str | os.PathLike) -> RolloutSet:
-        manifest = read_manifest(Path(directory))
+    def open(
+        cls,
+        directory: str | os.PathLike,
+        *,
+        allow_incomplete: bool = False,
+        verify: str | None = None,
+    ) -> RolloutSet:
+        """Open a finished rollout set for reading, after checking it is whole and intact.
+
+        Every listed shard must exist with its recorded size; with `verify="sha256"` (the
+        default, `BLOCKDRAFT_VERIFY=size` for size only) its SHA-256 must match too, so a
+        flipped byte is refused, never used (cost: docs/export.md#integrity-checks; each
+        file is hashed once per process). A set whose `blockdraft rollout` was interrupted
+        (`complete: false`) is refused unless `allow_incomplete`.
+        """
+        directory = Path(directory)
+        manifest = read_manifest(directory)
         if manifest is None:
+            what = "no such directory" if not directory.exists() else "no rollout manifest"
+            raise RolloutError(f"{directory / MANIFEST}: {what} (run `blockdraft rollout`)")
+        for key in ("shards", "settings"):
+            if key not in manifest:
+                raise RolloutError(f"{directory / MANIFEST}: missing key {key!r}")
+        rs = cls(directory, manifest)
+        if not rs.complete and not allow_incomplete:
+            requested = manifest.get("prompts", {}).get("requested", "?")
             raise RolloutError(
-                f"{Path(directory) / MANIFEST}: no rollout manifest (run `blockdraft rollout`)"
+                f"{directory / MANIFEST}: incomplete rollout set ({rs._total} of {requested} "
+                "rollouts; `blockdraft rollout` was interrupted): re-run the same rollout "
+                "command to finish it, or pass --allow-incomplete (train: "
+                "data.allow_incomplete=true) to use the finished rows"
             )
-        return cls(Path(directory), manifest)
+        mode = verify or os.environ.get("BLOCKDRAFT_VERIFY", "sha256")
+        if mode not in ("sha256", "size"):
+            raise ValueError(f"verify must be 'sha256' or 'size', got {mode!r}")
+        rs.check_files(sha256=mode == "sha256")
+        return rs
+
+    def check_files(self, sha256: bool = True) -> None:
+        """Every listed shard exists with its recorded size (and SHA-256): one-line errors."""
+        for shard in self._shards:
+            path = self.directory / shard["file"]
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                raise RolloutError(f"{path}: shard listed in the manifest is missing") from None
+            if "bytes" in shard and st.st_size != shard["bytes"]:
+                raise RolloutError(
+                    f"{path}: shard is truncated or replaced ({st.st_size} bytes, the manifest "
+                    f"says {shard['bytes']}); re-generate it by removing it from the manifest"
+                    " or use another rollout directory"
+                )
+            key = (str(path.resolve()), st.st_size, st.st_mtime_ns, shard.get("sha256"))
+            if sha256 and shard.get("sha256") and key not in _VERIFIED:
+                verify_shard(self.directory, shard)
+                _VERIFIED.add(key)
 
     @property
     def settings(self) -> SamplingSettings:
@@ -276,10 +326,14 @@ class RolloutSet(Sequence):
         """Prompt ids of the rollouts in this set (reads shard headers only)."""
         all_ids: list[str] = []
         for shard in self._shards:
-            with open(self.directory / shard["file"], "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                header = json.loads(fh.read(n))
-            all_ids.extend(json.loads(header["__metadata__"]["prompt_id"]))
+            path = self.directory / shard["file"]
+            try:
+                with open(path, "rb") as fh:
+                    n = int.from_bytes(fh.read(8), "little")
+                    header = json.loads(fh.read(n))
+                all_ids.extend(json.loads(header["__metadata__"]["prompt_id"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise RolloutError(f"{path}: unreadable shard header ({exc})") from None
         return all_ids if self._indices is None else [all_ids[i] for i in self._indices]
 
     def subset(self, indices: Sequence[int]) -> RolloutSet:
@@ -302,9 +356,51 @@ class RolloutSet(Sequence):
             path = self.directory / self._shards[s]["file"]
             try:
                 self._cache = (s, decode_shard(path.read_bytes()))
-            except (OSError, ValueError, KeyError) as exc:
+            except OSError:
+                raise
+            except Exception as exc:  # SafetensorError is not a ValueError
                 raise RolloutError(f"{path}: cannot read shard ({exc})") from None
         return self._cache[1]
+
+
+_VERIFIED: set[tuple[str, int, int, str | None]] = set()  # shards hashed in this process
+
+
+def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
+    """Refuse rollouts generated by another target (tokenizer, config or any weight).
+
+    Sets written before fingerprints covered every weight are accepted when their
+    (weaker) legacy fingerprint matches, with a warning on stderr.
+    """
+    import sys
+
+    stored = rollouts.manifest.get("target", {})
+    where = f"{what}: " if what else ""
+    src = rollouts.directory
+    name = getattr(target, "name", "?")
+    if stored.get("tokenizer_hash") and stored["tokenizer_hash"] != tokenizer_hash(
+        target.tokenizer
+    ):
+        raise RolloutError(
+            f"{where}rollouts in {src} used another tokenizer (target {stored.get('name')!r}, "
+            f"not {name!r})"
+        )
+    made_with = stored.get("fingerprint")
+    if not made_with or made_with == target_fingerprint(target):
+        return
+    from blockdraft.models.registry import legacy_target_fingerprint
+
+    if made_with == legacy_target_fingerprint(target):
+        print(
+            f"warning: {src / MANIFEST} has an old-style target fingerprint (64 embedding rows):"
+            f" only the tokenizer, config and those rows of {name!r} could be checked",
+            file=sys.stderr,
+        )
+        return
+    raise RolloutError(
+        f"{where}rollouts in {src} were generated by target {stored.get('name')!r} with other "
+        f"weights than target {name!r} (fingerprint {made_with} != {target_fingerprint(target)})"
+    )
 
 
 def verify_shard(directory: Path, shard: dict[str, Any]) -> None:

@@ -19,11 +19,16 @@ z-lab (e.g. `z-lab/Qwen3-8B-DFlash-b16`) and read by SGLang (`models/dflash.py`)
 Loading uses safetensors only (no pickle) and refuses a checkpoint made for another
 target with a one-line error naming the key and both values. Writes are atomic: the
 directory is built under a temporary name and renamed into place, so an interrupted save
-never leaves a half-written checkpoint or loses the previous one.
+never leaves a half-written checkpoint or loses the previous one. The size and SHA-256
+of `model.safetensors` are recorded under `blockdraft.weights` and checked on every load,
+so a truncated or corrupted file is a one-line `CheckpointError`, never a traceback or
+silently wrong weights. Files are written with the usual permissions (0644 under umask
+022; safetensors itself writes 0600).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -34,6 +39,7 @@ from typing import Any
 
 import torch
 
+from blockdraft.errors import CheckpointError
 from blockdraft.models.drafter import BlockDrafter, DrafterConfig, check_target_compatible
 
 CONFIG_NAME = "config.json"
@@ -98,10 +104,12 @@ def write_checkpoint_dir(
     config_json: dict[str, Any],
     tensors: dict[str, torch.Tensor],
     check: Callable[[Path], None] | None = None,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
     """Atomically (re)place directory `path` with config.json + model.safetensors.
 
-    `check(tmp_dir)` may raise to abort before anything at `path` is touched.
+    `extra_files` (name -> bytes) are written alongside; `check(tmp_dir)` may raise to
+    abort before anything at `path` is touched.
     """
     from safetensors.torch import save_file
 
@@ -111,8 +119,22 @@ def write_checkpoint_dir(
     tmp.mkdir()
     try:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        weights = tmp / WEIGHTS_NAME
+        try:
+            save_file(tensors, str(weights), metadata={"format": "pt"})
+        except OSError:
+            raise
+        except Exception as exc:  # safetensors reports a full disk as SafetensorError
+            from blockdraft.errors import disk_write_error
+
+            raise disk_write_error(path / WEIGHTS_NAME, exc) from None
+        os.chmod(weights, _file_mode())
+        if NAMESPACE in config_json:
+            config_json = dict(config_json)
+            config_json[NAMESPACE] = {**config_json[NAMESPACE], "weights": file_digest(weights)}
         (tmp / CONFIG_NAME).write_text(json.dumps(config_json, indent=2, sort_keys=False) + "\n")
+        for name, data in (extra_files or {}).items():
+            (tmp / name).write_bytes(data)
         if check is not None:
             check(tmp)
         if path.exists():
@@ -126,6 +148,53 @@ def write_checkpoint_dir(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def _file_mode() -> int:
+    """0666 minus the process umask: what `open()` would give a new file."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def file_digest(path: str | Path) -> dict[str, Any]:
+    """`{"bytes", "sha256"}` of a file (streamed; about 1 s per GB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return {"bytes": Path(path).stat().st_size, "sha256": h.hexdigest()}
+
+
+def verify_weights(path: str | Path, cfg: dict[str, Any] | None = None) -> Path:
+    """Check `model.safetensors` of checkpoint `path` is there, whole and unchanged.
+
+    Size and SHA-256 against `blockdraft.weights` when recorded (checkpoints written by
+    this version), and always a parse of the safetensors header. Returns the file path;
+    raises `CheckpointError` naming the file and what is wrong.
+    """
+    from safetensors import safe_open
+
+    cfg = read_config(path) if cfg is None else cfg
+    file = Path(path) / WEIGHTS_NAME
+    if not file.is_file():
+        raise FileNotFoundError(f"no {WEIGHTS_NAME} in checkpoint directory {path}")
+    recorded = (cfg.get(NAMESPACE) or {}).get("weights") if isinstance(cfg, dict) else None
+    if recorded:
+        size = file.stat().st_size
+        if size != recorded.get("bytes"):
+            raise CheckpointError(
+                f"{file}: truncated or replaced ({size} bytes, config.json records "
+                f"{recorded.get('bytes')})"
+            )
+        if file_digest(file)["sha256"] != recorded.get("sha256"):
+            raise CheckpointError(f"{file}: corrupted (sha256 differs from config.json)")
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            list(f.keys())
+    except Exception as exc:  # SafetensorError: header or offsets do not fit the file
+        raise CheckpointError(f"{file}: not a readable safetensors file ({exc})") from None
+    return file
 
 
 def save_drafter(
@@ -146,15 +215,28 @@ def save_drafter(
     return write_checkpoint_dir(path, config_json, drafter.state_dict())
 
 
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A drafter checkpoint directory: `path` itself, or `path/final` for a run directory."""
+    p = Path(path)
+    for cand in (p, p / "final"):
+        if (cand / CONFIG_NAME).is_file():
+            return cand
+    what = "no such directory" if not p.exists() else f"no {CONFIG_NAME} in it or in {p / 'final'}"
+    raise FileNotFoundError(f"{path}: not a drafter checkpoint ({what})")
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
     """config.json of a checkpoint directory, with a one-line error if missing or malformed."""
     file = Path(path) / CONFIG_NAME
     if not file.is_file():
         raise FileNotFoundError(f"no {CONFIG_NAME} in checkpoint directory {path}")
     try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{file} is not valid JSON: {exc}") from None
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{file} is not valid JSON (truncated or corrupt?): {exc}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
+    return data
 
 
 def config_from_serving(cfg: dict[str, Any], target: Any) -> DrafterConfig:
@@ -216,15 +298,21 @@ def load_drafter_config(path: str | Path, target: Any = None) -> DrafterConfig:
     if data is None and target is not None:
         return config_from_serving(cfg, target)
     if not isinstance(data, dict) or "drafter_config" not in data:
-        raise ValueError(
+        raise CheckpointError(
             f"{Path(path) / CONFIG_NAME} has no '{NAMESPACE}.drafter_config': "
             "not a blockdraft checkpoint"
         )
     if data.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"checkpoint format_version {data.get('format_version')} != supported {FORMAT_VERSION}"
+        raise CheckpointError(
+            f"{Path(path) / CONFIG_NAME}: checkpoint format_version "
+            f"{data.get('format_version')} != supported {FORMAT_VERSION}"
         )
-    return DrafterConfig.from_dict(data["drafter_config"])
+    try:
+        return DrafterConfig.from_dict(data["drafter_config"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(
+            f"{Path(path) / CONFIG_NAME}: bad blockdraft.drafter_config ({exc})"
+        ) from None
 
 
 def load_drafter(
@@ -243,10 +331,11 @@ def load_drafter(
 
     config = load_drafter_config(path, target)
     check_target_compatible(config, target)
-    weights_file = Path(path) / WEIGHTS_NAME
-    if not weights_file.is_file():
-        raise FileNotFoundError(f"no {WEIGHTS_NAME} in checkpoint directory {path}")
-    state = load_file(str(weights_file))
+    weights_file = verify_weights(path)
+    try:
+        state = load_file(str(weights_file))
+    except Exception as exc:  # SafetensorError
+        raise CheckpointError(f"{weights_file}: cannot read weights ({exc})") from None
     _drop_target_head_rows(state, target, weights_file)
     cls = SemiARDrafter if config.arch == "semi_ar" else BlockDrafter
     drafter = cls(config)

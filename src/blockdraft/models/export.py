@@ -29,21 +29,34 @@ and compares them with the safetensors header. What is checked, and where it com
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from blockdraft.errors import CheckpointError
 from blockdraft.models.checkpoint import (
     CONFIG_NAME,
     NAMESPACE,
     SERVING_ARCHITECTURE,
     WEIGHTS_NAME,
     read_config,
+    resolve_checkpoint,
+    verify_weights,
     write_checkpoint_dir,
 )
 
 _FLOATS = {torch.float32, torch.bfloat16, torch.float16}
+MODELING_FILE = "modeling_dflash.py"
+AUTO_MAP = {"AutoModel": "modeling_dflash.DFlashDraftModel"}
+DEFAULT_MASK_TOKEN = "<|MASK|>"  # what SGLang assumes when dflash_config.mask_token is unset
+# training-only files a run's checkpoint holds next to the drafter; export does not copy them
+TRAINER_FILES = {"trainer_state.pt", "trainer_state.json", "run.yaml"}
+
+
+class ExportError(CheckpointError):
+    """An export that would lose data or produce an unservable directory."""
 
 
 def _get(cfg: dict[str, Any], key: str) -> Any:
@@ -168,7 +181,11 @@ def validate_for_serving(path: str | Path) -> list[str]:
     weights = path / WEIGHTS_NAME
     if not weights.is_file():
         return [f"no {WEIGHTS_NAME} in {path}"]
-    pickles = sorted(p.name for p in path.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".pkl"})
+    pickles = sorted(
+        p.name
+        for p in path.iterdir()
+        if p.suffix in {".bin", ".pt", ".pth", ".pkl"} and p.name not in TRAINER_FILES
+    )
     problems = (
         [f"pickle weight files present ({pickles}); ship safetensors only"] if pickles else []
     )
@@ -213,21 +230,41 @@ def validate_for_serving(path: str | Path) -> list[str]:
 
 
 def export_drafter(
-    ckpt: str | Path, out_dir: str | Path, *, dtype: torch.dtype | None = None, target: Any = None
+    ckpt: str | Path,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    target: Any = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write a serving-ready copy of checkpoint `ckpt` to `out_dir`; raise if it would not load.
 
-    `dtype` casts the floating weights (engines usually run bfloat16). A reduced draft
-    vocabulary additionally needs `target`, whose LM-head rows are written as
-    `lm_head.weight`. The copy is validated before it is moved into place.
+    `ckpt` may be a run directory (its `final/` is used, as `eval` does). `dtype` casts the
+    floating weights (engines usually run bfloat16). A reduced draft vocabulary
+    additionally needs `target`, whose LM-head rows are written as `lm_head.weight`. The
+    copy gets `auto_map` + `modeling_dflash.py` (so `AutoModel.from_pretrained(out_dir,
+    trust_remote_code=True)` builds the DFlash drafter) and `dflash_config.mask_token`;
+    it is validated before it is moved into place. An existing, non-empty `out_dir` is
+    refused unless `overwrite` (nothing is ever deleted without being asked).
     """
     from safetensors.torch import load_file
 
-    ckpt, out_dir = Path(ckpt), Path(out_dir)
+    ckpt, out_dir = resolve_checkpoint(ckpt), Path(out_dir)
+    if out_dir.resolve() == ckpt.resolve():
+        raise ExportError(f"--out {out_dir}: is the checkpoint itself; choose another directory")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"--out {out_dir}: exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise ExportError(
+            f"--out {out_dir}: directory exists and is not empty; pass --overwrite to replace "
+            "its contents or choose another directory"
+        )
     cfg = read_config(ckpt)
-    if not (ckpt / WEIGHTS_NAME).is_file():
-        raise FileNotFoundError(f"no {WEIGHTS_NAME} in checkpoint directory {ckpt}")
-    tensors = load_file(str(ckpt / WEIGHTS_NAME))
+    weights = verify_weights(ckpt, cfg)
+    try:
+        tensors = load_file(str(weights))
+    except Exception as exc:  # SafetensorError
+        raise CheckpointError(f"{weights}: cannot read weights ({exc})") from None
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
         cfg["dtype"] = str(dtype).removeprefix("torch.")
@@ -244,13 +281,68 @@ def export_drafter(
         tensors["lm_head.weight"] = rows.to(tensors["fc.weight"].dtype)
     if NAMESPACE in cfg:
         cfg[NAMESPACE]["exported_from"] = str(ckpt)
+    cfg["auto_map"] = dict(AUTO_MAP)
+    mask = mask_token_string(cfg, target)
+    if mask is not None:
+        cfg.setdefault("dflash_config", {})["mask_token"] = mask
 
     def check(staged: Path) -> None:
         problems = validate_for_serving(staged)
         if problems:
-            raise ValueError(f"{ckpt} cannot be served: " + "; ".join(problems))
+            raise ExportError(f"{ckpt} cannot be served: " + "; ".join(problems))
 
-    return write_checkpoint_dir(out_dir, cfg, tensors, check=check)
+    modeling = (Path(__file__).parent / MODELING_FILE).read_bytes()
+    return write_checkpoint_dir(
+        out_dir, cfg, tensors, check=check, extra_files={MODELING_FILE: modeling}
+    )
 
 
-__all__ = ["CONFIG_NAME", "expected_weight_shapes", "validate_for_serving", "export_drafter"]
+def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:
+    """The mask token as text, for `dflash_config.mask_token` (SGLang reads the string).
+
+    From `target`'s tokenizer, else the tokenizer of the target named in the checkpoint
+    (loaded from local files only); an id past the tokenizer (a spare embedding row, as
+    the public Qwen3 drafters use) gets SGLang's default `<|MASK|>`. None if unknown.
+    """
+    mask_id = _get(cfg, "mask_token_id")
+    if not isinstance(mask_id, int):
+        return None
+    tokenizer = getattr(target, "tokenizer", None)
+    if tokenizer is None:
+        name = ((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name")
+        if name:
+            from blockdraft.models.registry import load_tokenizer
+
+            tokenizer = load_tokenizer(name)
+    if tokenizer is None:
+        return None
+    if mask_id >= len(tokenizer):
+        return DEFAULT_MASK_TOKEN
+    token = tokenizer.convert_ids_to_tokens(mask_id)
+    return token if isinstance(token, str) and token else None
+
+
+def serve_commands(out_dir: str | Path, target: str | None = None) -> str:
+    """How to serve an exported drafter with SGLang and vLLM (printed after export)."""
+    cfg = read_config(out_dir)
+    name = target or ((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name")
+    name = name or "TARGET"
+    k = int(_get(cfg, "block_size") or 16) - 1
+    spec = json.dumps({"method": "dflash", "model": str(out_dir), "num_speculative_tokens": k})
+    return (
+        f"# SGLang\npython -m sglang.launch_server --model-path {name} \\\n"
+        f"    --speculative-algorithm DFLASH --speculative-draft-model-path {out_dir}\n"
+        f"# vLLM\nvllm serve {name} --speculative-config \\\n    '{spec}'\n"
+        f"# transformers\nAutoModel.from_pretrained({str(out_dir)!r}, trust_remote_code=True)"
+    )
+
+
+__all__ = [
+    "CONFIG_NAME",
+    "ExportError",
+    "expected_weight_shapes",
+    "export_drafter",
+    "mask_token_string",
+    "serve_commands",
+    "validate_for_serving",
+]

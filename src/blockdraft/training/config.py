@@ -17,10 +17,11 @@ from typing import Any, Literal
 
 import yaml
 
+from blockdraft.errors import BlockdraftError
 from blockdraft.objectives.registry import OBJECTIVE_NAMES
 
 
-class ConfigError(ValueError):
+class ConfigError(BlockdraftError, ValueError):
     """A config problem, always phrased as one line naming the dotted key at fault."""
 
 
@@ -34,8 +35,9 @@ class TargetConfig:
 @dataclass
 class DataConfig:
     train_rollouts: str = ""  # directory written by `blockdraft rollout` (training set)
-    eval_rollouts: str | None = None  # held-out rollouts for offline MAL; null = see eval_split
-    eval_split: float = 0.0  # without eval_rollouts: hold out this fraction of train prompts
+    eval_rollouts: str | None = None  # held-out rollouts for offline MAL (overrides eval_split)
+    eval_split: float | None = 0.0  # without eval_rollouts: hold out this fraction of train prompts
+    allow_incomplete: bool = False  # use rollout sets whose `blockdraft rollout` was interrupted
     max_seq_len: int = 2048  # prompt+response longer than this are truncated (from the right)
     features: str | None = None  # `blockdraft features` dir: skip the target forward; null = online
 
@@ -249,11 +251,7 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.optim.epochs > 0, "optim.epochs: must be > 0"),
         (0.0 <= cfg.optim.warmup_ratio < 1.0, "optim.warmup_ratio: must be in [0, 1)"),
         (cfg.optim.grad_clip >= 0, "optim.grad_clip: must be >= 0"),
-        (0.0 <= cfg.data.eval_split < 1.0, "data.eval_split: must be in [0, 1)"),
-        (
-            not (cfg.data.eval_rollouts and cfg.data.eval_split > 0),
-            "data.eval_split: set either data.eval_rollouts or data.eval_split, not both",
-        ),
+        (0.0 <= (cfg.data.eval_split or 0.0) < 1.0, "data.eval_split: must be in [0, 1)"),
         (cfg.data.max_seq_len >= 2, "data.max_seq_len: must be >= 2"),
         (cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last: must be >= 1"),
         (cfg.logging.every >= 1, "logging.every: must be >= 1"),
@@ -288,8 +286,13 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else "parse error"
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {first}") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+            what = getattr(exc, "problem", None) or (str(exc).splitlines() or ["parse error"])[0]
+            raise ConfigError(f"{where}: not valid YAML ({what})") from None
+        except UnicodeDecodeError as exc:
+            line = p.read_bytes()[: exc.start].count(b"\n") + 1
+            raise ConfigError(f"{p}:{line}: not UTF-8 text") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(p)!r}: top level must be a mapping")
         # a run's own run.yaml carries a `provenance` block (version, git sha): informational,

@@ -12,6 +12,12 @@ aside first and deletes it last, and `recover_interrupted_swaps` repairs the one
 where neither name exists. The data position is just the optimizer step: batches and
 anchors are pure functions of (seed, step) (see `batching.py`), so nothing else about the
 data stream needs saving.
+
+Integrity: `trainer_state.json` (written last) records the size and SHA-256 of every other
+file of the checkpoint, so `--resume` can tell a whole checkpoint from one a disk error or
+a stray edit broke, and falls back to the newest *valid* one (`latest_valid_checkpoint`).
+Every leftover of a killed write (temporary or half-pruned directories, from either this
+module or `models.checkpoint`) is removed by `recover_interrupted_swaps`.
 """
 
 from __future__ import annotations
@@ -27,9 +33,15 @@ from typing import Any
 
 import torch
 
+from blockdraft.errors import CheckpointError, disk_write_error
+
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
+CHECKED_FILES = ("model.safetensors", "config.json", STATE_PT, "run.yaml")
+# leftovers of killed writes: ours (.tmp-*, .old-*, .prune-*) and models.checkpoint's
+# (.NAME.tmp-XXXXXXXX, .NAME.old-XXXXXXXX, e.g. `..tmp-step-4-123.tmp-1a2b3c4d`)
+_LEFTOVER = re.compile(r"^\.(tmp-|prune-|.+\.(tmp|old)-[0-9a-f]{8}$)")
 
 
 @dataclass
@@ -75,11 +87,20 @@ def write_checkpoint_dir(
     tmp = _tmp_sibling(path)
     if tmp.exists():
         shutil.rmtree(tmp)
-    write_model(tmp)  # save_drafter creates the directory (itself atomically)
-    tmp.mkdir(exist_ok=True)
-    torch.save(trainer_tensors, tmp / STATE_PT)
-    (tmp / "run.yaml").write_text(run_yaml)
-    (tmp / STATE_JSON).write_text(json.dumps(asdict(progress), indent=2))  # written last
+    try:
+        write_model(tmp)  # save_drafter creates the directory (itself atomically)
+        tmp.mkdir(exist_ok=True)
+        try:
+            torch.save(trainer_tensors, tmp / STATE_PT)
+        except RuntimeError as exc:  # torch reports a full disk as "unexpected pos ..."
+            raise disk_write_error(path / STATE_PT, exc) from None
+        (tmp / "run.yaml").write_text(run_yaml)
+        files = {n: _digest(tmp / n) for n in CHECKED_FILES if (tmp / n).is_file()}
+        body = {**asdict(progress), "files": files}
+        (tmp / STATE_JSON).write_text(json.dumps(body, indent=2))  # written last
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+        raise
     if path.exists():
         old = path.parent / f".old-{path.name}"
         if old.exists():
@@ -92,8 +113,19 @@ def write_checkpoint_dir(
     return path
 
 
+def _digest(path: Path) -> dict[str, Any]:
+    from blockdraft.models.checkpoint import file_digest
+
+    return file_digest(path)
+
+
 def recover_interrupted_swaps(run_dir: Path) -> None:
-    """Undo a swap cut short between its two renames; drop half-written temp dirs."""
+    """Undo a swap cut short between its two renames; drop leftovers of killed writes.
+
+    Leftovers: temporary directories of either writer and half-pruned step checkpoints
+    (pruning renames to `.prune-step-N` before deleting, so a kill mid-delete leaves only
+    a hidden name that is removed here).
+    """
     for parent in (run_dir, run_dir / "checkpoints"):
         if not parent.is_dir():
             continue
@@ -104,7 +136,17 @@ def recover_interrupted_swaps(run_dir: Path) -> None:
                     shutil.rmtree(child)
                 else:
                     child.rename(live)
-            elif child.name.startswith(".tmp-"):
+            elif _LEFTOVER.match(child.name):
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+            elif (
+                parent.name == "checkpoints"
+                and STEP_DIR.match(child.name)
+                and child.is_dir()
+                and not is_complete(child)
+            ):  # step dirs appear only by rename when whole: this one was half-pruned
                 shutil.rmtree(child, ignore_errors=True)
 
 
@@ -130,18 +172,160 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return ckpts[-1][1] if ckpts else None
 
 
+def checkpoint_problem(path: Path) -> str | None:
+    """Why step checkpoint `path` cannot be resumed from, or None if it is whole.
+
+    Checks the recorded size and SHA-256 of each file (checkpoints of this version) and,
+    for older ones, that the state JSON, the weights header and the state zip parse.
+    """
+    import zipfile
+
+    path = Path(path)
+    try:
+        data = json.loads((path / STATE_JSON).read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path / STATE_JSON}: unreadable ({exc})"
+    files = data.get("files") if isinstance(data, dict) else None
+    if files:
+        for name, rec in files.items():
+            f = path / name
+            if not f.is_file():
+                return f"{f}: missing"
+            if f.stat().st_size != rec.get("bytes"):
+                return f"{f}: truncated ({f.stat().st_size} bytes, recorded {rec.get('bytes')})"
+            if _digest(f)["sha256"] != rec.get("sha256"):
+                return f"{f}: corrupted (sha256 differs from {STATE_JSON})"
+        return None
+    try:
+        from blockdraft.models.checkpoint import verify_weights
+
+        verify_weights(path)
+        with zipfile.ZipFile(path / STATE_PT) as z:
+            bad = z.testzip()
+        if bad is not None:
+            return f"{path / STATE_PT}: corrupted member {bad}"
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        return str(exc)
+    return None
+
+
+def latest_valid_checkpoint(run_dir: Path, warn: Callable[[str], None] = print) -> Path | None:
+    """The newest step checkpoint that passes `checkpoint_problem`; skipped ones are reported."""
+    for step, path in reversed(step_checkpoints(run_dir)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        warn(f"--resume: skipping step {step}: {problem}")
+    return None
+
+
 def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` step checkpoints (best/ and final/ untouched)."""
+    """Delete all but the newest `keep_last` step checkpoints (best/ and final/ untouched).
+
+    Each is renamed to a hidden `.prune-step-N` first, so a kill mid-delete leaves no
+    half-deleted `step-N` that looks like a checkpoint.
+    """
     ckpts = step_checkpoints(run_dir)
     for _, path in ckpts[: max(0, len(ckpts) - keep_last)]:
-        shutil.rmtree(path, ignore_errors=True)
+        doomed = path.parent / f".prune-{path.name}"
+        path.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+RUN_OUTPUTS = ("final", "best", "checkpoints", "metrics.jsonl", "tensorboard", "run.yaml")
+
+
+def existing_outputs(run_dir: Path) -> list[str]:
+    """Names of a previous run's outputs in `run_dir` (what a fresh start would replace)."""
+    run_dir = Path(run_dir)
+    found = [n for n in RUN_OUTPUTS if (run_dir / n).exists() and n != "run.yaml"]
+    if found == ["checkpoints"] and not any((run_dir / "checkpoints").iterdir()):
+        return []
+    return found
+
+
+def clear_run_outputs(run_dir: Path) -> list[str]:
+    """Delete a previous run's outputs (`--overwrite`): only the names `train` writes."""
+    removed = []
+    for name in RUN_OUTPUTS:
+        p = Path(run_dir) / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
+
+
+class RunDirError(CheckpointError):
+    """A run directory that cannot be started or resumed as asked (names the fix)."""
+
+
+def prepare_run_dir(
+    run_dir: Path,
+    *,
+    is_main: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
+    barrier: Callable[[], None] = lambda: None,
+    warn: Callable[[str], None] = print,
+) -> Path | None:
+    """Make `run_dir` ready and return the checkpoint to resume from (None: fresh start).
+
+    Nothing of an earlier run is replaced without being asked: a fresh start into a
+    directory holding `final/`, `best/`, checkpoints or metrics is refused unless
+    `overwrite` (which deletes exactly those); `resume` uses the newest *valid* step
+    checkpoint, skipping (and reporting) broken ones, and refuses a directory whose run
+    left no step checkpoint (`checkpoint.save_every=0`) instead of silently restarting.
+    """
+    run_dir = Path(run_dir)
+    if resume and overwrite:
+        raise RunDirError("--resume and --overwrite contradict each other: pass one")
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        recover_interrupted_swaps(run_dir)
+        if overwrite:
+            removed = clear_run_outputs(run_dir)
+            if removed:
+                warn(f"--overwrite: removed {', '.join(removed)} from {run_dir}")
+    barrier()
+    if not resume:
+        found = existing_outputs(run_dir)
+        if found:
+            raise RunDirError(
+                f"run_dir: {run_dir} already holds a run ({', '.join(found)}); pass --resume "
+                "to continue it, --overwrite to replace it, or choose another run_dir"
+            )
+        return None
+    resume_from = latest_valid_checkpoint(run_dir, warn if is_main else (lambda m: None))
+    if resume_from is None:
+        found = [n for n in existing_outputs(run_dir) if n != "checkpoints"]
+        if found:
+            raise RunDirError(
+                f"run_dir: {run_dir} holds a run ({', '.join(found)}) but no valid step "
+                "checkpoint to resume from (checkpoint.save_every=0, or all broken); pass "
+                "--overwrite to start again or choose another run_dir"
+            )
+        if is_main:
+            warn(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; starting from scratch")
+    return resume_from
 
 
 def read_progress(path: Path) -> TrainerProgress:
-    data = json.loads((Path(path) / STATE_JSON).read_text())
+    try:
+        data = json.loads((Path(path) / STATE_JSON).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{Path(path) / STATE_JSON}: unreadable ({exc})") from None
+    data.pop("files", None)
     return TrainerProgress(**data)
 
 
 def read_trainer_tensors(path: Path) -> dict[str, Any]:
     """Optimizer/scheduler/RNG state; `weights_only=True` so no arbitrary code can run."""
-    return torch.load(Path(path) / STATE_PT, map_location="cpu", weights_only=True)
+    file = Path(path) / STATE_PT
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, ValueError) as exc:  # truncated zip, bad pickle
+        raise CheckpointError(f"{file}: unreadable ({str(exc).splitlines()[0]})") from None
