@@ -1,96 +1,309 @@
-"""Speculative vs autoregressive decoding wall-clock, measured alternately in one run.
+"""Decoding side by side in one run: HF generate, HF prompt lookup, and blockdraft's loops.
 
-    python bench/decode.py                      # random Qwen3 target, untrained drafter
-    python bench/decode.py --target tiny --drafter runs/dpace/final --temperature 0
+    python bench/decode.py --target gemma-3-270m --temperature 0 1
+    python bench/decode.py --target tiny --drafter runs/dpace/final
+    python bench/decode.py --target gemma-shaped --drafter untrained --draft-vocab 32768
 
-For every prompt the same target decodes autoregressively and speculatively back to back
-(AR, spec, AR, spec, ...) with the same KV-cache code, so machine drift hits both alike;
-the printed speedup is the ratio of tokens/s. With no `--drafter`, an untrained drafter
-is used: at T=0 it is almost never right (tau ~ 1: the ratio shows the pure overhead of
-drafting + verifying), at T=1 a random target and a random drafter are both near
-uniform, so acceptance is high (the ratio shows what the loop gains at that tau).
+Rows, on the same target, prompts and thread count, timed round-robin per prompt (every
+method decodes prompt i before any decodes prompt i+1), so machine drift hits all alike:
+
+- `HF generate`: `model.generate` (greedy, or sampling at T with top-k/top-p off);
+- `HF prompt lookup`: `generate(prompt_lookup_num_tokens=K)` (HF's assisted decoding;
+  its rounds are counted with a forward hook on the model, so it gets a tau too);
+- `AR loop`: blockdraft's autoregressive baseline (`online.ar_generate`);
+- `spec ngram`: blockdraft's loop with `NgramDrafter(K, max=2, match=first)`: the rule
+  and settings of HF prompt lookup, so at T = 0 both emit the same tokens in the same
+  rounds and the tokens/s ratio compares the two loops alone;
+- `spec <drafter>`: blockdraft's loop with a trained drafter (a checkpoint path) or
+  `untrained` (random weights, the shape of a 1-layer DFlash drafter; its timing is what
+  matters at Gemma's shape, its tau is ~1).
+
+Every speculative row prints tau, tokens/s, speedup vs HF generate at that temperature,
+and the mean time of one round split into draft (drafter forward / lookup), target
+(verification forward), verify (acceptance test and sampling) and other (cache crop,
+drafter context, bookkeeping), in ms and in AR steps (one AR-loop forward + token
+choice). A first table times single target forwards at the prompts' context lengths:
+one token (an AR step) against K+1 tokens with and without the features a drafter
+needs: the verification cost that bounds every speedup. docs/decoding.md explains the
+cost model (speedup = tau / round cost in AR steps).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from blockdraft.evaluation.online import decode
+from blockdraft.evaluation.decode_steps import TargetRunner
+from blockdraft.evaluation.online import StepStats, ar_generate, speculative_generate
+from blockdraft.models.ngram import NgramDrafter
+
+PHASES = ("draft", "target", "verify", "other")
 
 
-def _millions(module: torch.nn.Module) -> str:
-    return f"{sum(p.numel() for p in module.parameters()) / 1e6:.2f}"
+def gemma_shaped_target() -> Any:
+    """Random weights at Gemma 3 270M's shape (262k vocabulary): timing without the download."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from blockdraft.models.target import Target
+    from blockdraft.models.testing import make_random_target
+    from blockdraft.models.tokenizer import MASK_TOKEN
+
+    tok = make_random_target("gemma3").tokenizer
+    cfg = Gemma3TextConfig(
+        vocab_size=262144,
+        hidden_size=640,
+        intermediate_size=2048,
+        num_hidden_layers=18,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        sliding_window=512,
+        query_pre_attn_scalar=256,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(cfg).eval()
+    return Target(
+        model, tok, name="gemma-shaped", mask_token_id=tok.convert_tokens_to_ids(MASK_TOKEN)
+    )
+
+
+def load(args: argparse.Namespace) -> tuple[Any, list[list[int]]]:
+    if args.target == "gemma-shaped":
+        target = gemma_shaped_target()
+    elif args.target == "random":
+        from blockdraft.models.testing import make_random_target
+
+        target = make_random_target("qwen3", hidden_size=256, num_layers=8)
+    else:
+        from blockdraft.models.registry import load_target
+
+        target = load_target(args.target)
+    if args.target in ("gemma-shaped", "random"):
+        g = torch.Generator().manual_seed(0)
+        vocab = len(target.tokenizer)
+        prompts = [
+            torch.randint(3, vocab, (48,), generator=g).tolist() for _ in range(args.prompts)
+        ]
+    else:
+        from blockdraft.data.prompts import load_prompts, render_prompt
+
+        prompts = [render_prompt(target.tokenizer, p) for p in load_prompts(args.prompts_spec)]
+        prompts = [p[-args.max_prompt_tokens :] for p in prompts][: args.prompts]
+    return target, prompts
+
+
+def load_drafter(args: argparse.Namespace, target: Any) -> Any:
+    if not args.drafter:
+        return None
+    if args.drafter == "untrained":
+        from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+
+        torch.manual_seed(0)
+        cfg = DrafterConfig.for_target(
+            target, num_layers=1, block_size=args.k + 1, draft_vocab_size=args.draft_vocab
+        )
+        return BlockDrafter(cfg).bind_target(target).eval()
+    from blockdraft.models.checkpoint import load_drafter as load_ckpt
+
+    return load_ckpt(args.drafter, target).eval()
+
+
+class ForwardCounter:
+    """Counts target forwards (HF prompt lookup's rounds = forwards - 1 per prompt)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls = 0
+        model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_: Any) -> None:
+        self.calls += 1
+
+
+def hf_job(target: Any, prompt: list[int], temp: float, n: int, lookup: int = 0) -> Callable:
+    ids = torch.tensor([prompt])
+    kw: dict[str, Any] = dict(
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        eos_token_id=list(target.stop_token_ids) or None,
+        pad_token_id=target.tokenizer.pad_token_id or 0,
+    )
+    if temp == 0:
+        kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    else:
+        kw.update(do_sample=True, temperature=temp, top_p=1.0, top_k=0)
+    if lookup:
+        kw.update(prompt_lookup_num_tokens=lookup, max_matching_ngram_size=2)
+
+    def run() -> list[int]:
+        with torch.inference_mode():
+            return target.model.generate(ids, **kw)[0, len(prompt) :].tolist()
+
+    return run
+
+
+def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dict[str, float]:
+    """Mean seconds of one target forward on top of each prompt's cache: 1 token vs K+1."""
+    run = TargetRunner(target)
+    out: dict[str, list[float]] = {"1 token": [], f"{k + 1} tokens": [], f"{k + 1} + features": []}
+    with torch.inference_mode():
+        for prompt in prompts:
+            pre = run.step(torch.tensor([prompt]), croppable=True)
+            cache, n = pre.cache, len(prompt)
+            g = torch.Generator().manual_seed(n)
+            block = torch.randint(3, len(target.tokenizer), (1, k + 1), generator=g)
+            cases = {
+                "1 token": dict(ids=block[:, :1], keep=1, features=False),
+                f"{k + 1} tokens": dict(ids=block, keep=k + 1, features=False),
+                f"{k + 1} + features": dict(ids=block, keep=k + 1, features=True),
+            }
+            for _ in range(reps):
+                for name, c in cases.items():
+                    t0 = time.perf_counter()
+                    run.step(c["ids"], cache, keep=c["keep"], features=c["features"])
+                    out[name].append(time.perf_counter() - t0)
+                    run.crop(cache, n)
+    return {name: statistics.median(v) for name, v in out.items()}
+
+
+def bench_temperature(
+    target: Any, prompts: list[list[int]], drafters: dict[str, Any], temp: float, args: Any
+) -> list[dict[str, Any]]:
+    n, k = args.max_new_tokens, args.k
+    counter = ForwardCounter(target.model)
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(name: str) -> dict[str, Any]:
+        fresh = {"name": name, "s": 0.0, "tokens": 0, "rounds": 0, "emitted": 0}
+        return rows.setdefault(name, {**fresh, "phases": dict.fromkeys(PHASES, 0.0)})
+
+    ar_stats = StepStats()
+    for i, prompt in enumerate(prompts):
+        jobs: dict[str, Callable[[], Any]] = {
+            "HF generate": hf_job(target, prompt, temp, n),
+            "HF prompt lookup": hf_job(target, prompt, temp, n, lookup=k),
+            "AR loop": lambda p=prompt, i=i: ar_generate(
+                target,
+                p,
+                temperature=temp,
+                max_new_tokens=n,
+                stats=ar_stats,
+                generator=torch.Generator().manual_seed(i),
+            ),  # fmt: skip
+        }
+        for name, drafter in drafters.items():
+            jobs[name] = lambda d=drafter, p=prompt, i=i: speculative_generate(
+                target, d, p, temperature=temp, max_new_tokens=n,
+                generator=torch.Generator().manual_seed(i),
+            )  # fmt: skip
+        for name, job in jobs.items():
+            calls = counter.calls
+            t0 = time.perf_counter()
+            result = job()
+            r = row(name)
+            r["s"] += time.perf_counter() - t0
+            if hasattr(result, "emitted"):  # a blockdraft speculative trace
+                r["tokens"] += len(result.tokens)
+                r["rounds"] += len(result.emitted)
+                r["emitted"] += sum(result.emitted)
+                for ph in PHASES:
+                    r["phases"][ph] += result.seconds.get(ph, 0.0)
+            else:
+                r["tokens"] += len(result)
+                if name == "HF prompt lookup":
+                    r["rounds"] += counter.calls - calls - 1
+                    r["emitted"] += len(result) - 1
+    ar_step = ar_stats.step_s / max(ar_stats.steps, 1)
+    base = rows["HF generate"]["tokens"] / rows["HF generate"]["s"]
+    for r in rows.values():
+        r["tok_s"] = r["tokens"] / r["s"]
+        r["speedup"] = r["tok_s"] / base
+        r["tau"] = r["emitted"] / r["rounds"] if r["rounds"] else None
+        if r["rounds"] and r["name"].startswith("spec"):
+            r["round_ms"] = {ph: 1e3 * v / r["rounds"] for ph, v in r["phases"].items()}
+            r["round_ar_steps"] = sum(r["round_ms"].values()) / (1e3 * ar_step)
+    rows["AR loop"]["ar_step_ms"] = 1e3 * ar_step
+    return list(rows.values())
+
+
+def print_rows(temp: float, rows: list[dict[str, Any]]) -> None:
+    ar_ms = next(r["ar_step_ms"] for r in rows if r["name"] == "AR loop")
+    print(f"\nT = {temp:g}   (AR step = {ar_ms:.2f} ms: one AR-loop forward + token choice)")
+    head = f"{'method':<22}{'tau':>6}{'tok/s':>9}{'vs HF':>7}"
+    print(head + "   per round ms: draft / target / verify / other = total (AR steps)")
+    for r in rows:
+        tau = f"{r['tau']:.2f}" if r["tau"] else "-"
+        line = f"{r['name']:<22}{tau:>6}{r['tok_s']:>9.1f}{r['speedup']:>6.2f}x"
+        if "round_ms" in r:
+            ms = r["round_ms"]
+            parts = " / ".join(f"{ms[p]:.2f}" for p in PHASES)
+            line += f"   {parts} = {sum(ms.values()):.2f} ({r['round_ar_steps']:.2f})"
+        print(line)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--target", default="random", help="random | tiny | gemma-3-270m | HF path")
     ap.add_argument(
-        "--drafter", default=None, help="drafter checkpoint (default: untrained drafter)"
+        "--target", default="tiny", help="tiny | gemma-3-270m | gemma-shaped | random | HF path"
     )
-    ap.add_argument("--hidden", type=int, default=256, help="random target hidden size")
-    ap.add_argument("--layers", type=int, default=8, help="random target layers")
-    ap.add_argument("--block-size", type=int, default=8, help="untrained drafter block size")
+    ap.add_argument("--drafter", default=None, help="checkpoint dir, or `untrained` (timing only)")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="reduced vocab of `untrained`")
+    ap.add_argument(
+        "--k", type=int, default=7, help="proposals per round (ngram, HF lookup, untrained)"
+    )
     ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--prompts-spec", default="stdlib:eval", help="prompt spec for named targets")
+    ap.add_argument("--max-prompt-tokens", type=int, default=256)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
-    ap.add_argument("--verifier", default="standard", choices=["standard", "block"])
+    ap.add_argument("--reps", type=int, default=5, help="repeats of the forward-cost table")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    if args.target == "random":
-        from blockdraft.models.testing import make_random_target
-
-        target = make_random_target(
-            "qwen3", hidden_size=args.hidden, num_layers=args.layers, num_heads=4, num_kv_heads=2
-        )
-    else:
-        from blockdraft.models.registry import load_target
-
-        target = load_target(args.target)
-    if args.drafter:
-        from blockdraft.models.checkpoint import load_drafter
-
-        drafter = load_drafter(args.drafter, target).eval()
-    else:
-        from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-
-        torch.manual_seed(0)
-        cfg = DrafterConfig.for_target(target, num_layers=1, block_size=args.block_size)
-        drafter = BlockDrafter(cfg).bind_target(target).eval()
-    g = torch.Generator().manual_seed(0)
-    prompts = [
-        torch.randint(3, target.vocab_size, (16,), generator=g).tolist()
-        for _ in range(args.prompts)
-    ]
+    target, prompts = load(args)
+    drafters: dict[str, Any] = {"spec ngram": NgramDrafter(args.k, max_ngram=2, match="first")}
+    drafter = load_drafter(args, target)
+    if drafter is not None:
+        drafters[f"spec {'untrained' if args.drafter == 'untrained' else 'drafter'}"] = drafter
+    params = sum(p.numel() for p in target.model.parameters()) / 1e6
+    lens = [len(p) for p in prompts]
     print(
-        f"target {target.name} ({_millions(target.model)}M params), "
-        f"drafter {'untrained' if not args.drafter else args.drafter} "
-        f"({_millions(drafter)}M params), K={drafter.config.num_proposals}, "
-        f"{args.prompts} prompts x {args.max_new_tokens} tokens, {args.threads} thread(s)"
+        f"target {target.name} ({params:.0f}M params, vocab {target.vocab_size}), "
+        f"{len(prompts)} prompts of {min(lens)}-{max(lens)} tokens x {args.max_new_tokens} new, "
+        f"K={args.k}, {args.threads} thread(s), torch {torch.__version__}"
     )
-    print(
-        f"{'T':>4} {'tau':>6} {'tau 95% CI':>16} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>8}"
-    )
+    if drafter is not None:
+        dp = sum(p.numel() for p in drafter.parameters()) / 1e6
+        vocab = drafter.config.draft_vocab_size or target.vocab_size
+        print(f"drafter {args.drafter}: {dp:.1f}M params (+ shared head over {vocab} tokens)")
+    # warm-up: first calls pay one-off allocation and dispatch costs
     for temp in args.temperature:
-        r = decode(
+        bench_temperature(
             target,
-            drafter,
-            prompts,
-            temperature=temp,
-            max_new_tokens=args.max_new_tokens,
-            verifier=args.verifier,
+            prompts[:1],
+            drafters,
+            temp,
+            argparse.Namespace(**{**vars(args), "max_new_tokens": 4}),
         )
-        lo, hi = r.tau_ci95
-        print(
-            f"{temp:>4.1f} {r.tau:>6.2f} {f'[{lo:.2f}, {hi:.2f}]':>16} {r.ar_tokens_per_s:>9.1f} "
-            f"{r.tokens_per_s:>10.1f} {r.speedup:>7.2f}x"
-        )
+    cost = verify_cost(target, prompts, args.k, args.reps)
+    one = cost["1 token"]
+    print("\nsingle target forwards on the prompts' caches (median):")
+    for name, s in cost.items():
+        print(f"  {name:<18}{1e3 * s:8.2f} ms  {s / one:5.2f}x one token")
+    for temp in args.temperature:
+        print_rows(temp, bench_temperature(target, prompts, drafters, temp, args))
 
 
 if __name__ == "__main__":

@@ -260,8 +260,8 @@ def speculative_generate(
     `drafter` is a neural drafter (inference interface of docs/architecture.md) or an
     n-gram drafter (`propose(tokens) -> list`, no features, one-hot q). `Trace.seconds`
     splits the time into prefill, draft (drafter forward / lookup), target (verification
-    forward), verify (acceptance test and sampling) and other (cache crop, context
-    extension, bookkeeping)."""
+    forward), verify (acceptance test and sampling) and other (cache crop and
+    bookkeeping); the drafter's context extension counts as draft."""
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}: use one of {VERIFIERS}")
     if not prompt_ids:
@@ -354,7 +354,9 @@ def speculative_generate(
         if not ngram:
             if state.length > a:  # a drafter that cached anything beyond the verified context
                 state.crop(a)
+            clock.lap("other")
             drafter.extend_context(state, out.features[:, : m + 1], a)
+            clock.lap("draft")  # the drafter's context K/V are part of its forward work
         anchor, a = new[-1], a + m + 1
         clock.lap("other")
 
