@@ -2,12 +2,16 @@
 
 Re-running the same command after an interruption resumes it (see
 `blockdraft.data.rollouts`); the target is loaded by name through the model registry.
+Under torchrun (`torchrun --nproc_per_node N -m blockdraft rollout ...`, also several
+nodes with a shared --out) each rank generates its share of the shards into the same
+directory; the set equals a one-process run (`blockdraft.data.distributed_rollouts`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from blockdraft.threads import add_threads_arg, apply_threads
 
@@ -43,8 +47,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="also store the target's top-N distribution per response token",
     )
-    p.add_argument("--device", default="cpu", help="device of the target (default cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="device of the target: auto (this rank's GPU if there is one, else cpu), cpu, "
+        "cuda, cuda:N",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: bfloat16 on GPU, float32 on CPU",
+    )
     p.add_argument("--mask-token", default=None, help="mask token for targets without one")
     p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -55,8 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
+    from blockdraft.data.generation import SamplingSettings
     from blockdraft.data.prompts import PromptError, load_prompts
-    from blockdraft.data.rollouts import RolloutError, SamplingSettings, generate_rollouts
 
     try:
         settings = SamplingSettings(
@@ -70,15 +84,37 @@ def run(args: argparse.Namespace) -> int:
     except (PromptError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from blockdraft.data.distributed_rollouts import init_from_env
+
+    try:
+        ctx, device, created = init_from_env(args.device)
+    except (RuntimeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _generate(args, settings, prompts, ctx, device)
+    finally:
+        if created:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _generate(args: argparse.Namespace, settings: Any, prompts: Any, ctx: Any, device: Any) -> int:
     import torch
 
+    from blockdraft.data.prompts import PromptError
+    from blockdraft.data.rollouts import RolloutError, generate_rollouts
     from blockdraft.models.registry import load_target
 
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.type == "cuda" else "float32"
     try:
         target = load_target(
             args.target,
-            device=args.device,
-            dtype=getattr(torch, args.dtype),
+            device=device,
+            dtype=getattr(torch, dtype),
             mask_token=args.mask_token,
             allow_download=args.allow_download,
             trust_remote_code=args.trust_remote_code,
@@ -102,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     except (PromptError, RolloutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if ctx.rank != 0:
+        return 0
     m = rollouts.manifest
     print(
         f"{len(rollouts)} rollouts, {m['num_response_tokens']} response tokens in "

@@ -1,16 +1,28 @@
 """Batched sampling from a `Target`: the exact distribution used, token by token.
 
-We write our own loop on `Target.forward` with a KV cache instead of HF `generate`
+We write our own loop on the target's HF model with a KV cache instead of HF `generate`
 because we need, for every realised token, its log-probability under the distribution
 it was *actually drawn from* (temperature, then top-k, then top-p, as HF applies them),
-and a random stream per prompt: each row samples with its own `torch.Generator` seeded
-from (seed, prompt id), so a rollout does not depend on which other prompts share its
-batch (up to float rounding of padded batched matmuls). That is what makes an
-interrupted run resume to the same result.
+and randomness that belongs to the prompt, not to the batch: a rollout must not depend
+on which other prompts share its batch, its shard or its rank (up to float rounding of
+padded batched matmuls). That is what makes an interrupted run resume to the same
+result, and N data-parallel processes produce the rows of one process.
+
+Randomness is counter-based: the uniform number behind token `t` of a row is a hash of
+(seed, prompt id, t) computed with integer tensor ops on the target's device
+(`row_keys`, `counter_uniform`), and the token is drawn by inverse CDF from the processed
+distribution (`draw_tokens`). So sampling is one vectorised step for the whole batch on
+the device (no `[B, V]` copy to the host, no per-row Python loop), gives the same draws
+on CPU and GPU, and a row's draws depend only on its own logits and key.
 
 Greedy (temperature 0) takes the argmax; its stored log-probs are under the plain T=1
 softmax of the logits (the greedy "distribution" is a point mass and carries no
 information), which is what acceptance-style objectives need.
+
+Throughput: prompts are length-bucketed by the caller (`rollouts._generate_shard`),
+finished rows leave the batch and its KV cache at once (`batch_select_indices`), the
+model is called without hidden states and with `logits_to_keep=1`, and the only host
+sync per token is one boolean ("did a row finish?").
 """
 
 from __future__ import annotations
@@ -85,12 +97,65 @@ def sampling_logprobs(logits: torch.Tensor, settings: SamplingSettings) -> torch
     return torch.log_softmax(logits, dim=-1)
 
 
-def prompt_generator(seed: int, prompt_id: str) -> torch.Generator:
-    """A CPU generator seeded from (seed, prompt id): one random stream per rollout."""
-    digest = hashlib.sha256(f"{seed}\x00{prompt_id}".encode()).digest()
-    gen = torch.Generator()
-    gen.manual_seed(int.from_bytes(digest[:8], "big") & (2**63 - 1))
-    return gen
+# --- counter-based per-row randomness -----------------------------------------------------
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for x in [0, 2^32) without int64 overflow (c split in 16-bit halves)."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser ("lowbias32", C. Wellons): good avalanche, 5 tensor ops."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def row_keys(seed: int, prompt_ids: list[str], device: torch.device | str = "cpu") -> torch.Tensor:
+    """Int64 `[B, 2]`: two 32-bit words per row from SHA-256(seed, prompt id).
+
+    The key names the row's random stream; it depends on nothing but the seed and the
+    prompt id, so a prompt draws the same tokens in any batch, shard, rank or device.
+    """
+    words = []
+    for pid in prompt_ids:
+        digest = hashlib.sha256(f"{seed}\x00{pid}".encode()).digest()
+        words.append([int.from_bytes(digest[:4], "big"), int.from_bytes(digest[4:8], "big")])
+    return torch.tensor(words, dtype=torch.int64, device=device).reshape(-1, 2)
+
+
+def counter_uniform(keys: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """Float64 `[B]` uniform in [0, 1) for token `step` of each row (53 random bits).
+
+    A pure function of (key, step): no generator state to carry, save or split.
+    """
+    step_t = torch.as_tensor(step, dtype=torch.int64, device=keys.device) & _M32
+    a = _hash32(_hash32(keys[:, 0] ^ _hash32(step_t ^ 0x68E31DA4)) ^ keys[:, 1])
+    b = _hash32(a ^ _hash32(keys[:, 1] ^ 0x1B56C4E9))
+    return ((a << 21) | (b >> 11)).double() * 2.0**-53
+
+
+def draw_tokens(logp: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw per row of `logp [B, V]` with `uniform [B]` -> long `[B]`.
+
+    The CDF is accumulated in float64 so tokens as unlikely as 1e-12 keep their share; a
+    zero-probability (filtered) token is never returned.
+    """
+    probs = logp.exp().double()
+    cdf = probs.cumsum(dim=-1)
+    target = (uniform.to(cdf.dtype) * cdf[:, -1])[:, None]
+    idx = torch.searchsorted(cdf, target, right=True).clamp_max(logp.shape[-1] - 1)
+    bad = probs.gather(-1, idx) <= 0  # only through rounding at the very top of the CDF
+    idx = torch.where(bad, probs.argmax(dim=-1, keepdim=True), idx)
+    return idx[:, 0]
+
+
+# --- the generation loop -----------------------------------------------------------------
 
 
 @dataclass
@@ -115,9 +180,10 @@ def generate_batch(
 
     Rows stop at their first stop token (kept) or after `max_new_tokens`; finished rows
     are dropped from the batch (and the cache) so long stragglers do not pay for them.
+    Everything stays on the target's device until the batch is done.
     """
     device = target.device
-    n = len(prompts)
+    n, steps = len(prompts), settings.max_new_tokens
     pad = _pad_id(target)
     width = max(len(p) for p in prompts)
     ids = torch.full((n, width), pad, dtype=torch.long)
@@ -127,64 +193,84 @@ def generate_batch(
         mask[i, width - len(p) :] = 1
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = target.forward(
-        ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
-    )
-    cache, logits = out.cache, out.logits[:, -1]
+    logits, cache = _step(target, ids, mask, positions, None)
     next_pos = torch.tensor([len(p) for p in prompts], device=device)
 
-    gens = [prompt_generator(settings.seed, pid) for pid in prompt_ids]
-    stops = set(target.stop_token_ids)
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    lps: list[list[float]] = [[] for _ in range(n)]
-    tk_ids: list[list[torch.Tensor]] = [[] for _ in range(n)]
-    tk_lps: list[list[torch.Tensor]] = [[] for _ in range(n)]
-    active = list(range(n))  # original row index of each batch row
-    for step in range(settings.max_new_tokens):
-        logp = sampling_logprobs(logits, settings).cpu()
-        chosen, keep = [], []
-        for b, row in enumerate(active):
-            if settings.greedy:
-                tok = int(torch.argmax(logp[b]))
-            else:
-                tok = int(torch.multinomial(logp[b].exp(), 1, generator=gens[row]))
-            tokens[row].append(tok)
-            lps[row].append(float(logp[b, tok]))
-            if store_topk:
-                top = torch.topk(logp[b], min(store_topk, logp.shape[-1]))
-                tk_ids[row].append(top.indices.to(torch.int32))
-                tk_lps[row].append(top.values)
-            chosen.append(tok)
-            if tok not in stops:
-                keep.append(b)
-        if step == settings.max_new_tokens - 1 or not keep:
+    keys = row_keys(settings.seed, prompt_ids, device)
+    stops = torch.tensor(sorted(target.stop_token_ids) or [-1], device=device)
+    tokens = torch.zeros((n, steps), dtype=torch.long, device=device)
+    lps = torch.zeros((n, steps), dtype=torch.float32, device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    k = min(store_topk, target.vocab_size)
+    tk_ids = torch.zeros((n, steps, k), dtype=torch.int32, device=device) if k else None
+    tk_lps = torch.zeros((n, steps, k), dtype=torch.float32, device=device) if k else None
+    rows = torch.arange(n, device=device)  # original row index of each batch row
+    for step in range(steps):
+        logp = sampling_logprobs(logits, settings)
+        if settings.greedy:
+            chosen = logp.argmax(dim=-1)
+        else:
+            chosen = draw_tokens(logp, counter_uniform(keys[rows], step))
+        tokens[rows, step] = chosen
+        lps[rows, step] = logp.gather(-1, chosen[:, None])[:, 0]
+        lengths[rows] = step + 1
+        if k:
+            top = torch.topk(logp, k, dim=-1)
+            tk_ids[rows, step] = top.indices.to(torch.int32)  # type: ignore[index]
+            tk_lps[rows, step] = top.values  # type: ignore[index]
+        if step == steps - 1:
             break
-        if len(keep) < len(active):
-            sel = torch.tensor(keep, device=device)
-            cache.batch_select_indices(sel)
-            mask, next_pos = mask[sel], next_pos[sel]
-            chosen = [chosen[b] for b in keep]
-            active = [active[b] for b in keep]
-        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-        step_ids = torch.tensor(chosen, dtype=torch.long, device=device)[:, None]
-        out = target.forward(
-            step_ids,
-            attention_mask=mask,
-            position_ids=next_pos[:, None],
-            cache=cache,
-            use_cache=True,
-        )
-        cache, logits = out.cache, out.logits[:, -1]
+        finished = torch.isin(chosen, stops)
+        if bool(finished.any()):  # the one host sync per token
+            keep = (~finished).nonzero()[:, 0]
+            if keep.numel() == 0:
+                break
+            cache.batch_select_indices(keep)
+            mask, next_pos, chosen, rows = mask[keep], next_pos[keep], chosen[keep], rows[keep]
+        mask = torch.cat([mask, mask.new_ones((rows.numel(), 1))], dim=1)
+        logits, cache = _step(target, chosen[:, None], mask, next_pos[:, None], cache)
         next_pos = next_pos + 1
+    lengths_l = lengths.tolist()
+    tokens_c, lps_c = tokens.cpu(), lps.cpu()
+    tk_ids_c = tk_ids.cpu() if tk_ids is not None else None
+    tk_lps_c = tk_lps.cpu() if tk_lps is not None else None
     return [
         Generated(
-            tokens[i],
-            lps[i],
-            torch.stack(tk_ids[i]) if store_topk else None,
-            torch.stack(tk_lps[i]) if store_topk else None,
+            tokens_c[i, :m].tolist(),
+            lps_c[i, :m].tolist(),
+            tk_ids_c[i, :m].clone() if tk_ids_c is not None else None,
+            tk_lps_c[i, :m].clone() if tk_lps_c is not None else None,
         )
-        for i in range(n)
+        for i, m in enumerate(lengths_l)
     ]
+
+
+def _step(
+    target: Target,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    cache: Any,
+) -> tuple[torch.Tensor, Any]:
+    """One model call for generation: last-position logits `[B, V]` and the cache.
+
+    Calls the HF model directly (not `Target.forward`): generation needs no hidden
+    states, and asking for them keeps every layer's output alive.
+    """
+    kwargs: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": mask,
+        "position_ids": positions,
+        "use_cache": True,
+        "logits_to_keep": 1,
+    }
+    if cache is not None:
+        kwargs[target._cache_kwarg] = cache
+    out = target.model(**kwargs)
+    new_cache = out.get("cache", None) if hasattr(out, "get") else None
+    if new_cache is None:  # transformers 4.x
+        new_cache = out.past_key_values
+    return out.logits[:, -1], new_cache
 
 
 def _pad_id(target: Target) -> int:

@@ -24,6 +24,16 @@ import torch
 from tqdm.auto import tqdm
 
 from blockdraft import __version__
+from blockdraft.data.distributed_rollouts import (
+    ShardTask,
+    extend_prefix,
+    finished_beyond_prefix,
+    manifest_digest,
+    plan_tasks,
+    rank_context,
+    record_part,
+    remove_parts,
+)
 from blockdraft.data.generation import SamplingSettings, generate_batch, sampling_logprobs
 from blockdraft.data.prompts import Prompt, PromptError, render_prompt
 from blockdraft.data.rollout_store import (
@@ -77,7 +87,9 @@ def generate_rollouts(
     """Generate (or finish generating) one rollout per prompt into `out_dir`.
 
     Returns the finished set. Re-running with the same arguments after an interruption
-    continues where the last listed shard ended; with more prompts it extends the set.
+    continues where the finished shards end; with more prompts it extends the set. Under
+    an initialised process group (torchrun) every rank calls this with the same
+    arguments and gets its share of the shards (`distributed_rollouts`).
     """
     if batch_size < 1 or shard_size < 1 or store_topk < 0:
         raise ValueError("batch_size and shard_size must be >= 1 and store_topk >= 0")
@@ -87,36 +99,74 @@ def generate_rollouts(
     dup = next((i for i, n in Counter(ids).items() if n > 1), None)
     if dup is not None:
         raise PromptError(f"duplicate prompt id {dup!r}: rollout seeds are derived from prompt ids")
+    ctx = rank_context()
     out = Path(out_dir)
     spec = prompt_spec or ",".join(sorted({p.source for p in prompts}))
     header = _header(target, settings, store_topk, spec)
     tokens = [render_prompt(target.tokenizer, p) for p in prompts]
-    manifest = _open_or_create(out, header, batch_size, shard_size)
-    _check_finished(out, manifest, ids, tokens)
-    manifest["prompts"]["requested"] = max(len(prompts), manifest["prompts"]["requested"])
-    done = manifest["num_rollouts"]
+    manifest: dict[str, Any] = {}
+    pool: dict[int, dict[str, Any]] = {}
+    plan: dict[str, Any]
+    if ctx.rank == 0:
+        try:
+            manifest = _open_or_create(out, header, batch_size, shard_size)
+            pool = finished_beyond_prefix(out, manifest)
+            _check_finished(out, manifest["shards"] + list(pool.values()), ids, tokens)
+            extend_prefix(manifest, pool)
+            manifest["prompts"]["requested"] = max(len(prompts), manifest["prompts"]["requested"])
+            write_manifest(out, manifest)
+            tasks = plan_tasks(manifest, pool, len(prompts), shard_size)
+            plan = {"tasks": tasks, "digest": manifest_digest(out)}
+        except (RolloutError, PromptError) as exc:
+            plan = {"error": (type(exc).__name__, str(exc))}
+    plan = ctx.broadcast(plan if ctx.rank == 0 else None)
+    if "error" in plan:
+        kind, msg = plan["error"]
+        raise (PromptError if kind == "PromptError" else RolloutError)(msg)
+    if ctx.rank != 0 and manifest_digest(out) != plan["digest"]:
+        raise RolloutError(
+            f"{out / MANIFEST}: rank {ctx.rank} does not see rank 0's manifest; all ranks "
+            "need the same --out directory (a shared filesystem across nodes)"
+        )
+    mine = plan["tasks"][ctx.rank :: ctx.world_size]
     bar = tqdm(
-        total=len(prompts),
-        initial=min(done, len(prompts)),
+        total=sum(t.rows for t in mine),
         unit="rollout",
-        desc="rollouts",
-        disable=not progress,
+        desc="rollouts" if not ctx.distributed else f"rollouts (rank 0 of {ctx.world_size})",
+        disable=not progress or ctx.rank != 0,
         dynamic_ncols=True,
     )
     meter = _Meter(bar)
     try:
-        while done < len(prompts):
-            stop = min(done + shard_size, len(prompts))
+        for task in mine:
+            a, b = task.first_row, task.first_row + task.rows
             rows = _generate_shard(
-                target, ids[done:stop], tokens[done:stop], settings, batch_size, store_topk, meter
+                target, ids[a:b], tokens[a:b], settings, batch_size, store_topk, meter
             )
-            _append_shard(out, manifest, done, rows, ids[done:stop], tokens[done:stop], store_topk)
-            done = stop
+            entry = _write_shard(out, task, rows, ids[a:b], tokens[a:b], store_topk)
+            if ctx.distributed:
+                record_part(out, ctx.rank, entry)
+            if ctx.rank == 0:
+                pool[entry["first_row"]] = entry
+                pool.update(finished_beyond_prefix(out, manifest) if ctx.distributed else {})
+                if extend_prefix(manifest, pool):
+                    _finish_manifest(out, manifest)
     finally:
         bar.close()
+    ctx.barrier()
+    if ctx.rank == 0:
+        pool.update(finished_beyond_prefix(out, manifest))
+        extend_prefix(manifest, pool)
+        _finish_manifest(out, manifest)
+        if manifest["num_rollouts"] >= len(prompts):
+            remove_parts(out)
+    ctx.barrier()
+    return RolloutSet(out, manifest if ctx.rank == 0 else read_manifest(out) or {})
+
+
+def _finish_manifest(out: Path, manifest: dict[str, Any]) -> None:
     manifest["complete"] = manifest["num_rollouts"] >= manifest["prompts"]["requested"]
     write_manifest(out, manifest)
-    return RolloutSet(out, manifest)
 
 
 class _Meter:
@@ -221,10 +271,10 @@ def _mismatch(out: Path, key: str, stored: Any, new: Any) -> None:
 
 
 def _check_finished(
-    out: Path, manifest: dict[str, Any], ids: list[str], tokens: list[list[int]]
+    out: Path, shards: list[dict[str, Any]], ids: list[str], tokens: list[list[int]]
 ) -> None:
-    """Listed shards must be intact and hold the same prompts, in order, as requested now."""
-    for shard in manifest["shards"]:
+    """Finished shards must be intact and hold the same prompts, in order, as requested now."""
+    for shard in shards:
         verify_shard(out, shard)
         a, b = shard["first_row"], shard["first_row"] + shard["rows"]
         if b > len(ids):
@@ -266,32 +316,23 @@ def _generate_shard(
     return rows  # type: ignore[return-value]
 
 
-def _append_shard(
+def _write_shard(
     out: Path,
-    manifest: dict[str, Any],
-    first_row: int,
+    task: ShardTask,
     rows: list[Rollout],
     ids: list[str],
     tokens: list[list[int]],
     store_topk: int,
-) -> None:
-    """Write one shard atomically, then list it in the manifest (also atomic)."""
-    name = f"shard-{len(manifest['shards']):05d}.safetensors"
-    data = encode_shard(first_row, rows, store_topk)
-    write_atomic(out / name, data)
-    n_tok = sum(r.response_len for r in rows)
-    manifest["shards"].append(
-        {
-            "file": name,
-            "first_row": first_row,
-            "rows": len(rows),
-            "response_tokens": n_tok,
-            "bytes": len(data),
-            "sha256": sha256_bytes(data),
-            "prompts_sha256": ids_hash(ids, tokens),
-        }
-    )
-    manifest["num_rollouts"] += len(rows)
-    manifest["num_response_tokens"] += n_tok
-    manifest["complete"] = manifest["num_rollouts"] >= manifest["prompts"]["requested"]
-    write_manifest(out, manifest)
+) -> dict[str, Any]:
+    """Write one shard atomically; return its manifest entry (listed by the caller)."""
+    data = encode_shard(task.first_row, rows, store_topk)
+    write_atomic(out / task.file, data)
+    return {
+        "file": task.file,
+        "first_row": task.first_row,
+        "rows": len(rows),
+        "response_tokens": sum(r.response_len for r in rows),
+        "bytes": len(data),
+        "sha256": sha256_bytes(data),
+        "prompts_sha256": ids_hash(ids, tokens),
+    }

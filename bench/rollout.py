@@ -1,0 +1,172 @@
+"""`blockdraft rollout` tokens/s vs HF `generate`, same prompts, same batch size, one run.
+
+Why: rollouts are the first cost a user pays; the goal (issue 15) is that our sampler,
+which must also record the log-prob of every token under the exact sampling
+distribution and reproduce each row whatever its batch, is at least as fast as HF
+`generate` (which records nothing) at batch 16. Both run on random weights of the same
+shape (no download): `tiny`'s (Qwen3, 4 layers, width 128, 4096 tokens) and Gemma 3
+270M's (18 layers, width 640, 262,144 tokens). The rounds alternate which side runs
+first; the printed ratio is the median over rounds of ours / HF (tokens/s), so load from
+other processes on the machine hits both sides alike.
+
+Tokens counted: response tokens up to and including the first stop token (HF keeps
+padding finished rows; those pad tokens are not counted). `blockdraft rollout` is timed
+end to end through `generate_rollouts` (rendering, shards, manifest included).
+
+    python bench/rollout.py [--shapes tiny,gemma] [--rounds 3] [--batch 16] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from blockdraft.data.generation import SamplingSettings
+from blockdraft.data.prompts import Prompt, render_prompt
+from blockdraft.data.rollouts import generate_rollouts
+from blockdraft.models.target import Target
+from blockdraft.models.testing import make_random_target
+
+WORDS = "def class return import for while print self range value index list dict".split()  # noqa: SIM905
+
+
+def tiny_shaped() -> Target:
+    return make_random_target(
+        "qwen3", vocab_size=4096, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2
+    )
+
+
+def gemma_shaped() -> Target:
+    """Gemma 3 270M's published shape (random weights, a small real tokenizer for prompts)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    small = make_random_target("gemma3")
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(
+        vocab_size=262_144,
+        hidden_size=640,
+        intermediate_size=2048,
+        num_hidden_layers=18,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        sliding_window=512,
+        query_pre_attn_scalar=256,
+        eos_token_id=small.tokenizer.eos_token_id,
+        pad_token_id=small.tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    model = Gemma3ForCausalLM(cfg).eval()
+    return Target(model, small.tokenizer, name="gemma-shape", mask_token_id=small.mask_token_id)
+
+
+def make_prompts(n: int) -> list[Prompt]:
+    """Prompts of 4..40 words (varied lengths, as real prompt sets have)."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        k = int(torch.randint(4, 41, (1,), generator=g))
+        idx = torch.randint(0, len(WORDS), (k,), generator=g).tolist()
+        out.append(Prompt(f"b{i}", " ".join(WORDS[j] for j in idx), None, "bench"))
+    return out
+
+
+def run_ours(target: Target, prompts: list[Prompt], s: SamplingSettings, batch: int) -> tuple:
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        rs = generate_rollouts(
+            target,
+            prompts,
+            Path(tmp) / "r",
+            s,
+            batch_size=batch,
+            shard_size=len(prompts),
+            progress=False,
+        )
+        dt = time.perf_counter() - t
+        return rs.manifest["num_response_tokens"], dt
+
+
+def run_hf(target: Target, prompts: list[Prompt], s: SamplingSettings, batch: int) -> tuple:
+    """HF `generate` on the same rendered prompts, same batch size, left padding."""
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else target.stop_token_ids[0]
+    rendered = [render_prompt(tok, p) for p in prompts]
+    order = sorted(range(len(rendered)), key=lambda i: len(rendered[i]))  # same bucketing
+    stops = set(target.stop_token_ids)
+    total, t = 0, time.perf_counter()
+    for start in range(0, len(order), batch):
+        rows = [rendered[i] for i in order[start : start + batch]]
+        width = max(map(len, rows))
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        out = target.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=not s.greedy,
+            temperature=s.temperature if not s.greedy else None,
+            top_k=s.top_k or None,
+            top_p=s.top_p if s.top_p < 1 else None,
+            max_new_tokens=s.max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=sorted(stops),
+        )
+        for row in out[:, width:].tolist():
+            n = next((j + 1 for j, x in enumerate(row) if x in stops), len(row))
+            total += n
+    return total, time.perf_counter() - t
+
+
+def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> None:
+    prompts = make_prompts(args.batch * args.batches)
+    s = SamplingSettings(temperature=1.0, top_k=50, top_p=0.95, max_new_tokens=max_new, seed=0)
+    warm = SamplingSettings(temperature=1.0, max_new_tokens=2)
+    run_ours(target, prompts[: args.batch], warm, args.batch)
+    run_hf(target, prompts[: args.batch], warm, args.batch)
+    ours, hf, ratios = [], [], []
+    for r in range(args.rounds):
+        sides = ("ours", "hf") if r % 2 == 0 else ("hf", "ours")
+        res = {}
+        for side in sides:
+            fn = run_ours if side == "ours" else run_hf
+            n_tok, dt = fn(target, prompts, s, args.batch)
+            res[side] = n_tok / dt
+        ours.append(res["ours"])
+        hf.append(res["hf"])
+        ratios.append(res["ours"] / res["hf"])
+    print(
+        f"{name:12s} batch {args.batch}, {len(prompts)} prompts, {max_new} new tokens, "
+        f"T=1 top-k 50 top-p 0.95: blockdraft rollout {statistics.median(ours):8.1f} tok/s | "
+        f"HF generate {statistics.median(hf):8.1f} tok/s | ratio {statistics.median(ratios):.2f}x "
+        f"(median of {args.rounds})",
+        flush=True,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="tiny,gemma")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batches", type=int, default=2, help="batches of prompts per round")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tiny-new", type=int, default=128)
+    ap.add_argument("--gemma-new", type=int, default=24)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    for shape in args.shapes.split(","):
+        if shape == "tiny":
+            bench("tiny-shaped", tiny_shaped(), args, args.tiny_new)
+        elif shape == "gemma":
+            bench("gemma-shaped", gemma_shaped(), args, args.gemma_new)
+        else:
+            raise SystemExit(f"unknown shape {shape!r}: use tiny and/or gemma")
+
+
+if __name__ == "__main__":
+    main()
