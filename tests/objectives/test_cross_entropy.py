@@ -1,11 +1,17 @@
-"""Chunked target log-probs and the weighted cross-entropy against plain full-logits autograd."""
+"""Target log-probs (kept and chunked modes) and the weighted cross-entropy against plain
+full-logits autograd."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from blockdraft.objectives import target_logprobs, token_logprobs, weighted_cross_entropy
+from blockdraft.objectives.cross_entropy import keeps_probabilities
+
+KEEP, CHUNKED = None, 0  # max_kept_bytes: default budget (small cases fit) / force chunking
 
 
 def _reference_logprobs(
@@ -26,14 +32,17 @@ def _case(m: int = 13, h: int = 6, v: int = 37, seed: int = 0):
     return hidden, weight, targets, upstream
 
 
-@pytest.mark.parametrize("chunk_rows", [1, 4, 5, 12, 13, 100])
-def test_chunked_values_and_gradients_match_full_logits(chunk_rows: int) -> None:
+@pytest.mark.parametrize(
+    "chunk_rows,budget", [(1, CHUNKED), (4, CHUNKED), (5, CHUNKED), (12, CHUNKED),
+                          (13, CHUNKED), (100, CHUNKED), (4, KEEP), (None, KEEP)]
+)
+def test_values_and_gradients_match_full_logits(chunk_rows, budget) -> None:
     hidden, weight, targets, upstream = _case()
     targets[3] = -100  # an unlabelled row: log-prob 0, no gradient
     h1, w1 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     h2, w2 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
 
-    got = target_logprobs(h1, w1, targets, chunk_rows=chunk_rows)
+    got = target_logprobs(h1, w1, targets, chunk_rows=chunk_rows, max_kept_bytes=budget)
     ref = _reference_logprobs(h2, w2, targets)
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
     assert got[3] == 0
@@ -71,7 +80,7 @@ def test_nothing_vocabulary_sized_is_saved_for_backward() -> None:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        target_logprobs(hidden, weight, targets, chunk_rows=8).sum().backward()
+        target_logprobs(hidden, weight, targets, chunk_rows=8, max_kept_bytes=0).sum().backward()
     assert saved, "the hook saw no saved tensors"
     assert max(saved) <= max(v * 8, m * 8)  # the weight itself [V, H] is the largest input
 
@@ -79,6 +88,85 @@ def test_nothing_vocabulary_sized_is_saved_for_backward() -> None:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         _reference_logprobs(hidden, weight, targets).sum()
     assert max(saved) >= m * v  # the reference does keep full logits: the check can fail
+
+
+class _RecordMatmuls(TorchDispatchMode):
+    """Records the input dtypes of every matmul-like aten op run inside the mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("mm", "addmm", "addmm_", "bmm", "matmul"):
+            self.calls.append((name, args[0].dtype))
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_budget_decides_and_both_modes_agree_in_float64() -> None:
+    """The kept mode does no logits matmul in backward, the chunked mode recomputes them;
+    the byte budget alone picks the mode, and both give the same values and gradients."""
+    m, v = 24, 50
+    hidden, weight, targets, upstream = _case(m=m, h=5, v=v, seed=3)
+    targets[[0, 7]] = -1
+    size = m * v * 8  # float64 probabilities
+    assert keeps_probabilities(m, v, torch.float64, size)
+    assert not keeps_probabilities(m, v, torch.float64, size - 1)
+    results = {}
+    for name, budget in (("kept", size), ("chunked", size - 1)):
+        h = hidden.clone().requires_grad_(True)
+        w = weight.clone().requires_grad_(True)
+        logq = target_logprobs(h, w, targets, chunk_rows=7, max_kept_bytes=budget)
+        with _RecordMatmuls() as rec:
+            (logq * upstream).sum().backward()
+        results[name] = (logq.detach(), h.grad, w.grad, len(rec.calls))
+    kept, chunked = results["kept"], results["chunked"]
+    torch.testing.assert_close(kept[0], chunked[0], rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(kept[1], chunked[1], rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(kept[2], chunked[2], rtol=1e-12, atol=1e-13)
+    assert kept[3] == 2  # grad_hidden and grad_weight from the kept probabilities
+    assert chunked[3] == 3 * 4  # 4 chunks of 7 rows: recompute + grad_hidden + grad_weight
+    ref = _reference_logprobs(hidden, weight, targets)
+    torch.testing.assert_close(kept[0], ref, rtol=1e-12, atol=1e-12)
+
+
+def test_kept_mode_survives_a_second_backward() -> None:
+    hidden, weight, targets, upstream = _case(m=9, v=11, seed=4)
+    h = hidden.clone().requires_grad_(True)
+    logq = target_logprobs(h, weight, targets)
+    (g1,) = torch.autograd.grad((logq * upstream).sum(), h, retain_graph=True)
+    (g2,) = torch.autograd.grad((logq * upstream).sum(), h)  # kept buffer already consumed
+    torch.testing.assert_close(g1, g2, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("budget", [KEEP, CHUNKED])
+def test_backward_runs_under_the_forwards_autocast_state(budget) -> None:
+    """bf16 autocast on CPU: the backward's matmuls are bf16 like the forward's (backward is
+    called outside the autocast region, as training loops do), and the values match
+    full-logits autograd under the same autocast."""
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(20, 16, generator=g)
+    weight = torch.randn(40, 16, generator=g) / 4
+    targets = torch.randint(0, 40, (20,), generator=g)
+    targets[2] = -1
+    h1, h2 = hidden.clone().requires_grad_(True), hidden.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = target_logprobs(h1, weight, targets, chunk_rows=6, max_kept_bytes=budget)
+        ref = token_logprobs(torch.nn.functional.linear(h2, weight), targets)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    with _RecordMatmuls() as rec:
+        got.sum().backward()
+    assert rec.calls and all(dtype == torch.bfloat16 for _, dtype in rec.calls), rec.calls
+    ref.sum().backward()
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=2e-2, atol=2e-3)
+    # Without autocast the same backward is fp32: the check above can fail.
+    h3 = hidden.clone().requires_grad_(True)
+    plain = target_logprobs(h3, weight, targets, chunk_rows=6, max_kept_bytes=budget)
+    with _RecordMatmuls() as rec:
+        plain.sum().backward()
+    assert all(dtype == torch.float32 for _, dtype in rec.calls)
 
 
 def test_token_logprobs_matches_log_softmax_and_ignores_negative_targets() -> None:

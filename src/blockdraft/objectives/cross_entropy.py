@@ -1,11 +1,15 @@
 """Log-probabilities of target tokens and the weighted cross-entropy all block objectives share.
 
 Every block objective except E2E is `sum(w * -log q) / sum(w)` with different detached
-weights, so the only vocabulary-sized work is `log q(target)`. With real targets
-(V = 262,144 for Gemma) the `[N*K, V]` logits of a training batch cannot exist in memory,
-so `target_logprobs` goes from the drafter's final hidden states straight to
-`log q(target)`, one chunk of rows at a time, and recomputes each chunk's logits in the
-backward pass: peak extra memory is O(chunk_rows * V) forward *and* backward.
+weights, so the only vocabulary-sized work is `log q(target)`. `target_logprobs` goes from
+the drafter's final hidden states straight to `log q(target)` in one of two memory modes,
+and one place decides which (`keeps_probabilities`, a byte budget):
+
+- the `[rows, V]` probabilities fit the budget (the tiny demo: 3,584 x 4,096, 59 MB): they
+  are computed once in forward, kept, and turned into the gradient in place in backward;
+- they do not (real vocabularies: `[N*K, 262144]` for Gemma is gigabytes): one chunk of
+  rows at a time, each chunk's logits recomputed in backward, so peak extra memory is
+  O(chunk_rows * V) forward *and* backward.
 
 Convention for all functions here: a negative target id means "no label" (padding,
 past the end of the sequence); its log-probability is 0 and it gets no gradient.
@@ -21,10 +25,28 @@ _IGNORE = -100  # cross_entropy's ignore_index; every negative target is mapped 
 # Elements of one [chunk_rows, V] fp32 logits buffer when chunk_rows is chosen for you (64 MB).
 DEFAULT_CHUNK_ELEMENTS = 1 << 24
 
+# Largest `[rows, V]` probability buffer (bytes, compute dtype) `target_logprobs` keeps from
+# forward to backward instead of recomputing logits chunk by chunk. The one knob that
+# decides the mode; 0 forces the chunked mode (what the bench's "old path" does).
+MAX_KEPT_PROBS_BYTES = 256 << 20
+
 
 def default_chunk_rows(vocab_size: int) -> int:
     """Rows per chunk so that one fp32 `[rows, V]` buffer stays around 64 MB."""
     return max(1, DEFAULT_CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+def keeps_probabilities(
+    rows: int, vocab_size: int, dtype: torch.dtype, budget_bytes: int | None = None
+) -> bool:
+    """Whether `target_logprobs` keeps the `[rows, V]` probabilities (no recompute).
+
+    The single place the mode is decided: the buffer's size in the compute dtype against
+    `budget_bytes` (default `MAX_KEPT_PROBS_BYTES`, read at call time).
+    """
+    budget = MAX_KEPT_PROBS_BYTES if budget_bytes is None else budget_bytes
+    itemsize = torch.empty((), dtype=_compute_dtype(dtype)).element_size()
+    return rows * vocab_size * itemsize <= budget
 
 
 def _check_targets(targets: torch.Tensor, vocab_size: int, expected_shape: torch.Size) -> None:
@@ -66,56 +88,109 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (-nll).reshape(targets.shape)
 
 
-class _ChunkedTargetLogprobs(torch.autograd.Function):
-    """`log softmax(hidden @ weight.T)[target]`, never holding more than one chunk of logits."""
+def _softmax_(logits: torch.Tensor, normalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn `logits [rows, V]` into probabilities in place; return (probs, logsumexp).
 
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_rows):  # type: ignore[override]
-        rows = hidden.shape[0]
-        valid = targets >= 0
-        safe_targets = targets.clamp_min(0)
-        dtype = _compute_dtype(hidden.dtype)
-        logq = torch.empty(rows, dtype=dtype, device=hidden.device)
-        lse = torch.empty(rows, dtype=dtype, device=hidden.device)
-        for start in range(0, rows, chunk_rows):
-            stop = min(start + chunk_rows, rows)
-            logits = (hidden[start:stop] @ weight.T).to(dtype)
-            lse[start:stop] = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, safe_targets[start:stop, None]).squeeze(1)
-            logq[start:stop] = picked - lse[start:stop]
-            del logits
-        logq = torch.where(valid, logq, torch.zeros_like(logq))
-        ctx.save_for_backward(hidden, weight, safe_targets, valid, lse)
-        ctx.chunk_rows = chunk_rows
-        return logq
+    `normalise=False` skips the final division (the caller only wants the logsumexp).
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_logq):  # type: ignore[override]
-        hidden, weight, safe_targets, valid, lse = ctx.saved_tensors
-        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        dtype = lse.dtype
-        grad_weight = (
-            torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
-        )
-        g = torch.where(valid, grad_logq.to(dtype), torch.zeros_like(lse))
-        rows, chunk_rows = hidden.shape[0], ctx.chunk_rows
-        for start in range(0, rows, chunk_rows):
-            stop = min(start + chunk_rows, rows)
-            h = hidden[start:stop]
-            # d logq / d logits = onehot(target) - softmax; scaled by the incoming gradient.
+    In place because on CPU every fresh `[rows, V]` tensor is page-faulted in anew
+    (`torch.logsumexp` alone allocates one): this buffer is the only vocabulary-sized one.
+    """
+    top = logits.amax(dim=1, keepdim=True)
+    probs = logits.sub_(top).exp_()
+    total = probs.sum(dim=1, keepdim=True)
+    if normalise:
+        probs.div_(total)
+    return probs, (top + total.log()).squeeze(1)
+
+
+def _forward(ctx, hidden, weight, targets, chunk_rows, keep_probs):  # type: ignore[no-untyped-def]
+    rows = hidden.shape[0]
+    valid = targets >= 0
+    safe_targets = targets.clamp_min(0)
+    dtype = _compute_dtype(hidden.dtype)
+    logq = torch.zeros(rows, dtype=dtype, device=hidden.device)
+    lse = torch.zeros(rows, dtype=dtype, device=hidden.device)
+    step = max(rows, 1) if keep_probs else chunk_rows
+    probs = None
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        logits = (hidden[start:stop] @ weight.T).to(dtype)
+        picked = logits.gather(1, safe_targets[start:stop, None]).squeeze(1)
+        probs, lse[start:stop] = _softmax_(logits, normalise=keep_probs)
+        logq[start:stop] = picked - lse[start:stop]
+    logq = torch.where(valid, logq, torch.zeros_like(logq))
+    ctx.save_for_backward(hidden, weight, safe_targets, valid, lse)
+    ctx.chunk_rows = chunk_rows
+    # An intermediate (not an input/output), so it may live on ctx; freed after one use.
+    ctx.probs = probs if keep_probs else None
+    return logq
+
+
+def _backward(ctx, grad_logq):  # type: ignore[no-untyped-def]
+    hidden, weight, safe_targets, valid, lse = ctx.saved_tensors
+    need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad_hidden = torch.empty_like(hidden) if need_hidden else None
+    dtype = lse.dtype
+    grad_weight = (
+        torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
+    )
+    g = torch.where(valid, grad_logq.to(dtype), torch.zeros_like(lse))
+    kept, ctx.probs = ctx.probs, None  # a second backward (retain_graph) recomputes
+    rows = hidden.shape[0]
+    step = max(rows, 1) if kept is not None else ctx.chunk_rows
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        h = hidden[start:stop]
+        if kept is not None:
+            grad_logits = kept
+        else:
             grad_logits = (h @ weight.T).to(dtype).sub_(lse[start:stop, None]).exp_()
-            g_chunk = g[start:stop, None]
-            grad_logits.mul_(-g_chunk).scatter_add_(1, safe_targets[start:stop, None], g_chunk)
-            if need_hidden:
-                grad_hidden[start:stop] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
-            if need_weight:
-                grad_weight.addmm_(grad_logits.T, h.to(dtype))
-            del grad_logits
+        # d logq / d logits = onehot(target) - softmax; scaled by the incoming gradient.
+        g_chunk = g[start:stop, None]
+        grad_logits.mul_(-g_chunk).scatter_add_(1, safe_targets[start:stop, None], g_chunk)
+        if need_hidden:
+            grad_hidden[start:stop] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
         if need_weight:
-            grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None
+            grad_weight.addmm_(grad_logits.T, h.to(dtype))
+        del grad_logits
+    if need_weight:
+        grad_weight = grad_weight.to(weight.dtype)
+    return grad_hidden, grad_weight, None, None, None
+
+
+def _make_function(device_type: str) -> type[torch.autograd.Function]:
+    """The autograd function for one device type, autocast-aware (`custom_fwd/custom_bwd`).
+
+    Under autocast the forward's matmuls run in the autocast dtype; `custom_bwd` makes the
+    backward (which autograd runs outside the autocast region) use the same state, so its
+    recomputed logits match the forward's and its matmuls are not silently fp32.
+    `custom_fwd` needs the device type at decoration time, hence one class per type.
+    """
+
+    class _TargetLogprobs(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type=device_type)
+        def forward(ctx, hidden, weight, targets, chunk_rows, keep_probs):  # type: ignore[override]
+            return _forward(ctx, hidden, weight, targets, chunk_rows, keep_probs)
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type=device_type)
+        @once_differentiable
+        def backward(ctx, grad_logq):  # type: ignore[override]
+            return _backward(ctx, grad_logq)
+
+    _TargetLogprobs.__name__ = _TargetLogprobs.__qualname__ = f"TargetLogprobs_{device_type}"
+    return _TargetLogprobs
+
+
+_FUNCTIONS: dict[str, type[torch.autograd.Function]] = {}
+
+
+def _function_for(device: torch.device) -> type[torch.autograd.Function]:
+    if device.type not in _FUNCTIONS:
+        _FUNCTIONS[device.type] = _make_function(device.type)
+    return _FUNCTIONS[device.type]
 
 
 def target_logprobs(
@@ -123,14 +198,17 @@ def target_logprobs(
     head_weight: torch.Tensor,
     targets: torch.Tensor,
     chunk_rows: int | None = None,
+    max_kept_bytes: int | None = None,
 ) -> torch.Tensor:
-    """`log q(target)` for rows of final hidden states, differentiable, chunked over rows.
+    """`log q(target)` for rows of final hidden states, differentiable, never `[rows, V]` twice.
 
     hidden `[..., H]` (the drafter's final-normed states), head_weight `[V, H]` (the LM
     head, no bias), targets `[...]` int ids (negative = no label). Returns float32 `[...]`.
-    Gradients flow to `hidden` and, if it requires grad, to `head_weight`; peak extra
-    memory is O(chunk_rows * V) including the backward pass, which recomputes each
-    chunk's logits instead of storing them. `chunk_rows=None` picks ~64 MB chunks.
+    Gradients flow to `hidden` and, if it requires grad, to `head_weight`. If the
+    `[rows, V]` probabilities fit `max_kept_bytes` (default `MAX_KEPT_PROBS_BYTES`; see
+    `keeps_probabilities`) they are kept for backward; otherwise peak extra memory is
+    O(chunk_rows * V) including the backward pass, which recomputes each chunk's logits.
+    `chunk_rows=None` picks ~64 MB chunks. Values and gradients are the same either way.
     """
     if hidden.dim() < 1 or head_weight.dim() != 2:
         raise ValueError(
@@ -154,7 +232,9 @@ def target_logprobs(
     lead_shape = hidden.shape[:-1]
     flat_hidden = hidden.reshape(-1, hidden_size)
     flat_targets = targets.reshape(-1).long()
-    logq = _ChunkedTargetLogprobs.apply(flat_hidden, head_weight, flat_targets, chunk_rows)
+    keep = keeps_probabilities(flat_hidden.shape[0], vocab_size, hidden.dtype, max_kept_bytes)
+    fn = _function_for(hidden.device)
+    logq = fn.apply(flat_hidden, head_weight, flat_targets, chunk_rows, keep)
     return logq.reshape(lead_shape)
 
 
