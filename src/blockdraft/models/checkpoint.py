@@ -114,9 +114,12 @@ def write_checkpoint_dir(
     from safetensors.torch import save_file
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as exc:  # name the destination, not our temporary sibling
+        raise OSError(exc.errno, f"cannot write here ({exc.strerror})", str(path)) from None
     try:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         weights = tmp / WEIGHTS_NAME
@@ -144,6 +147,11 @@ def write_checkpoint_dir(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.filename is not None and str(tmp) in str(exc.filename):
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
