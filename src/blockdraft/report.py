@@ -35,8 +35,8 @@ def _fmt(x: Any, nd: int = 3) -> str:
     return f"{x:.{nd}f}" if isinstance(x, (int, float)) else str(x)
 
 
-def _ci(ci: Sequence[float] | None, nd: int = 3) -> str:
-    return f"[{_fmt(ci[0], nd)}, {_fmt(ci[1], nd)}]" if ci else "–"
+def _ci(ci: Sequence[float] | None, nd: int = 3, unit: str = "") -> str:
+    return f"[{_fmt(ci[0], nd)}{unit}, {_fmt(ci[1], nd)}{unit}]" if ci else "–"
 
 
 def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], int]:
@@ -93,7 +93,7 @@ def drafters_from_eval(eval_json: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _offline_table(drafters: Sequence[dict[str, Any]]) -> list[str]:
     k_max = max((len(d.get("ar_k", [])) for d in drafters), default=0)
-    shown = list(range(min(k_max, 8)))
+    shown = list(range(k_max))  # every proposal slot: AR_1..AR_K for the drafters' own K
     head = (
         "| benchmark | drafter | MAL | 95% CI | E[rounds] | "
         + " | ".join(f"AR_{k + 1}" for k in shown)
@@ -125,7 +125,7 @@ def comparison_table(comparisons: Sequence[dict[str, Any]]) -> list[str]:
             f"{_fmt(c['mal_b'])} | "
             f"{_fmt(c['diff'], 4)} | {_ci(c.get('diff_ci95'), 4)} | "
             f"{_fmt(100 * rel, 2) + '%' if rel is not None else '–'} | "
-            f"{_ci([100 * v for v in rel_ci], 2) if rel_ci else '–'} |"
+            f"{_ci([100 * v for v in rel_ci], 2, '%') if rel_ci else '–'} |"
         )
     return lines
 
@@ -151,6 +151,20 @@ def _online_table(online: dict[str, dict[str, Any]]) -> list[str]:
             f"{_fmt(o.get('ar_tokens_per_s'), 1)} | {_fmt(o.get('speedup'), 2)}x |"
         )
     return lines
+
+
+def _trained_with_dpace(metrics_path: str | Path) -> bool:
+    """Whether the run whose metrics.jsonl this is used a D-PACE objective (from its
+    run.yaml; True when that cannot be read, so nothing is hidden by mistake)."""
+    import yaml
+
+    try:
+        run_dir = Path(metrics_path) if Path(metrics_path).is_dir() else Path(metrics_path).parent
+        cfg = yaml.safe_load((run_dir / "run.yaml").read_text()) or {}
+        name = str(cfg["objective"]["name"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return True
+    return name.startswith("dpace")
 
 
 def write_report(
@@ -207,7 +221,8 @@ def write_report(
                 notes.append(f"{name}: skipped {bad} malformed line(s) in its metrics.jsonl")
             series = training_series(events)
             curves[name] = series
-            profiles[name] = series["profile"]
+            if _trained_with_dpace(path):  # other objectives log the profile as a diagnostic
+                profiles[name] = series["profile"]
         plot_training_curves(curves, out / "training_curves.png")
         md += ["## Training", "", "![training curves](training_curves.png)", ""]
         if any(profiles.values()):

@@ -39,6 +39,16 @@ def _grid(n: int, width: float = 5.0, height: float = 3.6) -> tuple[Any, list[An
     return fig, flat[:n]
 
 
+def _integer_steps(ax: Any) -> None:
+    """Integer step ticks, also for runs with one or two logged steps (whose tiny x range
+    would otherwise get ticks such as 2.5 .. 3.5)."""
+    lo, hi = ax.get_xlim()
+    if hi - lo < 2:
+        mid = round((lo + hi) / 2)
+        ax.set_xlim(mid - 1, mid + 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plot_acceptance_rates(drafters: Sequence[dict[str, Any]], path: Path) -> Path:
     """AR_k (P(proposal k accepted | 1..k-1 accepted)) vs k, one panel per benchmark."""
     benches = list(dict.fromkeys(d.get("benchmark", "") for d in drafters))
@@ -100,9 +110,10 @@ def plot_training_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], 
             ax_mal.plot(s, v, marker="o", ms=3, label=name)
         if c.get("loss"):
             s, v = zip(*c["loss"], strict=True)
-            ax_loss.plot(s, v, lw=1, label=name)
+            # a run with one or two logged points (a short fine-tuning stage) needs markers,
+            # or it is in the legend but invisible
+            ax_loss.plot(s, v, lw=1, marker="o" if len(s) < 3 else None, ms=4, label=name)
     ax_mal.set_ylim(bottom=1.0)  # MAL >= 1 always: the honest floor
-    ax_mal.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_mal.set_xlabel("training step")
     ax_mal.set_ylabel("eval MAL (tokens per round)")
     ax_mal.set_title("held-out mean accepted length")
@@ -114,6 +125,7 @@ def plot_training_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], 
     ):
         ax_loss.set_yscale("log")
     for ax in (ax_mal, ax_loss):
+        _integer_steps(ax)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
@@ -145,7 +157,7 @@ def plot_weight_profiles(profiles: dict[str, list[tuple[int, list[float]]]], pat
         y_edges = [j + 0.5 for j in range(k + 1)]
         im = ax.pcolormesh(x_edges, y_edges, mat, cmap="viridis", vmin=0, vmax=vmax, shading="flat")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _integer_steps(ax)
         ax.set_xlabel("training step")
         ax.set_ylabel("block slot j (proposal)")
         ax.set_title(f"D-PACE weights: {name}")

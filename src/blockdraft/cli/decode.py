@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         if ngram is None:
             from blockdraft.models.checkpoint import load_drafter
 
-            drafter = load_drafter(ckpt, target).eval()
+            drafter = load_drafter(ckpt, target, adopt_layer_ids=True).eval()
         else:
             drafter = ngram
         prompts, settings, rollouts = _prompts_and_settings(args, target)

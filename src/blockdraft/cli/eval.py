@@ -87,13 +87,13 @@ def load_scored(
         raise ValueError(f"{rollout_dir}: rollout set is empty")
     check_target(rollouts, target)
     out = []
-    for path in drafter_paths:
+    for path, name in zip(drafter_paths, drafter_names(drafter_paths), strict=True):
         ngram = parse_drafter_spec(path)
         if ngram is not None:  # prompt lookup: no checkpoint, scored from token ids
             out.append(score_rollout_set(ngram, target, rollouts, progress=False))
             continue
         ckpt = resolve_checkpoint(path)
-        drafter = load_drafter(ckpt, target).eval()
+        drafter = load_drafter(ckpt, target, adopt_layer_ids=True).eval()
         out.append(
             score_rollout_set(
                 drafter,
@@ -101,7 +101,7 @@ def load_scored(
                 rollouts,
                 drafter_id=checkpoint_hash(ckpt),
                 cache_dir=cache_dir,
-                progress=progress,
+                progress=f"scoring {name}" if progress else False,
             )
         )
     return rollouts, out

@@ -110,6 +110,7 @@ def _info(args: argparse.Namespace) -> int:
         "layer_ids": target.layer_ids,
         "mask_token": [target.mask_token_id, tok.convert_ids_to_tokens(target.mask_token_id)],
         "stop_tokens": [[i, tok.convert_ids_to_tokens(i)] for i in target.stop_token_ids],
+        # the template *in use* (prompt rendering, --chat); see chat_template_file below
         "has_chat_template": bool(getattr(tok, "chat_template", None)),
         "fingerprint": target_fingerprint(target),
         "load_seconds": round(load_s, 2),
@@ -120,6 +121,12 @@ def _info(args: argparse.Namespace) -> int:
 
         manifest = Path(path) / "blockdraft_manifest.json"
         info["path"] = str(path)
+        names = ("chat_template.jinja", "chat_template.json")
+        files = [f for f in names if (Path(path) / f).is_file()]
+        if files and not info["has_chat_template"]:
+            info["chat_template_file"] = (
+                f"{files[0]} is in {path} but not used: a base model, prompts are plain text"
+            )
         if manifest.is_file():
             info["manifest"] = _summary(json.loads(manifest.read_text()))
     print(json.dumps(info, indent=2))
@@ -130,6 +137,13 @@ def _sample(args: argparse.Namespace) -> int:
     target = _load(args)
     tok = target.tokenizer
     if args.chat:
+        if not getattr(tok, "chat_template", None):
+            from blockdraft.errors import BlockdraftError
+
+            raise BlockdraftError(
+                f"--chat: target {args.name!r} has no chat template in use (a base model "
+                "continues plain text); drop --chat"
+            )
         ids = tok.apply_chat_template(
             [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
         )

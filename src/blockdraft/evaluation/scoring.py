@@ -179,9 +179,12 @@ def score_rollouts(
     drafter_id: str | None = None,
     cache_dir: str | os.PathLike | None = None,
     use_cache: bool = True,
-    progress: bool = False,
+    progress: bool | str = False,
 ) -> list[torch.Tensor]:
     """Acceptance tensors `[L_i - 1, K]` for every rollout, from the disk cache if present.
+
+    `progress` may be the progress bar's label (e.g. `scoring dpace`), so that bars of
+    several drafters can be told apart.
 
     `drafter_id` identifies the drafter's weights (e.g. `checkpoint_hash(dir)`); if None
     it is hashed from the drafter's state dict (nn.Module drafters) or caching is skipped.
@@ -216,7 +219,8 @@ def score_rollouts(
     if progress:
         from tqdm import tqdm
 
-        iterator = tqdm(rollouts, desc="scoring", unit="rollout", dynamic_ncols=True)
+        desc = progress if isinstance(progress, str) else "scoring"
+        iterator = tqdm(rollouts, desc=desc, unit="rollout", dynamic_ncols=True)
     out = [
         acceptance_tensor(
             drafter, target, r.prompt_ids, r.response_ids, r.logprobs, temperature, top_p, top_k

@@ -324,7 +324,11 @@ def load_drafter_config(path: str | Path, target: Any = None) -> DrafterConfig:
 
 
 def load_drafter(
-    path: str | Path, target: Any, device: str | torch.device | None = None
+    path: str | Path,
+    target: Any,
+    device: str | torch.device | None = None,
+    *,
+    adopt_layer_ids: bool = False,
 ) -> BlockDrafter:
     """Load a drafter saved by `save_drafter` and bind it to `target` (safetensors only).
 
@@ -332,12 +336,24 @@ def load_drafter(
     it was saved in. Public DFlash drafter directories (no `"blockdraft"` key) and our
     exported copies load too. Raises a one-line ValueError if the checkpoint was made for
     another target (hidden size, vocab, layer ids, number of target layers, mask id).
+
+    `adopt_layer_ids=True` (evaluation, decoding, reports): the drafter's config records
+    which target layers feed it (`dflash_config.target_layer_ids`, as the serving engines
+    read it), so the target is switched to those layers instead of refusing a drafter
+    trained with non-default `target.layer_ids`. Callers scoring several drafters load
+    each right before using it.
     """
     from safetensors.torch import load_file
 
     from blockdraft.models.semi_ar import SemiARDrafter
 
     config = load_drafter_config(path, target)
+    wanted = list(config.target_layer_ids)
+    if adopt_layer_ids and wanted != list(target.layer_ids):
+        if config.num_target_layers == target.num_layers and all(
+            0 <= i < target.num_layers for i in wanted
+        ):
+            target.layer_ids = wanted
     check_target_compatible(config, target)
     weights_file = verify_weights(path)
     try:
