@@ -5,7 +5,8 @@
     python bench/decode.py --target gemma-shaped --drafter untrained --draft-vocab 32768
 
 Rows, on the same target, prompts and thread count, timed round-robin per prompt (every
-method decodes prompt i before any decodes prompt i+1), so machine drift hits all alike:
+method decodes prompt i before any decodes prompt i+1, in reversed order on odd
+prompts), so machine drift hits all alike:
 
 - `HF generate`: `model.generate` (greedy, or sampling at T with top-k/top-p off);
 - `HF prompt lookup`: `generate(prompt_lookup_num_tokens=K)` (HF's assisted decoding;
@@ -205,7 +206,8 @@ def bench_temperature(
                 target, d, p, temperature=temp, max_new_tokens=n,
                 generator=torch.Generator().manual_seed(i),
             )  # fmt: skip
-        for name, job in jobs.items():
+        order = list(jobs.items())  # reversed on odd prompts: no method always runs first
+        for name, job in order if i % 2 == 0 else order[::-1]:
             calls = counter.calls
             t0 = time.perf_counter()
             result = job()

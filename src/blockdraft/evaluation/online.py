@@ -315,10 +315,10 @@ def speculative_generate(
             block_buf[0, 1:] = proposals
         clock.lap("other")
         # --- verify ------------------------------------------------------------------
-        out = run.step(block_buf, cache, keep=k + 1, features=not ngram)
+        out = run.step(block_buf, cache, keep=k + 1, features=not ngram, argmax=greedy)
         clock.lap("target")
         if greedy:
-            best = out.logits.argmax(-1).tolist()  # [k+1]: the one host read of the round
+            best = out.argmax()  # [k+1]: the one host read of the round
             props = prop_list if ngram else block_buf[0, 1:].tolist()
             m = next((j for j in range(k) if props[j] != best[j]), k)
             new = props[:m] + [best[m]]

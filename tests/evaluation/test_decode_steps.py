@@ -1,0 +1,82 @@
+"""The decoding loop's model calls: the screened argmax head is the fp32 argmax, and the
+speculative loop that uses it still reproduces greedy autoregressive decoding.
+
+The screen keeps every token whose fp32 logit could still be the largest under its
+rounding-error bound, so it must find the exact argmax even on near-ties that a bf16
+product alone gets wrong (checked to actually happen here, so the test can fail).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fake_drafter import MemoDrafter
+
+from blockdraft.evaluation import decode_steps
+from blockdraft.evaluation.decode_steps import ScreenedArgmaxHead, TargetRunner
+from blockdraft.evaluation.online import ar_generate, decode
+from blockdraft.models.ngram import NgramDrafter
+from blockdraft.models.testing import make_random_target
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_screened_argmax_equals_fp32_argmax_on_near_ties() -> None:
+    g = torch.Generator().manual_seed(0)
+    vocab, hidden, rows = 4096, 256, 64
+    weight = torch.randn(vocab, hidden, generator=g) * 0.05
+    x = torch.randn(rows, hidden, generator=g) * 4
+    exact_best = (x @ weight.T).argmax(-1)
+    # near-ties: for every row, a rival token whose logit is within ~1e-4 of the best
+    rivals = torch.randint(vocab, (rows,), generator=g)
+    for r in range(rows):
+        direction = x[r] / x[r].norm() ** 2
+        logit_best = float(x[r] @ weight[exact_best[r]])
+        gap = (1e-4 if r % 2 else -1e-4) * abs(logit_best)
+        weight[rivals[r]] = weight[exact_best[r]] + direction * gap
+    head = ScreenedArgmaxHead(weight)
+    exact = (x @ weight.T).argmax(-1)
+    low = (x.bfloat16() @ weight.bfloat16().T).float().argmax(-1)
+    assert (low != exact).any(), "bf16 alone never errs here: the test would prove nothing"
+    assert torch.equal(head.argmax(x), exact)
+
+
+def test_screen_bound_covers_the_bf16_error() -> None:
+    g = torch.Generator().manual_seed(1)
+    weight = torch.randn(2048, 640, generator=g)
+    x = torch.randn(8, 640, generator=g) * 30
+    head = ScreenedArgmaxHead(weight)
+    screen = torch.nn.functional.linear(x.bfloat16(), head.low).float()
+    err = (screen.double() - (x.double() @ weight.double().T)).abs()
+    assert (err <= head.bounds(x, screen)).all()
+
+
+@pytest.mark.parametrize("drafter_kind", ["memo", "ngram"])
+def test_greedy_speculative_with_screened_head_equals_ar(monkeypatch, drafter_kind) -> None:
+    """Random targets have small heads; lower the size threshold so they use the screen."""
+    monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
+    monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
+    target = make_random_target("llama", seed=1)
+    assert TargetRunner(target).screen is not None
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, target.vocab_size, (6,), generator=g).tolist() for _ in range(4)]
+    ar = [ar_generate(target, p, max_new_tokens=30) for p in prompts]
+    if drafter_kind == "memo":
+        drafter = MemoDrafter.of_outputs(target, prompts, ar)
+    else:
+        drafter = NgramDrafter(num_proposals=4, match="first")
+    calls = []
+    original = ScreenedArgmaxHead.argmax
+    monkeypatch.setattr(
+        ScreenedArgmaxHead, "argmax", lambda self, h: calls.append(1) or original(self, h)
+    )
+    res = decode(target, drafter, prompts, temperature=0.0, max_new_tokens=30, measure_ar=False)
+    assert res.outputs == ar
+    assert calls, "the screened head was never used"
+    assert sum(res.histogram[2:]) > 0
