@@ -80,3 +80,33 @@ def test_greedy_speculative_with_screened_head_equals_ar(monkeypatch, drafter_ki
     assert res.outputs == ar
     assert calls, "the screened head was never used"
     assert sum(res.histogram[2:]) > 0
+
+
+@pytest.mark.parametrize("screened", [False, True])
+def test_greedy_draft_head_equals_full_vocab_argmax(monkeypatch, screened) -> None:
+    """Argmax in the drafter's reduced vocabulary, mapped to target ids, is the argmax of
+    `draft_logits` (full target vocabulary, -inf outside the draft vocabulary)."""
+    from blockdraft.evaluation.decode_steps import GreedyDraftHead
+    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+
+    if screened:
+        monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
+    monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
+    target = make_random_target("qwen3")
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=6, draft_vocab_size=100)
+    drafter = BlockDrafter(cfg).bind_target(target).eval()
+    g = torch.Generator().manual_seed(3)
+    drafter.set_draft_vocab(torch.randperm(target.vocab_size, generator=g)[:100].sort().values)
+    head = GreedyDraftHead.of(drafter)
+    assert (head.screen is not None) == screened
+    assert GreedyDraftHead.of(drafter) is head  # cached across prompts
+    state = drafter.new_state()
+    feats = torch.randn(1, 12, target.feature_size, generator=g)
+    drafter.extend_context(state, feats, 0)
+    with torch.inference_mode():
+        for anchor in (5, 17, 40):
+            expected = drafter.draft_logits(state, anchor, 12).argmax(-1)
+            got = head.pick(drafter.draft_hidden(state, anchor, 12))
+            assert torch.equal(got, expected)
+    assert set(got.tolist()) <= set(drafter.draft_ids.tolist())

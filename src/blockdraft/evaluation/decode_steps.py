@@ -129,10 +129,28 @@ class GreedyDraftHead:
     """T = 0 drafting for a parallel `BlockDrafter`: argmax over its own vocabulary."""
 
     def __init__(self, drafter: Any) -> None:
-        self.drafter = drafter
+        # no reference to the drafter itself: instances are cached weakly keyed by it
         self.weight = drafter.head_weight.detach().to(dtype=drafter.dtype)  # [V_draft, H]
         ids = drafter.draft_ids
         self.ids = ids.to(self.weight.device) if ids is not None else None
+        big = (
+            self.weight.dtype == torch.float32
+            and self.weight.numel() >= ScreenedArgmaxHead.MIN_HEAD
+        )
+        self.screen = ScreenedArgmaxHead(self.weight) if big else None  # K rows: compute-bound
+
+    @classmethod
+    def of(cls, drafter: Any) -> GreedyDraftHead:
+        """The drafter's head, reused across prompts while its weight sources are unchanged
+        (tensor versions: an in-place update, e.g. `set_draft_vocab`, rebuilds it)."""
+        shared = drafter._need_target().head.weight
+        d2t = getattr(drafter, "d2t", None)
+        key = (id(shared), shared._version, None if d2t is None else (id(d2t), d2t._version))
+        cached = _SCREENS.get(drafter)
+        if cached is None or cached[0] != key:
+            cached = (key, cls(drafter))
+            _SCREENS[drafter] = cached
+        return cached[1]
 
     @staticmethod
     def applies(drafter: Any) -> bool:
@@ -141,10 +159,12 @@ class GreedyDraftHead:
 
         return isinstance(drafter, BlockDrafter) and getattr(drafter, "markov_head", None) is None
 
-    def propose(self, state: Any, anchor_id: int, anchor_position: int) -> torch.Tensor:
-        """Greedy proposals `[K]` (target ids)."""
-        hidden = self.drafter.draft_hidden(state, anchor_id, anchor_position)  # [K, H]
-        best = torch.nn.functional.linear(hidden, self.weight).argmax(-1)
+    def pick(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Greedy proposals `[K]` (target ids) from `drafter.draft_hidden(...)` `[K, H]`."""
+        if self.screen is not None:
+            best = self.screen.argmax(hidden)
+        else:
+            best = torch.nn.functional.linear(hidden, self.weight).argmax(-1)
         return best if self.ids is None else self.ids[best]
 
 

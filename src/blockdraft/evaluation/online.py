@@ -289,7 +289,7 @@ def speculative_generate(
     else:
         state = drafter.new_state()
         drafter.extend_context(state, out.features, 0)
-        head = GreedyDraftHead(drafter) if greedy and GreedyDraftHead.applies(drafter) else None
+        head = GreedyDraftHead.of(drafter) if greedy and GreedyDraftHead.applies(drafter) else None
     anchor, a = first, plen  # anchor token and its sequence index
     clock.lap("prefill")
     while True:
@@ -299,7 +299,7 @@ def speculative_generate(
             prop_list = index.propose(trace.tokens)
             k = len(prop_list)
         elif head is not None:
-            proposals = head.propose(state, anchor, a)
+            proposals = head.pick(drafter.draft_hidden(state, anchor, a))
             k = proposals.shape[0]
         else:
             proposals, q = draft_block(
