@@ -213,7 +213,10 @@ def test_interrupted_writer_resumes_to_identical_shards(
         target, rollout_dirs["greedy"], tmp_path / "resumed", dtype="bfloat16", shard_size=5
     )
     assert plan.done_rows == 10 and 0 < plan.remaining_bytes < plan.total_bytes
+    stale = tmp_path / "resumed" / ".shard-00002.safetensors.tmp"  # what kill -9 leaves
+    stale.write_bytes(b"half a shard")
     run(tmp_path / "resumed")
+    assert not stale.exists()
     a = json.loads((tmp_path / "straight" / "manifest.json").read_text())
     b = json.loads((tmp_path / "resumed" / "manifest.json").read_text())
     assert a["shards"] == b["shards"] and b["complete"] and len(b["shards"]) == 5
