@@ -11,9 +11,10 @@ DFlash drafters, so that any drafter trained here loads in the serving engines.
 
 Two ways to run it, which must agree exactly (tests/models/test_drafter.py):
 
-- training/scoring: `forward_blocks` lays all blocks of a sequence end to end in one pass,
-  with a boolean attention mask (block j sees context `< anchor_j` and its own block,
-  never another block); context K/V are computed once per layer and shared.
+- training/scoring: `forward_blocks` lays all blocks of a sequence end to end in one pass
+  (block j sees context `< anchor_j` and its own block, never another block; how that is
+  computed without a dense mask is `block_attention.py`); context K/V are computed once
+  per layer and shared.
 - inference: a `DrafterState` caches the context K/V of verified positions;
   `extend_context` appends, `state.crop` cuts back, `draft_logits`/`sample_block` run one
   block against the cache (block K/V are never cached).
@@ -31,12 +32,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from blockdraft.models.block_attention import (
+    ATTENTION_IMPLS,
+    BlockAttention,
+    block_attention_mask,
+    default_attention_impl,
+)
 from blockdraft.models.draft_vocab import draft_ids_from_d2t
 from blockdraft.models.drafter_config import ARCHS, DrafterConfig, check_target_compatible
 from blockdraft.models.layers import DecoderLayer, RMSNorm, rope_cos_sin, rope_inverse_frequencies
 
 __all__ = [
     "ARCHS",
+    "ATTENTION_IMPLS",
     "BlockDrafter",
     "DrafterConfig",
     "DrafterState",
@@ -44,22 +52,6 @@ __all__ = [
     "check_target_compatible",
     "sample_from_logits",
 ]
-
-
-def block_attention_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
-    """Boolean mask `[B, 1, A*Kb, T + A*Kb]` (True = may attend) for `forward_blocks`.
-
-    Keys are `[context 0..T-1; block 0 slots; block 1 slots; ...]`. Block j's queries see
-    context indices `< anchors[:, j]` and all slots of block j. Padding anchors (-1) see
-    only their own block, so every row has a key and the softmax stays finite.
-    """
-    B, A = anchors.shape
-    dev = anchors.device
-    ctx = torch.arange(seq_len, device=dev)[None, None, :] < anchors[:, :, None]  # [B,A,T]
-    ctx = ctx.repeat_interleave(block_size, dim=1)  # [B,A*Kb,T]
-    block_of = torch.arange(A, device=dev).repeat_interleave(block_size)
-    own = (block_of[:, None] == block_of[None, :]).expand(B, -1, -1)  # [B,A*Kb,A*Kb]
-    return torch.cat([ctx, own], dim=-1).unsqueeze(1)
 
 
 def sample_from_logits(
@@ -140,6 +132,9 @@ class BlockDrafter(nn.Module):
             # EAGLE-3/vLLM layout: d2t[i] = target_id(i) - i; filled by set_draft_vocab or load.
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self._shared: _Shared | None = None
+        # How forward_blocks attends: "auto" (per device) or one of ATTENTION_IMPLS; a
+        # runtime choice (all are exact), not part of the config or checkpoint.
+        self.attention = "auto"
         self.apply(self._init_weights)
 
     @staticmethod
@@ -211,12 +206,18 @@ class BlockDrafter(nn.Module):
 
     # --- training: many blocks per sequence in one pass -------------------------------------
     def forward_blocks(
-        self, features: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor
+        self,
+        features: torch.Tensor,
+        input_ids: torch.Tensor,
+        anchors: torch.Tensor,
+        attention: str | None = None,
     ) -> torch.Tensor:
         """Final-normed hidden states `[B, A, K, H]` of slots 1..K of every block.
 
         features `[B, T, F]`, input_ids `[B, T]`, anchors `[B, A]` sequence indices of the
-        anchors (-1 = padding; its outputs are finite but meaningless).
+        anchors (-1 = padding; its outputs are finite but meaningless). `attention`: how
+        blocks attend (`block_attention.py`: dense | tiled | flex, all exact); None =
+        `self.attention`, whose default "auto" picks per device.
         """
         B, T = input_ids.shape
         if features.shape[:2] != (B, T) or anchors.dim() != 2 or anchors.shape[0] != B:
@@ -241,7 +242,10 @@ class BlockDrafter(nn.Module):
         x = self.embed(block_ids).view(B, A * Kb, -1)
         positions = (start[:, :, None] + torch.arange(Kb, device=start.device)).view(B, A * Kb)
         cos, sin = self._rope(positions)
-        mask = block_attention_mask(anchors, T, Kb)
+        impl = attention or self.attention
+        if impl == "auto":
+            impl = default_attention_impl(x.device)
+        mask = BlockAttention(anchors, T, Kb, impl, dtype=x.dtype)
 
         for layer in self.layers:
             ctx_k, ctx_v = layer.self_attn.key_value(ctx, ctx_cos, ctx_sin)

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from blockdraft.models.block_attention import BlockAttention
+
 
 class RMSNorm(nn.Module):
     """`weight * x / rms(x)`, computed in float32 like HF Llama/Qwen3 (weight init 1)."""
@@ -132,12 +134,18 @@ class ContextAttention(nn.Module):
         ctx_v: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | BlockAttention | None,
     ) -> torch.Tensor:
-        """`x [B, L, H]` block states; `ctx_k/ctx_v [B, kv_heads, T, d]`; mask `[B, 1, L, T+L]`."""
+        """`x [B, L, H]` block states; `ctx_k/ctx_v [B, kv_heads, T, d]`.
+
+        mask: None (one block, sees all of ctx), a boolean `[B, 1, L, T+L]`, or the
+        `BlockAttention` layout of `forward_blocks`, which then does the attending.
+        """
         q = self.q_norm(self._heads(self.q_proj(x), self.num_heads)).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         k, v = self.key_value(x, cos, sin)
+        if isinstance(mask, BlockAttention):
+            return self.o_proj(mask.attend(q, k, v, ctx_k, ctx_v).transpose(1, 2).flatten(-2))
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
         out = F.scaled_dot_product_attention(
@@ -188,7 +196,7 @@ class DecoderLayer(nn.Module):
         ctx_v: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | BlockAttention | None,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
