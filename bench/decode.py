@@ -19,13 +19,17 @@ prompts), so machine drift hits all alike:
   `untrained` (random weights, the shape of a 1-layer DFlash drafter; its timing is what
   matters at Gemma's shape, its tau is ~1).
 
-Every speculative row prints tau, tokens/s, speedup vs HF generate at that temperature,
-and the mean time of one round split into draft (drafter forward / lookup), target
-(verification forward), verify (acceptance test and sampling) and other (cache crop,
-drafter context, bookkeeping), in ms and in AR steps (one AR-loop forward + token
-choice). A first table times single target forwards at the prompts' context lengths:
+Every row prints on how many prompts its output equals HF generate's (T = 0: the exact
+methods must agree), tokens/s and its ratio to HF generate's (ratio of sums, and the
+median of the per-prompt ratios, robust to one disturbed prompt); speculative rows add
+tau and the mean time of one round split into draft (drafter forward and context
+update / n-gram lookup), target (verification forward), verify (acceptance test and
+sampling) and other (cache crop, bookkeeping), in ms and in AR steps (one AR-loop forward
++ token choice). A first table times single target forwards at the prompts' context lengths:
 one token (an AR step) against K+1 tokens with and without the features a drafter
-needs: the verification cost that bounds every speedup. docs/decoding.md explains the
+needs, and as the T = 0 loop runs it (argmax only: the screened head where the target
+has a large vocabulary, see evaluation/decode_steps.py): the verification cost that
+bounds every speedup. docs/decoding.md explains the
 cost model (speedup = tau / round cost in AR steps).
 """
 
@@ -155,22 +159,32 @@ def hf_job(target: Any, prompt: list[int], temp: float, n: int, lookup: int = 0)
 def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dict[str, float]:
     """Mean seconds of one target forward on top of each prompt's cache: 1 token vs K+1."""
     run = TargetRunner(target)
-    out: dict[str, list[float]] = {"1 token": [], f"{k + 1} tokens": [], f"{k + 1} + features": []}
+    names = ["1 token", f"{k + 1} tokens", f"{k + 1} + features", f"{k + 1} argmax + features"]
+    out: dict[str, list[float]] = {name: [] for name in names}
     with torch.inference_mode():
         for prompt in prompts:
             pre = run.step(torch.tensor([prompt]), croppable=True)
             cache, n = pre.cache, len(prompt)
             g = torch.Generator().manual_seed(n)
             block = torch.randint(3, len(target.tokenizer), (1, k + 1), generator=g)
-            cases = {
-                "1 token": dict(ids=block[:, :1], keep=1, features=False),
-                f"{k + 1} tokens": dict(ids=block, keep=k + 1, features=False),
-                f"{k + 1} + features": dict(ids=block, keep=k + 1, features=True),
-            }
+            cases = dict(
+                zip(
+                    names,
+                    [
+                        dict(ids=block[:, :1], keep=1, features=False, argmax=False),
+                        dict(ids=block, keep=k + 1, features=False, argmax=False),
+                        dict(ids=block, keep=k + 1, features=True, argmax=False),
+                        dict(ids=block, keep=k + 1, features=True, argmax=True),
+                    ],
+                    strict=True,
+                )
+            )
             for _ in range(reps):
                 for name, c in cases.items():
                     t0 = time.perf_counter()
-                    run.step(c["ids"], cache, keep=c["keep"], features=c["features"])
+                    run.step(
+                        c["ids"], cache, keep=c["keep"], features=c["features"], argmax=c["argmax"]
+                    )
                     out[name].append(time.perf_counter() - t0)
                     run.crop(cache, n)
     return {name: statistics.median(v) for name, v in out.items()}
@@ -206,13 +220,18 @@ def bench_temperature(
                 target, d, p, temperature=temp, max_new_tokens=n,
                 generator=torch.Generator().manual_seed(i),
             )  # fmt: skip
-        order = list(jobs.items())  # reversed on odd prompts: no method always runs first
+        # every method on this prompt, in reversed order on odd prompts
+        order = [(k, j) for k, j in jobs.items() if not args.methods or k in args.methods]
         for name, job in order if i % 2 == 0 else order[::-1]:
             calls = counter.calls
             t0 = time.perf_counter()
             result = job()
             r = row(name)
             r["s"] += time.perf_counter() - t0
+            tokens = result.tokens if hasattr(result, "emitted") else result
+            r.setdefault("outputs", []).append(list(tokens))
+            n_tok = len(tokens)
+            r.setdefault("per_prompt", []).append(n_tok / (time.perf_counter() - t0))
             if hasattr(result, "emitted"):  # a blockdraft speculative trace
                 r["tokens"] += len(result.tokens)
                 r["rounds"] += len(result.emitted)
@@ -224,27 +243,37 @@ def bench_temperature(
                 if name == "HF prompt lookup":
                     r["rounds"] += counter.calls - calls - 1
                     r["emitted"] += len(result) - 1
-    ar_step = ar_stats.step_s / max(ar_stats.steps, 1)
+    ar_step = ar_stats.step_s / max(ar_stats.steps, 1) if ar_stats.steps else float("nan")
     base = rows["HF generate"]["tokens"] / rows["HF generate"]["s"]
+    hf_tps = rows["HF generate"]["per_prompt"]
     for r in rows.values():
+        ratios = [t / h for h, t in zip(hf_tps, r["per_prompt"], strict=True)]  # tok/s ratios
+        r["median_ratio"] = statistics.median(ratios)
         r["tok_s"] = r["tokens"] / r["s"]
+        same = sum(
+            a == b for a, b in zip(r["outputs"], rows["HF generate"]["outputs"], strict=True)
+        )
+        r["same_as_hf"] = f"{same}/{len(r['outputs'])}"
         r["speedup"] = r["tok_s"] / base
         r["tau"] = r["emitted"] / r["rounds"] if r["rounds"] else None
         if r["rounds"] and r["name"].startswith("spec"):
             r["round_ms"] = {ph: 1e3 * v / r["rounds"] for ph, v in r["phases"].items()}
             r["round_ar_steps"] = sum(r["round_ms"].values()) / (1e3 * ar_step)
-    rows["AR loop"]["ar_step_ms"] = 1e3 * ar_step
+    if "AR loop" in rows:
+        rows["AR loop"]["ar_step_ms"] = 1e3 * ar_step
     return list(rows.values())
 
 
 def print_rows(temp: float, rows: list[dict[str, Any]]) -> None:
-    ar_ms = next(r["ar_step_ms"] for r in rows if r["name"] == "AR loop")
+    ar_ms = next((r["ar_step_ms"] for r in rows if r["name"] == "AR loop"), float("nan"))
     print(f"\nT = {temp:g}   (AR step = {ar_ms:.2f} ms: one AR-loop forward + token choice)")
-    head = f"{'method':<22}{'tau':>6}{'tok/s':>9}{'vs HF':>7}"
+    head = f"{'method':<22}{'=HF':>5}{'tau':>6}{'tok/s':>9}{'vs HF':>7}{'median':>8}"
     print(head + "   per round ms: draft / target / verify / other = total (AR steps)")
     for r in rows:
         tau = f"{r['tau']:.2f}" if r["tau"] else "-"
-        line = f"{r['name']:<22}{tau:>6}{r['tok_s']:>9.1f}{r['speedup']:>6.2f}x"
+        same = r["same_as_hf"] if temp == 0 else "-"
+        line = f"{r['name']:<22}{same:>5}{tau:>6}{r['tok_s']:>9.1f}{r['speedup']:>6.2f}x"
+        line += f"{r['median_ratio']:>7.2f}x"
         if "round_ms" in r:
             ms = r["round_ms"]
             parts = " / ".join(f"{ms[p]:.2f}" for p in PHASES)
@@ -271,6 +300,10 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--reps", type=int, default=5, help="repeats of the forward-cost table")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--methods", type=lambda s: s.split(","), default=None,
+        help="comma-separated subset of rows, e.g. 'HF generate,AR loop' (HF generate is required)",
+    )  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
