@@ -85,10 +85,11 @@ def edr_surrogate(
     zero = torch.zeros((), dtype=acc.dtype, device=acc.device)
     acc, cst = torch.where(live, acc, zero), torch.where(live, cst, zero)
 
-    # omega is float64 (exact round starts); the loss terms need only the input dtype
-    terms = state.occupancy[..., :k].to(acc.dtype) * (cst + acc * state.td)
+    # the recursions are float64; the loss terms need only the input dtype
+    omega, td = state.occupancy[..., :k].to(acc.dtype), state.td.to(acc.dtype)
+    terms = omega * (cst + acc * td)
     row_td = terms.sum(-1)
-    row_loss = row_td - row_td.detach() + state.row_value
+    row_loss = row_td - row_td.detach() + state.row_value.to(acc.dtype)
     if row_weights is not None:
         weights = torch.as_tensor(row_weights, device=acc.device).detach().to(acc.dtype)
         expected = (rows,) if single else (batch, rows)

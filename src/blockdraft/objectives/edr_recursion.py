@@ -24,9 +24,14 @@ for L >= 2 (J = 0 for L = 1: no drafting round). The bonus state's cost is the c
 and J is the expected number of rounds `sum_n omega_{n,n+1}`.
 
 How it is computed: `edr_kernels` (numba) runs both recursions as scalar loops over
-rollouts, rows and proposals, O(B*L*K), accumulating in float64 (occupancies and round
-starts are returned in float64; values and TD terms in the input's working dtype, from
-float64 sums). `edr_torch` holds the same recursions as readable torch loops over
+rollouts, rows and proposals, O(B*L*K), in float64 whatever the input dtype. Why
+float64: round starts propagated in float32 were off by up to 3e-3 (relative) at
+near-certain acceptance, L = 4,096; values are sums of ~L terms, and TD terms are
+differences of values of size ~L, which float32 accumulation got wrong by ~5e-4 absolute
+at L = 4,096 (`bench/edr_dp.py` prints both errors). Storing the float64 results in
+float32 costs only their rounding (relative 6e-8), so values, TD terms and row values are
+returned in the input's dtype (float32 in training: half the memory traffic), while
+occupancies stay float64 (the anchor sampler's inclusion probabilities come from them). `edr_torch` holds the same recursions as readable torch loops over
 positions: the reference the tests compare against and the fallback without numba.
 `rounds_objective` is the slow, independent autograd reference: a list-based recurrence
 over round starts with an inner loop over proposals, differentiated by autograd.
@@ -37,6 +42,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 Tensor = torch.Tensor
@@ -44,10 +50,11 @@ Tensor = torch.Tensor
 
 @dataclass(frozen=True)
 class OccupancyValue:
-    """Detached recursion results (leading batch dim only for batched inputs).
+    """Detached recursion results (leading batch dim only for batched inputs). Computed
+    in float64; `occupancy` is returned in float64, the other fields in the input's
+    working dtype (float32 or float64; see the module docstring for why).
 
-    occupancy     `[..., L-1, K+1]` omega_{n,n+h}: probability of visiting the state
-                  (float64 whatever the input dtype; others in the input's dtype).
+    occupancy     `[..., L-1, K+1]` omega_{n,n+h}: probability of visiting the state.
     value         `[..., L-1, K+1]` V_{n,n+h}: expected future cost from the state
                   (its own immediate cost included; 0 for states with t >= L).
     td            `[..., L-1, K]`  V_{n,t+1} - V_{t,t+1} for decision states with t < L
@@ -63,9 +70,12 @@ class OccupancyValue:
     occupancy: Tensor
     value: Tensor
     td: Tensor
-    round_start: Tensor
     row_value: Tensor
     objective: Tensor
+
+    @property
+    def round_start(self) -> Tensor:
+        return self.occupancy[..., 0]
 
 
 # --- input handling -----------------------------------------------------------------
@@ -94,6 +104,24 @@ def _work_dtype(t: Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
+def _check_shapes(acceptance: Tensor, cost: Tensor | None, lengths: object) -> bool:
+    """Raise on malformed inputs; return whether it is a single rollout `[L-1, K]`."""
+    if not isinstance(acceptance, Tensor):
+        raise TypeError(f"acceptance must be a torch.Tensor, got {type(acceptance).__name__}")
+    shape = acceptance.shape
+    if len(shape) not in (2, 3):
+        raise ValueError(f"acceptance must be [L-1, K] or [B, L-1, K], got shape {tuple(shape)}")
+    if shape[-1] < 1:
+        raise ValueError(f"acceptance needs K >= 1 proposals, got shape {tuple(shape)}")
+    if cost is not None and cost.shape != shape:
+        raise ValueError(
+            f"cost {tuple(cost.shape)} must have the shape of acceptance {tuple(shape)}"
+        )
+    if len(shape) == 2 and lengths is not None:
+        raise ValueError("lengths is only for batched [B, L-1, K] inputs")
+    return len(shape) == 2
+
+
 def as_batch(
     acceptance: Tensor, cost: Tensor | None = None, lengths: Tensor | None = None
 ) -> tuple[Tensor, Tensor | None, Tensor, bool]:
@@ -101,25 +129,11 @@ def as_batch(
 
     Returns `(acceptance, cost, lengths, single)`; `single` says the input was one
     rollout `[L-1, K]` (outputs then drop the batch dim)."""
-    if not isinstance(acceptance, Tensor):
-        raise TypeError(f"acceptance must be a torch.Tensor, got {type(acceptance).__name__}")
-    single = acceptance.dim() == 2
-    if acceptance.dim() not in (2, 3):
-        raise ValueError(
-            f"acceptance must be [L-1, K] or [B, L-1, K], got shape {tuple(acceptance.shape)}"
-        )
-    if acceptance.shape[-1] < 1:
-        raise ValueError(f"acceptance needs K >= 1 proposals, got shape {tuple(acceptance.shape)}")
-    if cost is not None and cost.shape != acceptance.shape:
-        raise ValueError(
-            f"cost {tuple(cost.shape)} must have the shape of acceptance {tuple(acceptance.shape)}"
-        )
+    single = _check_shapes(acceptance, cost, lengths)
     dtype = _work_dtype(acceptance)
     acc = acceptance.to(dtype)
     cst = None if cost is None else cost.to(dtype)
     if single:
-        if lengths is not None:
-            raise ValueError("lengths is only for batched [B, L-1, K] inputs")
         acc = acc.unsqueeze(0)
         cst = None if cst is None else cst.unsqueeze(0)
     batch, rows, _ = acc.shape
@@ -185,49 +199,76 @@ def _kernels(backend: str):
     return _KERNELS
 
 
-def _host_inputs(*tensors: Tensor) -> list[Tensor]:
-    """Contiguous CPU copies of same-shaped tensors, in one device transfer when they
-    live on an accelerator (the kernels run on the host: a few MB per training step)."""
-    if tensors[0].device.type == "cpu":
-        return [t.contiguous() for t in tensors]
-    return list(torch.stack(tensors).cpu().unbind(0)) if len(tensors) > 1 else [tensors[0].cpu()]
+def _host_arrays(
+    acceptance: Tensor, cost: Tensor | None, lengths: Tensor | None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, bool]:
+    """`(acc [B,M,K], cost, lengths [B] int64, single)` as host numpy arrays for the
+    kernels: float32/float64 kept (other dtypes -> float32), one device transfer for
+    accelerator inputs. Lean on purpose: for short rollouts this is most of the cost."""
+    single = _check_shapes(acceptance, cost, lengths)
+    dtype = _work_dtype(acceptance)
+    if acceptance.device.type == "cpu":
+        acc = _as_numpy(acceptance, dtype)
+        cst = None if cost is None else _as_numpy(cost, dtype)
+    elif cost is None:
+        acc, cst = acceptance.detach().to("cpu", dtype).numpy(), None
+    else:  # one transfer for both
+        both = torch.stack((acceptance.detach().to(dtype), cost.detach().to(dtype))).cpu()
+        acc, cst = both[0].numpy(), both[1].numpy()
+    if single:
+        acc, cst = acc[None], (None if cst is None else cst[None])
+    batch, rows, _ = acc.shape
+    if lengths is None:
+        lens = np.full(batch, rows + 1, dtype=np.int64) if batch > 1 else np.array([rows + 1], dtype=np.int64)
+    else:
+        lens = torch.as_tensor(lengths).detach().cpu().long().numpy()
+        if lens.shape != (batch,):
+            raise ValueError(f"lengths must have shape ({batch},), got {tuple(lens.shape)}")
+        if batch and (lens.min() < 0 or lens.max() > rows + 1):
+            raise ValueError(f"lengths must lie in [0, {rows + 1}] for {rows} round-start rows")
+    return acc, cst, lens, single
 
 
-def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Host output buffer; pinned when the results go back to a CUDA device (async copy)."""
-    return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
+def _as_numpy(t: Tensor, dtype: torch.dtype) -> np.ndarray:
+    """C-contiguous numpy view (no copy when possible) of a CPU tensor in `dtype`; each
+    skipped no-op call saves ~0.5 us, which matters for short rollouts."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return np.ascontiguousarray(t.numpy())
 
 
-def _to_device(tensors: tuple[Tensor, ...], device: torch.device) -> tuple[Tensor, ...]:
+def _to_torch(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Tensor, ...]:
     if device.type == "cpu":
-        return tensors
-    return tuple(t.to(device, non_blocking=True) for t in tensors)
+        return tuple(torch.from_numpy(a) for a in arrays)
+    return tuple(torch.from_numpy(a).to(device) for a in arrays)
 
 
 # --- forward occupancy ---------------------------------------------------------------
 
 
-@torch.no_grad()
 def state_occupancy(
     acceptance: Tensor, lengths: Tensor | None = None, *, backend: str = "auto"
 ) -> Tensor:
     """omega_{n,n+h} for h = 1..K+1, `[..., L-1, K+1]` float64 (last column: bonus
     state); 0 for states that do not exist (t > L). Detached (see `rounds_objective` for
     an autograd path)."""
-    acc, _, lengths, single = as_batch(acceptance.detach(), None, lengths)
     kernels = _kernels(backend)
     if kernels is None:
         from blockdraft.objectives import edr_torch
 
-        _, live = proposal_masks(lengths, acc.shape[1], acc.shape[2])
-        omega = edr_torch.state_occupancy(_sanitize(acc, live), lengths)
-    else:
-        (a_host,) = _host_inputs(acc)
-        batch, rows, k = a_host.shape
-        omega = _new((batch, rows, k + 1), torch.float64, acc.device)
-        kernels.occupancy_batch(a_host.numpy(), lengths.cpu().numpy(), omega.numpy())
-        (omega,) = _to_device((omega,), acc.device)
-    return omega[0] if single else omega
+        acc, _, lens, single = as_batch(acceptance.detach(), None, lengths)
+        _, live = proposal_masks(lens, acc.shape[1], acc.shape[2])
+        with torch.no_grad():
+            omega = edr_torch.state_occupancy(_sanitize(acc, live), lens)
+        return omega[0] if single else omega
+    acc, _, lens, single = _host_arrays(acceptance, None, lengths)
+    batch, rows, k = acc.shape
+    omega = np.empty((batch, rows, k + 1))
+    kernels.occupancy_batch(acc, lens, omega)
+    (out,) = _to_torch((omega[0] if single else omega,), acceptance.device)
+    return out
 
 
 def expected_rounds(acceptance: Tensor, lengths: Tensor | None = None) -> Tensor:
@@ -238,8 +279,7 @@ def expected_rounds(acceptance: Tensor, lengths: Tensor | None = None) -> Tensor
     reference instead. Scalar (float64) for one rollout, `[B]` for a batch."""
     if torch.is_grad_enabled() and acceptance.requires_grad:
         return rounds_objective(acceptance, 1 - acceptance, lengths)
-    omega = state_occupancy(acceptance, lengths)
-    return omega[..., 0].sum(-1)
+    return state_occupancy(acceptance, lengths)[..., 0].sum(-1)
 
 
 # --- forward + backward, detached ------------------------------------------------------
@@ -248,56 +288,42 @@ def expected_rounds(acceptance: Tensor, lengths: Tensor | None = None) -> Tensor
 def occupancy_and_value(
     acceptance: Tensor, cost: Tensor, lengths: Tensor | None = None, *, backend: str = "auto"
 ) -> OccupancyValue:
-    """Occupancies (forward) and values (backward) of the rounds objective, detached.
+    """Occupancies (forward) and values (backward) of the rounds objective, detached,
+    in float64.
 
     `backend`: "compiled" (numba kernels, `edr_kernels`; inputs on an accelerator are
     copied to the host and the results back), "torch" (the loop-over-positions
     reference, `edr_torch`) or "auto" (compiled when numba imports)."""
-    acc, cst, lengths, single = as_batch(acceptance.detach(), cost.detach(), lengths)
-    assert cst is not None
     kernels = _kernels(backend)
-    dtype, device = acc.dtype, acc.device
     if kernels is None:
         from blockdraft.objectives import edr_torch
 
-        _, live = proposal_masks(lengths, acc.shape[1], acc.shape[2])
-        omega, *rest = edr_torch.occupancy_and_value(
-            _sanitize(acc, live), _sanitize(cst, live), lengths
-        )
-        value, td, row_value, objective = (t.to(dtype) for t in rest)
-    else:  # the kernels never read ignored entries: no sanitising needed
-        a_host, c_host = _host_inputs(acc, cst)
-        batch, rows, k = a_host.shape
-        omega = _new((batch, rows, k + 1), torch.float64, device)
-        value = _new((batch, rows, k + 1), dtype, device)
-        td = _new((batch, rows, k), dtype, device)
-        row_value = _new((batch, rows), dtype, device)
-        objective = _new((batch,), dtype, device)
-        kernels.occupancy_value_batch(
-            a_host.numpy(),
-            c_host.numpy(),
-            lengths.cpu().numpy(),
-            omega.numpy(),
-            value.numpy(),
-            td.numpy(),
-            row_value.numpy(),
-            objective.numpy(),
-        )
-        omega, value, td, row_value, objective = _to_device(
-            (omega, value, td, row_value, objective), device
-        )
-    if single:
-        omega, value, td, row_value, objective = (
-            omega[0], value[0], td[0], row_value[0], objective[0]
-        )
-    return OccupancyValue(
-        occupancy=omega,
-        value=value,
-        td=td,
-        round_start=omega[..., 0],
-        row_value=row_value,
-        objective=objective,
+        acc, cst, lens, single = as_batch(acceptance.detach(), cost.detach(), lengths)
+        assert cst is not None
+        _, live = proposal_masks(lens, acc.shape[1], acc.shape[2])
+        with torch.no_grad():
+            omega, *rest = edr_torch.occupancy_and_value(
+                _sanitize(acc, live), _sanitize(cst, live), lens
+            )
+        outputs = (omega, *(t.to(acc.dtype) for t in rest))
+        if single:
+            outputs = tuple(t[0] for t in outputs)
+        return OccupancyValue(*outputs)
+    # the kernels never read ignored entries (NaN allowed there): no sanitising needed
+    acc, cst, lens, single = _host_arrays(acceptance, cost, lengths)
+    batch, rows, k = acc.shape
+    dtype = acc.dtype  # float32 inputs: values stored in float32 (computed in float64)
+    outputs = (
+        np.empty((batch, rows, k + 1)),  # occupancy, float64
+        np.empty((batch, rows, k + 1), dtype),  # value
+        np.empty((batch, rows, k), dtype),  # td
+        np.empty((batch, rows), dtype),  # row_value
+        np.empty(batch, dtype),  # objective
     )
+    kernels.occupancy_value_batch(acc, cst, lens, *outputs)
+    if single:
+        outputs = tuple(a[0, ...] for a in outputs)  # `...` keeps 0-d arrays as arrays
+    return OccupancyValue(*_to_torch(outputs, acceptance.device))
 
 
 # --- slow, independent autograd reference ----------------------------------------------
