@@ -1,0 +1,211 @@
+"""Reading responses written by serving engines: one JSON object per line, many dialects.
+
+`blockdraft rollout-import` accepts what people already have on disk instead of asking
+them to reshape it: a flat record of our own, an OpenAI-compatible completion or chat
+completion (as returned by `vllm serve`, SGLang, TGI's Messages API, or the OpenAI batch
+API's output lines), vLLM's offline `RequestOutput` dumped as JSON, SGLang's native
+`/generate` answer, or TGI's `/generate` answer. This module only finds the fields; the
+tokenizer and the target are applied in `rollout_import.py`.
+
+Where each field is looked for, first match wins ("choice" is `choices[0]`, `outputs[0]`,
+`response.body.choices[0]`, `response.choices[0]`, else the record itself):
+
+- id: `prompt_id`, `custom_id`, `id`, `meta_info.id`; else `line-N`.
+- prompt: `prompt_token_ids` / `prompt_ids` (token ids), `messages` (a chat, rendered
+  with the target's chat template like `blockdraft rollout` does), `prompt` (text or
+  token ids); also inside `request`, `body`, `response` (vLLM's `return_token_ids`
+  puts `prompt_token_ids` in the response); else joined by id from `--prompts`.
+- response ids: choice `token_ids` / `output_token_ids` / `output_ids` /
+  `response_token_ids` / `completion_token_ids` (vLLM's `return_token_ids`, SGLang).
+- response text: choice `message.content`, `text`, `generated_text`; record `response`,
+  `completion`, `output`, `generated_text` (when they are strings).
+- finish: choice `finish_reason` (+ vLLM's `stop_reason`), SGLang
+  `meta_info.finish_reason {type, matched}`, TGI `details.finish_reason`.
+- settings: `settings`, `sampling_params`, `sampling`, `request`, `body`, `parameters`
+  (keys temperature, top_p, top_k, max_tokens / max_new_tokens /
+  max_completion_tokens, seed; vLLM's top_k -1 means off).
+- an `error` that is not null, or a `response.status_code` other than 200: the engine
+  failed on this request (dropped and counted).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blockdraft.data.rollout_store import RolloutError
+
+ID_KEYS = ("prompt_id", "custom_id", "id")
+PROMPT_ID_KEYS = ("prompt_token_ids", "prompt_ids")
+RESPONSE_ID_KEYS = (
+    "token_ids",
+    "output_token_ids",
+    "output_ids",
+    "response_token_ids",
+    "completion_token_ids",
+)
+RESPONSE_TEXT_KEYS = ("response", "completion", "output", "generated_text", "text")
+SETTINGS_KEYS = ("settings", "sampling_params", "sampling", "request", "body", "parameters")
+MAX_TOKENS_KEYS = ("max_new_tokens", "max_tokens", "max_completion_tokens")
+
+
+@dataclass
+class EngineRecord:
+    """The fields of one response line, before tokenisation."""
+
+    line: int
+    id: str
+    prompt_ids: list[int] | None = None
+    prompt_text: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    response_ids: list[int] | None = None
+    response_text: str | None = None
+    eos_stop: bool = False  # the engine says it stopped on an end-of-sequence token
+    stop_token: int | None = None  # the stop token it names, if any
+    settings: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def read_records(path: Path) -> Iterator[EngineRecord]:
+    """Records of a JSONL file; a line that is not a JSON object is a one-line error."""
+    if not path.is_file():
+        raise RolloutError(f"{path}: no such file")
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise RolloutError(f"{path}:{n}: not UTF-8 text") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RolloutError(f"{path}:{n}: invalid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise RolloutError(f"{path}:{n}: expected a JSON object per line")
+            yield extract(obj, n, path)
+
+
+def _choice(obj: dict[str, Any]) -> dict[str, Any]:
+    for holder in (obj, _get(obj, "response"), _get(obj, "response", "body")):
+        if not isinstance(holder, dict):
+            continue
+        for key in ("choices", "outputs"):
+            seq = holder.get(key)
+            if isinstance(seq, list) and seq and isinstance(seq[0], dict):
+                return seq[0]
+    return obj
+
+
+def _get(obj: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _ids(value: Any, path: Path, line: int, key: str) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    ):
+        raise RolloutError(f"{path}:{line}: key {key!r} must be a list of token ids")
+    return value
+
+
+def extract(obj: dict[str, Any], line: int, path: Path) -> EngineRecord:
+    """Find id, prompt, response, finish and settings in one record (see module docstring)."""
+    choice = _choice(obj)
+    meta = obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else {}
+    rid = next((obj[k] for k in ID_KEYS if obj.get(k) is not None), None)
+    rid = rid if rid is not None else meta.get("id")
+    rec = EngineRecord(line=line, id=str(rid) if rid is not None else f"line-{line}")
+
+    error = obj.get("error")
+    status = _get(obj, "response", "status_code")
+    if error not in (None, "", {}):
+        rec.error = str(error.get("message", error) if isinstance(error, dict) else error)
+    elif status not in (None, 200):
+        rec.error = f"status code {status}"
+
+    holders = (obj, obj.get("request"), obj.get("body"), _get(obj, "request", "body"))
+    holders += (obj.get("response"), _get(obj, "response", "body"))
+    for holder in holders:
+        if not isinstance(holder, dict) or rec.prompt_ids or rec.messages or rec.prompt_text:
+            continue
+        for key in PROMPT_ID_KEYS:
+            if holder.get(key) is not None:
+                rec.prompt_ids = _ids(holder[key], path, line, key)
+                break
+        if rec.prompt_ids is None and isinstance(holder.get("messages"), list):
+            rec.messages = holder["messages"]
+        prompt = holder.get("prompt")
+        if rec.prompt_ids is None and rec.messages is None and prompt is not None:
+            if isinstance(prompt, str):
+                rec.prompt_text = prompt
+            else:
+                rec.prompt_ids = _ids(prompt, path, line, "prompt")
+
+    for holder in (choice, obj):
+        for key in RESPONSE_ID_KEYS:
+            if rec.response_ids is None and holder.get(key) is not None:
+                rec.response_ids = _ids(holder[key], path, line, key)
+    content = _get(choice, "message", "content")
+    texts = [content] + [choice.get(k) for k in ("text", "generated_text")]
+    texts += [obj.get(k) for k in RESPONSE_TEXT_KEYS]
+    rec.response_text = next((t for t in texts if isinstance(t, str)), None)
+    if rec.response_ids is None and rec.response_text is None and rec.error is None:
+        raise RolloutError(
+            f"{path}:{line}: no response found (looked for token ids in "
+            f"{', '.join(RESPONSE_ID_KEYS)} and text in message.content, "
+            f"{', '.join(RESPONSE_TEXT_KEYS)})"
+        )
+    _finish(rec, choice, meta, obj)
+    rec.settings = _settings(obj)
+    return rec
+
+
+def _finish(rec: EngineRecord, choice: dict, meta: dict, obj: dict) -> None:
+    """Did the engine stop on an end-of-sequence token (not a stop string or the limit)?"""
+    reason = choice.get("finish_reason")
+    if isinstance(reason, str):
+        stop = choice.get("stop_reason")  # vLLM: None = EOS, int = stop token, str = string
+        rec.eos_stop = reason == "stop" and not isinstance(stop, str)
+        rec.stop_token = stop if isinstance(stop, int) else None
+        return
+    sg = meta.get("finish_reason")
+    if isinstance(sg, dict):  # SGLang: {"type": "stop", "matched": <token id or string>}
+        matched = sg.get("matched")
+        rec.eos_stop = sg.get("type") == "stop" and not isinstance(matched, str)
+        rec.stop_token = matched if isinstance(matched, int) else None
+        return
+    tgi = _get(obj, "details", "finish_reason")
+    rec.eos_stop = tgi == "eos_token"
+
+
+def _settings(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """Sampling settings stated in the record, in `SamplingSettings` terms (None: none)."""
+    for key in SETTINGS_KEYS:
+        src = obj.get(key)
+        if key == "request" and isinstance(_get(src, "body"), dict):
+            src = src["body"]
+        if not isinstance(src, dict) or "temperature" not in src:
+            continue
+        out: dict[str, Any] = {"temperature": float(src["temperature"])}
+        if src.get("top_p") is not None:
+            out["top_p"] = float(src["top_p"])
+        if src.get("top_k") is not None:
+            out["top_k"] = max(0, int(src["top_k"]))  # vLLM/SGLang: -1 = no top-k
+        limit = next((src[k] for k in MAX_TOKENS_KEYS if src.get(k) is not None), None)
+        if limit is not None:
+            out["max_new_tokens"] = int(limit)
+        if src.get("seed") is not None:
+            out["seed"] = int(src["seed"])
+        return out
+    return None

@@ -1,0 +1,394 @@
+"""`blockdraft rollout-import`: responses generated elsewhere -> a rollout set.
+
+Why: a user with a serving engine already running (vLLM, SGLang, TGI, any
+OpenAI-compatible server) generates far faster there than through HF modelling code.
+What training needs beyond the tokens is the target's log-prob of every response token
+under the distribution it was sampled from; engines return those only partially (top
+few, post-processing differs), so we recompute them ourselves in one teacher-forced
+batched pass through the target, with exactly the processing `blockdraft rollout`
+applies (`sampling_logprobs`: temperature, then top-k, then top-p; greedy stores the T=1
+log-softmax). The rollout set is then indistinguishable from one `blockdraft rollout`
+wrote: same shards, same manifest, same per-token log-probs for the same tokens.
+
+Rows are kept in file order. A response is dropped, with its reason counted and
+reported, when it cannot be a rollout of this target under the stated settings: the
+engine reported an error, its text does not round-trip through the target's tokenizer
+(re-encoding would change the tokens), it is empty, names token ids outside the
+vocabulary, continues past a stop token, exceeds `max_new_tokens` or the target's
+context, repeats an id, states other settings than the set's, or contains a token the
+stated top-k/top-p would have removed (the settings differ from the engine's).
+
+The whole file is scored before the first shard is written (a drop found by scoring
+would otherwise move later rows between shards), so an interrupted import rescores on
+resume and then writes only the missing shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from blockdraft.data.distributed_rollouts import extend_prefix, plan_tasks
+from blockdraft.data.generation import SamplingSettings, sampling_logprobs
+from blockdraft.data.import_records import EngineRecord, read_records
+from blockdraft.data.prompts import Prompt, PromptError, render_prompt
+from blockdraft.data.rollout_store import (
+    MANIFEST,
+    Rollout,
+    RolloutError,
+    RolloutSet,
+    write_manifest,
+)
+from blockdraft.data.rollouts import (
+    _check_finished,
+    _finish_manifest,
+    _header,
+    _open_or_create,
+    _write_shard,
+)
+from blockdraft.models.target import Target
+
+ENGINE_ERROR = "the engine reported an error"
+NO_ROUND_TRIP = "text does not round-trip through the tokenizer"
+EMPTY = "empty response"
+OUT_OF_VOCAB = "token id outside the target's vocabulary"
+PAST_STOP = "continues past a stop token"
+TOO_LONG = "longer than max_new_tokens"
+TOO_LONG_CONTEXT = "longer than the target's context"
+DUPLICATE = "duplicate id"
+OTHER_SETTINGS = "states other sampling settings than the set's"
+NO_PROMPT = "id not found in --prompts"
+FILTERED = "has a token the stated top-k/top-p removes (engine used other settings?)"
+
+
+@dataclass
+class ImportReport:
+    """What an import did: rows written, drops by reason (with line numbers), warnings."""
+
+    records: int
+    rollouts: RolloutSet
+    dropped: dict[str, list[int]] = field(default_factory=dict)
+    greedy_mismatches: int = 0
+
+    @property
+    def imported(self) -> int:
+        return len(self.rollouts)
+
+    def summary(self) -> str:
+        lines = [
+            f"imported {self.imported} of {self.records} responses -> {self.rollouts.directory}"
+        ]
+        total = sum(len(v) for v in self.dropped.values())
+        if total:
+            lines.append(f"dropped {total}:")
+            for reason, where in sorted(self.dropped.items(), key=lambda kv: -len(kv[1])):
+                shown = ", ".join(str(n) for n in where[:5]) + (", ..." if len(where) > 5 else "")
+                lines.append(f"  {len(where)} {reason} (line {shown})")
+        if self.greedy_mismatches:
+            lines.append(
+                f"warning: {self.greedy_mismatches} greedy responses differ from this target's "
+                "argmax somewhere (engine precision or another model?)"
+            )
+        return "\n".join(lines)
+
+
+def import_rollouts(
+    target: Target,
+    path: str | Path,
+    out_dir: str | Path,
+    overrides: dict[str, Any] | None = None,
+    *,
+    prompts: list[Prompt] | None = None,
+    store_topk: int = 0,
+    shard_size: int = 256,
+    batch_tokens: int = 8192,
+    eos: str = "auto",
+    limit: int | None = None,
+    progress: bool = True,
+) -> ImportReport:
+    """Import the responses of a JSONL file (`import_records` lists the dialects).
+
+    `overrides` are sampling settings stated by the caller (CLI flags); they take
+    precedence over settings found in the records. `prompts` supplies prompts by id for
+    records that carry none. `eos="auto"` appends the target's end-of-sequence token
+    when the engine says it stopped on one but left it out (as text output does).
+    """
+    path = Path(path)
+    if eos not in ("auto", "never"):
+        raise ValueError(f"eos must be 'auto' or 'never', got {eos!r}")
+    records = list(read_records(path))[:limit]
+    if not records:
+        raise RolloutError(f"{path}: no responses in the file")
+    by_id = {p.id: p for p in prompts or []}
+    dropped: dict[str, list[int]] = defaultdict(list)
+    stated = _resolve_settings(path, records, overrides or {})
+    rows = _tokenise(target, path, records, by_id, stated, eos, dropped)
+    if not rows:
+        raise RolloutError(f"{path}: every response was dropped ({_reasons(dropped)})")
+    longest = max(len(r[2]) for r in rows)
+    settings = SamplingSettings(
+        **dict(stated, max_new_tokens=stated.get("max_new_tokens", longest))
+    )
+    scored = score_responses(
+        target, [(r[1], r[2]) for r in rows], settings, store_topk, batch_tokens, progress
+    )
+    kept, greedy_bad = [], 0
+    for (rec, p_ids, r_ids), (lp, tk_ids, tk_lps, argmax_ok) in zip(rows, scored, strict=True):
+        if not torch.isfinite(lp).all():
+            dropped[FILTERED].append(rec.line)
+            continue
+        greedy_bad += settings.greedy and not argmax_ok
+        kept.append(Rollout(rec.id, torch.tensor(p_ids), torch.tensor(r_ids), lp, tk_ids, tk_lps))
+    if not kept:
+        raise RolloutError(f"{path}: every response was dropped ({_reasons(dropped)})")
+    rs = _write(target, path, out_dir, settings, kept, store_topk, shard_size, dropped)
+    return ImportReport(len(records), rs, dict(dropped), greedy_bad)
+
+
+def _reasons(dropped: dict[str, list[int]]) -> str:
+    return "; ".join(f"{len(v)} {k}" for k, v in dropped.items())
+
+
+def _resolve_settings(
+    path: Path, records: list[EngineRecord], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """Flags over the first record's stated settings (validated; max_new_tokens may be absent)."""
+    stated = next((r.settings for r in records if r.settings), None) or {}
+    merged = dict(stated, **overrides)
+    if "temperature" not in merged:
+        raise RolloutError(
+            f"{path}: sampling settings not stated: pass --temperature (and --top-p, --top-k, "
+            "--max-new-tokens as used) or put a 'settings' object in the records"
+        )
+    try:
+        SamplingSettings(**dict({"max_new_tokens": 1}, **merged))
+    except (TypeError, ValueError) as exc:
+        raise RolloutError(f"{path}: bad sampling settings ({exc})") from None
+    return merged
+
+
+def _tokenise(
+    target: Target,
+    path: Path,
+    records: list[EngineRecord],
+    by_id: dict[str, Prompt],
+    stated: dict[str, Any],
+    eos: str,
+    dropped: dict[str, list[int]],
+) -> list[tuple[EngineRecord, list[int], list[int]]]:
+    """(record, prompt ids, response ids) of every usable record; drops recorded by reason."""
+    tok, vocab = target.tokenizer, target.vocab_size
+    stops = set(target.stop_token_ids)
+    limit = stated.get("max_new_tokens")
+    context = getattr(target.config, "max_position_embeddings", None)
+    seen: set[str] = set()
+    default = SamplingSettings().to_dict()
+    out = []
+    for rec in records:
+
+        def drop(reason: str, rec: EngineRecord = rec) -> None:
+            dropped[reason].append(rec.line)
+
+        if rec.error is not None:
+            drop(ENGINE_ERROR)
+            continue
+        own = {k: v for k, v in (rec.settings or {}).items() if k not in ("seed", "max_new_tokens")}
+        if any(stated.get(k, default.get(k)) != v for k, v in own.items()):
+            drop(OTHER_SETTINGS)
+            continue
+        if rec.id in seen:
+            drop(DUPLICATE)
+            continue
+        prompt_ids = _prompt_ids(tok, path, rec, by_id)
+        if prompt_ids is None:
+            drop(NO_PROMPT)
+            continue
+        if rec.response_ids is not None:
+            ids = list(rec.response_ids)
+        else:
+            text = rec.response_text or ""
+            try:
+                ids = list(tok(text, add_special_tokens=False)["input_ids"])
+                same = tok.decode(ids, skip_special_tokens=False) == text
+            except (TypeError, ValueError, UnicodeError):  # e.g. a lone surrogate
+                same = False
+            if not same:
+                drop(NO_ROUND_TRIP)
+                continue
+        if eos == "auto" and rec.eos_stop and (not ids or ids[-1] not in stops) and stops:
+            ids.append(rec.stop_token if rec.stop_token in stops else target.stop_token_ids[0])
+        if not ids:
+            drop(EMPTY)
+        elif any(not 0 <= t < vocab for t in ids + prompt_ids):
+            drop(OUT_OF_VOCAB)
+        elif any(t in stops for t in ids[:-1]):
+            drop(PAST_STOP)
+        elif limit is not None and len(ids) > limit:
+            drop(TOO_LONG)
+        elif context is not None and len(prompt_ids) + len(ids) > context:
+            drop(TOO_LONG_CONTEXT)
+        else:
+            seen.add(rec.id)
+            out.append((rec, prompt_ids, ids))
+    return out
+
+
+def _prompt_ids(
+    tok: Any, path: Path, rec: EngineRecord, by_id: dict[str, Prompt]
+) -> list[int] | None:
+    """Prompt token ids as `blockdraft rollout` renders them (None: not in --prompts)."""
+    if rec.prompt_ids is not None:
+        return list(rec.prompt_ids)
+    if rec.messages is not None or rec.prompt_text is not None:
+        prompt = Prompt(rec.id, rec.prompt_text, rec.messages, "import")
+    elif by_id:
+        prompt = by_id.get(rec.id)
+        if prompt is None:
+            return None
+    else:
+        raise RolloutError(
+            f"{path}:{rec.line}: no prompt (looked for prompt_token_ids, prompt_ids, messages, "
+            "prompt); pass --prompts SPEC to join prompts by id"
+        )
+    try:
+        return render_prompt(tok, prompt)
+    except (PromptError, ValueError, TypeError, KeyError) as exc:
+        raise RolloutError(f"{path}:{rec.line}: cannot render the prompt ({exc})") from None
+
+
+@torch.no_grad()
+def score_responses(
+    target: Target,
+    sequences: list[tuple[list[int], list[int]]],
+    settings: SamplingSettings,
+    store_topk: int = 0,
+    batch_tokens: int = 8192,
+    progress: bool = False,
+) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool]]:
+    """Teacher-forced log-probs of each (prompt, response) under the processed distribution.
+
+    Returns per sequence: float32 log-probs `[L]` of the response tokens, top-k ids and
+    log-probs `[L, k]` (or None), and whether every token was the T=1 argmax. Batches
+    are length-sorted and right-padded up to `batch_tokens` padded tokens; the LM head
+    runs only on response positions, in row chunks, so a 262k vocabulary never needs a
+    `[B, T, V]` tensor.
+    """
+    device = target.device
+    decoder = target.model.get_decoder()
+    head = target.lm_head
+    cap = getattr(target.config, "final_logit_softcapping", None)
+    k = min(store_topk, target.vocab_size)
+    chunk = max(1, (1 << 24) // target.vocab_size)  # ~64 MB of float32 logits per chunk
+    order = sorted(range(len(sequences)), key=lambda i: -sum(map(len, sequences[i])))
+    results: list[Any] = [None] * len(sequences)
+    bar = tqdm(
+        total=sum(len(r) for _, r in sequences),
+        unit="tok",
+        desc="scoring",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
+    start = 0
+    while start < len(order):
+        width = sum(map(len, sequences[order[start]]))
+        stop = min(len(order), start + max(1, batch_tokens // width))
+        batch = order[start:stop]
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        rows, cols, labels = [], [], []
+        for b, i in enumerate(batch):
+            prompt, response = sequences[i]
+            seq = prompt + response
+            ids[b, : len(seq)] = torch.tensor(seq)
+            mask[b, : len(seq)] = 1
+            rows += [b] * len(response)
+            cols += range(len(prompt) - 1, len(seq) - 1)  # position predicting each token
+            labels += response
+        positions = torch.arange(width).expand(len(batch), -1)
+        hidden = decoder(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            use_cache=False,
+        ).last_hidden_state
+        picked = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
+        lab = torch.tensor(labels, device=device)
+        lps, tk_i, tk_v, hits = [], [], [], []
+        for c in range(0, picked.shape[0], chunk):
+            logits = head(picked[c : c + chunk])
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            logp = sampling_logprobs(logits, settings)
+            lps.append(logp.gather(-1, lab[c : c + chunk, None])[:, 0])
+            hits.append(logits.argmax(-1) == lab[c : c + chunk])
+            if k:
+                top = torch.topk(logp, k, dim=-1)
+                tk_i.append(top.indices.to(torch.int32))
+                tk_v.append(top.values)
+        lp_all, hit_all = torch.cat(lps).cpu(), torch.cat(hits).cpu()
+        ti_all = torch.cat(tk_i).cpu() if k else None
+        tv_all = torch.cat(tk_v).cpu() if k else None
+        offset = 0
+        for i in batch:
+            n = len(sequences[i][1])
+            sl = slice(offset, offset + n)
+            results[i] = (
+                lp_all[sl].clone(),
+                ti_all[sl].clone() if ti_all is not None else None,
+                tv_all[sl].clone() if tv_all is not None else None,
+                bool(hit_all[sl].all()),
+            )
+            offset += n
+        bar.update(offset)
+        start = stop
+    bar.close()
+    return results
+
+
+def _write(
+    target: Target,
+    path: Path,
+    out_dir: str | Path,
+    settings: SamplingSettings,
+    rows: list[Rollout],
+    store_topk: int,
+    shard_size: int,
+    dropped: dict[str, list[int]],
+) -> RolloutSet:
+    """Shards + manifest exactly as `generate_rollouts` writes them (resumable)."""
+    out = Path(out_dir)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    header = _header(target, settings, store_topk, f"import:{path.name}")
+    manifest = _open_or_create(out, header, batch_size=0, shard_size=shard_size)
+    previous = manifest.get("import", {}).get("sha256")
+    if previous not in (None, digest) or (previous is None and manifest["shards"]):
+        raise RolloutError(
+            f"{out / MANIFEST}: refusing to mix rollouts: import.sha256 differs (the set was "
+            "made from another file or by `blockdraft rollout`); use another --out directory"
+        )
+    ids = [r.prompt_id for r in rows]
+    tokens = [r.prompt_ids.tolist() for r in rows]
+    _check_finished(out, manifest["shards"], ids, tokens)
+    manifest["import"] = {
+        "file": str(path),
+        "sha256": digest,
+        "records": sum(len(v) for v in dropped.values()) + len(rows),
+        "imported": len(rows),
+        "dropped": {k: len(v) for k, v in dropped.items()},
+        "logprobs": "recomputed by a teacher-forced pass of the target (blockdraft rollout-import)",
+    }
+    manifest["prompts"]["requested"] = max(len(rows), manifest["prompts"]["requested"])
+    write_manifest(out, manifest)
+    for task in plan_tasks(manifest, {}, len(rows), shard_size):
+        a, b = task.first_row, task.first_row + task.rows
+        entry = _write_shard(out, task, rows[a:b], ids[a:b], tokens[a:b], store_topk)
+        extend_prefix(manifest, {entry["first_row"]: entry})
+        _finish_manifest(out, manifest)
+    _finish_manifest(out, manifest)
+    return RolloutSet(out, manifest)
