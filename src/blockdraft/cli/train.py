@@ -71,13 +71,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 3
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
-        mal = final_eval_mal(Path(cfg.run_dir) / "metrics.jsonl")
+        mal = _final_eval_mal(Path(cfg.run_dir) / "metrics.jsonl")
         held_out = f"; final held-out MAL {mal[1]:.4f} (step {mal[0]})" if mal else ""
         print(f"final drafter: {final}{held_out}")
     return 0
 
 
-def final_eval_mal(metrics: Path) -> tuple[int, float] | None:
+def _final_eval_mal(metrics: Path) -> tuple[int, float] | None:
     """(step, MAL) of the last held-out evaluation in a run's metrics.jsonl, if any."""
     last = None
     try:
