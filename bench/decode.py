@@ -120,7 +120,7 @@ def load_drafter(args: argparse.Namespace, target: Any) -> Any:
         return BlockDrafter(cfg).bind_target(target).eval()
     from blockdraft.models.checkpoint import load_drafter as load_ckpt
 
-    return load_ckpt(args.drafter, target).eval()
+    return load_ckpt(args.drafter, target, adopt_layer_ids=True).eval()
 
 
 class ForwardCounter:
