@@ -39,7 +39,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from blockdraft.data.anchors import round_start_anchors
-from blockdraft.models.ngram import NgramDrafter
+from blockdraft.models.hybrid import HybridDrafter
+from blockdraft.models.ngram import NgramDrafter, future_tokens
 from blockdraft.sampling import processed_probs
 
 SCORING_VERSION = "1"
@@ -69,6 +70,11 @@ def acceptance_tensor(
         return drafter.acceptance_from_tokens(prompt_ids.reshape(-1), response_ids.reshape(-1))
     k = _num_proposals(drafter)
     prompt_ids, response_ids = prompt_ids.long().reshape(-1), response_ids.long().reshape(-1)
+    hybrid = drafter if isinstance(drafter, HybridDrafter) else None
+    if hybrid is not None:  # per slot: the drafter's q, or a one-hot on the looked-up token
+        drafter = hybrid.drafter
+        looked_up = hybrid.ngram.proposals_from_tokens(prompt_ids, response_ids)
+        lookup_hit = (looked_up == future_tokens(response_ids, k)).double()
     P, L = prompt_ids.numel(), response_ids.numel()
     if P == 0:
         raise ValueError("rollout has an empty prompt: the first round has no context")
@@ -111,6 +117,10 @@ def acceptance_tensor(
                 resp_idx = (idx - P).clamp(0, L - 1).cpu()
                 acc = torch.clamp(q_x / p_x[resp_idx].clamp_min(1e-300), max=1.0)
             rows = (a - P).cpu()
+            if hybrid is not None:
+                lengths = (looked_up[rows] >= 0).sum(-1, keepdim=True).to(logits.device)
+                use = hybrid.use_lookup(logits, lengths).cpu()
+                acc = torch.where(use, lookup_hit[rows], acc.cpu())
             out[rows] = torch.where(valid.cpu(), acc.cpu(), torch.zeros((), dtype=torch.float64))
     return out.float()
 
@@ -194,6 +204,8 @@ def score_rollouts(
         use_cache = False  # scoring from token ids is cheaper than hashing the rollouts
     if drafter_id is None and hasattr(drafter, "state_dict"):
         drafter_id = tensor_state_hash(drafter)
+    if isinstance(drafter, HybridDrafter) and drafter_id is not None:
+        drafter_id = f"{drafter_id}+{drafter.ngram.name}@{drafter.min_confidence}"
     path = None
     if use_cache and drafter_id is not None:
         key = hashlib.sha256(

@@ -77,23 +77,37 @@ class NgramDrafter:
         index.advance(seq, len(seq))
         return index.propose(seq, len(seq))
 
+    def proposals_from_tokens(
+        self, prompt_ids: Sequence[int] | torch.Tensor, response_ids: Sequence[int] | torch.Tensor
+    ) -> torch.Tensor:
+        """`[L-1, K]` long: the proposal of every round start n (from prompt + x_1..x_n),
+        -1 past its length."""
+        p = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)
+        r = response_ids.tolist() if isinstance(response_ids, torch.Tensor) else list(response_ids)
+        seq, P, L = p + r, len(p), len(r)
+        out = torch.full((max(L - 1, 0), self.num_proposals), -1, dtype=torch.long)
+        index = _NgramIndex(self.config)
+        for n in range(1, L):
+            index.advance(seq, P + n)  # tokens available when the round anchored at x_n starts
+            prop = index.propose(seq, P + n)
+            if prop:
+                out[n - 1, : len(prop)] = torch.tensor(prop)
+        return out
+
     def acceptance_from_tokens(
         self, prompt_ids: Sequence[int] | torch.Tensor, response_ids: Sequence[int] | torch.Tensor
     ) -> torch.Tensor:
-        """`[L-1, K]` acceptances of one rollout (round n proposes from prompt + x_1..x_n)."""
-        p = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)
-        r = response_ids.tolist() if isinstance(response_ids, torch.Tensor) else list(response_ids)
-        seq, P, L, K = p + r, len(p), len(r), self.num_proposals
-        acc = torch.zeros(max(L - 1, 0), K)
-        index = _NgramIndex(self.config)
-        for n in range(1, L):
-            end = P + n  # tokens available when the round anchored at x_n starts
-            index.advance(seq, end)
-            for h, y in enumerate(index.propose(seq, end)):
-                if end + h >= len(seq) or seq[end + h] != y:
-                    break
-                acc[n - 1, h] = 1.0
-        return acc
+        """`[L-1, K]` acceptances of one rollout: 1 while the proposal matches the rollout."""
+        props = self.proposals_from_tokens(prompt_ids, response_ids)
+        return (props == future_tokens(response_ids, self.num_proposals)).float().cumprod(-1)
+
+
+def future_tokens(response_ids: Sequence[int] | torch.Tensor, k: int) -> torch.Tensor:
+    """`[L-1, K]` long: `x_{n+h}` for round n and slot h (-2 past the end, matching nothing)."""
+    x = torch.as_tensor(response_ids, dtype=torch.long).reshape(-1)
+    L = x.numel()
+    idx = torch.arange(1, max(L, 1))[:, None] + torch.arange(k)[None, :]  # 0-based x_{n+h}
+    return torch.where(idx < L, x[idx.clamp_max(max(L - 1, 0))], torch.full_like(idx, -2))
 
 
 class _NgramIndex:
