@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from blockdraft.models.ngram import parse_drafter_spec
+from blockdraft.models.drafter_spec import checkpoint_of, display_name, load_drafter_spec
 from blockdraft.threads import add_threads_arg, apply_threads
 
 
@@ -37,8 +37,9 @@ def drafter_names(paths: list[str | Path]) -> list[str]:
     """Short unique display names: the run directory name (parent of `final`/`best`)."""
     names = []
     for raw in paths:
-        if parse_drafter_spec(raw) is not None:  # `ngram`, `ngram:k=15`: the spec is the name
-            names.append(str(raw))
+        special = display_name(raw)  # `ngram[:...]`, `hybrid:...`
+        if special is not None:
+            names.append(special)
             continue
         p = Path(raw).resolve()
         name = p.parent.name if p.name in ("final", "best") else p.name
@@ -79,8 +80,7 @@ def load_scored(
 ) -> tuple[Any, list[list[Any]]]:
     """Acceptance tensors of every drafter on one rollout set -> (rollout set, [per drafter])."""
     from blockdraft.data.rollout_store import RolloutSet, check_target
-    from blockdraft.evaluation.scoring import checkpoint_hash, score_rollout_set
-    from blockdraft.models.checkpoint import load_drafter
+    from blockdraft.evaluation.scoring import score_rollout_set
 
     rollouts = RolloutSet.open(rollout_dir, allow_incomplete=allow_incomplete)
     if len(rollouts) == 0:
@@ -88,18 +88,13 @@ def load_scored(
     check_target(rollouts, target)
     out = []
     for path, name in zip(drafter_paths, drafter_names(drafter_paths), strict=True):
-        ngram = parse_drafter_spec(path)
-        if ngram is not None:  # prompt lookup: no checkpoint, scored from token ids
-            out.append(score_rollout_set(ngram, target, rollouts, progress=False))
-            continue
-        ckpt = resolve_checkpoint(path)
-        drafter = load_drafter(ckpt, target, adopt_layer_ids=True).eval()
+        drafter, drafter_id = load_drafter_spec(path, target)
         out.append(
             score_rollout_set(
                 drafter,
                 target,
                 rollouts,
-                drafter_id=checkpoint_hash(ckpt),
+                drafter_id=drafter_id,
                 cache_dir=cache_dir,
                 progress=f"scoring {name}" if progress else False,
             )
@@ -240,8 +235,7 @@ def run_scored_command(
     print markdown, optionally write JSON; bad input is a one-line error and exit code 2."""
     try:
         for d in args.drafters:
-            if parse_drafter_spec(d) is None:
-                resolve_checkpoint(d)
+            checkpoint_of(d)
         result = compute(setup_target(args))
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
