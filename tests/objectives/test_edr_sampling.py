@@ -12,6 +12,7 @@ from blockdraft.objectives.edr import (
     edr_surrogate,
     inclusion_probabilities,
     occupancy_and_value,
+    round_start_candidates,
     sample_round_starts,
 )
 
@@ -34,7 +35,9 @@ def test_sample_size_and_empirical_inclusion_frequencies() -> None:
     size = torch.rand(12, generator=gen, dtype=torch.float64) ** 2
     size[3] = 0.0
     size[5] = 3.0
-    pi = inclusion_probabilities(size, 4)
+    size[-1] = 5.0  # the dead last row: would be capped at pi = 1 if it were a candidate
+    pi = inclusion_probabilities(round_start_candidates(size), 4)
+    assert pi[-1] == 0.0 and pi.sum().item() == pytest.approx(4.0)
     draws = 4000
     counts = torch.zeros(12, dtype=torch.float64)
     for _ in range(draws):
@@ -45,7 +48,32 @@ def test_sample_size_and_empirical_inclusion_frequencies() -> None:
     freq = counts / draws
     se = torch.sqrt(pi * (1 - pi) / draws).clamp_min(1e-12)
     assert bool(((freq - pi).abs() <= 4.0 * se + 1e-12).all()), (freq, pi)
-    assert counts[3] == 0
+    assert counts[3] == 0 and counts[-1] == 0
+
+
+def test_last_row_is_never_sampled_and_carries_nothing() -> None:
+    """Row n = L-1 only drafts x_L: zero gradient and zero share of J, so dropping it
+    from the candidates loses nothing; it is never drawn, even when every other row
+    would fit (where all rows used to be taken)."""
+    gen = torch.Generator().manual_seed(2)
+    for length, k, max_anchors in [(2, 3, 1), (3, 1, 1), (9, 2, 3), (12, 4, 20)]:
+        acc = torch.rand(length - 1, k, generator=gen, dtype=torch.float64)
+        cost = torch.rand(length - 1, k, generator=gen, dtype=torch.float64)
+        state = occupancy_and_value(acc, cost)
+        assert state.round_start[-1] > 0  # it is a reachable round start ...
+        assert state.row_value[-1] == 0  # ... without a share of J
+        a = acc.clone().requires_grad_()
+        c = cost.clone().requires_grad_()
+        ga, gc = torch.autograd.grad(edr_surrogate(a, c), (a, c))
+        assert ga[-1].abs().sum() == 0 and gc[-1].abs().sum() == 0  # ... or a gradient
+        for _ in range(50):
+            idx, w = sample_round_starts(state.round_start, max_anchors, gen)
+            assert (length - 2) not in idx.tolist()
+            assert idx.numel() == min(max_anchors, length - 2)
+        # the HT estimate is still exact when every candidate fits
+        if max_anchors >= length - 2:
+            weights = dense_row_weights(idx, w, length - 1)
+            torch.testing.assert_close(edr_surrogate(acc, cost, weights), state.objective)
 
 
 def test_anchor_sampled_loss_and_gradient_are_unbiased() -> None:

@@ -35,6 +35,7 @@ from blockdraft.objectives.edr_recursion import (
 from blockdraft.objectives.edr_sampling import (
     dense_row_weights,
     inclusion_probabilities,
+    round_start_candidates,
     sample_round_starts,
 )
 
@@ -126,6 +127,7 @@ __all__ = [
     "inclusion_probabilities",
     "occupancy_and_value",
     "pad_rollouts",
+    "round_start_candidates",
     "rounds_objective",
     "sample_round_starts",
     "state_occupancy",

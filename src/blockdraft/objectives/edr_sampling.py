@@ -8,10 +8,13 @@ and its gradient unbiased.
 
 Why PPS on occupancy: every term of row n of the EDR loss and of its gradient carries
 the factor `omega_{n,n+1}`, so rows that are rarely round starts matter little; rows with
-zero occupancy contribute exactly zero and are never drawn (no bias). The design is
-systematic sampling over a random permutation: it returns exactly
-`min(max_anchors, #rows with positive occupancy)` distinct rows and each row's inclusion
-probability is exactly `pi_n`.
+zero occupancy contribute exactly zero and are never drawn (no bias). The last row
+(n = L-1) is not a candidate either: its only proposal drafts x_L, which is emitted
+whatever happens, so it carries no gradient and no share of the objective (`row_value`
+is 0 there; J's leading 1 is charged to no row), and a drafter block spent on it would
+be wasted (`round_start_candidates`). The design is systematic sampling over a random
+permutation: it returns exactly `min(max_anchors, #candidates with positive occupancy)`
+distinct rows and each row's inclusion probability is exactly `pi_n`.
 """
 
 from __future__ import annotations
@@ -50,15 +53,33 @@ def inclusion_probabilities(size: Tensor, max_anchors: int) -> Tensor:
         capped |= over
 
 
+def round_start_candidates(round_start_occupancy: Tensor) -> Tensor:
+    """PPS sizes of the round-start rows `[L-1]`: the occupancy, float64, with the dead
+    last row (n = L-1, no gradient, no share of J) set to 0 so it is never drawn."""
+    size = round_start_occupancy.detach().to(torch.float64).clone()
+    if not bool(torch.isfinite(size).all()) or bool((size < 0).any()):
+        raise ValueError("round_start_occupancy must be finite and non-negative")
+    if size.dim() == 1 and size.numel():
+        size[-1] = 0.0
+    return size
+
+
 def sample_round_starts(
     round_start_occupancy: Tensor, max_anchors: int, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Draw at most `max_anchors` round starts (0-based rows of the `[L-1, K]` tensors).
+    """Draw at most `max_anchors` round starts (0-based rows of the `[L-1, K]` tensors),
+    never the last row (module docstring).
 
-    Returns `(indices [m] long, sorted; inclusion_weights [m] = 1 / pi)`. Scatter the
-    weights into a dense `[L-1]` vector (zeros elsewhere, see `dense_row_weights`) and
-    pass it as `row_weights` to `edr_surrogate`."""
-    pi = inclusion_probabilities(round_start_occupancy, max_anchors)
+    Returns `(indices [m] long, sorted; inclusion_weights [m] = 1 / pi)` with
+    `pi = inclusion_probabilities(round_start_candidates(occupancy), max_anchors)`.
+    Scatter the weights into a dense `[L-1]` vector (zeros elsewhere, see
+    `dense_row_weights`) and pass it as `row_weights` to `edr_surrogate`."""
+    if round_start_occupancy.dim() != 1:
+        raise ValueError(
+            f"round_start_occupancy must be 1-D [L-1], got shape "
+            f"{tuple(round_start_occupancy.shape)}"
+        )
+    pi = inclusion_probabilities(round_start_candidates(round_start_occupancy), max_anchors)
     device = round_start_occupancy.device
     m = int(round(float(pi.sum())))
     if m == 0:

@@ -3,11 +3,17 @@
 EDR's loss couples rounds (the occupancy of a round start depends on every earlier
 round), so unlike the block objectives it cannot train on a random handful of anchors:
 each rollout's acceptance `A [L-1, K]` and cost `c [L-1, K]` must cover all round starts.
-When a rollout has more than `objective.max_anchors` round starts, a no-grad drafter pass
-over all of them gives the occupancies, `sample_round_starts` draws at most
-`max_anchors` rows proportionally to round-start occupancy, and only those rows are
-recomputed with gradient; the other rows enter the recursions detached with weight 0,
-and the sampled rows carry inverse-inclusion weights, so loss and gradient stay unbiased.
+The last round start (n = L-1, drafting only x_L, which is emitted anyway) has no
+gradient and no share of J, so it is never given a drafter block: its row enters the
+recursions as zeros, which they never read. When a rollout has more than
+`objective.max_anchors` other round starts, a no-grad drafter pass over all of them
+gives the occupancies (one batched recursion over those rollouts), `sample_round_starts`
+draws at most `max_anchors` rows proportionally to round-start occupancy, and only those
+rows are recomputed with gradient; the other rows enter the recursions detached with
+weight 0, and the sampled rows carry inverse-inclusion weights, so loss and gradient stay
+unbiased. The no-grad pass runs `score_chunk` round starts per rollout at a time
+(default `max_anchors`, so it never holds more blocks than the gradient pass): at a long
+rollout it would otherwise score thousands of blocks in one pass.
 
 Acceptance follows the rollouts: sampling rollouts use lossless speculative sampling
 (`A = min(1, q(x)/p(x))`, TV-form cost, p = the rollout's processed sampling
@@ -28,8 +34,8 @@ from blockdraft.objectives.edr import (
     acceptance_and_cost,
     dense_row_weights,
     greedy_soft_from_logprobs,
-    occupancy_and_value,
     sample_round_starts,
+    state_occupancy,
 )
 from blockdraft.training.batching import Batch, derived_seed
 from blockdraft.training.draft_forward import map_to_draft_vocab
@@ -72,6 +78,32 @@ def _acceptance(fwd, target, tout, batch, anchors, settings, mode, with_grad: bo
     return acc, cost, hidden, logq, labels, mask, prev
 
 
+def score_round_starts(
+    fwd, target, tout, batch, anchors: torch.Tensor, settings, mode: str, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Detached `(A, c)` `[B, A, K]` for anchors `[B, A]` (-1 = padding), scoring at most
+    `chunk` anchors per rollout per drafter pass so peak memory does not grow with the
+    rollout length (each block is independent given the target features)."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"score_chunk must be a positive int, got {chunk!r}")
+    accs, costs = [], []
+    for lo in range(0, anchors.shape[1], chunk):
+        acc, cost, *_ = _acceptance(
+            fwd, target, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False
+        )
+        accs.append(acc)
+        costs.append(cost)
+    return torch.cat(accs, dim=1), torch.cat(costs, dim=1)
+
+
+def _with_dead_row(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """`[m, K]` scored rows -> `[rows, K]`, zero-filled below (the dead last row, which
+    the recursions never read)."""
+    if x.shape[0] == rows:
+        return x
+    return torch.cat([x, x.new_zeros((rows - x.shape[0], x.shape[1]))], dim=0)
+
+
 def edr_micro_step(
     fwd: nn.Module,
     drafter: nn.Module,
@@ -86,8 +118,12 @@ def edr_micro_step(
     want_acc: bool,
     alpha: float,
     variant: str,
+    score_chunk: int | None = None,
 ) -> MicroOutput:
-    """Forward + EDR loss on one micro-batch of whole rollouts (no backward here)."""
+    """Forward + EDR loss on one micro-batch of whole rollouts (no backward here).
+
+    `score_chunk`: round starts per rollout per pass of the no-grad scoring pass (None:
+    `objective.max_anchors`)."""
     device = batch.input_ids.device
     tout = target.forward(  # greedy EDR needs no target logits: skip the LM head
         batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=mode == "sampling"
@@ -97,35 +133,40 @@ def edr_micro_step(
         for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
     ]
     rows = [int(s.numel()) for s in starts]
+    # trainable rows: all but the dead last one (if no rollout has any, score the dead
+    # rows anyway so the step still has a graph; their gradient is exactly zero)
+    usable = [max(r - 1, 0) for r in rows]
+    if not any(usable):
+        usable = rows
     limit = objective.max_anchors
     full_acc: dict[int, torch.Tensor] = {}
     full_cost: dict[int, torch.Tensor] = {}
-    chosen: list[torch.Tensor] = []
-    weights: list[torch.Tensor | None] = []
-    long_rows = [i for i, r in enumerate(rows) if r > limit]
-    if long_rows:  # detached pass over every round start of the long rollouts
+    chosen: list[torch.Tensor] = [torch.arange(u) for u in usable]
+    weights: list[torch.Tensor | None] = [None] * len(rows)
+    long_rows = [i for i, u in enumerate(usable) if u > limit]
+    if long_rows:  # detached, chunked pass over every usable round start of long rollouts
         sub = Batch(**{k: v[long_rows] for k, v in batch.__dict__.items()})
         logits = None if tout.logits is None else tout.logits[long_rows]
         sub_out = type(tout)(logits=logits, features=tout.features[long_rows])
-        a_all = pad_anchor_lists([starts[i] for i in long_rows]).to(device)
-        acc, cost, *_ = _acceptance(
-            fwd, target, sub_out, sub, a_all, settings, mode, with_grad=False
+        a_all = pad_anchor_lists([starts[i][: usable[i]] for i in long_rows]).to(device)
+        acc, cost = score_round_starts(
+            fwd, target, sub_out, sub, a_all, settings, mode, score_chunk or limit
         )
         for j, i in enumerate(long_rows):
-            full_acc[i], full_cost[i] = acc[j, : rows[i]], cost[j, : rows[i]]
-    for i, r in enumerate(rows):
-        if i in full_acc:
-            occ = occupancy_and_value(full_acc[i], full_cost[i]).round_start
+            full_acc[i] = _with_dead_row(acc[j, : usable[i]], rows[i])
+            full_cost[i] = _with_dead_row(cost[j, : usable[i]], rows[i])
+        lengths = torch.tensor([rows[i] + 1 for i in long_rows])
+        padded = acc.new_zeros((len(long_rows), max(rows[i] for i in long_rows), acc.shape[-1]))
+        for j, i in enumerate(long_rows):
+            padded[j, : rows[i]] = full_acc[i]
+        occ = state_occupancy(padded.cpu(), lengths)[..., 0]  # one batched recursion, host
+        for j, i in enumerate(long_rows):
             gen = torch.Generator().manual_seed(
                 derived_seed(seed, 13, step, int(batch.rollout_index[i]))
             )
-            # float32 round-off can leave occupancies like -1e-9; they are zero
-            idx, w = sample_round_starts(occ.clamp_min(0).cpu(), limit, gen)
-            chosen.append(idx)
-            weights.append(dense_row_weights(idx, w.double(), r))
-        else:
-            chosen.append(torch.arange(r))
-            weights.append(None)
+            idx, w = sample_round_starts(occ[j, : rows[i]], limit, gen)
+            chosen[i] = idx
+            weights[i] = dense_row_weights(idx, w.double(), rows[i])
     anchors = pad_anchor_lists([starts[i][chosen[i]] for i in range(len(rows))]).to(device)
     acc, cost, hidden, logq, labels, mask, prev = _acceptance(
         fwd, target, tout, batch, anchors, settings, mode, with_grad=True
@@ -140,8 +181,8 @@ def edr_micro_step(
             acc_list.append(full_acc[i].index_copy(0, idx, acc[i, :m]))
             cost_list.append(full_cost[i].index_copy(0, idx, cost[i, :m]))
         else:
-            acc_list.append(acc[i, :r])
-            cost_list.append(cost[i, :r])
+            acc_list.append(_with_dead_row(acc[i, :m], r))
+            cost_list.append(_with_dead_row(cost[i, :m], r))
         keep.append(weights[i].to(device) if weights[i] is not None else None)
     valid = anchors >= 0
     stats = block_stats(

@@ -1,0 +1,101 @@
+"""EDR micro-step: the chunked no-grad scoring pass equals the unchunked one, and the
+dead last round start never gets a drafter block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.data.anchors import round_start_anchors
+from blockdraft.data.rollout_store import Rollout
+from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+from blockdraft.models.testing import make_random_target
+from blockdraft.objectives.registry import make_objective
+from blockdraft.training import edr_step
+from blockdraft.training.batching import collate
+from blockdraft.training.draft_forward import DraftForward
+from blockdraft.training.objective_step import pad_anchor_lists
+
+
+class _Settings:
+    temperature, top_p, top_k, greedy = 0.8, 1.0, 0, False
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    target = make_random_target("qwen3", hidden_size=32, num_layers=2, num_heads=2)
+    drafter = BlockDrafter(DrafterConfig.for_target(target, num_layers=1, block_size=4))
+    drafter.bind_target(target)
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for i, n in enumerate([31, 12, 2, 1]):  # long, long, a single (dead) row, no round
+        prompt = torch.randint(3, target.vocab_size, (5,), generator=gen)
+        resp = torch.randint(3, target.vocab_size, (n,), generator=gen)
+        rows.append(Rollout(f"r{i}", prompt, resp, torch.full((n,), -1.0)))
+    batch = collate(rows, list(range(len(rows))), 0, 4096)
+    return target, drafter, batch
+
+
+@pytest.mark.parametrize("mode", ["sampling", "greedy"])
+def test_chunked_scoring_equals_unchunked(setup, mode: str) -> None:
+    target, drafter, batch = setup
+    fwd = DraftForward(drafter)
+    tout = target.forward(
+        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=True
+    )
+    starts = [
+        round_start_anchors(int(p), int(n))
+        for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
+    ]
+    anchors = pad_anchor_lists(starts)
+    full = edr_step.score_round_starts(fwd, target, tout, batch, anchors, _Settings, mode, 1000)
+    for chunk in (1, 3, 7):
+        parts = edr_step.score_round_starts(
+            fwd, target, tout, batch, anchors, _Settings, mode, chunk
+        )
+        for a, b in zip(parts, full, strict=True):
+            assert a.shape == b.shape == (*anchors.shape, 3)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="score_chunk"):
+        edr_step.score_round_starts(fwd, target, tout, batch, anchors, _Settings, mode, 0)
+
+
+@pytest.mark.parametrize("mode", ["sampling", "greedy"])
+def test_micro_step_is_the_same_with_any_chunk(setup, mode: str, monkeypatch) -> None:
+    target, drafter, batch = setup
+    fwd = DraftForward(drafter)
+    objective = make_objective("edr", mode=mode, max_anchors=6)  # rollouts 0, 1 sampled
+    seen: list[torch.Tensor] = []
+    original = edr_step._acceptance
+
+    def spy(fwd_, target_, tout_, batch_, anchors, *args, **kwargs):
+        seen.append(anchors.clone())
+        return original(fwd_, target_, tout_, batch_, anchors, *args, **kwargs)
+
+    monkeypatch.setattr(edr_step, "_acceptance", spy)
+    results = []
+    for chunk in (None, 4, 1000):
+        seen.clear()
+        drafter.zero_grad(set_to_none=True)
+        out = edr_step.edr_micro_step(
+            fwd, drafter, target, objective, batch, seed=0, step=1, settings=_Settings,
+            mode=mode, want_acc=False, alpha=0.5, variant="full", score_chunk=chunk,
+        )  # fmt: skip
+        out.numerator.backward()
+        grads = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
+        results.append((out.numerator.detach(), grads, [a.clone() for a in seen]))
+    ref_loss, ref_grads, _ = results[-1]
+    assert len(results[1][2]) == 8 + 1  # 29 usable starts of rollout 0 in chunks of 4 + grad
+    for loss, grads, passes in results:
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        for g, r in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+        # the last round start of each rollout (row L-1) never gets a block
+        grad_pass = passes[-1]
+        for i, n in enumerate(int(x) for x in batch.response_lens):
+            if n >= 3:
+                last = int(batch.prompt_lens[i]) + n - 2  # sequence index of x_{L-1}
+                assert last not in grad_pass[i].tolist()
+                assert int(grad_pass[i].max()) >= 0
+    assert ref_loss.item() > 0
