@@ -1,4 +1,21 @@
-"""Training-step time of every objective relative to `uniform`, same batch, one run.
+"""Training-step speed: old vs new drafter path at three shapes, attention memory, and
+every objective's step time relative to `uniform`, each measured side by side in one run.
+
+Throughput (`--part throughput`): drafter forward + cross-entropy + backward on fixed
+target features (the target forward is not timed: cached features remove it, see
+bench/train_features.py). "old" = dense block mask + chunked cross-entropy (main before
+issue 12); "new" = the defaults (tiled block attention on CPU, probabilities kept when
+they fit `cross_entropy.MAX_KEPT_PROBS_BYTES`). Paths alternate step by step on the same
+batch and the ratio is the median of per-round ratios. Shapes: the demo's `tiny` step,
+a Gemma-3-270M-shaped step (random weights, its config's 32k draft vocabulary) and
+DFlash's GPU recipe scaled down to fit this CPU.
+
+Memory (`--part memory`): peak RSS growth of `forward_blocks` forward+backward per
+attention path, measured in fresh subprocesses at the scaled recipe shape, then the
+attention-specific terms at the full recipe (T=3072, 512 anchors, block 16, Qwen3-8B
+drafter geometry) computed analytically from the formulas printed.
+
+Objectives (`--part objectives`):
 
 Why interleaved: the machine's speed drifts (other processes, thermal state), so every
 round times each objective once, in rotating order, on the *same* micro-batch and anchors,
@@ -6,20 +23,29 @@ and the reported factor is the median over rounds of time(objective) / time(unif
 within a round. The paper's claim to check: D-PACE costs <= 1.03x uniform; EDR's factor
 is reported (it trains on every round start and needs full drafter distributions).
 
-    python bench/train_step.py [--rounds 15] [--block-size 8] [--response 96] [--batch 4]
+    python bench/train_step.py [--part all|throughput|memory|objectives] [--rounds 15]
+        [--block-size 8] [--response 96] [--batch 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
+import blockdraft.objectives.cross_entropy as ce
 from blockdraft.data.rollout_store import Rollout
+from blockdraft.models import block_attention
 from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+from blockdraft.models.target import Target
 from blockdraft.models.testing import make_random_target
+from blockdraft.objectives.cross_entropy import weighted_cross_entropy
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
@@ -33,15 +59,212 @@ class _Settings:
     temperature, top_p, top_k, greedy = 0.7, 1.0, 0, False
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--block-size", type=int, default=8)
-    ap.add_argument("--response", type=int, default=96, help="response tokens per sequence")
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--anchors", type=int, default=64, help="num_anchors for block objectives")
-    ap.add_argument("--hidden", type=int, default=128)
-    args = ap.parse_args()
+# --- throughput: old vs new drafter path -----------------------------------------------------
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    arch: str  # HF architecture of the random target
+    batch: int
+    prompt: int
+    response: int
+    anchors: int
+    block: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    target_layers: int
+    drafter_layers: int
+    draft_vocab: int | None = None
+
+
+SHAPES = {
+    # the demo's step: 8 sequences x 64 anchors x block 8, tiny target (4 layers, width 128)
+    "tiny": Shape("tiny", "qwen3", 8, 48, 128, 64, 8, 128, 4, 2, 32, 384, 4096, 4, 1),
+    # Gemma 3 270M geometry and configs/gemma-3-270m.yaml's drafter (2 layers, block 16,
+    # 32k draft vocabulary); batch and length cut so a step takes seconds on CPU
+    "gemma": Shape(
+        "gemma", "gemma3", 2, 128, 256, 64, 16, 640, 4, 1, 256, 2048, 262144, 6, 2, 32768
+    ),
+    # DFlash's recipe (T=3072, 512 anchors, block 16, Qwen3 vocabulary) scaled down 4x in
+    # length and anchors, 8x in width, 1 drafter layer
+    "recipe": Shape("recipe", "qwen3", 1, 128, 640, 128, 16, 512, 8, 2, 64, 1536, 151936, 4, 1),
+}
+
+
+def random_target(s: Shape) -> Target:
+    """A random target of the shape's geometry (weights never run: features are given)."""
+    small = make_random_target("qwen3")  # borrows its tokenizer and mask token
+    common = dict(
+        vocab_size=s.vocab,
+        hidden_size=s.hidden,
+        intermediate_size=s.intermediate,
+        num_hidden_layers=s.target_layers,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        max_position_embeddings=4096,
+    )
+    if s.arch == "gemma3":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**common, query_pre_attn_scalar=s.head_dim))
+    else:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**common, tie_word_embeddings=True))
+    return Target(
+        model, small.tokenizer, name=f"random-{s.name}", mask_token_id=small.mask_token_id
+    )
+
+
+def build(s: Shape, seed: int = 0):  # type: ignore[no-untyped-def]
+    """(drafter, features, input_ids, anchors [sorted, as sampled], labels, prev)."""
+    torch.manual_seed(seed)
+    target = random_target(s)
+    cfg = DrafterConfig.for_target(
+        target, num_layers=s.drafter_layers, block_size=s.block, draft_vocab_size=s.draft_vocab
+    )
+    drafter = BlockDrafter(cfg).bind_target(target)
+    if s.draft_vocab:
+        drafter.set_draft_vocab(torch.arange(s.draft_vocab))
+    g = torch.Generator().manual_seed(seed)
+    T, K = s.prompt + s.response, s.block - 1
+    ids = torch.randint(3, s.draft_vocab or s.vocab, (s.batch, T), generator=g)
+    feats = torch.randn(s.batch, T, target.feature_size, generator=g)
+    anchors = torch.stack(
+        [
+            s.prompt + torch.randperm(s.response - 1, generator=g)[: s.anchors].sort().values
+            for _ in range(s.batch)
+        ]
+    )
+    pos = anchors[..., None] + torch.arange(1, K + 1)
+    labels = torch.where(
+        pos < T, ids.gather(1, pos.clamp(max=T - 1).flatten(1)).view(pos.shape), -1
+    )
+    prev = torch.cat([ids.gather(1, anchors)[..., None], labels[..., :-1].clamp(min=0)], -1)
+    return drafter, feats, ids, anchors, labels, prev
+
+
+PATHS = {  # name -> (attention, MAX_KEPT_PROBS_BYTES)
+    "old": ("dense", 0),
+    "new": ("auto", ce.MAX_KEPT_PROBS_BYTES),
+    "attn-only": ("auto", 0),
+    "ce-only": ("dense", ce.MAX_KEPT_PROBS_BYTES),
+}
+
+
+def drafter_step(fwd: DraftForward, batch, path: str) -> float:  # type: ignore[no-untyped-def]
+    """One drafter forward + uniform-weighted CE + backward on `path`; seconds."""
+    _, feats, ids, anchors, labels, prev = batch
+    fwd.drafter.attention, ce.MAX_KEPT_PROBS_BYTES = PATHS[path]
+    fwd.drafter.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    _, logq, _ = fwd(feats, ids, anchors, labels, prev)
+    weighted_cross_entropy(logq, torch.ones(()), labels >= 0).backward()
+    return time.perf_counter() - t0
+
+
+def throughput(shapes: list[str], rounds: int) -> None:
+    print(
+        "drafter training step (features given), old = dense mask + chunked CE, "
+        f"new = defaults; median of {rounds} interleaved rounds"
+    )
+    for name in shapes:
+        s = SHAPES[name]
+        batch = build(s)
+        fwd = DraftForward(batch[0])
+        labels = int((batch[4] >= 0).sum())
+        paths = ["old", "new"] + (["attn-only", "ce-only"] if name == "tiny" else [])
+        for path in paths:  # warm-up
+            drafter_step(fwd, batch, path)
+        times: dict[str, list[float]] = {p: [] for p in paths}
+        for r in range(rounds):
+            for path in paths[r % len(paths) :] + paths[: r % len(paths)]:
+                times[path].append(drafter_step(fwd, batch, path))
+        rows, vocab = labels, s.draft_vocab or s.vocab
+        kept = ce.keeps_probabilities(batch[4].numel(), vocab, torch.float32)
+        print(
+            f"  {name}: B={s.batch} T={s.prompt + s.response} anchors={s.anchors} "
+            f"block={s.block} width={s.hidden} vocab={vocab} layers={s.drafter_layers} "
+            f"({rows} labels; new CE {'keeps probabilities' if kept else 'chunked'})"
+        )
+        for path in paths:
+            med = statistics.median(times[path])
+            ratio = statistics.median(o / t for o, t in zip(times["old"], times[path], strict=True))
+            print(
+                f"    {path:9s} {med:7.3f} s/step {rows / med:9.0f} label tok/s  "
+                f"speed vs old {ratio:.2f}x"
+            )
+        del batch, fwd
+        gc.collect()
+        ce.MAX_KEPT_PROBS_BYTES = PATHS["new"][1]
+
+
+# --- memory -----------------------------------------------------------------------------------
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def memory_probe(impl: str) -> None:
+    """(subprocess) peak RSS growth of forward_blocks fwd+bwd at the scaled recipe shape."""
+    drafter, feats, ids, anchors, _, _ = build(SHAPES["recipe"])
+    drafter.forward_blocks(feats[:, :64], ids[:, :64], anchors[:, :2].clamp(max=63), impl)
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak-RSS watermark
+    base = _status_kb("VmRSS")
+    drafter.forward_blocks(feats, ids, anchors, impl).square().sum().backward()
+    print((_status_kb("VmHWM") - base) / 1024)
+
+
+def memory_report(script: str, threads: int) -> None:
+    s = SHAPES["recipe"]
+    T, L = s.prompt + s.response, s.anchors * s.block
+    print(
+        f"forward_blocks fwd+bwd peak RSS growth, measured at the scaled recipe shape "
+        f"(T={T}, {s.anchors} anchors x block {s.block}, width {s.hidden}, 1 layer):"
+    )
+    measured = {}
+    for impl in ("dense", "tiled"):
+        out = subprocess.run(
+            [sys.executable, script, "--memory-probe", impl, "--threads", str(threads)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        measured[impl] = float(out.stdout.split()[-1])
+        print(f"  {impl:6s} {measured[impl]:8.1f} MiB")
+    print(f"  tiled / dense = {measured['tiled'] / measured['dense']:.2f}")
+    # Full recipe, per layer, attention-specific terms only (bytes); Qwen3-8B drafter.
+    T, A, Kb, h, kvh, d = 3072, 512, 16, 32, 8, 128
+    L = A * Kb
+    tile = max(1, block_attention.TILE_QUERIES // Kb) * Kb
+    gib = 1 << 30
+    dense_cpu = L * (T + L) * (1 + 4)  # bool mask + the float mask SDPA saves per layer
+    dense_cuda = h * L * (T + L) * 4 * 2  # math-kernel fp32 scores + probabilities (issue 17)
+    # tiled: float masks over [context up to the tile's largest anchor; tile] (sorted,
+    # uniform anchors: ~T/2 on average) + the per-tile K/V copies SDPA saves (bf16)
+    tiled = L * (T // 2 + tile) * 4 + (L // tile) * (T // 2 + tile) * kvh * d * 2 * 2
+    flex = h * L * 4 + (L // 128) * ((T + L) // 128) * 4 * 2  # logsumexp + BlockMask
+    print(
+        f"full recipe (T={T}, {A} anchors x block {Kb}, {h}/{kvh} heads, d={d}), "
+        "attention memory per layer, analytic:"
+    )
+    print(f"  dense on CPU (bool + float mask)        {dense_cpu / gib:7.2f} GiB")
+    print(f"  dense on CUDA (math kernel scores)      {dense_cuda / gib:7.2f} GiB")
+    print(f"  tiled on CPU (masks + K/V tile copies)  {tiled / gib:7.2f} GiB")
+    print(f"  flex on CUDA (lse + BlockMask)          {flex / gib:7.3f} GiB")
+
+
+# --- objective ratios -------------------------------------------------------------------------
+def objective_ratios(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     target = make_random_target("qwen3", hidden_size=args.hidden, num_layers=4, num_heads=4)
     drafter = BlockDrafter(
@@ -94,6 +317,34 @@ def main() -> None:
     )
     for name in OBJECTIVES:
         print(f"  {name:8s} {statistics.median(ratios[name]):.3f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", default="all", choices=["all", "throughput", "memory", "objectives"])
+    ap.add_argument("--rounds", type=int, default=15, help="objective-ratio rounds")
+    ap.add_argument("--throughput-rounds", type=int, default=5)
+    ap.add_argument("--shapes", default="tiny,gemma,recipe")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: stable on busy hosts)"
+    )
+    ap.add_argument("--block-size", type=int, default=8)
+    ap.add_argument("--response", type=int, default=96, help="response tokens per sequence")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--anchors", type=int, default=64, help="num_anchors for block objectives")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.memory_probe:
+        memory_probe(args.memory_probe)
+        return
+    if args.part in ("all", "throughput"):
+        throughput(args.shapes.split(","), args.throughput_rounds)
+    if args.part in ("all", "memory"):
+        memory_report(__file__, args.threads)
+    if args.part in ("all", "objectives"):
+        objective_ratios(args)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ from blockdraft.models.testing import make_random_target
 
 BLOCK = 4
 # Unsorted anchors, a repeat, anchor 0 (no context), padding, and a padding-only tile.
-ANCHORS = torch.tensor(
-    [[1, 5, 9, 2, 13, 0, 7, -1, -1, -1], [13, 1, 7, 7, 4, 10, 3, 11, -1, -1]]
-)
+ANCHORS = torch.tensor([[1, 5, 9, 2, 13, 0, 7, -1, -1, -1], [13, 1, 7, 7, 4, 10, 3, 11, -1, -1]])
 
 
 def _per_block_reference(q, block_k, block_v, ctx_k, ctx_v, anchors, Kb):
@@ -57,7 +55,7 @@ def test_layout_equals_independent_per_block_softmax(impl, tile_queries):
     inputs = (q, bk, bv, ck, cv)
     grads = torch.autograd.grad((got * upstream).sum(), inputs)
     grads_ref = torch.autograd.grad((ref * upstream).sum(), inputs)
-    for a, b in zip(grads, grads_ref):
+    for a, b in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
@@ -81,9 +79,7 @@ def target(request):
 
 
 def _drafter(target, kind):
-    cfg = DrafterConfig.for_target(
-        target, num_layers=2, block_size=BLOCK, arch=kind, markov_rank=8
-    )
+    cfg = DrafterConfig.for_target(target, num_layers=2, block_size=BLOCK, arch=kind, markov_rank=8)
     model = (SemiARDrafter if kind == "semi_ar" else BlockDrafter)(cfg).bind_target(target)
     if kind == "semi_ar":
         torch.nn.init.normal_(model.markov_head.w2, std=0.5)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from blockdraft.objectives import target_logprobs, token_logprobs, weighted_cross_entropy
@@ -33,8 +32,17 @@ def _case(m: int = 13, h: int = 6, v: int = 37, seed: int = 0):
 
 
 @pytest.mark.parametrize(
-    "chunk_rows,budget", [(1, CHUNKED), (4, CHUNKED), (5, CHUNKED), (12, CHUNKED),
-                          (13, CHUNKED), (100, CHUNKED), (4, KEEP), (None, KEEP)]
+    "chunk_rows,budget",
+    [
+        (1, CHUNKED),
+        (4, CHUNKED),
+        (5, CHUNKED),
+        (12, CHUNKED),
+        (13, CHUNKED),
+        (100, CHUNKED),
+        (4, KEEP),
+        (None, KEEP),
+    ],
 )
 def test_values_and_gradients_match_full_logits(chunk_rows, budget) -> None:
     hidden, weight, targets, upstream = _case()
