@@ -290,6 +290,8 @@ def speculative_generate(
         state = drafter.new_state()
         drafter.extend_context(state, out.features, 0)
         head = GreedyDraftHead.of(drafter) if greedy and GreedyDraftHead.applies(drafter) else None
+        # a hybrid drafter (models/hybrid.py) also looks the verified text up, per round
+        lookup = NgramIndex(drafter.ngram) if hasattr(drafter, "use_lookup") else None
     anchor, a = first, plen  # anchor token and its sequence index
     clock.lap("prefill")
     while True:
@@ -298,6 +300,12 @@ def speculative_generate(
         if ngram:
             prop_list = index.propose(trace.tokens)
             k = len(prop_list)
+        elif lookup is not None:
+            looked_up = lookup.propose(trace.tokens)
+            proposals, q = drafter.draft_block(
+                state, anchor, a, looked_up, temperature, top_p, top_k, generator
+            )
+            k = proposals.shape[0]
         elif head is not None:
             proposals = head.pick(drafter.draft_hidden(state, anchor, a))
             k = proposals.shape[0]

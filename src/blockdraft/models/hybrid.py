@@ -38,7 +38,12 @@ class HybridDrafter:
         ngram: NgramDrafter | None = None,
         min_confidence: float = DEFAULT_MIN_CONFIDENCE,
     ) -> None:
-        k = int(drafter.config.num_proposals)
+        cfg = getattr(drafter, "config", None)
+        k = int(getattr(cfg, "num_proposals", None) or drafter.num_proposals)
+        if getattr(cfg, "arch", "dflash") != "dflash" or getattr(drafter, "sequential", False):
+            # a semi-AR drafter's confidences depend on the drafted tokens, so the choice
+            # would differ between offline (teacher-forced) and online: not supported
+            raise ValueError("hybrid: needs a parallel (dflash) drafter, not semi_ar")
         self.drafter = drafter
         self.ngram = ngram or NgramDrafter(num_proposals=k)
         if self.ngram.num_proposals != k:
@@ -46,7 +51,7 @@ class HybridDrafter:
         if not 0.0 <= min_confidence <= 1.0:
             raise ValueError(f"hybrid: conf must be in [0, 1], got {min_confidence}")
         self.min_confidence = float(min_confidence)
-        self.config = drafter.config
+        self.config = cfg
 
     @property
     def num_proposals(self) -> int:
@@ -55,6 +60,41 @@ class HybridDrafter:
     def eval(self) -> HybridDrafter:
         self.drafter.eval()
         return self
+
+    # --- inference: the decoding loop keeps the drafter's context through these ---------
+    def new_state(self) -> Any:
+        return self.drafter.new_state()
+
+    def extend_context(self, state: Any, features: torch.Tensor, start: int) -> None:
+        self.drafter.extend_context(state, features, start)
+
+    def draft_block(
+        self,
+        state: Any,
+        anchor_id: int,
+        anchor_position: int,
+        looked_up: list[int],
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(tokens [K], q' [K, V] they were drawn from; None at T = 0) of one round.
+
+        `looked_up` is the prompt-lookup proposal over the verified text (0..K tokens)."""
+        from blockdraft.sampling import processed_probs, sample
+
+        logits = self.drafter.draft_logits(state, anchor_id, anchor_position)  # [K, V]
+        use = self.use_lookup(logits, len(looked_up))
+        lookup = torch.full((logits.shape[0],), -1, dtype=torch.long, device=logits.device)
+        if looked_up:
+            lookup[: len(looked_up)] = torch.tensor(looked_up, device=logits.device)
+        if temperature == 0:
+            return torch.where(use, lookup, logits.argmax(-1)), None
+        q = processed_probs(logits, temperature, top_p, top_k)
+        tokens = torch.where(use, lookup, sample(q, generator))
+        one_hot = torch.zeros_like(q).scatter_(-1, tokens.clamp_min(0).view(-1, 1), 1.0)
+        return tokens, torch.where(use.unsqueeze(-1), one_hot, q)
 
     def use_lookup(self, logits: torch.Tensor, looked_up: int | torch.Tensor) -> torch.Tensor:
         """`[..., K]` bool: slots that take the looked-up token.
