@@ -178,3 +178,84 @@ def test_bad_inputs_give_clear_errors() -> None:
         edr_surrogate(torch.rand(3, 2), torch.rand(3, 2), reduction="avg")
     with pytest.raises(ValueError, match="row_weights"):
         edr_surrogate(torch.rand(3, 2), torch.rand(3, 2), row_weights=torch.ones(4))
+
+
+def _ragged_batch(gen: torch.Generator, lengths: list[int], k: int, dtype: torch.dtype):
+    """Padded `[B, M, K]` acceptance/cost with NaN in every ignored entry."""
+    rows = max(lengths) - 1
+    acc = torch.rand(len(lengths), rows, k, generator=gen, dtype=torch.float64)
+    cost = torch.rand(len(lengths), rows, k, generator=gen, dtype=torch.float64)
+    n = torch.arange(1, rows + 1).view(1, -1, 1)
+    h = torch.arange(1, k + 1).view(1, 1, -1)
+    ignored = n + h >= torch.tensor(lengths).view(-1, 1, 1)
+    acc, cost = acc.masked_fill(ignored, float("nan")), cost.masked_fill(ignored, float("nan"))
+    return acc.to(dtype), cost.to(dtype), torch.tensor(lengths)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7, 15])
+def test_compiled_kernels_equal_torch_reference(k: int) -> None:
+    """Compiled recursion == readable torch recursion (float64), batched with ragged
+    lengths around every boundary case (L = 0, 1, 2, <= K+1, long), NaN in ignored entries."""
+    gen = torch.Generator().manual_seed(k)
+    lengths = [0, 1, 2, 3, k + 1, k + 2, k + 3, 40, 97, 200]
+    acc, cost, lens = _ragged_batch(gen, lengths, k, torch.float64)
+    fast = occupancy_and_value(acc, cost, lens, backend="compiled")
+    ref = occupancy_and_value(acc, cost, lens, backend="torch")
+    for name in ("occupancy", "value", "td", "row_value", "objective", "round_start"):
+        got, want = getattr(fast, name), getattr(ref, name)
+        assert got.dtype == want.dtype == torch.float64, name
+        assert bool(torch.isfinite(got).all()), name
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-11, msg=name)
+    torch.testing.assert_close(
+        state_occupancy(acc, lens, backend="compiled"), state_occupancy(acc, lens, backend="torch")
+    )
+    # and both match the autograd reference on the objective
+    torch.testing.assert_close(fast.objective, rounds_objective(acc, cost, lens))
+    # single rollouts: the batch dim is dropped, results equal the batch rows
+    for i, length in enumerate(lengths):
+        if length == 0:
+            continue
+        one = occupancy_and_value(acc[i, : length - 1], cost[i, : length - 1])
+        torch.testing.assert_close(one.td, fast.td[i, : length - 1])
+        torch.testing.assert_close(one.objective, fast.objective[i])
+
+
+def test_float32_inputs_keep_float64_occupancies_and_accurate_values() -> None:
+    """float32 inputs (training): occupancies come back in float64 and every output equals
+    the float64 computation on the same (upcast) inputs up to float32 rounding of the
+    result -- no float32 accumulation error, which grows with L (the old float32 round
+    starts were off by up to 3e-3 at near-certain acceptance, L = 4,096)."""
+    gen = torch.Generator().manual_seed(5)
+    length, k = 4096, 7
+    acc = (1 - 1e-3 * torch.rand(length - 1, k, generator=gen)).float()  # near-certain
+    cost = torch.rand(length - 1, k, generator=gen).float()
+    got = occupancy_and_value(acc, cost)
+    want = occupancy_and_value(acc.double(), cost.double())
+    assert got.occupancy.dtype == torch.float64 and got.td.dtype == torch.float32
+    torch.testing.assert_close(got.occupancy, want.occupancy, rtol=1e-13, atol=0)
+    torch.testing.assert_close(got.round_start, want.round_start, rtol=1e-13, atol=0)
+    for name in ("value", "td", "row_value", "objective"):
+        g, w = getattr(got, name).double(), getattr(want, name)
+        # float32 rounding of the final float64 result only
+        assert bool(((g - w).abs() <= 2**-23 * w.abs() + 1e-30).all()), name
+    # the reference torch loop in float32 arithmetic would not pass this
+    from blockdraft.objectives import edr_torch
+
+    starts32, _ = edr_torch.round_starts(acc.unsqueeze(0), torch.tensor([length]))
+    rel = ((starts32[0].double() - want.round_start).abs() / want.round_start).max()
+    assert rel > 1e-6
+
+
+def test_torch_fallback_when_numba_is_missing(monkeypatch) -> None:
+    from blockdraft.objectives import edr_recursion
+
+    gen = torch.Generator().manual_seed(9)
+    acc, cost, lens = _ragged_batch(gen, [5, 9, 2], 3, torch.float64)
+    want = occupancy_and_value(acc, cost, lens, backend="compiled")
+    monkeypatch.setattr(edr_recursion, "_KERNELS", False)  # as if the import had failed
+    got = occupancy_and_value(acc, cost, lens)  # "auto" -> torch loop
+    torch.testing.assert_close(got.td, want.td, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ImportError, match="numba"):
+        occupancy_and_value(acc, cost, lens, backend="compiled")
+    with pytest.raises(ValueError, match="backend"):
+        occupancy_and_value(acc, cost, lens, backend="cuda")
