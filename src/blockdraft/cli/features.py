@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
         gb = plan.total_bytes / 1e9
         if gb > args.max_gb:
             print(
-                f"error: --max-gb: the features would take {gb:.2f} GB > {args.max_gb:g} GB; "
-                f"pass --max-gb {gb * 1.1:.1f} to allow it (or use fewer rollouts / --max-seq-len)",
+                f"error: --max-gb: the features would take {gb:.3g} GB > {args.max_gb:g} GB; "
+                f"pass --max-gb {gb * 1.1:.2g} to allow it (or use fewer rollouts / --max-seq-len)",
                 file=sys.stderr,
             )
             return 2

@@ -89,7 +89,7 @@ class FeaturePlan:
         line = (
             f"features: {self.num_rows} rollouts, {self.num_tokens} tokens x {h['feature_size']} "
             f"features ({len(h['layer_ids'])} layers x {h['hidden_size']}) x "
-            f"{dtype_bytes(h['dtype'])} bytes ({h['dtype']}) = {gb:.3f} GB in {self.out}"
+            f"{dtype_bytes(h['dtype'])} bytes ({h['dtype']}) = {gb:.3g} GB in {self.out}"
         )
         if self.done_rows:
             left = self.remaining_bytes / 1e9
