@@ -160,3 +160,21 @@ def test_tiled_memory_is_linear_in_blocks_dense_is_quadratic(random_target):
     layout = BlockAttention(anchors, T, BLOCK, "tiled")
     assert sum(mask.numel() for *_, mask in layout.tiles) <= tiled_bound
     assert block_attention_mask(anchors, T, BLOCK).numel() == dense_entries
+
+
+def test_paths_run_under_bf16_autocast(random_target):
+    """Training runs under autocast on GPUs: every path accepts the mixed q/k/v dtypes it
+    produces (fp32 RMSNorm weights, bf16 projections) and stays at bf16 rounding of fp32."""
+    drafter = _drafter(random_target, "dflash").float()
+    ids = torch.randint(0, random_target.vocab_size, (2, 16))
+    feats = random_target.forward(ids).features
+    with torch.no_grad():
+        ref = drafter.forward_blocks(feats, ids, ANCHORS, "dense")
+        for impl in ("dense", "tiled", "flex"):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got = drafter.forward_blocks(feats, ids, ANCHORS, impl)
+            torch.testing.assert_close(got.float(), ref, rtol=0.05, atol=0.05)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = drafter.forward_blocks(feats, ids, ANCHORS, "tiled")
+    hidden.float().square().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in drafter.parameters() if p.grad is not None)

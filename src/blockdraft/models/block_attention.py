@@ -158,6 +158,14 @@ class BlockAttention:
         return create_block_mask(mask_mod, B, None, A * Kb, T + A * Kb, device=anchors.device)
 
     def _attend_flex(self, q, k, v, gqa):  # type: ignore[no-untyped-def]
+        # flex_attention is no autocast op and wants one dtype; under autocast q/k leave
+        # their fp32 RMSNorm weights in fp32 while v is bf16, so cast like SDPA would.
+        device_type = q.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+        else:
+            dtype = q.dtype
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         if q.device.type == "cuda":
             return _flex_attention()(q, k, v, block_mask=self.block_mask, enable_gqa=gqa)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
