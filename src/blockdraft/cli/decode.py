@@ -167,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     costs = result.round_costs()
     if costs and result.num_rounds:
         total = sum(costs.values())
-        parts = "  ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(costs.items()))
+        order = ["draft", "target", "verify", "other"]
+        parts = "  ".join(f"{k} {1e3 * costs[k]:.2f}" for k in order if k in costs)
         line = f"per round (ms): {parts}  total {1e3 * total:.2f}"
         step = result.ar_step_s
         if step:
