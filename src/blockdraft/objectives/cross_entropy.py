@@ -11,6 +11,12 @@ and one place decides which (`keeps_probabilities`, a byte budget):
   rows at a time, each chunk's logits recomputed in backward, so peak extra memory is
   O(chunk_rows * V) forward *and* backward.
 
+Why not `F.cross_entropy` on materialised logits for the first case: it allocates four
+`[rows, V]` tensors (logits, log-softmax, the nll gradient, the softmax gradient) where
+the kept mode has one, turned into probabilities and then into the gradient in place.
+One-thread micro-benchmark at the tiny demo's 3,584 x 4,096 (forward+backward vs the
+chunked mode): `F.cross_entropy` 1.05x, kept mode 1.75x.
+
 Convention for all functions here: a negative target id means "no label" (padding,
 past the end of the sequence); its log-probability is 0 and it gets no gradient.
 """
