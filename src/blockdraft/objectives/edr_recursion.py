@@ -310,6 +310,19 @@ def occupancy_and_value(
             outputs = tuple(t[0] for t in outputs)
         return OccupancyValue(*outputs)
     # the kernels never read ignored entries (NaN allowed there): no sanitising needed
+    device = acceptance.device
+    if device.type == "cpu" and _check_shapes(acceptance, cost, lengths):  # one rollout
+        dtype = _work_dtype(acceptance)
+        omega, value, td, row_value, objective = kernels.occupancy_value_rollout(
+            _as_numpy(acceptance, dtype), _as_numpy(cost, dtype)
+        )
+        return OccupancyValue(
+            torch.from_numpy(omega),
+            torch.from_numpy(value),
+            torch.from_numpy(td),
+            torch.from_numpy(row_value),
+            torch.from_numpy(objective.reshape(())),
+        )
     acc, cst, lens, single = _host_arrays(acceptance, cost, lengths)
     batch, rows, k = acc.shape
     dtype = acc.dtype  # float32 inputs: values stored in float32 (computed in float64)
