@@ -222,8 +222,7 @@ def evaluate_offline(
     target: Any, finals: dict[str, Path], rollouts: dict[str, Path], out: Path
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Exact offline MAL/AR_k of each drafter and the paired comparisons, on eval rollouts."""
-    from blockdraft.cli.compare import compare
-    from blockdraft.cli.eval import evaluate
+    from blockdraft.evaluation.runs import compare, evaluate
 
     names = list(finals)
     _log("offline evaluation on held-out rollouts")
@@ -362,7 +361,7 @@ def summary_table(report: dict[str, Any]) -> str:
 
 def run_demo(s: DemoSettings) -> dict[str, Any]:
     """Run (or resume) every stage; write report.md, PNGs and report.json; return the JSON."""
-    from blockdraft.cli.eval import write_json
+    from blockdraft.evaluation.runs import write_json
     from blockdraft.models.registry import load_target
     from blockdraft.report import write_report
 

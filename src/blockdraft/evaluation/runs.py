@@ -1,0 +1,221 @@
+"""Offline evaluation runs: score drafters on rollout sets, evaluate, compare, write JSON.
+
+The Python API behind `blockdraft eval` and `blockdraft compare` (the CLI modules only
+parse arguments and print), also what the demo and notebooks call:
+
+    from blockdraft.evaluation.runs import compare, evaluate
+    result = evaluate(target, ["runs/dpace", "runs/edr", "ngram"], ["rollouts/heldout"])
+
+A drafter is given as a checkpoint directory, a run directory (its `final/`), or a spec
+(`ngram[:...]`, `hybrid:PATH`; `blockdraft.models.drafter_spec`). Checkpoints are scored
+with the target layers their own config records, so drafters trained with non-default
+`target.layer_ids` can be compared; acceptance tensors are cached per (drafter, target,
+rollouts, settings), so `compare` and `report` after `evaluate` cost nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from blockdraft.models.checkpoint import resolve_checkpoint
+from blockdraft.models.drafter_spec import display_name, load_drafter_spec
+
+__all__ = [
+    "benchmark_name",
+    "compare",
+    "drafter_names",
+    "eval_markdown",
+    "evaluate",
+    "load_scored",
+    "resolve_checkpoint",
+    "write_json",
+]
+
+
+def drafter_names(paths: list[str | Path]) -> list[str]:
+    """Short unique display names: the run directory name (parent of `final`/`best`)."""
+    names = []
+    for raw in paths:
+        special = display_name(raw)  # `ngram[:...]`, `hybrid:...`
+        if special is not None:
+            names.append(special)
+            continue
+        p = Path(raw).resolve()
+        name = p.parent.name if p.name in ("final", "best") else p.name
+        names.append(name)
+    if len(set(names)) < len(names):
+        return [str(p) for p in paths]
+    return names
+
+
+_GENERIC_DIR_NAMES = {"set", "eval", "train", "test", "rollouts", "held-out"}
+
+
+def benchmark_name(rollouts: Any, rollout_dir: str | Path) -> str:
+    """Display name of a rollout set in tables and plot titles: its directory name, or,
+    when that says nothing (the demo's `rollouts/eval/set`), the prompt source it was
+    made from (`stdlib:eval`, `gsm8k/test.jsonl:question`)."""
+    name = Path(rollout_dir).resolve().name
+    spec = rollouts.manifest.get("prompts", {}).get("spec")
+    if name not in _GENERIC_DIR_NAMES or not spec:
+        return name
+    spec = str(spec)
+    path, colon, field = spec.rpartition(":")
+    if not colon:
+        path, field = spec, ""
+    if "/" not in path:  # `stdlib:eval`, `hf:org/name`, a bare file name
+        return spec
+    short = "/".join(Path(path).parts[-2:])
+    return f"{short}:{field}" if field else short
+
+
+def load_scored(
+    target: Any,
+    drafter_paths: list[str | Path],
+    rollout_dir: str | Path,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    allow_incomplete: bool = False,
+) -> tuple[Any, list[list[Any]]]:
+    """Acceptance tensors of every drafter on one rollout set -> (rollout set, [per drafter])."""
+    from blockdraft.data.rollout_store import RolloutSet, check_target
+    from blockdraft.evaluation.scoring import score_rollout_set
+
+    rollouts = RolloutSet.open(rollout_dir, allow_incomplete=allow_incomplete)
+    if len(rollouts) == 0:
+        raise ValueError(f"{rollout_dir}: rollout set is empty")
+    check_target(rollouts, target)
+    out = []
+    for path, name in zip(drafter_paths, drafter_names(drafter_paths), strict=True):
+        drafter, drafter_id = load_drafter_spec(path, target)
+        out.append(
+            score_rollout_set(
+                drafter,
+                target,
+                rollouts,
+                drafter_id=drafter_id,
+                cache_dir=cache_dir,
+                progress=f"scoring {name}" if progress else False,
+            )
+        )
+    return rollouts, out
+
+
+def evaluate(
+    target: Any,
+    drafter_paths: list[str | Path],
+    rollout_dirs: list[str | Path],
+    n_boot: int = 2000,
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    allow_incomplete: bool = False,
+) -> dict[str, Any]:
+    """Offline statistics of each drafter on each rollout set, as a JSON-ready dict."""
+    from blockdraft.evaluation.offline import mal_ci, offline_stats
+
+    names = drafter_names(drafter_paths)
+    result: dict[str, Any] = {"target": getattr(target, "name", ""), "benchmarks": []}
+    for rdir in rollout_dirs:
+        rollouts, scored = load_scored(
+            target, drafter_paths, rdir, cache_dir, progress, allow_incomplete
+        )
+        bench = {
+            "name": benchmark_name(rollouts, rdir),
+            "rollouts": str(rdir),
+            "settings": rollouts.settings.to_dict(),
+            "num_rollouts": len(rollouts),
+            "drafters": [],
+        }
+        for name, path, acc in zip(names, drafter_paths, scored, strict=True):
+            stats = offline_stats(acc)
+            _, ci = mal_ci(acc, n_boot=n_boot, seed=seed)
+            bench["tokens"] = stats.tokens
+            bench["drafters"].append(
+                {
+                    "name": name,
+                    "path": str(path),
+                    "mal": stats.mal,
+                    "mal_ci95": list(ci),
+                    "expected_rounds": stats.expected_rounds,
+                    "ar_k": stats.ar_k,
+                    "t_ge_k": stats.t_ge_k,
+                }
+            )
+        result["benchmarks"].append(bench)
+    return result
+
+
+def eval_markdown(result: dict[str, Any]) -> str:
+    from blockdraft.report import _offline_table, drafters_from_eval
+
+    return "\n".join(_offline_table(drafters_from_eval(result)))
+
+
+def _json_safe(obj: Any) -> Any:
+    """NaN/inf (e.g. AR_k of a slot no round reached) become null: strict JSON readers
+    (JavaScript, jq, most non-Python parsers) reject Python's bare `NaN`."""
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):  # numpy / torch scalars
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Write strict JSON (no NaN), creating the parent directory."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(_json_safe(obj), indent=2, allow_nan=False) + "\n")
+
+
+def compare(
+    target: Any,
+    drafter_paths: list[str | Path],
+    rollout_dirs: list[str | Path],
+    all_pairs: bool = False,
+    n_boot: int = 2000,
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    allow_incomplete: bool = False,
+) -> list[dict[str, Any]]:
+    """Paired comparisons (B vs A) per benchmark, as JSON-ready dicts."""
+    from blockdraft.evaluation.offline import paired_comparison
+
+    if len(drafter_paths) < 2:
+        raise ValueError("compare needs at least two drafters")
+    names = drafter_names(drafter_paths)
+    n = len(drafter_paths)
+    pairs = (
+        list(itertools.combinations(range(n), 2)) if all_pairs else [(0, j) for j in range(1, n)]
+    )
+    out = []
+    for rdir in rollout_dirs:
+        rollouts, scored = load_scored(
+            target, drafter_paths, rdir, cache_dir, progress, allow_incomplete
+        )
+        bench = benchmark_name(rollouts, rdir)
+        for i, j in pairs:
+            c = paired_comparison(scored[i], scored[j], n_boot=n_boot, seed=seed)
+            out.append(
+                {
+                    "benchmark": bench,
+                    "a": names[i],
+                    "b": names[j],
+                    "mal_a": c.mal_a,
+                    "mal_b": c.mal_b,
+                    "diff": c.diff,
+                    "diff_ci95": list(c.diff_ci95),
+                    "rel_gain": c.rel_gain,
+                    "rel_gain_ci95": list(c.rel_gain_ci95),
+                }
+            )
+    return out
