@@ -150,11 +150,11 @@ def _sample(args: argparse.Namespace) -> int:
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     else:
         ids = tok(args.prompt)["input_ids"]
-    print(generate_text(target, list(ids), args.max_new_tokens, args.temperature, args.seed))
+    print(_generate_text(target, list(ids), args.max_new_tokens, args.temperature, args.seed))
     return 0
 
 
-def generate_text(
+def _generate_text(
     target, ids: list[int], max_new_tokens: int, temperature: float, seed: int
 ) -> str:
     """Prompt + continuation as text (HF generate, stopping at the target's stop tokens)."""
