@@ -94,9 +94,7 @@ def plain_rollout(acc: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def plain_batch(acc: torch.Tensor, cost: torch.Tensor, lengths: list[int]) -> list[tuple]:
-    return [
-        plain_rollout(acc[b, : n - 1], cost[b, : n - 1]) for b, n in enumerate(lengths)
-    ]
+    return [plain_rollout(acc[b, : n - 1], cost[b, : n - 1]) for b, n in enumerate(lengths)]
 
 
 def _time(fn: Callable[[], object], reps: int, repeats: int = 3) -> float:
@@ -157,6 +155,57 @@ def precision(gen: torch.Generator, length: int, k: int) -> tuple[float, float]:
     return rel, float((td32.double() - occupancy_and_value(acc, cost).td).abs().max())
 
 
+def bench_rollout(gen: torch.Generator, length: int, k: int, rounds: int) -> str:
+    acc, cost = _inputs(gen, (length - 1, k))
+    reps = max(1, 100_000 // (length * k))
+    ratio, t_ours, t_plain = compare(
+        lambda: occupancy_and_value(acc, cost), lambda: plain_rollout(acc, cost), rounds, reps
+    )
+    a2, c2 = acc.numpy(), cost.numpy()
+    a3, c3, lens = a2[None], c2[None], np.array([length])
+    kernel_ratio, _, _ = compare(
+        lambda: ours_kernel_only(a3, c3, lens), lambda: _plain_kernel(a2, c2), rounds, reps
+    )
+    t_torch = _time(lambda: occupancy_and_value(acc, cost, backend="torch"), 1, 1)
+    diff = _check(occupancy_and_value(acc, cost), plain_rollout(acc, cost))
+    return (
+        f"{f'per rollout L={length} K={k}':28s} {t_ours * 1e6:8.1f}us "
+        f"{t_plain * 1e6:8.1f}us {ratio:7.3f} {kernel_ratio:7.3f} {t_torch * 1e3:9.1f}ms "
+        f"{diff:9.1e}"
+    )
+
+
+def bench_batch(gen: torch.Generator, b: int, n: int, k: int, rounds: int) -> str:
+    """`b` rollouts padded to `n` tokens, lengths drawn in [n/2, n] (the first is n)."""
+    acc, cost = _inputs(gen, (b, n - 1, k))
+    lengths = [n] + torch.randint(n // 2, n + 1, (b - 1,), generator=gen).tolist()
+    lens = torch.tensor(lengths)
+    ratio, t_ours, t_plain = compare(
+        lambda: occupancy_and_value(acc, cost, lens),
+        lambda: plain_batch(acc, cost, lengths),
+        rounds,
+        1,
+    )
+    a3, c3, lens_np = acc.numpy(), cost.numpy(), lens.numpy()
+    kernel_ratio, _, _ = compare(
+        lambda: ours_kernel_only(a3, c3, lens_np),
+        lambda: [_plain_kernel(a3[i, : m - 1], c3[i, : m - 1]) for i, m in enumerate(lengths)],
+        rounds,
+        1,
+    )
+    t_torch = _time(lambda: occupancy_and_value(acc, cost, lens, backend="torch"), 1, 1)
+    state = occupancy_and_value(acc, cost, lens)
+    refs = plain_batch(acc, cost, lengths)
+    diff = max(
+        _check(type(state)(*(getattr(state, f)[i] for f in FIELDS)), ref, slice(0, m - 1))
+        for i, (m, ref) in enumerate(zip(lengths, refs, strict=True))
+    )
+    return (
+        f"{f'batched {b}x{n} K={k}':28s} {t_ours * 1e6:8.1f}us {t_plain * 1e6:8.1f}us "
+        f"{ratio:7.3f} {kernel_ratio:7.3f} {t_torch * 1e3:9.1f}ms {diff:9.1e}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
@@ -182,56 +231,8 @@ def main() -> None:
     )
     for k in args.ks:
         for length in args.lengths:
-            acc, cost = _inputs(gen, (length - 1, k))
-            reps = max(1, 100_000 // (length * k))
-            ratio, t_ours, t_plain = compare(
-                lambda a=acc, c=cost: occupancy_and_value(a, c),
-                lambda a=acc, c=cost: plain_rollout(a, c),
-                args.rounds,
-                reps,
-            )
-            a3, c3 = acc.numpy()[None], cost.numpy()[None]
-            lens = np.array([length])
-            kernel_ratio, _, _ = compare(
-                lambda: ours_kernel_only(a3, c3, lens),
-                lambda a=acc.numpy(), c=cost.numpy(): _plain_kernel(a, c),
-                args.rounds,
-                reps,
-            )
-            t_torch = _time(lambda a=acc, c=cost: occupancy_and_value(a, c, backend="torch"), 1, 1)
-            diff = _check(occupancy_and_value(acc, cost), plain_rollout(acc, cost))
-            print(
-                f"{f'per rollout L={length} K={k}':28s} {t_ours * 1e6:8.1f}us "
-                f"{t_plain * 1e6:8.1f}us {ratio:7.3f} {kernel_ratio:7.3f} {t_torch * 1e3:9.1f}ms "
-                f"{diff:9.1e}"
-            )
-        b, n = args.batch, args.batch_length
-        acc, cost = _inputs(gen, (b, n - 1, k))
-        lengths = [n] + torch.randint(n // 2, n + 1, (b - 1,), generator=gen).tolist()
-        lens = torch.tensor(lengths)
-        ratio, t_ours, t_plain = compare(
-            lambda: occupancy_and_value(acc, cost, lens),
-            lambda: plain_batch(acc, cost, lengths),
-            args.rounds,
-            1,
-        )
-        a3, c3, lens_np = acc.numpy(), cost.numpy(), lens.numpy()
-        kernel_ratio, _, _ = compare(
-            lambda: ours_kernel_only(a3, c3, lens_np),
-            lambda: [_plain_kernel(a3[i, : m - 1], c3[i, : m - 1]) for i, m in enumerate(lengths)],
-            args.rounds,
-            1,
-        )
-        t_torch = _time(lambda: occupancy_and_value(acc, cost, lens, backend="torch"), 1, 1)
-        state = occupancy_and_value(acc, cost, lens)
-        diff = max(
-            _check(type(state)(*(getattr(state, f)[i] for f in FIELDS)), ref, slice(0, m - 1))
-            for i, (m, ref) in enumerate(zip(lengths, plain_batch(acc, cost, lengths), strict=True))
-        )
-        print(
-            f"{f'batched {b}x{n} K={k}':28s} {t_ours * 1e6:8.1f}us {t_plain * 1e6:8.1f}us "
-            f"{ratio:7.3f} {kernel_ratio:7.3f} {t_torch * 1e3:9.1f}ms {diff:9.1e}"
-        )
+            print(bench_rollout(gen, length, k, args.rounds))
+        print(bench_batch(gen, args.batch, args.batch_length, k, args.rounds))
     print("\nprecision: float32 arithmetic vs our float64 recursion on the same float32 inputs")
     for k in args.ks:
         for length in args.lengths:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-
 _U1 = np.uint64(1)
 
 
@@ -141,7 +140,9 @@ def _backward_rollout(acc, cst, length, value, td, vstart):  # pragma: no cover
 
 
 @numba.njit(cache=True, nogil=True)
-def occupancy_value_batch(acc, cst, lengths, omega, value, td, row_value, objective):  # pragma: no cover
+def occupancy_value_batch(
+    acc, cst, lengths, omega, value, td, row_value, objective
+):  # pragma: no cover
     """Fill `omega` (float64), `value [B,M,K+1]`, `td [B,M,K]`, `row_value [B,M]` and
     `objective [B]` for `acc`, `cst [B,M,K]` and `lengths [B]` (int64)."""
     batch, rows, k = acc.shape

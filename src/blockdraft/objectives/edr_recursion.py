@@ -31,8 +31,9 @@ differences of values of size ~L, which float32 accumulation got wrong by ~5e-4 
 at L = 4,096 (`bench/edr_dp.py` prints both errors). Storing the float64 results in
 float32 costs only their rounding (relative 6e-8), so values, TD terms and row values are
 returned in the input's dtype (float32 in training: half the memory traffic), while
-occupancies stay float64 (the anchor sampler's inclusion probabilities come from them). `edr_torch` holds the same recursions as readable torch loops over
-positions: the reference the tests compare against and the fallback without numba.
+occupancies stay float64 (the anchor sampler's inclusion probabilities come from them).
+`edr_torch` holds the same recursions as readable torch loops over positions: the
+reference the tests compare against and the fallback without numba.
 `rounds_objective` is the slow, independent autograd reference: a list-based recurrence
 over round starts with an inner loop over proposals, differentiated by autograd.
 """
@@ -219,7 +220,11 @@ def _host_arrays(
         acc, cst = acc[None], (None if cst is None else cst[None])
     batch, rows, _ = acc.shape
     if lengths is None:
-        lens = np.full(batch, rows + 1, dtype=np.int64) if batch > 1 else np.array([rows + 1], dtype=np.int64)
+        lens = (
+            np.full(batch, rows + 1, dtype=np.int64)
+            if batch > 1
+            else np.array([rows + 1], dtype=np.int64)
+        )
     else:
         lens = torch.as_tensor(lengths).detach().cpu().long().numpy()
         if lens.shape != (batch,):
