@@ -283,7 +283,7 @@ def test_text_responses_are_retokenised_and_scored(random_target, tmp_path):
     assert rep.dropped == {} and rep.rollouts.settings.max_new_tokens == max(
         len(t.encode(a)) + 1 for a in answers
     )
-    for r, a, text in zip(rep.rollouts, answers, TEXTS, strict=True):
+    for r, a, text in zip(rep.rollouts, answers, TEXTS[:4], strict=True):
         assert r.prompt_ids.tolist() == t.encode(text)
         assert r.response_ids.tolist() == t.encode(a) + [t.stop_token_ids[0]]
         logits = t.forward(r.input_ids[None]).logits[0, r.prompt_len - 1 : -1]

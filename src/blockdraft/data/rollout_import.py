@@ -285,6 +285,8 @@ def score_responses(
     cap = getattr(target.config, "final_logit_softcapping", None)
     k = min(store_topk, target.vocab_size)
     chunk = max(1, (1 << 24) // target.vocab_size)  # ~64 MB of float32 logits per chunk
+    filtered = not settings.greedy and (settings.top_k > 0 or settings.top_p < 1)
+    plain = not filtered and not k
     order = sorted(range(len(sequences)), key=lambda i: -sum(map(len, sequences[i])))
     results: list[Any] = [None] * len(sequences)
     bar = tqdm(
@@ -324,9 +326,14 @@ def score_responses(
             logits = head(picked[c : c + chunk])
             if cap:
                 logits = torch.tanh(logits / cap) * cap
+            labels_c = lab[c : c + chunk, None]
+            hits.append(logits.argmax(-1) == labels_c[:, 0])
+            if plain:  # log_softmax at the label only: x[label] - logsumexp(x), one pass
+                x = logits.float() / (settings.temperature or 1.0)
+                lps.append((x.gather(-1, labels_c) - torch.logsumexp(x, -1, keepdim=True))[:, 0])
+                continue
             logp = sampling_logprobs(logits, settings)
-            lps.append(logp.gather(-1, lab[c : c + chunk, None])[:, 0])
-            hits.append(logits.argmax(-1) == lab[c : c + chunk])
+            lps.append(logp.gather(-1, labels_c)[:, 0])
             if k:
                 top = torch.topk(logp, k, dim=-1)
                 tk_i.append(top.indices.to(torch.int32))
