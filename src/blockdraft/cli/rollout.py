@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Any
 
-from blockdraft.threads import apply_threads
+from blockdraft.threads import add_threads_arg, apply_threads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,6 +69,7 @@ def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_threads_arg(p)
 
 
 def _register_import(subparsers: argparse._SubParsersAction) -> None:
@@ -135,6 +136,7 @@ def _load(args: argparse.Namespace, device: Any) -> Any:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    apply_threads(args.threads)
     from blockdraft.data.distributed_rollouts import init_from_env
     from blockdraft.data.prompts import PromptError, load_prompts
     from blockdraft.data.rollout_import import import_rollouts
