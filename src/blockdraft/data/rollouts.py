@@ -5,7 +5,9 @@ call it). Rows are generated in prompt order, one shard at a time; a shard is wr
 atomically and only then listed in `manifest.json`, so a killed run (even `kill -9`)
 leaves every listed shard intact and the next run regenerates exactly the unlisted rows.
 Batches never straddle shards and each rollout draws from its own seeded random stream,
-so a resumed set equals an uninterrupted one, row for row.
+so a resumed set equals an uninterrupted one, row for row. Under torchrun the shards are
+dealt out to ranks and the same holds across processes (`distributed_rollouts`); shards
+made elsewhere come in through `rollout_import` with the same writer.
 
 A directory holds rollouts of one target under one set of sampling settings; asking to
 add rollouts of another target or other settings is refused, naming the differing key.
