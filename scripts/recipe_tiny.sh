@@ -9,9 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 BD=.venv/bin/blockdraft
-OUT=${OUT:-/work/results_runs/recipe}
+OUT=${OUT:-results_runs/recipe}       # ignored by git
 mkdir -p "$OUT/runs" "$OUT/json"
-SECTIONS=${*:-"rollouts layers depth lr anchors data long t1 report"}
+SECTIONS=${*:-"rollouts layers depth lr anchors data long long-compare t1 t1-compare blocks hybrid report"}
 R=$OUT/runs
 
 rollouts() {  # rollouts NAME PROMPTS LIMIT TEMPERATURE
@@ -58,20 +58,25 @@ anchors)  # more blocks per target forward
 data)  # 4x the rollouts, same steps
   train data1536 'target.layer_ids=[0,1,2,3]' data.train_rollouts="$OUT/rollouts/train-t0-1536" ;;
 long)  # the chosen recipe to convergence (learning curve), decay vs D-PACE, 2 seeds
-  for s in 0 1; do
+  for s in ${SEEDS:-0 1}; do
     for obj in decay dpace; do
       train "long-$obj-s$s" objective.name=$obj seed=$s optim.max_steps=${LONG_STEPS:-1500} ${RECIPE:-}
     done
   done
+  ;;
+long-compare)
   compare long-t0 eval-t0 "$R/long-decay-s0" "$R/long-dpace-s0" "$R/long-decay-s1" "$R/long-dpace-s1" ;;
-t1)  # the same recipe at T = 1
-  for obj in decay dpace; do
-    $BD train --config configs/tiny.yaml run_dir="$R/t1-$obj" logging.progress=false \
-        data.train_rollouts="$OUT/rollouts/train-t1" data.eval_rollouts="$OUT/rollouts/eval-t1" \
-        data.eval_split=0 objective.name=$obj eval.every=100 eval.max_rollouts=32 \
-        checkpoint.save_every=0 optim.max_steps=${LONG_STEPS:-1500} ${RECIPE:-} || true
-  done
+t1)  # the same recipe at T = 1 (sampled rollouts; D-PACE vs decay)
+  for obj in ${OBJS:-decay dpace}; do
+    train "t1-$obj" objective.name=$obj optim.max_steps=${T1_STEPS:-800} ${RECIPE:-} \
+        data.train_rollouts="$OUT/rollouts/train-t1" data.eval_rollouts="$OUT/rollouts/eval-t1"
+  done ;;
+t1-compare)
   compare t1 eval-t1 "$R/t1-decay" "$R/t1-dpace" ;;
+blocks)  # block 16 (K = 15) at the lr-3e-3 setting; compared with ngram at K = 15
+  train block16 'target.layer_ids=[0,1,2,3]' optim.lr=3e-3 drafter.block_size=16 ;;
+hybrid)  # the long drafters with prompt lookup as per-slot fallback (models/hybrid.py)
+  compare hybrid-t0 eval-t0 "$R/long-dpace-s0" "hybrid:$R/long-dpace-s0" "hybrid:$R/long-decay-s0" ;;
 report)  # held-out MAL vs steps of every run, as a table
   .venv/bin/python scripts/curves.py "$R"/* > "$OUT/json/curves.md"; cat "$OUT/json/curves.md" ;;
 *) echo "unknown section $section" >&2; exit 2 ;;

@@ -14,13 +14,14 @@
 # is no longer computed when the objective only needs the target's hidden states).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/work/results_runs/gemma2}
+OUT=${OUT:-results_runs/gemma2}       # ignored by git
+DATA=${DATA:-../shared/data}          # offline copies of GSM8K etc. (not part of the repo)
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 .venv/bin/blockdraft demo --target gemma-3-270m --out "$OUT" \
   --temperature 0 --block-size 8 \
-  --train-prompts /work/shared/data/gsm8k/train.jsonl:question --num-train-prompts 384 \
-  --eval-prompts /work/shared/data/gsm8k/test.jsonl:question --num-eval-prompts 32 \
+  --train-prompts "$DATA"/gsm8k/train.jsonl:question --num-train-prompts 384 \
+  --eval-prompts "$DATA"/gsm8k/test.jsonl:question --num-eval-prompts 32 \
   --max-new-tokens 64 --drafter-layers 1 --num-anchors 32 --batch-size 8 \
   --epochs 4 --lr 1e-3 --finetune-epochs 0.5 --finetune-lr 3e-4 \
   --online-prompts 4 --online-max-new-tokens 48 --seed 0 \

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 BD=.venv/bin/blockdraft
-OUT=${OUT:-/work/results_runs/tiny2}
+OUT=${OUT:-results_runs/tiny2}       # ignored by git
 T1=$OUT/demo-t1          # sampling (T=1), the demo's default temperature
 T0=$OUT/demo-t0          # greedy (T=0)
 mkdir -p "$OUT/runs" "$OUT/json" "$OUT/report"

@@ -18,7 +18,6 @@ from typing import Any
 from blockdraft.cli.eval import (
     add_target_args,
     drafter_names,
-    resolve_checkpoint,
     setup_target,
     write_json,
 )
@@ -36,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--drafter",
         required=True,
         help="drafter checkpoint directory (or run dir with final/); `ngram` or "
-        "`ngram:k=7,max=3,min=1` for prompt lookup",
+        "`ngram:k=7,max=3,min=1` for prompt lookup; `hybrid[:conf=C]:RUN` for RUN with prompt "
+        "lookup as a per-slot fallback",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", help="prompt spec (as for `blockdraft rollout`)")
@@ -106,17 +106,11 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.evaluation.online import decode
 
     try:
-        from blockdraft.models.ngram import parse_drafter_spec
+        from blockdraft.models.drafter_spec import checkpoint_of, load_drafter_spec
 
-        ngram = parse_drafter_spec(args.drafter)
-        ckpt = resolve_checkpoint(args.drafter) if ngram is None else None
+        ckpt = checkpoint_of(args.drafter)  # a missing checkpoint fails before the target loads
         target = setup_target(args)
-        if ngram is None:
-            from blockdraft.models.checkpoint import load_drafter
-
-            drafter = load_drafter(ckpt, target, adopt_layer_ids=True).eval()
-        else:
-            drafter = ngram
+        drafter, drafter_id = load_drafter_spec(args.drafter, target)
         prompts, settings, rollouts = _prompts_and_settings(args, target)
         result = decode(
             target,
@@ -136,13 +130,13 @@ def run(args: argparse.Namespace) -> int:
         }
         if rollouts is not None:
             from blockdraft.evaluation.offline import mal_ci
-            from blockdraft.evaluation.scoring import checkpoint_hash, score_rollout_set
+            from blockdraft.evaluation.scoring import score_rollout_set
 
             acc = score_rollout_set(
                 drafter,
                 target,
                 rollouts,
-                drafter_id=checkpoint_hash(ckpt) if ckpt is not None else None,
+                drafter_id=drafter_id,
                 cache_dir=args.cache_dir,
                 progress=not args.no_progress,
             )
