@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from blockdraft.threads import add_threads_arg, apply_threads
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -59,10 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_threads_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    apply_threads(args.threads)
     import torch
 
     from blockdraft.data.feature_store import FeatureError
