@@ -246,6 +246,12 @@ def evaluate_offline(
     return result, comparisons
 
 
+def _progress_line(p: Any) -> str:
+    """One line per decoded prompt: the online stage is the demo's slowest to watch."""
+    ar = f" (AR {p.ar_tokens_per_s:.0f})" if p.ar_tokens_per_s else ""
+    return f"{p.done}/{p.total} prompts, {p.tokens_per_s:.0f} tok/s{ar}, tau {p.tau:.2f}"
+
+
 def evaluate_online(
     target: Any,
     s: DemoSettings,
@@ -274,6 +280,7 @@ def evaluate_online(
             temperature=s.temperature,
             max_new_tokens=s.online_max_new_tokens,
             seed=s.seed,
+            callback=lambda p, name=name: _log(f"  {name}: {_progress_line(p)}"),
         )
         online[name] = {
             "tau": res.tau,

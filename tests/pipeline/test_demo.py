@@ -32,13 +32,15 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
     assert report["block_size"] == 8 and report["temperature"] == DemoSettings().temperature
     assert report["rollouts"] == {"train": 12, "eval": 6}
     names = [d["name"] for d in report["drafters"]]
-    assert names == ["decay", "dpace", "e2e", "edr"]
+    assert names == ["ngram", "decay", "dpace", "e2e", "edr"]  # prompt lookup first
+    objectives = {d["name"]: d["objective"] for d in report["drafters"]}
+    assert objectives["ngram"] == "none" and objectives["dpace"] == "dpace"
     for d in report["drafters"]:
         lo, hi = d["mal_offline_ci95"]
         assert 1.0 <= lo <= d["mal_offline"] <= hi <= 8.0
         assert len(d["ar_k"]) == 7 and d["tau_online"] >= 1.0 and d["speedup"] > 0
     pairs = [(c["a"], c["b"]) for c in report["comparisons"]]
-    assert ("decay", "dpace") in pairs and ("e2e", "edr") in pairs
+    assert ("decay", "dpace") in pairs and ("e2e", "edr") in pairs and ("ngram", "dpace") in pairs
     assert (out / "report" / "report.md").is_file()
     first = capsys.readouterr().out
 
