@@ -225,7 +225,7 @@ def bench_import(target: Target, rows: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="tiny,gemma")
+    ap.add_argument("--shapes", default="tiny,gemma", help="tiny, gemma, or none")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--batches", type=int, default=2, help="batches of prompts per round")
@@ -237,7 +237,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.import_rows:
         bench_import(tiny_shaped(), args.import_rows)
-    for shape in args.shapes.split(","):
+    for shape in [x for x in args.shapes.split(",") if x not in ("", "none")]:
         if shape == "tiny":
             tiny = tiny_shaped()
             bench("tiny-shaped", tiny, args, args.tiny_new)
