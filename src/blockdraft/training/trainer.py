@@ -119,6 +119,8 @@ def _train(
         cfg, target, train_data, objective, mode, say=print if ctx.is_main else _quiet
     )
     drafter = build_drafter(cfg, target, train_data, ctx.device)
+    # wrap (DDP / FSDP2 shards the parameters in place) before the optimizer sees them
+    fwd = wrap_module(DraftForward(drafter), ctx, cfg.distributed.strategy)
     steps = total_steps(
         len(train_data.rollouts), cfg.optim.batch_size, cfg.optim.epochs, cfg.optim.max_steps
     )
@@ -150,7 +152,7 @@ def _train(
         ctx=ctx,
         features=features,
         drafter=drafter,
-        fwd=wrap_module(DraftForward(drafter), ctx, cfg.distributed.strategy),
+        fwd=fwd,
         objective=objective,
         optimizer=optimizer,
         scheduler=scheduler,
