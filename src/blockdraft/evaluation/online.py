@@ -217,9 +217,9 @@ class NgramIndex:
     def __init__(self, drafter: Any) -> None:
         self.drafter = drafter
         try:
-            from blockdraft.models.ngram import _NgramIndex
+            from blockdraft.models.ngram import NgramTable
 
-            self.index = _NgramIndex(drafter.config)
+            self.index = NgramTable(drafter.config)
         except (ImportError, AttributeError):
             self.index = None
 

@@ -73,7 +73,7 @@ class NgramDrafter:
     def propose(self, tokens: Sequence[int] | torch.Tensor) -> list[int]:
         """Up to K tokens that followed the chosen earlier occurrence of a suffix."""
         seq = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
-        index = _NgramIndex(self.config)
+        index = NgramTable(self.config)
         index.advance(seq, len(seq))
         return index.propose(seq, len(seq))
 
@@ -86,7 +86,7 @@ class NgramDrafter:
         r = response_ids.tolist() if isinstance(response_ids, torch.Tensor) else list(response_ids)
         seq, P, L = p + r, len(p), len(r)
         out = torch.full((max(L - 1, 0), self.num_proposals), -1, dtype=torch.long)
-        index = _NgramIndex(self.config)
+        index = NgramTable(self.config)
         for n in range(1, L):
             index.advance(seq, P + n)  # tokens available when the round anchored at x_n starts
             prop = index.propose(seq, P + n)
@@ -110,7 +110,7 @@ def future_tokens(response_ids: Sequence[int] | torch.Tensor, k: int) -> torch.T
     return torch.where(idx < L, x[idx.clamp_max(max(L - 1, 0))], torch.full_like(idx, -2))
 
 
-class _NgramIndex:
+class NgramTable:
     """Occurrences of every n-gram of the text so far, grown one token at a time.
 
     The suffix itself must not count as its own match, so when the text is `seq[:end]`
