@@ -41,6 +41,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "metrics); without it such a run_dir is refused",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the estimated per-GPU memory of this config and exit (reads only the "
+        "target's HF config, no weights)",
+    )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="--plan: world size (default: $WORLD_SIZE or 1)",
+    )
+    p.add_argument(
+        "--device-gb", type=float, default=80.0, help="--plan: device memory to fit in (GB)"
+    )
+    p.add_argument(
+        "--plan-device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="--plan: device type whose attention path and dtypes are planned",
+    )
     add_threads_arg(p)
     p.set_defaults(func=run)
 
@@ -57,6 +78,17 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
+    if args.plan:
+        from blockdraft.training.plan import plan_memory
+
+        world = args.nproc if args.nproc is not None else int(os.environ.get("WORLD_SIZE", "1"))
+        try:
+            plan = plan_memory(cfg, world, args.plan_device)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(plan.render(args.device_gb))
+        return 0 if plan.fits(args.device_gb * 1e9) else 1
     from blockdraft.data.rollout_store import RolloutError
     from blockdraft.training.loop import NonFiniteLossError
     from blockdraft.training.setup import TrainSetupError
