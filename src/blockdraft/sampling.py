@@ -46,15 +46,34 @@ def _f64(logits: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
     return torch.softmax(scaled, dim=-1)
 
 
+def uniform(
+    shape: tuple[int, ...],
+    generator: torch.Generator | None,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """Uniforms on `device`, drawn on the generator's own device and moved.
+
+    Why: `torch.rand(device="cuda", generator=cpu_generator)` raises, and the decoders
+    seed plain CPU generators per prompt. Drawing where the generator lives keeps that
+    working on any device and gives the same draws on CPU and GPU for the same seed.
+    """
+    src = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, dtype=dtype, device=src).to(device)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token per row of `probs [..., V]` -> `[...]` long (inverse CDF, reproducible)."""
+    """Draw one token per row of `probs [..., V]` -> `[...]` long (inverse CDF, reproducible).
+
+    The generator may live on another device than `probs` (see `uniform`); no host sync.
+    """
     flat = probs.reshape(-1, probs.shape[-1])
-    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=flat.dtype, device=flat.device)
+    u = uniform((flat.shape[0], 1), generator, flat.dtype, flat.device)
     cdf = flat.cumsum(dim=-1)
     cdf = cdf / cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).clamp_max(flat.shape[-1] - 1)
-    # Never return a zero-probability token (possible only through float rounding at the top).
+    # Never return a zero-probability token (possible only through float rounding at the
+    # top); unconditional `where` rather than `if bad.any()`, which would sync with a GPU.
     bad = flat.gather(-1, idx) <= 0
-    if bad.any():
-        idx = torch.where(bad, flat.argmax(dim=-1, keepdim=True), idx)
+    idx = torch.where(bad, flat.argmax(dim=-1, keepdim=True), idx)
     return idx.reshape(probs.shape[:-1])

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blockdraft.sampling import sample
+from blockdraft.sampling import sample, uniform
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def verify_standard(
     """Lossless token-by-token speculative sampling; consumes K uniforms + 1 sample."""
     k = _check(proposals, q, p)
     accept = standard_accept_probs(proposals, q, p)
-    u = torch.rand(k, generator=generator, dtype=accept.dtype)
+    u = uniform((k,), generator, accept.dtype, accept.device)
     rejected = (u >= accept).nonzero()
     if rejected.numel() == 0:
         return Verdict(k, int(sample(p[k], generator)))
@@ -118,7 +118,7 @@ def verify_onehot(
     k = _check(proposals, None, p)
     idx = proposals.long()
     accept = p[:k].gather(-1, idx.unsqueeze(-1)).squeeze(-1).clamp(max=1.0)
-    u = torch.rand(k, generator=generator, dtype=accept.dtype)
+    u = uniform((k,), generator, accept.dtype, accept.device)
     rejected = (u >= accept).nonzero()
     if rejected.numel() == 0:
         return Verdict(k, int(sample(p[k], generator)))
@@ -176,7 +176,7 @@ def verify_block(
     """Lossless block verification: keep the longest prefix i with `eta_i <= h_i`."""
     k = _check(proposals, q, p)
     h = block_stop_probs(proposals, q, p)
-    eta = torch.rand(k, generator=generator, dtype=h.dtype)
+    eta = uniform((k,), generator, h.dtype, h.device)
     kept = (eta <= h).nonzero()
     m = int(kept[-1, 0]) + 1 if kept.numel() else 0
     if m == k:

@@ -69,10 +69,10 @@ def sample_from_logits(
         tokens = logits.argmax(-1)
         q = torch.zeros_like(logits).scatter_(-1, tokens.unsqueeze(-1), 1.0)
         return tokens, q
+    from blockdraft.sampling import sample  # inverse CDF, generator on any device
+
     q = torch.softmax(logits / temperature, dim=-1)
-    flat = q.reshape(-1, q.shape[-1])
-    tokens = torch.multinomial(flat, 1, generator=generator).view(q.shape[:-1])
-    return tokens, q
+    return sample(q, generator), q
 
 
 @dataclass
