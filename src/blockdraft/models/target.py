@@ -161,6 +161,9 @@ class Target:
             if use_cache:
                 raise ValueError("with_logits=False is for training forwards (no cache)")
             logits_to_keep = 0
+            features = self._features_only(input_ids, attention_mask, position_ids)
+            if features is not None:
+                return TargetOutput(logits=None, features=features)
         model = self.model if with_logits else self.model.get_decoder()
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
@@ -189,6 +192,51 @@ class Target:
             new_cache.activate_past_recording()
         return TargetOutput(logits=out.logits, features=features, cache=new_cache)
 
+    def _features_only(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Features without logits: keep only the chosen layers' outputs, stop after the
+        highest one (the layers above it and the LM head never run).
+
+        Why: `output_hidden_states` keeps all N+1 states (37 x [T, 4096] at 8B) and the
+        layers above the highest feature layer (DFlash: the top 3) are wasted work.
+        Forward hooks copy out the chosen layers' outputs and a hook on the highest raises
+        `_StopForward`. None (caller falls back to the full forward) when the decoder has
+        no `layers` list or the last layer is a feature layer: HF's last hidden state is
+        taken after the final norm, not the layer's raw output.
+        """
+        layers = getattr(self.model.get_decoder(), "layers", None)
+        top = max(self.layer_ids)
+        if not isinstance(layers, nn.ModuleList) or top >= len(layers) - 1:
+            return None
+        kept: dict[int, torch.Tensor] = {}
+
+        def keep(i: int):  # type: ignore[no-untyped-def]
+            def hook(module, args, output):  # type: ignore[no-untyped-def]
+                kept[i] = output[0] if isinstance(output, tuple) else output
+                if i == top:
+                    raise _StopForward
+
+            return hook
+
+        handles = [layers[i].register_forward_hook(keep(i)) for i in sorted(set(self.layer_ids))]
+        try:
+            self.model.get_decoder()(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+            )
+        except _StopForward:
+            pass
+        finally:
+            for h in handles:
+                h.remove()
+        return torch.cat([kept[i] for i in self.layer_ids], dim=-1)
+
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -196,6 +244,10 @@ class Target:
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+class _StopForward(Exception):
+    """Raised by a forward hook to end a features-only target forward early."""
 
 
 def _stop_ids(model: nn.Module, tokenizer: Any) -> list[int]:

@@ -13,8 +13,8 @@ sequences of `max_seq_len` tokens (the worst case; shorter rollouts need less):
 - target weights in their dtype (`target.dtype: auto` = bf16 on CUDA, fp32 on CPU);
 - drafter weights, gradients and AdamW state in fp32 (divided by the world size under
   FSDP; DDP adds a gradient bucket copy on CUDA); bf16 weight copies under autocast;
-- the target forward (no grad): the hidden states it returns, the concatenated features
-  and one decoder layer's transient tensors;
+- the target forward (no grad): the feature layers' outputs it keeps, the concatenated
+  features and one decoder layer's transient tensors;
 - the drafter step: what autograd keeps from `forward_blocks` (context projection and
   keys/values per layer, block queries/keys/values, norms, MLP), the attention's own
   memory on the path the device takes (`flex` on CUDA: q/k/v/out and the BlockMask,
@@ -221,7 +221,10 @@ def plan_memory(
     T = cfg.data.max_seq_len
     rows_t = b * T
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    kept_states = s.layers + 1  # HF output_hidden_states keeps every layer's output
+    # Target.forward(with_logits=False) keeps only the feature layers' outputs and stops
+    # after the highest one; with the last layer among them it keeps all N+1 states.
+    last_used = max(s.layer_ids) >= s.layers - 1
+    kept_states = s.layers + 1 if last_used else len(set(s.layer_ids))
     layer_transient = rows_t * (3 * I + 2 * q + 2 * kv + 2 * H)
     plan.parts["target_forward"] = tb * (kept_states * rows_t * H + rows_t * F + layer_transient)
 
