@@ -13,8 +13,11 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
-def _deterministic() -> None:
+def _deterministic():
+    """Seeded, and back to one thread after every test (CLI tests apply `--threads`)."""
     torch.manual_seed(0)
+    yield
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,9 @@ import json
 
 import pytest
 import torch
-from clikit import make_rollouts, run_cli, save_local_model
 
 from blockdraft.models.registry import load_target
+from clikit import make_rollouts, run_cli, save_local_model
 
 
 @pytest.fixture(autouse=True)

@@ -19,14 +19,6 @@ from blockdraft.models.ngram import NgramDrafter
 from blockdraft.models.testing import make_random_target
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def test_screened_argmax_equals_fp32_argmax_on_near_ties() -> None:
     g = torch.Generator().manual_seed(0)
     vocab, hidden, rows = 4096, 256, 64

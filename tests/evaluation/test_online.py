@@ -26,15 +26,6 @@ from blockdraft.models.testing import make_random_target
 ALPHA = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on 2 shared cores: one thread avoids 30x spin-wait slowdowns."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def llama_target():
     # Llama (untied head) random targets produce varied greedy text; Qwen3 ones repeat.

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 from fake_drafter import FakeTarget, chi2_pvalue, oracle_drafter
 from test_online import ALPHA, _exact_and_empirical
@@ -19,14 +18,6 @@ from blockdraft.evaluation.scoring import score_rollouts
 from blockdraft.models.drafter import BlockDrafter, DrafterConfig
 from blockdraft.models.hybrid import HybridDrafter
 from blockdraft.models.testing import make_random_target
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def test_hybrid_sampling_is_lossless() -> None:

@@ -27,14 +27,6 @@ from blockdraft.models.testing import make_random_target
 ALPHA = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _repetitive_prompts(target, n: int, seed: int = 0) -> list[list[int]]:
     """Prompts that repeat a short random phrase: prompt lookup finds matches in them."""
     g = torch.Generator().manual_seed(seed)

@@ -21,14 +21,6 @@ from blockdraft.report import read_metrics, write_report
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _metrics(path, steps=5, k=4, broken=False):
     lines = []
     for s in range(1, steps + 1):

@@ -31,14 +31,6 @@ from blockdraft.sampling import processed_probs
 Z = 3.29  # two-sided 99.9%
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _rollout(
     i: int, prompt: list[int], response: list[int], logprobs: list[float] | None = None
 ) -> Rollout:

@@ -349,11 +349,11 @@ def load_drafter(
 
     config = load_drafter_config(path, target)
     wanted = list(config.target_layer_ids)
-    if adopt_layer_ids and wanted != list(target.layer_ids):
-        if config.num_target_layers == target.num_layers and all(
-            0 <= i < target.num_layers for i in wanted
-        ):
-            target.layer_ids = wanted
+    adoptable = config.num_target_layers == target.num_layers and all(
+        0 <= i < target.num_layers for i in wanted
+    )
+    if adopt_layer_ids and wanted != list(target.layer_ids) and adoptable:
+        target.layer_ids = wanted
     check_target_compatible(config, target)
     weights_file = verify_weights(path)
     try:
