@@ -106,6 +106,9 @@ class LoggingConfig:
 class DistributedConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"  # how torchrun processes share the drafter
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, else gloo
+    # Collective timeout. Ranks wait in a barrier while rank 0 evaluates or saves; torch's
+    # 10-minute default is shorter than a large held-out evaluation at 8B.
+    timeout_minutes: float = 60.0
 
 
 @dataclass
@@ -255,6 +258,7 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.data.max_seq_len >= 2, "data.max_seq_len: must be >= 2"),
         (cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last: must be >= 1"),
         (cfg.logging.every >= 1, "logging.every: must be >= 1"),
+        (cfg.distributed.timeout_minutes > 0, "distributed.timeout_minutes: must be > 0"),
         (bool(cfg.data.train_rollouts), "data.train_rollouts: required (a rollout directory)"),
     ]
     for ok, message in checks:

@@ -11,6 +11,7 @@ the environment) never initialises a process group.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import warnings
 from collections.abc import Iterator
@@ -52,8 +53,12 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     return device
 
 
-def init_distributed(device_spec: str = "auto", backend: str = "auto") -> DistContext:
-    """Join the torchrun process group if there is one; otherwise a 1-process context."""
+def init_distributed(
+    device_spec: str = "auto", backend: str = "auto", timeout_minutes: float | None = None
+) -> DistContext:
+    """Join the torchrun process group if there is one; otherwise a 1-process context.
+
+    `timeout_minutes` bounds every collective (None: torch's default, 10 minutes)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -66,7 +71,10 @@ def init_distributed(device_spec: str = "auto", backend: str = "auto") -> DistCo
         backend = "nccl" if device.type == "cuda" else "gloo"
     already = dist.is_initialized()
     if not already:
-        dist.init_process_group(backend=backend)
+        kwargs = {}
+        if timeout_minutes is not None:
+            kwargs["timeout"] = datetime.timedelta(minutes=timeout_minutes)
+        dist.init_process_group(backend=backend, **kwargs)
     return DistContext(rank, world, local_rank, device, initialised=not already)
 
 

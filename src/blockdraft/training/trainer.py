@@ -26,6 +26,7 @@ from blockdraft.training.batching import total_steps
 from blockdraft.training.config import TrainConfig, dump_yaml
 from blockdraft.training.distributed import (
     DistContext,
+    all_reduce_max_flag,
     barrier,
     broadcast_object,
     full_model_state,
@@ -97,7 +98,7 @@ def train(
     checkpoint in `run_dir` exactly (same data order, anchors, optimizer and RNG state).
     """
     cfg = config
-    ctx = init_distributed(cfg.device, cfg.distributed.backend)
+    ctx = init_distributed(cfg.device, cfg.distributed.backend, cfg.distributed.timeout_minutes)
     try:
         return _train(cfg, ctx, target, resume, overwrite)
     finally:
@@ -180,14 +181,30 @@ def _prepare_run_dir(
     run_dir: Path, ctx: DistContext, resume: bool, overwrite: bool = False
 ) -> Path | None:
     """Create `run_dir`, finish an interrupted checkpoint swap; the checkpoint to resume
-    (the newest valid one); refuse to replace an earlier run unless `overwrite`."""
-    return ckpt.prepare_run_dir(
-        run_dir,
-        is_main=ctx.is_main,
-        resume=resume,
-        overwrite=overwrite,
-        barrier=lambda: barrier(ctx),
-    )
+    (the newest valid one); refuse to replace an earlier run unless `overwrite`.
+
+    Rank 0 alone inspects `run_dir` and decides (fresh start, which checkpoint, or the
+    error), and every rank gets its decision: ranks each looking on their own disk would,
+    without a shared filesystem, resume from different steps and diverge silently. A
+    rank that cannot see rank 0's checkpoint stops every rank with one error.
+    """
+    decision: tuple[str, Any] = ("ok", None)
+    if ctx.is_main:
+        try:
+            decision = ("ok", ckpt.prepare_run_dir(run_dir, resume=resume, overwrite=overwrite))
+        except ckpt.RunDirError as exc:
+            decision = ("error", str(exc))
+    decision = broadcast_object(decision, ctx)  # also the barrier after rank 0's mkdir
+    if decision[0] == "error":
+        raise ckpt.RunDirError(decision[1])
+    resume_from = decision[1]
+    unseen = resume_from is not None and not ckpt.is_complete(Path(resume_from))
+    if all_reduce_max_flag(unseen, ctx, ctx.device):
+        raise ckpt.RunDirError(
+            f"--resume: rank 0 resumes from {resume_from}, which another rank cannot read "
+            "whole; every rank (every node) must see the same run_dir (a shared filesystem)"
+        )
+    return resume_from
 
 
 def _start_progress(
