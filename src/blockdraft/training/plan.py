@@ -162,7 +162,8 @@ def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
     try:
         return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"target.name: no readable HF config for {name!r} ({exc})") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"target.name: no readable HF config for {name!r} ({first})") from exc
 
 
 def plan_memory(
