@@ -52,34 +52,9 @@ PHASES = ("draft", "target", "verify", "other")
 
 def gemma_shaped_target() -> Any:
     """Random weights at Gemma 3 270M's shape (262k vocabulary): timing without the download."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    from blockdraft.models.testing import make_shaped_target
 
-    from blockdraft.models.target import Target
-    from blockdraft.models.testing import make_random_target
-    from blockdraft.models.tokenizer import MASK_TOKEN
-
-    tok = make_random_target("gemma3").tokenizer
-    cfg = Gemma3TextConfig(
-        vocab_size=262144,
-        hidden_size=640,
-        intermediate_size=2048,
-        num_hidden_layers=18,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=256,
-        sliding_window=512,
-        query_pre_attn_scalar=256,
-        max_position_embeddings=32768,
-        rope_theta=1e6,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(cfg).eval()
-    return Target(
-        model, tok, name="gemma-shaped", mask_token_id=tok.convert_tokens_to_ids(MASK_TOKEN)
-    )
+    return make_shaped_target("gemma-3-270m")
 
 
 def load(args: argparse.Namespace) -> tuple[Any, list[list[int]]]:

@@ -35,57 +35,19 @@ from blockdraft.data.generation import SamplingSettings
 from blockdraft.data.prompts import Prompt, render_prompt
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.models.target import Target
-from blockdraft.models.testing import make_random_target
+from blockdraft.models.testing import make_shaped_target
 
 WORDS = "def class return import for while print self range value index list dict".split()  # noqa: SIM905
 
 
 def tiny_shaped() -> Target:
     """`tiny`'s shape (`TinyConfig`: Qwen3, 4 layers, width 128, 4096 tokens), random weights."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    small = make_random_target("qwen3")
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=4096,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=small.tokenizer.eos_token_id,
-        pad_token_id=small.tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
-    model = Qwen3ForCausalLM(cfg).eval()
-    return Target(model, small.tokenizer, name="tiny-shape", mask_token_id=small.mask_token_id)
+    return make_shaped_target("tiny")
 
 
 def gemma_shaped() -> Target:
     """Gemma 3 270M's published shape (random weights, a small real tokenizer for prompts)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    small = make_random_target("gemma3")
-    torch.manual_seed(0)
-    cfg = Gemma3TextConfig(
-        vocab_size=262_144,
-        hidden_size=640,
-        intermediate_size=2048,
-        num_hidden_layers=18,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=256,
-        sliding_window=512,
-        query_pre_attn_scalar=256,
-        eos_token_id=small.tokenizer.eos_token_id,
-        pad_token_id=small.tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
-    model = Gemma3ForCausalLM(cfg).eval()
-    return Target(model, small.tokenizer, name="gemma-shape", mask_token_id=small.mask_token_id)
+    return make_shaped_target("gemma-3-270m")
 
 
 def make_prompts(n: int) -> list[Prompt]:

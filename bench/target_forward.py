@@ -16,9 +16,8 @@ import statistics
 import time
 
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from blockdraft.models.target import Target
+from blockdraft.models.testing import make_shaped_target
 
 
 def main() -> None:
@@ -30,19 +29,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = Gemma3TextConfig(  # gemma-3-270m's published shape
-        vocab_size=262_144,
-        hidden_size=640,
-        intermediate_size=2048,
-        num_hidden_layers=18,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=256,
-        sliding_window=512,
-    )
-    model = Gemma3ForCausalLM(cfg).eval()
-    target = Target(model, tokenizer=None, name="gemma-shape", mask_token_id=0)
-    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq))
+    target = make_shaped_target("gemma-3-270m")  # gemma-3-270m's published shape
+    ids = torch.randint(0, target.vocab_size, (args.batch, args.seq))
     mask = torch.ones_like(ids)
 
     def timed(with_logits: bool) -> float:

@@ -47,7 +47,7 @@ from blockdraft.data.rollout_store import (
 )
 from blockdraft.models.drafter import BlockDrafter, DrafterConfig
 from blockdraft.models.target import Target
-from blockdraft.models.tokenizer import MASK_TOKEN, train_bpe_tokenizer
+from blockdraft.models.testing import make_shaped_target
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
@@ -80,39 +80,8 @@ SHAPES = {
 
 
 def make_target(name: str) -> Target:
-    """Random weights at the real architecture; a small BPE tokenizer (for the fingerprint)."""
-    tok = train_bpe_tokenizer(["def f(x):\n    return x + 1\n", "for i in range(3): pass"], 300)
-    torch.manual_seed(0)
-    if name == "tiny":  # models/tiny.py TinyConfig
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        cfg = Qwen3Config(
-            vocab_size=4096,
-            hidden_size=128,
-            intermediate_size=384,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            tie_word_embeddings=True,
-        )
-        model = Qwen3ForCausalLM(cfg)
-    else:  # gemma-3-270m's published shape (as bench/target_forward.py)
-        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-        cfg = Gemma3TextConfig(
-            vocab_size=262_144,
-            hidden_size=640,
-            intermediate_size=2048,
-            num_hidden_layers=18,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=256,
-            sliding_window=512,
-        )
-        model = Gemma3ForCausalLM(cfg)
-    mask = tok.convert_tokens_to_ids(MASK_TOKEN)
-    return Target(model.eval(), tok, name=f"{name}-shape", mask_token_id=mask)
+    """Random weights at the real architecture and shape (`models.testing.SHAPES`)."""
+    return make_shaped_target("tiny" if name == "tiny" else "gemma-3-270m")
 
 
 def write_rollouts(directory: Path, target: Target, rows: list[Rollout]) -> None:

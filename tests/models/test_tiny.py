@@ -149,3 +149,22 @@ def test_build_threads_stays_within_torch_threads():
 
     n = build_threads(window_s=0.05)
     assert 1 <= n <= torch.get_num_threads()
+
+
+def test_bench_shape_of_tiny_matches_tiny_config():
+    """Benches time `make_shaped_target("tiny")`: it must stay the shape `tiny` is built at."""
+    from blockdraft.models.testing import SHAPES, make_shaped_target
+
+    c, (_, fields) = TinyConfig(), SHAPES["tiny"]
+    assert (fields["vocab_size"], fields["hidden_size"], fields["num_hidden_layers"]) == (
+        c.vocab_size,
+        c.hidden_size,
+        c.num_layers,
+    )
+    assert (fields["num_attention_heads"], fields["num_key_value_heads"]) == (
+        c.num_heads,
+        c.num_kv_heads,
+    )
+    assert fields["intermediate_size"] == c.intermediate_size
+    target = make_shaped_target("tiny")
+    assert (target.vocab_size, target.num_layers, target.hidden_size) == (4096, 4, 128)

@@ -74,3 +74,48 @@ def make_random_target(
         name=f"random-{arch}",
         mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN),
     )
+
+
+# Published shapes of the targets the benches time (models/tiny.py TinyConfig; Gemma 3
+# 270M's config), so every bench measures the same model without a download.
+SHAPES: dict[str, tuple[str, dict]] = {
+    "tiny": (
+        "qwen3",
+        dict(
+            vocab_size=4096, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            max_position_embeddings=2048, tie_word_embeddings=True,
+        ),
+    ),
+    "gemma-3-270m": (
+        "gemma3",
+        dict(
+            vocab_size=262_144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+            query_pre_attn_scalar=256, max_position_embeddings=32768, rope_theta=1e6,
+        ),
+    ),
+}  # fmt: skip
+
+
+def make_shaped_target(shape: str, seed: int = 0) -> Target:
+    """Random weights at a real target's shape (`SHAPES`), with the small test tokenizer.
+
+    For timing only: the tokenizer covers a few hundred ids of the large vocabulary, so
+    prompts are token ids or short texts; the model's compute is the real one's."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}: use one of {sorted(SHAPES)}")
+    arch, fields = SHAPES[shape]
+    tok = make_random_target(arch).tokenizer
+    ids = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    torch.manual_seed(seed)
+    if arch == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**fields, **ids))
+    else:
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**fields, **ids))
+    mask = tok.convert_tokens_to_ids(MASK_TOKEN)
+    return Target(model.eval(), tok, name=f"{shape}-shaped", mask_token_id=mask)
