@@ -1,7 +1,7 @@
 """`blockdraft demo`: the whole pipeline on one target, with sensible small defaults.
 
 It is what a new user runs first, so it must finish on a laptop (the default `tiny`
-target: about ten minutes on 2 CPU cores from a fresh clone, the target build included),
+target: about twelve minutes on 2 CPU cores from a fresh clone, the target build included),
 show progress throughout, and reuse every stage whose inputs did not change (a second
 run is mostly cache hits).
 
