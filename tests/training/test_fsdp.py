@@ -64,6 +64,7 @@ def fsdp_worker(rank: int, world_size: int, port: int, straight: dict, crashed: 
             train(config_from_dict(crashed), target=target)
         loop.train_step = real_step
         train(config_from_dict(crashed), target=target, resume=True)
+        dist.barrier()  # both ranks done before either tears gloo down (else: abort at exit)
     finally:
         dist.destroy_process_group()
 

@@ -100,7 +100,11 @@ def train(
     cfg = config
     ctx = init_distributed(cfg.device, cfg.distributed.backend, cfg.distributed.timeout_minutes)
     try:
-        return _train(cfg, ctx, target, resume, overwrite)
+        final = _train(cfg, ctx, target, resume, overwrite)
+        # every rank done before any leaves: a rank tearing gloo down while a peer still
+        # has work in flight can abort the peer (not on errors: a failed rank must exit)
+        barrier(ctx)
+        return final
     finally:
         shutdown(ctx)
 
