@@ -31,12 +31,15 @@ rows of draft logits to the full vocabulary, pays for nothing. So:
 from __future__ import annotations
 
 import inspect
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from blockdraft.sampling import processed_probs, sample
 
 
 @dataclass
@@ -227,3 +230,110 @@ class ScreenedArgmaxHead:
             exact = self.weight.index_select(0, ids) @ hidden[r]
             out[r] = ids[int(exact.argmax())]
         return out
+
+
+# --- per-round helpers of the speculative loop (online.py) ------------------------------
+def _num_proposals(drafter: Any) -> int:
+    cfg = getattr(drafter, "config", None)
+    k = getattr(cfg, "num_proposals", None) if cfg is not None else None
+    return int(k if k is not None else drafter.num_proposals)
+
+
+def _is_sequential(drafter: Any) -> bool:
+    """True for drafters whose slot k depends on the token drafted at k-1 (semi-AR)."""
+    flag = getattr(drafter, "sequential", None)
+    if flag is not None:
+        return bool(flag)
+    cfg = getattr(drafter, "config", None)
+    return getattr(cfg, "arch", "dflash") == "semi_ar"
+
+
+def draft_block(
+    drafter: Any,
+    state: Any,
+    anchor_id: int,
+    anchor_position: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Propose K tokens -> (tokens [K], q [K,V] they were drawn from; None at T = 0).
+
+    q is the processed drafter distribution (what lossless verification needs); at T = 0
+    the argmax is all that matters, so no distribution is built."""
+    greedy = temperature == 0
+    if not _is_sequential(drafter):
+        logits = drafter.draft_logits(state, anchor_id, anchor_position)
+        if greedy:
+            return logits.argmax(-1), None
+        q = processed_probs(logits, temperature, top_p, top_k)
+        return sample(q, generator), q
+    hidden = drafter.draft_hidden(state, anchor_id, anchor_position)  # [K, H]
+    prev = torch.tensor([int(anchor_id)], device=hidden.device)
+    tokens, qs = [], []
+    for k in range(hidden.shape[0]):
+        logits = drafter.compute_logits(hidden[k : k + 1], prev)[0]
+        if greedy:
+            tok = logits.argmax(-1)
+        else:
+            q = processed_probs(logits, temperature, top_p, top_k)
+            tok = sample(q, generator)
+            qs.append(q)
+        tokens.append(tok)
+        prev = tok.reshape(1).to(hidden.device)
+    return torch.stack(tokens), (torch.stack(qs) if qs else None)
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_p: float, top_k: int, gen) -> int:
+    """One token from one row of logits: argmax at T = 0 (no distribution built)."""
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(sample(processed_probs(logits, temperature, top_p, top_k), gen))
+
+
+def _is_ngram(drafter: Any) -> bool:
+    return callable(getattr(drafter, "propose", None)) and not hasattr(drafter, "new_state")
+
+
+class NgramIndex:
+    """An n-gram drafter's lookup table grown with the verified text, one round at a time.
+
+    `drafter.propose(tokens)` rebuilds the table from the whole text (O(length) per
+    round); the verified text only ever grows, so the loop keeps one table and adds the
+    new tokens' n-grams (O(accepted) per round). Falls back to `propose` for drafters
+    without the incremental table."""
+
+    def __init__(self, drafter: Any) -> None:
+        self.drafter = drafter
+        try:
+            from blockdraft.models.ngram import NgramTable
+
+            self.index = NgramTable(drafter.config)
+        except (ImportError, AttributeError):
+            self.index = None
+
+    def propose(self, tokens: list[int]) -> list[int]:
+        if self.index is None:
+            return list(self.drafter.propose(tokens))[: _num_proposals(self.drafter)]
+        self.index.advance(tokens, len(tokens))
+        return self.index.propose(tokens, len(tokens))
+
+
+class _Clock:
+    """Accumulates seconds per phase of a round (`lap(name)` charges time since last lap)."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.t
+        self.t = now
+
+
+def _one_hot(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """q of deterministic proposals `[k] -> [k, V]` (only for block verification)."""
+    q = torch.zeros((tokens.shape[0], like.shape[-1]), dtype=like.dtype, device=like.device)
+    return q.scatter_(-1, tokens.view(-1, 1), 1.0)

@@ -28,141 +28,34 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
 
 from blockdraft.evaluation.bench import alternate_timed
-from blockdraft.evaluation.bootstrap import ratio_ci
-from blockdraft.evaluation.decode_steps import GreedyDraftHead, TargetRunner
+from blockdraft.evaluation.decode_result import (
+    DecodeResult,
+    Progress,
+    StepStats,
+    Trace,
+    tau_and_ci,
+)
+from blockdraft.evaluation.decode_steps import (
+    GreedyDraftHead,
+    NgramIndex,
+    TargetRunner,
+    _Clock,
+    _is_ngram,
+    _num_proposals,
+    _one_hot,
+    _pick,
+    draft_block,
+)
 from blockdraft.evaluation.verify import verify_block, verify_onehot, verify_standard
-from blockdraft.sampling import processed_probs, sample, settings_of
+from blockdraft.sampling import processed_probs, settings_of
 
 VERIFIERS = ("standard", "block")
-
-
-@dataclass
-class Trace:
-    """One prompt's speculative decode: output tokens and per-round accounting."""
-
-    tokens: list[int]
-    accepted: list[int] = field(default_factory=list)  # proposals accepted per round
-    emitted: list[int] = field(default_factory=list)  # tokens emitted per round (after truncation)
-    seconds: dict[str, float] = field(default_factory=dict)  # per phase, see speculative_generate
-
-
-@dataclass
-class DecodeResult:
-    """Outputs and measurements of `decode` (tau counts only drafting rounds)."""
-
-    outputs: list[list[int]]
-    rounds_accepted: list[list[int]]
-    rounds_emitted: list[list[int]]
-    tau: float
-    tau_ci95: tuple[float, float]
-    histogram: list[int]  # histogram[j] = rounds that emitted j tokens, j = 0..K+1
-    tokens_per_s: float
-    ar_tokens_per_s: float | None
-    speedup: float | None
-    ar_outputs: list[list[int]] | None
-    settings: dict[str, Any]
-    # Time per phase of the speculative decodes, summed over prompts (Trace.seconds),
-    # and the autoregressive baseline's split: what the cost model in docs/decoding.md uses.
-    seconds: dict[str, float] = field(default_factory=dict)
-    ar_stats: StepStats | None = None
-
-    @property
-    def ar_step_s(self) -> float | None:
-        """Mean seconds of one autoregressive step (forward + token choice)."""
-        s = self.ar_stats
-        return s.step_s / s.steps if s is not None and s.steps else None
-
-    def round_costs(self) -> dict[str, float]:
-        """Mean seconds per drafting round of each phase (draft, target, verify, other)."""
-        n = max(self.num_rounds, 1)
-        return {k: v / n for k, v in self.seconds.items() if k != "prefill"}
-
-    @property
-    def num_rounds(self) -> int:
-        return sum(len(r) for r in self.rounds_emitted)
-
-    def per_prompt_rounds(self) -> list[int]:
-        return [len(r) for r in self.rounds_emitted]
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["num_rounds"] = self.num_rounds
-        return out
-
-
-def _num_proposals(drafter: Any) -> int:
-    cfg = getattr(drafter, "config", None)
-    k = getattr(cfg, "num_proposals", None) if cfg is not None else None
-    return int(k if k is not None else drafter.num_proposals)
-
-
-def _is_sequential(drafter: Any) -> bool:
-    """True for drafters whose slot k depends on the token drafted at k-1 (semi-AR)."""
-    flag = getattr(drafter, "sequential", None)
-    if flag is not None:
-        return bool(flag)
-    cfg = getattr(drafter, "config", None)
-    return getattr(cfg, "arch", "dflash") == "semi_ar"
-
-
-def draft_block(
-    drafter: Any,
-    state: Any,
-    anchor_id: int,
-    anchor_position: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Propose K tokens -> (tokens [K], q [K,V] they were drawn from; None at T = 0).
-
-    q is the processed drafter distribution (what lossless verification needs); at T = 0
-    the argmax is all that matters, so no distribution is built."""
-    greedy = temperature == 0
-    if not _is_sequential(drafter):
-        logits = drafter.draft_logits(state, anchor_id, anchor_position)
-        if greedy:
-            return logits.argmax(-1), None
-        q = processed_probs(logits, temperature, top_p, top_k)
-        return sample(q, generator), q
-    hidden = drafter.draft_hidden(state, anchor_id, anchor_position)  # [K, H]
-    prev = torch.tensor([int(anchor_id)], device=hidden.device)
-    tokens, qs = [], []
-    for k in range(hidden.shape[0]):
-        logits = drafter.compute_logits(hidden[k : k + 1], prev)[0]
-        if greedy:
-            tok = logits.argmax(-1)
-        else:
-            q = processed_probs(logits, temperature, top_p, top_k)
-            tok = sample(q, generator)
-            qs.append(q)
-        tokens.append(tok)
-        prev = tok.reshape(1).to(hidden.device)
-    return torch.stack(tokens), (torch.stack(qs) if qs else None)
-
-
-def _pick(logits: torch.Tensor, temperature: float, top_p: float, top_k: int, gen) -> int:
-    """One token from one row of logits: argmax at T = 0 (no distribution built)."""
-    if temperature == 0:
-        return int(logits.argmax())
-    return int(sample(processed_probs(logits, temperature, top_p, top_k), gen))
-
-
-@dataclass
-class StepStats:
-    """Where an autoregressive decode spent its time (filled by `ar_generate`)."""
-
-    prefill_s: float = 0.0
-    steps: int = 0  # forwards after the prefill
-    step_s: float = 0.0  # their total time, token choice included
 
 
 @torch.inference_mode()
@@ -200,47 +93,6 @@ def ar_generate(
         stats.steps += len(tokens) - 1
         stats.step_s += t2 - t1
     return tokens
-
-
-def _is_ngram(drafter: Any) -> bool:
-    return callable(getattr(drafter, "propose", None)) and not hasattr(drafter, "new_state")
-
-
-class NgramIndex:
-    """An n-gram drafter's lookup table grown with the verified text, one round at a time.
-
-    `drafter.propose(tokens)` rebuilds the table from the whole text (O(length) per
-    round); the verified text only ever grows, so the loop keeps one table and adds the
-    new tokens' n-grams (O(accepted) per round). Falls back to `propose` for drafters
-    without the incremental table."""
-
-    def __init__(self, drafter: Any) -> None:
-        self.drafter = drafter
-        try:
-            from blockdraft.models.ngram import NgramTable
-
-            self.index = NgramTable(drafter.config)
-        except (ImportError, AttributeError):
-            self.index = None
-
-    def propose(self, tokens: list[int]) -> list[int]:
-        if self.index is None:
-            return list(self.drafter.propose(tokens))[: _num_proposals(self.drafter)]
-        self.index.advance(tokens, len(tokens))
-        return self.index.propose(tokens, len(tokens))
-
-
-class _Clock:
-    """Accumulates seconds per phase of a round (`lap(name)` charges time since last lap)."""
-
-    def __init__(self, seconds: dict[str, float]) -> None:
-        self.seconds = seconds
-        self.t = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.t
-        self.t = now
 
 
 @torch.inference_mode()
@@ -367,50 +219,6 @@ def speculative_generate(
             clock.lap("draft")  # the drafter's context K/V are part of its forward work
         anchor, a = new[-1], a + m + 1
         clock.lap("other")
-
-
-def _one_hot(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """q of deterministic proposals `[k] -> [k, V]` (only for block verification)."""
-    q = torch.zeros((tokens.shape[0], like.shape[-1]), dtype=like.dtype, device=like.device)
-    return q.scatter_(-1, tokens.view(-1, 1), 1.0)
-
-
-def tau_and_ci(
-    rounds_emitted: Sequence[Sequence[int]], seed: int = 0
-) -> tuple[float, tuple[float, float]]:
-    """tau = tokens emitted by drafting rounds / drafting rounds, with a bootstrap CI.
-
-    The CI resamples prompts (the independent units) when there are at least 8 with
-    rounds; with fewer it resamples rounds, which ignores within-prompt correlation.
-    """
-    per_prompt = [r for r in rounds_emitted if len(r)]
-    rounds = sum(len(r) for r in per_prompt)
-    if rounds == 0:
-        return math.nan, (math.nan, math.nan)
-    tau = sum(sum(r) for r in per_prompt) / rounds
-    if len(per_prompt) >= 8:
-        num, den = [sum(r) for r in per_prompt], [len(r) for r in per_prompt]
-    else:
-        num = [x for r in per_prompt for x in r]
-        den = [1] * len(num)
-    if len(num) < 2:
-        return tau, (math.nan, math.nan)
-    f64 = torch.float64
-    _, ci = ratio_ci(
-        torch.tensor(num, dtype=f64), torch.tensor(den, dtype=f64), n_boot=2000, seed=seed
-    )
-    return tau, ci
-
-
-@dataclass
-class Progress:
-    """What `decode` reports after each prompt (to a tqdm bar and/or a callback)."""
-
-    done: int
-    total: int
-    tokens_per_s: float
-    tau: float
-    ar_tokens_per_s: float | None
 
 
 def decode(
