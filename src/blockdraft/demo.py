@@ -342,37 +342,11 @@ def build_report_json(
     }
 
 
-def summary_table(report: dict[str, Any]) -> str:
-    """A plain-text table for the terminal."""
-    lines = [
-        f"target={report['target']}  block_size={report['block_size']}  "
-        f"T={report['temperature']}  rollouts={report['rollouts']}",
-        "",
-        f"{'drafter':<8} {'MAL offline':>12} {'95% CI':>16} {'tau online':>11} {'speedup':>8}",
-    ]
-    for d in report["drafters"]:
-        lo, hi = d["mal_offline_ci95"]
-        tau = f"{d['tau_online']:.3f}" if d["tau_online"] is not None else "-"
-        sp = f"{d['speedup']:.2f}x" if d["speedup"] is not None else "-"
-        lines.append(
-            f"{d['name']:<8} {d['mal_offline']:>12.3f} {f'[{lo:.3f}, {hi:.3f}]':>16} "
-            f"{tau:>11} {sp:>8}"
-        )
-    lines += ["", f"{'B vs A':<16} {'MAL gain':>9} {'95% CI':>20} {'rel.':>8}"]
-    for c in report["comparisons"]:
-        lo, hi = c["mal_gain_ci95"]
-        lines.append(
-            f"{c['b'] + ' vs ' + c['a']:<16} {c['mal_gain']:>+9.4f} "
-            f"{f'[{lo:+.4f}, {hi:+.4f}]':>20} {100 * c['rel_gain']:>+7.2f}%"
-        )
-    return "\n".join(lines)
-
-
 def run_demo(s: DemoSettings) -> dict[str, Any]:
     """Run (or resume) every stage; write report.md, PNGs and report.json; return the JSON."""
     from blockdraft.evaluation.runs import write_json
     from blockdraft.models.registry import load_target
-    from blockdraft.report import write_report
+    from blockdraft.report import terminal_summary, write_report
 
     out = Path(s.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -405,6 +379,6 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     )
     report = build_report_json(s, rollouts, offline, comparisons, online)
     write_json(out / "report.json", report)
-    print(summary_table(report), flush=True)
+    print(terminal_summary(report), flush=True)
     _log(f"report: {md}  json: {out / 'report.json'}")
     return report
