@@ -117,22 +117,27 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace, device: Any) -> Any:
+    """The target; a bad name or path is a one-line UserError (the CLI handler prints it)."""
     import torch
 
+    from blockdraft.errors import UserError
     from blockdraft.models.registry import load_target
 
     dtype = args.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" else "float32"
-    return load_target(
-        args.target,
-        device=device,
-        dtype=getattr(torch, dtype),
-        mask_token=args.mask_token,
-        allow_download=args.allow_download,
-        trust_remote_code=args.trust_remote_code,
-        progress=not args.no_progress,
-    )
+    try:
+        return load_target(
+            args.target,
+            device=device,
+            dtype=getattr(torch, dtype),
+            mask_token=args.mask_token,
+            allow_download=args.allow_download,
+            trust_remote_code=args.trust_remote_code,
+            progress=not args.no_progress,
+        )
+    except (ValueError, OSError) as exc:
+        raise UserError(f"cannot load target {args.target!r}: {exc}") from None
 
 
 def run_import(args: argparse.Namespace) -> int:
@@ -156,11 +161,7 @@ def run_import(args: argparse.Namespace) -> int:
     except (PromptError, RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        target = _load(args, device)
-    except (ValueError, OSError) as exc:
-        print(f"error: cannot load target {args.target!r}: {exc}", file=sys.stderr)
-        return 2
+    target = _load(args, device)  # a bad target is one line from the CLI's handler
     try:
         report = import_rollouts(
             target,
@@ -220,11 +221,7 @@ def _generate(args: argparse.Namespace, settings: Any, prompts: Any, ctx: Any, d
     from blockdraft.data.prompts import PromptError
     from blockdraft.data.rollouts import RolloutError, generate_rollouts
 
-    try:
-        target = _load(args, device)
-    except (ValueError, OSError) as exc:
-        print(f"error: cannot load target {args.target!r}: {exc}", file=sys.stderr)
-        return 2
+    target = _load(args, device)  # a bad target is one line from the CLI's handler
     try:
         rollouts = generate_rollouts(
             target,
