@@ -13,7 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blockdraft.cli.eval import add_allow_incomplete, add_target_args, run_scored_command
+from blockdraft.cli.eval import (
+    add_allow_incomplete,
+    add_target_args,
+    drafter_dtype_of,
+    run_scored_command,
+)
 from blockdraft.evaluation.runs import compare  # noqa: F401 - the Python API, re-exported
 
 
@@ -55,8 +60,16 @@ def run(args: argparse.Namespace) -> int:
     return run_scored_command(
         args,
         lambda target: compare(
-            target, args.drafters, args.rollouts, args.all_pairs, args.n_boot, args.seed,
-            args.cache_dir, progress=not args.no_progress, allow_incomplete=args.allow_incomplete,
+            target,
+            args.drafters,
+            args.rollouts,
+            args.all_pairs,
+            args.n_boot,
+            args.seed,
+            args.cache_dir,
+            progress=not args.no_progress,
+            allow_incomplete=args.allow_incomplete,
+            drafter_dtype=drafter_dtype_of(args, target),
         ),
         lambda result: "\n".join(comparison_table(result)),
         lambda result: {"comparisons": result},

@@ -17,6 +17,7 @@ from typing import Any
 
 from blockdraft.cli.eval import (
     add_target_args,
+    drafter_dtype_of,
     drafter_names,
     setup_target,
     write_json,
@@ -110,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
 
         ckpt = checkpoint_of(args.drafter)  # a missing checkpoint fails before the target loads
         target = setup_target(args)
-        drafter, drafter_id = load_drafter_spec(args.drafter, target)
+        drafter, drafter_id = load_drafter_spec(
+            args.drafter, target, dtype=drafter_dtype_of(args, target)
+        )
         prompts, settings, rollouts = _prompts_and_settings(args, target)
         result = decode(
             target,

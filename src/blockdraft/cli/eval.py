@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from blockdraft.devices import add_device_args, device_and_dtype, drafter_dtype
+
 # the Python API lives in the library; re-exported here for older imports
 from blockdraft.evaluation.runs import (  # noqa: F401
     benchmark_name,
@@ -35,15 +37,23 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
         "--target", required=True, help="target name (tiny, gemma-3-270m) or HF model path"
     )
     p.add_argument("--cache-dir", default=None, help="acceptance cache (default: user cache dir)")
+    add_device_args(p)
     add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def setup_target(args: argparse.Namespace) -> Any:
+    """The target on `--device` in `--dtype` (drafters follow it: `drafter_dtype_of`)."""
     apply_threads(args.threads)
     from blockdraft.models.registry import load_target
 
-    return load_target(args.target, progress=not args.no_progress)
+    device, dtype = device_and_dtype(args)
+    return load_target(args.target, device=device, dtype=dtype, progress=not args.no_progress)
+
+
+def drafter_dtype_of(args: argparse.Namespace, target: Any) -> Any:
+    """The dtype drafters are cast to for `--dtype` (None: keep the checkpoint's)."""
+    return drafter_dtype(args.dtype, target.device)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -108,8 +118,15 @@ def run(args: argparse.Namespace) -> int:
     return run_scored_command(
         args,
         lambda target: evaluate(
-            target, args.drafters, args.rollouts, args.n_boot, args.seed, args.cache_dir,
-            progress=not args.no_progress, allow_incomplete=args.allow_incomplete,
+            target,
+            args.drafters,
+            args.rollouts,
+            args.n_boot,
+            args.seed,
+            args.cache_dir,
+            progress=not args.no_progress,
+            allow_incomplete=args.allow_incomplete,
+            drafter_dtype=drafter_dtype_of(args, target),
         ),
         eval_markdown,
         lambda result: result,

@@ -13,6 +13,7 @@ import argparse
 import sys
 from typing import Any
 
+from blockdraft.devices import add_device_args
 from blockdraft.threads import add_threads_arg, apply_threads
 
 
@@ -53,18 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="device of the target: auto (this rank's GPU if there is one, else cpu), cpu, "
-        "cuda, cuda:N",
-    )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="auto: bfloat16 on GPU, float32 on CPU",
-    )
+    add_device_args(p, "the target")
     p.add_argument("--mask-token", default=None, help="mask token for targets without one")
     p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -118,19 +108,15 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
 
 def _load(args: argparse.Namespace, device: Any) -> Any:
     """The target; a bad name or path is a one-line UserError (the CLI handler prints it)."""
-    import torch
-
+    from blockdraft.devices import resolve_dtype
     from blockdraft.errors import UserError
     from blockdraft.models.registry import load_target
 
-    dtype = args.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if device.type == "cuda" else "float32"
     try:
         return load_target(
             args.target,
             device=device,
-            dtype=getattr(torch, dtype),
+            dtype=resolve_dtype(args.dtype, device),
             mask_token=args.mask_token,
             allow_download=args.allow_download,
             trust_remote_code=args.trust_remote_code,

@@ -85,14 +85,10 @@ def init_from_env(device: str = "auto") -> tuple[RankContext, torch.device, bool
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        device = f"cuda:{local_rank}"
-    dev = torch.device(device)
+    from blockdraft.devices import resolve_device
+
+    dev = resolve_device(device, local_rank)
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"device {device!r} requested but CUDA is not available")
         torch.cuda.set_device(dev)
     if world <= 1 or dist.is_initialized():
         return rank_context(), dev, False

@@ -254,7 +254,11 @@ def decode(
     kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
 
     def gen(i: int, stream: int) -> torch.Generator:
-        return torch.Generator().manual_seed(seed * 1_000_003 + 2 * i + stream)
+        # on the target's device: uniforms are drawn where the probabilities live, with no
+        # host round trip per draw (CPU runs keep their streams: a CPU generator)
+        device = torch.device(getattr(target, "device", "cpu"))
+        device = device if device.type == "cuda" else torch.device("cpu")
+        return torch.Generator(device=device).manual_seed(seed * 1_000_003 + 2 * i + stream)
 
     if warmup:  # first calls pay one-off allocation/dispatch costs; keep them out of timing
         small = dict(kw, max_new_tokens=min(max_new_tokens, 4))

@@ -80,8 +80,11 @@ def load_scored(
     cache_dir: str | Path | None = None,
     progress: bool = True,
     allow_incomplete: bool = False,
+    drafter_dtype: Any = None,
 ) -> tuple[Any, list[list[Any]]]:
-    """Acceptance tensors of every drafter on one rollout set -> (rollout set, [per drafter])."""
+    """Acceptance tensors of every drafter on one rollout set -> (rollout set, [per drafter]).
+
+    Drafters are placed on the target's device, cast to `drafter_dtype` if given."""
     from blockdraft.data.rollout_store import RolloutSet, check_target
     from blockdraft.evaluation.scoring import score_rollout_set
 
@@ -91,7 +94,7 @@ def load_scored(
     check_target(rollouts, target)
     out = []
     for path, name in zip(drafter_paths, drafter_names(drafter_paths), strict=True):
-        drafter, drafter_id = load_drafter_spec(path, target)
+        drafter, drafter_id = load_drafter_spec(path, target, dtype=drafter_dtype)
         out.append(
             score_rollout_set(
                 drafter,
@@ -114,6 +117,7 @@ def evaluate(
     cache_dir: str | Path | None = None,
     progress: bool = True,
     allow_incomplete: bool = False,
+    drafter_dtype: Any = None,
 ) -> dict[str, Any]:
     """Offline statistics of each drafter on each rollout set, as a JSON-ready dict."""
     from blockdraft.evaluation.offline import mal_ci, offline_stats
@@ -122,7 +126,7 @@ def evaluate(
     result: dict[str, Any] = {"target": getattr(target, "name", ""), "benchmarks": []}
     for rdir in rollout_dirs:
         rollouts, scored = load_scored(
-            target, drafter_paths, rdir, cache_dir, progress, allow_incomplete
+            target, drafter_paths, rdir, cache_dir, progress, allow_incomplete, drafter_dtype
         )
         bench = {
             "name": benchmark_name(rollouts, rdir),
@@ -186,6 +190,7 @@ def compare(
     cache_dir: str | Path | None = None,
     progress: bool = True,
     allow_incomplete: bool = False,
+    drafter_dtype: Any = None,
 ) -> list[dict[str, Any]]:
     """Paired comparisons (B vs A) per benchmark, as JSON-ready dicts."""
     from blockdraft.evaluation.offline import paired_comparison
@@ -200,7 +205,7 @@ def compare(
     out = []
     for rdir in rollout_dirs:
         rollouts, scored = load_scored(
-            target, drafter_paths, rdir, cache_dir, progress, allow_incomplete
+            target, drafter_paths, rdir, cache_dir, progress, allow_incomplete, drafter_dtype
         )
         bench = benchmark_name(rollouts, rdir)
         for i, j in pairs:

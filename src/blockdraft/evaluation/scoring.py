@@ -81,20 +81,23 @@ def acceptance_tensor(
     if L < 2:
         return torch.zeros(0, k)
     greedy = temperature == 0
-    if not greedy:
-        if logprobs is None or logprobs.numel() != L:
-            raise ValueError(
-                f"sampled rollout needs one log-prob per response token ({L}), got "
-                f"{None if logprobs is None else logprobs.numel()}"
-            )
-        p_x = logprobs.double().exp()
+    if not greedy and (logprobs is None or logprobs.numel() != L):
+        raise ValueError(
+            f"sampled rollout needs one log-prob per response token ({L}), got "
+            f"{None if logprobs is None else logprobs.numel()}"
+        )
     dev = target.device
+    if not greedy:
+        p_x = logprobs.to(dev).double().exp()
+    if hybrid is not None:
+        looked_up, lookup_hit = looked_up.to(dev), lookup_hit.to(dev)
     seq = torch.cat([prompt_ids, response_ids]).to(dev)
     total = seq.numel()
     features = target.forward(seq.unsqueeze(0), logits_to_keep=1).features
     anchors = round_start_anchors(P, L).to(dev)
     slots = torch.arange(1, k + 1, device=dev)
-    out = torch.zeros(L - 1, k, dtype=torch.float64)
+    # everything stays on the target's device; one copy to the host at the end
+    out = torch.zeros(L - 1, k, dtype=torch.float64, device=dev)
     vocab = int(target.vocab_size)
     rows_per_logit_chunk = max(1, LOGIT_BUDGET // max(1, k * vocab))
     for start in range(0, anchors.numel(), anchor_chunk):
@@ -113,16 +116,16 @@ def acceptance_tensor(
                 acc = (logits.argmax(-1) == labels).double()
             else:
                 q = processed_probs(logits, temperature, top_p, top_k)
-                q_x = q.gather(-1, labels.unsqueeze(-1)).squeeze(-1).double().cpu()
-                resp_idx = (idx - P).clamp(0, L - 1).cpu()
+                q_x = q.gather(-1, labels.unsqueeze(-1)).squeeze(-1).double()
+                resp_idx = (idx - P).clamp(0, L - 1)
                 acc = torch.clamp(q_x / p_x[resp_idx].clamp_min(1e-300), max=1.0)
-            rows = (a - P).cpu()
+            rows = a - P
             if hybrid is not None:
-                lengths = (looked_up[rows] >= 0).sum(-1, keepdim=True).to(logits.device)
-                use = hybrid.use_lookup(logits, lengths).cpu()
-                acc = torch.where(use, lookup_hit[rows], acc.cpu())
-            out[rows] = torch.where(valid.cpu(), acc.cpu(), torch.zeros((), dtype=torch.float64))
-    return out.float()
+                lengths = (looked_up[rows] >= 0).sum(-1, keepdim=True)
+                use = hybrid.use_lookup(logits, lengths).to(dev)
+                acc = torch.where(use, lookup_hit[rows], acc)
+            out[rows] = torch.where(valid, acc, torch.zeros((), dtype=torch.float64, device=dev))
+    return out.float().cpu()
 
 
 # --- identities for the cache -------------------------------------------------------------
@@ -172,6 +175,17 @@ def _target_id(target: Any) -> str:
         return str(getattr(target, "name", type(target).__name__))
 
 
+def _precision_key(drafter: Any, target: Any) -> list[str]:
+    """The dtypes the target and the drafter ran in, when not float32 (`--dtype bfloat16`
+    scores differ from fp32 ones by rounding, so they must not share a cache entry; fp32
+    runs keep the keys they always had)."""
+    inner = drafter.drafter if isinstance(drafter, HybridDrafter) else drafter
+    dtypes = [getattr(target, "dtype", torch.float32), getattr(inner, "dtype", torch.float32)]
+    if all(d == torch.float32 for d in dtypes):
+        return []
+    return ["dtypes=" + ",".join(str(d) for d in dtypes)]
+
+
 def default_cache_dir() -> Path:
     from blockdraft.models.cache import cache_root
 
@@ -216,6 +230,7 @@ def score_rollouts(
                     _target_id(target),
                     rollouts_hash(rollouts),
                     repr((float(temperature), float(top_p), int(top_k))),
+                    *_precision_key(drafter, target),
                 ]
             ).encode()
         ).hexdigest()

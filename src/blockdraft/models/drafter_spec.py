@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from blockdraft.models.hybrid import HybridDrafter, parse_hybrid_spec
 from blockdraft.models.ngram import NgramDrafter, parse_drafter_spec
 
@@ -27,9 +29,13 @@ def checkpoint_of(spec: str | Path) -> Path | None:
     return resolve_checkpoint(hybrid[0] if hybrid else spec)
 
 
-def load_drafter_spec(spec: str | Path, target: Any) -> tuple[Any, str | None]:
+def load_drafter_spec(
+    spec: str | Path, target: Any, dtype: torch.dtype | None = None
+) -> tuple[Any, str | None]:
     """(drafter in eval mode, identity for the scoring cache or None) for a spec.
 
+    The drafter is placed on the target's device (it reads the target's features and
+    shares its embedding and head), cast to `dtype` if given (else the checkpoint's).
     Checkpoints adopt their own target layer ids (a drafter trained on `[0,1,2,3]` is
     scored on those layers); load each drafter right before using it."""
     from blockdraft.evaluation.scoring import checkpoint_hash
@@ -40,7 +46,9 @@ def load_drafter_spec(spec: str | Path, target: Any) -> tuple[Any, str | None]:
         return ngram, None
     ckpt = checkpoint_of(spec)
     assert ckpt is not None
-    drafter = load_drafter(ckpt, target, adopt_layer_ids=True).eval()
+    drafter = load_drafter(ckpt, target, device=target.device, adopt_layer_ids=True).eval()
+    if dtype is not None:
+        drafter.to(dtype)
     hybrid = parse_hybrid_spec(spec)
     if hybrid is not None:
         k = int(drafter.config.num_proposals)

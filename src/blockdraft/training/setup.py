@@ -36,17 +36,13 @@ def load_target_for(cfg: TrainConfig, device: torch.device):
     GPU, and the features the drafter reads are bf16 under autocast anyway) and float32
     elsewhere (CPU bf16 matmuls are slow and the tests compare in fp32).
     """
+    from blockdraft.devices import resolve_dtype
     from blockdraft.models.registry import load_target
 
-    if cfg.target.dtype == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" else None
-    else:
-        dtype = getattr(torch, cfg.target.dtype)
     kwargs: dict[str, Any] = {"device": device, "progress": cfg.logging.progress}
     if cfg.target.layer_ids is not None:
         kwargs["layer_ids"] = cfg.target.layer_ids
-    if dtype is not None:
-        kwargs["dtype"] = dtype
+    kwargs["dtype"] = resolve_dtype(cfg.target.dtype, device)
     return load_target(cfg.target.name, **kwargs)
 
 
