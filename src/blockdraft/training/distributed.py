@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from blockdraft.devices import resolve_device  # the one device resolver of every stage
+
 
 @dataclass
 class DistContext:
@@ -39,18 +41,6 @@ class DistContext:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-
-def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """`auto` picks CUDA when present; under torchrun, plain `cuda` means this rank's GPU."""
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec == "cuda":
-        spec = f"cuda:{local_rank}"
-    device = torch.device(spec)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {spec!r} requested but CUDA is not available")
-    return device
 
 
 def init_distributed(
@@ -113,6 +103,18 @@ def broadcast_object(obj: object, ctx: DistContext) -> object:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def all_gather_objects(obj: object, ctx: DistContext) -> list[object]:
+    """Every rank's value of a picklable object, in rank order, on every rank.
+
+    Tensors inside travel pickled (CPU ones stay on the CPU), so keep them small: the
+    held-out evaluation gathers acceptance tensors of a few MB with it."""
+    if not ctx.distributed:
+        return [obj]
+    out: list[object] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def wrap_module(module: nn.Module, ctx: DistContext, strategy: str = "ddp") -> nn.Module:
@@ -217,11 +219,14 @@ def _trainable_names(model: nn.Module) -> list[str]:
     return [name for name, p in model.named_parameters() if p.requires_grad]
 
 
-def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Full CPU state dict on rank 0 (an empty dict elsewhere). Collective."""
+def full_model_state(model: nn.Module, every_rank: bool = False) -> dict[str, torch.Tensor]:
+    """Full CPU state dict on rank 0 (an empty dict elsewhere). Collective.
+
+    `every_rank=True`: the full state on every rank, on the parameters' device (the
+    sharded held-out evaluation needs a whole drafter on each rank)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
     return get_model_state_dict(model, options=opts)
 
 
@@ -282,8 +287,9 @@ def load_full_state(
 def unsharded_copy(drafter: nn.Module, state: dict, target, device: torch.device) -> nn.Module:
     """A plain (unwrapped) drafter holding the full `state`, bound to `target`.
 
-    Rank 0 evaluates and saves this copy: the shared scoring/saving code then runs on
-    ordinary tensors, with no collective inside that the other ranks would have to join.
+    Every rank evaluates its share of the held-out set with such a copy, and rank 0 saves
+    one: the shared scoring/saving code then runs on ordinary tensors, with no collective
+    inside that the other ranks would have to join.
     Built under `fork_rng` so its throw-away random init leaves the training RNG alone.
     """
     with torch.random.fork_rng(devices=[]):

@@ -285,21 +285,24 @@ class _RunIO:
         return self.run_dir / "final"
 
     def evaluate(self, step: int) -> float | None:
-        """Held-out MAL on rank 0, broadcast; a new best is saved to `best/`."""
+        """Held-out MAL, every rank scoring its share in the training dtype (collective);
+        rank 0 logs it and a new best is saved to `best/`."""
         if self.eval_data is None:
             return None
-        ctx, drafter, target = self.ctx, self.drafter, self.target
-        full = full_model_state(drafter) if self.sharded else None
-        mal = None
+        ctx, drafter, target, data = self.ctx, self.drafter, self.target, self.eval_data
+        model = drafter
+        if self.sharded:  # FSDP2: each rank scores with a whole (unsharded) copy
+            full = full_model_state(drafter, every_rank=True)
+            model = unsharded_copy(drafter, full, target, ctx.device)
+            del full
+        amp = amp_dtype(self.cfg, ctx.device)
+        mal = evaluate_mal(model, target, data.rollouts, data.settings, ctx=ctx, amp_dtype=amp)
+        del model
         if ctx.is_main:
-            model = unsharded_copy(drafter, full, target, ctx.device) if self.sharded else drafter
-            mal = evaluate_mal(model, target, self.eval_data.rollouts, self.eval_data.settings)
-            del model, full
             self.logger.log(
-                step, {"eval_mal": mal, "eval_rollouts": len(self.eval_data.rollouts)}, event="eval"
+                step, {"eval_mal": mal, "eval_rollouts": len(data.rollouts)}, event="eval"
             )
-        barrier(ctx)
-        mal = broadcast_object(mal, ctx)
+        mal = broadcast_object(mal, ctx)  # every rank computed it; rank 0's value is the record
         progress = self.progress
         if progress.best_mal is None or mal > progress.best_mal:
             progress.best_mal, progress.best_step = mal, step
