@@ -55,6 +55,9 @@ class DemoSettings:
     online_prompts: int = 8
     online_max_new_tokens: int = 64
     seed: int = 0
+    # every stage's models (blockdraft.devices): auto = the GPU in bf16 if any, else CPU fp32
+    device: str = "auto"
+    dtype: str = "auto"
     extra_overrides: list[str] = field(default_factory=list)
 
 
@@ -139,6 +142,8 @@ def _train_config(
         f"seed={s.seed}",
         f"num_anchors={s.num_anchors}",
         f"target.name={s.target}",
+        f"device={s.device}",
+        f"target.dtype={s.dtype}",
         f"data.train_rollouts={rollouts['train']}",
         f"data.eval_rollouts={rollouts['eval']}",
         f"drafter.num_layers={s.drafter_layers}",
@@ -220,8 +225,14 @@ def _stage_key(directory: Path) -> str | None:
     return json.loads(marker.read_text()).get("key") if marker.exists() else None
 
 
+def _drafter_dtype(s: DemoSettings, target: Any) -> Any:
+    from blockdraft.devices import drafter_dtype
+
+    return drafter_dtype(s.dtype, target.device)
+
+
 def evaluate_offline(
-    target: Any, finals: dict[str, Path], rollouts: dict[str, Path], out: Path
+    target: Any, s: DemoSettings, finals: dict[str, Path], rollouts: dict[str, Path], out: Path
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Exact offline MAL/AR_k of each drafter and the paired comparisons, on eval rollouts."""
     from blockdraft.evaluation.runs import compare, evaluate
@@ -230,16 +241,17 @@ def evaluate_offline(
     _log("offline evaluation on held-out rollouts")
     cache = out / "scores"
     paths = [finals[n] for n in names]
-    result = evaluate(target, paths, [rollouts["eval"]], cache_dir=cache)
+    cast = _drafter_dtype(s, target)
+    result = evaluate(target, paths, [rollouts["eval"]], cache_dir=cache, drafter_dtype=cast)
     bench_name = f"held-out {eval_prompt_spec(rollouts)}"
     result["benchmarks"][0]["name"] = bench_name
     for d, name in zip(result["benchmarks"][0]["drafters"], names, strict=True):
         d["name"] = name
     comparisons = []
     for a, b in COMPARISONS:
-        rows = compare(
-            target, [finals[a], finals[b]], [rollouts["eval"]], cache_dir=cache, progress=False
-        )
+        pair = [finals[a], finals[b]]
+        kw = {"cache_dir": cache, "progress": False, "drafter_dtype": cast}
+        rows = compare(target, pair, [rollouts["eval"]], **kw)
         for row in rows:
             row["a"], row["b"], row["benchmark"] = a, b, bench_name
         comparisons.extend(rows)
@@ -262,8 +274,7 @@ def evaluate_online(
     """Real speculative decoding of held-out prompts: tau, speedup vs autoregressive."""
     from blockdraft.data.rollout_store import RolloutSet
     from blockdraft.evaluation.online import decode
-    from blockdraft.models.checkpoint import load_drafter
-    from blockdraft.models.ngram import parse_drafter_spec
+    from blockdraft.models.drafter_spec import load_drafter_spec
 
     rs = RolloutSet.open(rollouts["eval"])
     prompts = [rs[i].prompt_ids.tolist() for i in range(min(s.online_prompts, len(rs)))]
@@ -272,7 +283,7 @@ def evaluate_online(
     online = {}
     for name, path in finals.items():
         _log(f"online decoding with {name} ({len(prompts)} prompts)")
-        drafter = parse_drafter_spec(path) or load_drafter(path, target).eval()
+        drafter, _ = load_drafter_spec(path, target, dtype=_drafter_dtype(s, target))
         res = decode(
             target,
             drafter,
@@ -342,25 +353,38 @@ def build_report_json(
     }
 
 
+def _settings_key(s: DemoSettings, out: Path) -> dict[str, Any]:
+    """The settings a stage key hashes: `device`/`dtype` only when not `auto`, so demo
+    directories made before they existed keep their cached stages."""
+    d = {**asdict(s), "out": str(out)}
+    for name in ("device", "dtype"):
+        if d[name] == "auto":
+            del d[name]
+    return d
+
+
 def run_demo(s: DemoSettings) -> dict[str, Any]:
     """Run (or resume) every stage; write report.md, PNGs and report.json; return the JSON."""
+    from blockdraft.devices import resolve_flags
     from blockdraft.evaluation.runs import write_json
     from blockdraft.models.registry import load_target
     from blockdraft.report import terminal_summary, write_report
 
     out = Path(s.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    _log(f"target {s.target!r} (built and cached on first use)")
-    target = load_target(s.target)
+    device, dtype = resolve_flags(s.device, s.dtype)
+    where = f"{device}, {str(dtype).removeprefix('torch.')}"
+    _log(f"target {s.target!r} on {where} (built and cached on first use)")
+    target = load_target(s.target, device=device, dtype=dtype)
     rollouts = make_rollouts(target, s, out)
     trained = train_drafters(target, s, out, rollouts)
     finals: dict[str, Any] = {BASELINE: baseline_spec(s), **trained}
-    offline, comparisons = evaluate_offline(target, finals, rollouts, out)
+    offline, comparisons = evaluate_offline(target, s, finals, rollouts, out)
     online_stage = Stage(
         out / "online",
         {
             "drafters": {n: _stage_key(p.parent) for n, p in trained.items()},
-            "settings": fingerprint(_portable({**asdict(s), "out": str(out)}, out)),
+            "settings": fingerprint(_portable(_settings_key(s, out), out)),
         },
     )
     if online_stage.is_done():

@@ -71,13 +71,18 @@ def add_device_args(p: argparse.ArgumentParser, what: str = "the target and the 
 
 
 def device_and_dtype(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
-    """The parsed `--device` / `--dtype`; a bad device is a one-line error naming the flag."""
+    """The parsed `--device` / `--dtype`; a bad value is a one-line error naming the flag."""
+    return resolve_flags(str(args.device), str(args.dtype))
+
+
+def resolve_flags(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """`--device` / `--dtype` values (also the demo's settings) -> (device, dtype)."""
     try:
-        device = resolve_device(str(args.device), int(os.environ.get("LOCAL_RANK", "0")))
+        resolved = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))
     except (RuntimeError, ValueError) as exc:
-        raise UserError(f"--device {args.device!r}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"--device {device!r}: {str(exc).splitlines()[0]}") from None
     try:
-        return device, resolve_dtype(args.dtype, device)
+        return resolved, resolve_dtype(dtype, resolved)
     except ValueError as exc:
         raise UserError(f"--dtype: {exc}") from None
 

@@ -59,7 +59,7 @@ def _mal(out_json) -> float:
     return json.loads(out_json.read_text())["benchmarks"][0]["drafters"][0]["mal"]
 
 
-@pytest.mark.parametrize("stage", ["eval", "compare", "decode"])
+@pytest.mark.parametrize("stage", ["eval", "compare", "decode", "demo"])
 def test_every_model_stage_has_device_and_dtype(stage, capsys) -> None:
     with pytest.raises(SystemExit):
         run_cli(capsys, stage, "--help")
@@ -137,3 +137,26 @@ def test_resolution_rules() -> None:
     assert drafter_dtype("float32", cpu) == torch.float32
     with pytest.raises(ValueError, match="float8"):
         resolve_dtype("float8", cpu)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--device", "bogus"), ("--dtype", "float8")])
+def test_demo_refuses_bad_values_before_loading_anything(flag, value, tmp_path, capsys) -> None:
+    code, _, err = run_cli(
+        capsys, "demo", "--out", tmp_path / "d", "--target", "missing", flag, value
+    )
+    assert code == 2
+    assert one_line_error(err).startswith(f"error: {flag}")
+
+
+def test_demo_stage_keys_ignore_auto_devices(tmp_path) -> None:
+    """Demo directories made before `--device`/`--dtype` existed keep their stages."""
+    from blockdraft.demo import DemoSettings, _settings_key, _train_config
+
+    rollouts = {"train": tmp_path / "t", "eval": tmp_path / "e"}
+    key = _settings_key(DemoSettings(), tmp_path)
+    assert "device" not in key and "dtype" not in key
+    assert _settings_key(DemoSettings(dtype="bfloat16"), tmp_path)["dtype"] == "bfloat16"
+    default = _train_config(DemoSettings(), tmp_path, rollouts, [], None).to_dict()
+    assert default["device"] == "auto" and default["target"]["dtype"] == "auto"
+    cfg = _train_config(DemoSettings(device="cpu", dtype="bfloat16"), tmp_path, rollouts, [], None)
+    assert cfg.device == "cpu" and cfg.target.dtype == "bfloat16"

@@ -13,29 +13,39 @@ _HELP = {
     "out": "output directory (stages are cached here and reused on the next run)",
     "temperature": "sampling temperature of rollouts and decoding (0 = greedy)",
     "block_size": "drafter block size (anchor + K proposals)",
+    "device": "device of every model: auto (the GPU if there is one, else cpu), cpu, cuda, cuda:N",
+    "dtype": "dtype of the target and the drafters: auto (bfloat16 on GPU, float32 on CPU), "
+    "float32, bfloat16, float16",
 }
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="run the whole pipeline and compare objectives",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "demo", help="run the whole pipeline and compare objectives", description=__doc__
+    )
     defaults = DemoSettings()
     for f in fields(DemoSettings):
         if f.name == "extra_overrides":
             continue
         flag = "--" + f.name.replace("_", "-")
         value = getattr(defaults, f.name)
-        p.add_argument(flag, type=type(value), default=value,
-                       help=_HELP.get(f.name, f"(default: {value})"))
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="extra dotted training-config overrides for every drafter")
+        p.add_argument(
+            flag, type=type(value), default=value, help=_HELP.get(f.name, f"(default: {value})")
+        )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="extra dotted training-config overrides for every drafter",
+    )
     add_threads_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
-    values = {f.name: getattr(args, f.name) for f in fields(DemoSettings)
-              if f.name != "extra_overrides"}
+    values = {
+        f.name: getattr(args, f.name) for f in fields(DemoSettings) if f.name != "extra_overrides"
+    }
     run_demo(DemoSettings(**values, extra_overrides=list(args.overrides)))
     return 0
