@@ -1,7 +1,7 @@
 """Decoding side by side in one run: HF generate, HF prompt lookup, and blockdraft's loops.
 
     python bench/decode.py --target gemma-3-270m --temperature 0 1
-    python bench/decode.py --target tiny --drafter runs/dpace/final
+    python bench/decode.py --target tiny --drafter runs/dpace/final hybrid:runs/dpace
     python bench/decode.py --target gemma-shaped --drafter untrained --draft-vocab 32768
 
 Rows, on the same target, prompts and thread count, timed round-robin per prompt (every
@@ -39,6 +39,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,20 +83,25 @@ def load(args: argparse.Namespace) -> tuple[Any, list[list[int]]]:
     return target, prompts
 
 
-def load_drafter(args: argparse.Namespace, target: Any) -> Any:
-    if not args.drafter:
-        return None
-    if args.drafter == "untrained":
+def load_drafter(spec: str, args: argparse.Namespace, target: Any) -> tuple[str, Any]:
+    """(row name, drafter) for one `--drafter` value: `untrained`, a checkpoint / run
+    directory, or any spec `blockdraft decode` takes (e.g. `hybrid:RUN`)."""
+    if spec == "untrained":
         from blockdraft.models.drafter import BlockDrafter, DrafterConfig
 
         torch.manual_seed(0)
         cfg = DrafterConfig.for_target(
             target, num_layers=1, block_size=args.k + 1, draft_vocab_size=args.draft_vocab
         )
-        return BlockDrafter(cfg).bind_target(target).eval()
-    from blockdraft.models.checkpoint import load_drafter as load_ckpt
+        return "spec untrained", BlockDrafter(cfg).bind_target(target).eval()
+    from blockdraft.models.drafter_spec import display_name, load_drafter_spec
 
-    return load_ckpt(args.drafter, target, adopt_layer_ids=True).eval()
+    drafter, _ = load_drafter_spec(spec, target)
+    name = display_name(spec)
+    if name is None:
+        path = Path(spec).resolve()
+        name = path.parent.name if path.name in ("final", "best") else path.name
+    return f"spec {name}", drafter
 
 
 class ForwardCounter:
@@ -247,13 +253,13 @@ def bench_temperature(
 def print_rows(temp: float, rows: list[dict[str, Any]]) -> None:
     ar_ms = next((r["ar_step_ms"] for r in rows if r["name"] == "AR loop"), float("nan"))
     print(f"\nT = {temp:g}   (AR step = {ar_ms:.2f} ms: one AR-loop forward + token choice)")
-    head = f"{'method':<22}{'=HF':>5}{'tau':>6}{'tok/fwd':>8}{'tok/s':>9}{'vs HF':>7}{'median':>8}"
+    head = f"{'method':<28}{'=HF':>5}{'tau':>6}{'tok/fwd':>8}{'tok/s':>9}{'vs HF':>7}{'median':>8}"
     print(head + "   per round ms: draft / target / verify / other = total (AR steps)")
     for r in rows:
         tau = f"{r['tau']:.2f}" if r["tau"] else "-"
         same = r["same_as_hf"] if temp == 0 else "-"
         per_fwd = r["tokens"] / max(r["forwards"], 1)
-        line = f"{r['name']:<22}{same:>5}{tau:>6}{per_fwd:>8.2f}{r['tok_s']:>9.1f}"
+        line = f"{r['name']:<28}{same:>5}{tau:>6}{per_fwd:>8.2f}{r['tok_s']:>9.1f}"
         line += f"{r['speedup']:>6.2f}x"
         line += f"{r['median_ratio']:>7.2f}x"
         if "round_ms" in r:
@@ -270,7 +276,11 @@ def main() -> None:
     ap.add_argument(
         "--target", default="tiny", help="tiny | gemma-3-270m | gemma-shaped | random | HF path"
     )
-    ap.add_argument("--drafter", default=None, help="checkpoint dir, or `untrained` (timing only)")
+    ap.add_argument(
+        "--drafter", nargs="*", default=[],
+        help="drafters to time (one row each): checkpoint/run dirs, `hybrid:RUN`, or "
+        "`untrained` (random weights, timing only)",
+    )  # fmt: skip
     ap.add_argument("--draft-vocab", type=int, default=None, help="reduced vocab of `untrained`")
     ap.add_argument(
         "--k", type=int, default=7, help="proposals per round (ngram, HF lookup, untrained)"
@@ -291,9 +301,9 @@ def main() -> None:
 
     target, prompts = load(args)
     drafters: dict[str, Any] = {"spec ngram": NgramDrafter(args.k, max_ngram=2, match="first")}
-    drafter = load_drafter(args, target)
-    if drafter is not None:
-        drafters[f"spec {'untrained' if args.drafter == 'untrained' else 'drafter'}"] = drafter
+    for spec in args.drafter:
+        name, drafter = load_drafter(spec, args, target)
+        drafters[name] = drafter
     params = sum(p.numel() for p in target.model.parameters()) / 1e6
     lens = [len(p) for p in prompts]
     print(
@@ -301,10 +311,11 @@ def main() -> None:
         f"{len(prompts)} prompts of {min(lens)}-{max(lens)} tokens x {args.max_new_tokens} new, "
         f"K={args.k}, {args.threads} thread(s), torch {torch.__version__}"
     )
-    if drafter is not None:
-        dp = sum(p.numel() for p in drafter.parameters()) / 1e6
-        vocab = drafter.config.draft_vocab_size or target.vocab_size
-        print(f"drafter {args.drafter}: {dp:.1f}M params (+ shared head over {vocab} tokens)")
+    for name, drafter in list(drafters.items())[1:]:
+        inner = getattr(drafter, "drafter", drafter)  # a hybrid's trained part
+        dp = sum(p.numel() for p in inner.parameters()) / 1e6
+        vocab = inner.config.draft_vocab_size or target.vocab_size
+        print(f"{name}: {dp:.1f}M params (+ shared head over {vocab} tokens)")
     # warm-up: first calls pay one-off allocation and dispatch costs
     for temp in args.temperature:
         bench_temperature(
