@@ -124,6 +124,66 @@ def test_cpu_estimate_within_20_percent_of_measured_peak(shape):
     assert 0.8 <= ratio <= 1.2, (ratio, plan.parts, measured)
 
 
+def _measured_sampled_e2e_peak(*, hidden, drafter_layers, block, batch, seq, anchors):
+    """`_measured_peak` for a sampled E2E step: target logits, full drafter logits, target
+    probabilities and the row-chunked overlap (objective_step.block_micro_step's path)."""
+    from blockdraft.data.generation import SamplingSettings
+    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+    from blockdraft.models.testing import make_random_target
+    from blockdraft.objectives.e2e import e2e_from_overlap, overlap_with_logits
+    from blockdraft.training.draft_forward import DraftForward
+    from blockdraft.training.objective_step import label_positions, target_probs_for
+
+    settings = SamplingSettings(temperature=0.8)
+    gen = torch.Generator().manual_seed(0)
+    with LiveBytes() as m:
+        target = make_random_target(hidden_size=hidden, num_layers=6, num_heads=4, num_kv_heads=2)
+        drafter = BlockDrafter(
+            DrafterConfig.for_target(target, num_layers=drafter_layers, block_size=block)
+        ).bind_target(target)
+        fwd = DraftForward(drafter)
+        opt = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
+        ids = torch.randint(0, target.vocab_size, (batch, seq), generator=gen)
+        anc = torch.randperm(seq - block, generator=gen)[:anchors].sort().values.repeat(batch, 1)
+        labels = torch.randint(0, target.vocab_size, (batch, anchors, block - 1), generator=gen)
+        for _ in range(2):
+            with torch.no_grad():
+                tout = target.forward(ids, with_logits=True)
+            _, logq, logits = fwd(tout.features, ids, anc, labels, labels, True)
+            p = target_probs_for(tout.logits, label_positions(anc, block - 1, seq), settings)
+            alpha = overlap_with_logits(p, logits, temperature=0.8)
+            del p
+            e2e_from_overlap(alpha.reshape(-1, block - 1)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del tout, logq, logits, alpha
+    return m.peak, target.model.config
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(hidden=128, drafter_layers=2, block=8, batch=2, seq=256, anchors=32),
+        dict(hidden=64, drafter_layers=1, block=16, batch=1, seq=384, anchors=24),
+    ],
+)
+def test_sampled_e2e_estimate_within_20_percent_of_measured_peak(shape):
+    measured, hf = _measured_sampled_e2e_peak(**shape)
+    cfg = _cfg(
+        **{
+            "objective.name": "e2e",
+            "optim.batch_size": shape["batch"],
+            "data.max_seq_len": shape["seq"],
+            "num_anchors": shape["anchors"],
+            "drafter.num_layers": shape["drafter_layers"],
+            "drafter.block_size": shape["block"],
+        }
+    )
+    plan = plan_memory(cfg, 1, "cpu", hf_config=hf)
+    ratio = plan.peak / measured
+    assert 0.8 <= ratio <= 1.2, (ratio, plan.parts, measured)
+
+
 def _qwen3_8b():
     from transformers import Qwen3Config
 
@@ -189,3 +249,25 @@ def test_cli_plan_tiny_without_weights(capsys, monkeypatch):
     args = parser.parse_args(["train", "--config", TINY_YAML, "--plan", "--nproc", "3"])
     assert run(args) == 2
     assert "optim.batch_size=16 must be divisible" in capsys.readouterr().err
+
+
+def test_sampled_e2e_and_edr_count_vocabulary_tensors():
+    """Sampled E2E/EDR keep target logits, [rows, V] drafter logits (+ gradient) and target
+    probabilities (objectives/row_chunks.py keeps the rest to ~64 MB chunks); greedy
+    rollouts need none of it."""
+    from blockdraft.objectives.cross_entropy import default_chunk_rows
+
+    hf = _qwen3_8b()
+    base = plan_memory(_dflash_recipe(8), 8, "cuda", hf_config=hf)
+    V, rows = 151936, 512 * 15
+    chunks = 2 * min(rows, default_chunk_rows(V)) * V * 4
+    for name in ("e2e", "edr"):
+        plan = plan_memory(_dflash_recipe(8, **{"objective.name": name}), 8, "cuda", hf)
+        logits = 3072 * V * 2  # target logits, bf16
+        assert plan.parts["cross_entropy"] == rows * V * (2 + 2 + 4) + chunks + logits
+        assert plan.parts["target_forward"] > base.parts["target_forward"] + logits - 1
+        assert any("sampled rollouts" in n for n in plan.notes)
+        assert plan.fits(80e9), plan.render(80)
+        greedy = {"objective.name": name, "objective.mode": "greedy"}
+        g = plan_memory(_dflash_recipe(8, **greedy), 8, "cuda", hf)
+        assert g.parts["cross_entropy"] == base.parts["cross_entropy"]

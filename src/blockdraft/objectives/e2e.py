@@ -16,9 +16,8 @@ is the mean over blocks with at least one real proposal.
 from __future__ import annotations
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from blockdraft.objectives.cross_entropy import default_chunk_rows
+from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
 
 
 def _check_pair(p: torch.Tensor, other: torch.Tensor, other_name: str) -> None:
@@ -29,34 +28,29 @@ def _check_pair(p: torch.Tensor, other: torch.Tensor, other_name: str) -> None:
         )
 
 
-def _check_chunk_rows(chunk_rows: int | None, vocab_size: int) -> int:
-    if chunk_rows is None:
-        return default_chunk_rows(vocab_size)
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
-    return chunk_rows
-
-
 def _overlap_of_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.minimum(p, q).sum(-1)
 
 
-def _overlap_of_logits(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    return torch.minimum(p, torch.softmax(logits.to(dtype), dim=-1)).sum(-1)
+class _OverlapOfLogits:
+    """`sum_v min(p, softmax(logits / temperature))` per row (>= float32)."""
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        self.temperature = temperature
+
+    def __call__(self, p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        q = torch.softmax(logits.to(dtype) / self.temperature, dim=-1)
+        return torch.minimum(p, q).sum(-1)
 
 
 def _chunked_rows(fn, p: torch.Tensor, other: torch.Tensor, chunk_rows: int) -> torch.Tensor:
-    """Apply `fn` to row chunks; under autograd each chunk is checkpointed so its
-    `[chunk_rows, V]` intermediates are recomputed in backward instead of stored."""
+    """Apply `fn` to row chunks (`row_chunks.by_row_chunks`: under autograd each chunk is
+    checkpointed, so its `[chunk_rows, V]` intermediates are recomputed in backward)."""
     vocab = p.shape[-1]
-    flat_p, flat_o = p.reshape(-1, vocab), other.reshape(-1, vocab)
-    track = torch.is_grad_enabled() and (flat_p.requires_grad or flat_o.requires_grad)
-    parts = []
-    for start in range(0, flat_p.shape[0], chunk_rows):
-        args = (flat_p[start : start + chunk_rows], flat_o[start : start + chunk_rows])
-        parts.append(checkpoint(fn, *args, use_reentrant=False) if track else fn(*args))
-    out = torch.cat(parts) if parts else flat_p.new_zeros(0)
+    if p.numel() == 0:
+        return p.new_zeros(p.shape[:-1])
+    (out,) = by_row_chunks(fn, [p.reshape(-1, vocab), other.reshape(-1, vocab)], chunk_rows)
     return out.reshape(p.shape[:-1])
 
 
@@ -64,17 +58,23 @@ def overlap(p: torch.Tensor, q: torch.Tensor, chunk_rows: int | None = None) -> 
     """`sum_v min(p(v), q(v))` over the last dim: the acceptance probability of one
     speculative-sampling step (1 - total variation). Both inputs are probabilities."""
     _check_pair(p, q, "q")
-    return _chunked_rows(_overlap_of_probs, p, q, _check_chunk_rows(chunk_rows, p.shape[-1]))
+    return _chunked_rows(_overlap_of_probs, p, q, check_chunk_rows(chunk_rows, p.shape[-1]))
 
 
 def overlap_with_logits(
-    target_probs: torch.Tensor, draft_logits: torch.Tensor, chunk_rows: int | None = None
+    target_probs: torch.Tensor,
+    draft_logits: torch.Tensor,
+    chunk_rows: int | None = None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Like `overlap` with `q = softmax(draft_logits)` computed chunk by chunk (>= float32),
-    so no extra full `[..., V]` softmax is held for the backward pass."""
+    """Like `overlap` with `q = softmax(draft_logits / temperature)` computed chunk by chunk
+    (>= float32), so no extra full `[..., V]` softmax (nor a scaled copy of the logits) is
+    held for the backward pass."""
     _check_pair(target_probs, draft_logits, "draft_logits")
-    chunk = _check_chunk_rows(chunk_rows, target_probs.shape[-1])
-    return _chunked_rows(_overlap_of_logits, target_probs, draft_logits, chunk)
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    chunk = check_chunk_rows(chunk_rows, target_probs.shape[-1])
+    return _chunked_rows(_OverlapOfLogits(temperature), target_probs, draft_logits, chunk)
 
 
 def expected_accepted_fraction(

@@ -35,6 +35,8 @@ from collections.abc import Sequence
 
 import torch
 
+from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
+
 Tensor = torch.Tensor
 MODES = ("sampling", "greedy_hard", "greedy_soft")
 COST_FORMS = ("tv", "realised")
@@ -91,8 +93,13 @@ def acceptance_and_cost(
     target_is_probs: bool = False,
     stop_token_ids: Sequence[int] = (),
     cost_form: str = "tv",
+    chunk_rows: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Acceptance `A` and immediate cost `c` for each proposal (module docstring).
+
+    Computed `chunk_rows` proposals at a time (`row_chunks`: None = ~64 MB of float32 per
+    chunk), so no full `[..., V]` float32 intermediate exists and autograd keeps none;
+    the same values and gradients as one pass.
 
     `temperature` divides the draft logits (the drafter's sampling distribution) and, if
     `target` is given as logits, the target logits too; pass `target_is_probs=True` with
@@ -111,7 +118,6 @@ def acceptance_and_cost(
             f"stop_token_ids {bad} are outside the vocabulary [0, {draft_logits.shape[-1]})"
         )
     dtype = torch.promote_types(draft_logits.dtype, torch.float32)
-    ids = target_ids.long().unsqueeze(-1)
     stop = _stop_mask(target_ids, stop_token_ids)
     zero = torch.zeros((), dtype=dtype, device=draft_logits.device)
 
@@ -119,33 +125,68 @@ def acceptance_and_cost(
         acc = (draft_logits.argmax(-1) == target_ids.long()).to(dtype)
         return acc, torch.where(stop, zero, 1 - acc)
 
-    logq = torch.log_softmax(draft_logits.to(dtype) / temperature, dim=-1)
-    logq_x = logq.gather(-1, ids).squeeze(-1)
+    vocab = draft_logits.shape[-1]
+    keep = None
+    if stop_token_ids and mode == "sampling" and cost_form == "tv":
+        keep = torch.ones(vocab, dtype=torch.bool, device=draft_logits.device)
+        keep[torch.as_tensor(stop_token_ids, dtype=torch.long, device=keep.device)] = False
+    rows_fn = _RowsFn(mode, dtype, temperature, target_is_probs, cost_form, keep)
+    flat_target = target.reshape(-1, vocab) if mode == "sampling" and target is not None else None
+    outs = by_row_chunks(
+        rows_fn,
+        [draft_logits.reshape(-1, vocab), flat_target, target_ids.reshape(-1).long()],
+        check_chunk_rows(chunk_rows, vocab),
+    )
+    outs = tuple(o.reshape(target_ids.shape) for o in outs)
     if mode == "greedy_soft":
-        return greedy_soft_from_logprobs(logq_x, target_ids, stop_token_ids)
-
-    assert target is not None
-    if target_is_probs:
-        p = target.to(dtype)
-        logp_x = p.gather(-1, ids).squeeze(-1).clamp_min(torch.finfo(dtype).tiny).log()
-    else:
-        logp = torch.log_softmax(target.to(dtype) / temperature, dim=-1)
-        p = logp.exp()
-        logp_x = logp.gather(-1, ids).squeeze(-1)
-    # min(1, q/p) in log space; p(x) = 0 cannot happen for a token sampled from p.
-    acc = torch.exp(torch.clamp(logq_x - logp_x, max=0.0))
+        return greedy_soft_from_logprobs(outs[0], target_ids, stop_token_ids)
+    acc = outs[0]
     if cost_form == "realised":
         return acc, torch.where(stop, zero, 1 - acc)
+    return acc, torch.where(stop, zero, outs[1].clamp(max=1.0))
 
-    q = logq.exp()
-    gap = (p - q).clamp_min(0)
-    mass = p
-    if stop_token_ids:
-        keep = torch.ones(p.shape[-1], dtype=torch.bool, device=p.device)
-        keep[torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=p.device)] = False
-        gap, mass = gap * keep, p * keep
-    cost = gap.sum(-1) / mass.sum(-1).clamp_min(torch.finfo(dtype).tiny)
-    return acc, torch.where(stop, zero, cost.clamp(max=1.0))
+
+class _RowsFn:
+    """The per-row maths of `acceptance_and_cost` on `[rows, V]` chunks (`row_chunks`):
+    greedy_soft -> `log q(x)`; sampling -> `A` (and the TV cost unless realised)."""
+
+    def __init__(
+        self,
+        mode: str,
+        dtype: torch.dtype,
+        temperature: float,
+        target_is_probs: bool,
+        cost_form: str,
+        keep: Tensor | None,
+    ) -> None:
+        self.mode, self.dtype, self.temperature = mode, dtype, temperature
+        self.target_is_probs, self.cost_form, self.keep = target_is_probs, cost_form, keep
+
+    def __call__(
+        self, logits: Tensor, target: Tensor | None, ids: Tensor
+    ) -> Tensor | tuple[Tensor, ...]:
+        dtype, idx = self.dtype, ids.unsqueeze(-1)
+        logq = torch.log_softmax(logits.to(dtype) / self.temperature, dim=-1)
+        logq_x = logq.gather(-1, idx).squeeze(-1)
+        if self.mode == "greedy_soft":
+            return logq_x
+        assert target is not None
+        if self.target_is_probs:
+            p = target.to(dtype)
+            logp_x = p.gather(-1, idx).squeeze(-1).clamp_min(torch.finfo(dtype).tiny).log()
+        else:
+            logp = torch.log_softmax(target.to(dtype) / self.temperature, dim=-1)
+            p = logp.exp()
+            logp_x = logp.gather(-1, idx).squeeze(-1)
+        # min(1, q/p) in log space; p(x) = 0 cannot happen for a token sampled from p.
+        acc = torch.exp(torch.clamp(logq_x - logp_x, max=0.0))
+        if self.cost_form == "realised":
+            return (acc,)
+        gap = (p - logq.exp()).clamp_min(0)
+        mass = p
+        if self.keep is not None:
+            gap, mass = gap * self.keep, p * self.keep
+        return acc, gap.sum(-1) / mass.sum(-1).clamp_min(torch.finfo(dtype).tiny)
 
 
 def greedy_soft_from_logprobs(

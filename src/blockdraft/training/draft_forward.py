@@ -64,12 +64,31 @@ class DraftForward(nn.Module):
         hidden = self.drafter.forward_blocks(features, input_ids, anchors)
         if full_logits or not _is_plain_parallel(self.drafter):
             logits = self.drafter.compute_logits(hidden, prev)
-            logq = token_logprobs(logits, labels)
+            logq = chunked_token_logprobs(logits, labels, self.chunk_rows)
             return hidden, logq, logits if full_logits else None
         draft_labels, _ = map_to_draft_vocab(self.drafter, labels)
         weight = self.drafter.head_weight
         logq = target_logprobs(hidden.to(weight.dtype), weight, draft_labels, self.chunk_rows)
         return hidden, logq, None
+
+
+def chunked_token_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int | None = None
+) -> torch.Tensor:
+    """`token_logprobs` a bounded number of rows at a time (`objectives.row_chunks`): the
+    fused cross-entropy keeps its `[rows, V]` float32 log-softmax for backward, a second
+    full-vocabulary tensor next to the logits (4.3 GiB at DFlash's recipe on Qwen3)."""
+    from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
+
+    vocab = logits.shape[-1]
+    if logits.numel() == 0:
+        return token_logprobs(logits, labels)
+    (out,) = by_row_chunks(
+        token_logprobs,
+        [logits.reshape(-1, vocab), labels.reshape(-1)],
+        check_chunk_rows(chunk_rows, vocab),
+    )
+    return out.reshape(labels.shape)
 
 
 def _is_plain_parallel(drafter: nn.Module) -> bool:
@@ -103,11 +122,28 @@ def target_sampling_probs(logits: torch.Tensor, positions: torch.Tensor, setting
 
     The token at index i is predicted by the target's logits at i - 1, processed exactly as
     the rollouts were sampled (temperature, top-k, top-p) so E2E/EDR compare the drafter
-    with the distribution the data came from. Returns `[B,A,K,V]` float32.
+    with the distribution the data came from. Returns `[B,A,K,V]` float32, the only full
+    vocabulary-sized tensor made: rows are processed `default_chunk_rows` at a time.
     """
     from blockdraft.data.rollouts import sampling_logprobs
 
-    b = logits.shape[0]
+    return gathered_rows(logits, positions, lambda rows: sampling_logprobs(rows, settings).exp())
+
+
+@torch.no_grad()
+def gathered_rows(logits: torch.Tensor, positions: torch.Tensor, fn) -> torch.Tensor:
+    """`fn(logits[b, positions - 1])` `[B,A,K,V]` float32, a bounded number of rows at a time.
+
+    Why: gathering all rows first and then processing them makes a copy of the rows in
+    the target's dtype plus one float32 tensor per step of `fn`, each `[B*A*K, V]`."""
+    from blockdraft.objectives.cross_entropy import default_chunk_rows
+
+    b, vocab = logits.shape[0], logits.shape[-1]
     src = (positions - 1).clamp_min(0).reshape(b, -1)
-    picked = logits.gather(1, src.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    return sampling_logprobs(picked, settings).exp().reshape(*positions.shape, logits.shape[-1])
+    out = torch.empty((b, src.shape[1], vocab), dtype=torch.float32, device=logits.device)
+    step = default_chunk_rows(vocab)
+    for i in range(b):
+        for lo in range(0, src.shape[1], step):
+            idx = src[i, lo : lo + step]
+            out[i, lo : lo + step] = fn(logits[i].index_select(0, idx))
+    return out.reshape(*positions.shape, vocab)

@@ -21,8 +21,14 @@ from torch import nn
 
 from blockdraft.data.anchors import block_labels, sample_anchors
 from blockdraft.objectives.dpace import dpace_weights
+from blockdraft.objectives.e2e import overlap_with_logits
 from blockdraft.training.batching import Batch, anchor_generator
-from blockdraft.training.draft_forward import map_to_draft_vocab, slot_argmax, target_sampling_probs
+from blockdraft.training.draft_forward import (
+    gathered_rows,
+    map_to_draft_vocab,
+    slot_argmax,
+    target_sampling_probs,
+)
 
 
 @dataclass
@@ -118,14 +124,16 @@ def label_positions(anchors: torch.Tensor, k: int, seq_len: int) -> torch.Tensor
 
 
 def target_probs_for(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
-    """The target distribution each label was drawn from (one-hot argmax when greedy)."""
+    """The target distribution each label was drawn from (one-hot argmax when greedy),
+    `[B,A,K,V]` float32, built a bounded number of rows at a time (`gathered_rows`)."""
     if settings.greedy:
-        b = logits.shape[0]
-        src = (positions - 1).clamp_min(0).reshape(b, -1)
-        arg = logits.gather(1, src.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).argmax(-1)
-        onehot = torch.nn.functional.one_hot(arg, logits.shape[-1]).to(torch.float32)
-        return onehot.reshape(*positions.shape, logits.shape[-1])
+        return gathered_rows(logits, positions, _one_hot_argmax)
     return target_sampling_probs(logits, positions, settings)
+
+
+def _one_hot_argmax(rows: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(rows.shape, dtype=torch.float32, device=rows.device)
+    return out.scatter_(-1, rows.argmax(-1, keepdim=True), 1.0)
 
 
 def block_stats(
@@ -202,12 +210,14 @@ def block_micro_step(
         kwargs = {"overlap": torch.where(in_vocab, logq.exp(), torch.zeros_like(logq))[valid]}
     if need_full:
         positions = label_positions(anchors, k, batch.input_ids.shape[1])
-        # q at the rollout temperature: the distribution the decoder draws proposals from
+        # q at the rollout temperature: the distribution the decoder draws proposals from.
+        # The overlap is computed over row chunks on the full tensors and only then
+        # indexed: `logits[valid] / temp` would copy the [.., K, V] logits twice.
         temp = settings.temperature if settings.temperature > 0 else 1.0
-        kwargs = {
-            "draft_logits": logits[valid] / temp,
-            "target_probs": target_probs_for(tout.logits, positions, settings)[valid],
-        }
+        p = target_probs_for(tout.logits, positions, settings)
+        chunk = getattr(objective, "params", {}).get("chunk_rows")
+        kwargs = {"overlap": overlap_with_logits(p, logits, chunk, temperature=temp)[valid]}
+        del p
     out = objective.loss(logq[valid], train_mask[valid], **kwargs)
     if objective.needs_target_distribution:  # E2E: mean over blocks with a real proposal
         denom = float(train_mask[valid].any(-1).sum())

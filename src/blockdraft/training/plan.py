@@ -19,7 +19,8 @@ sequences of `max_seq_len` tokens (the worst case; shorter rollouts need less):
   keys/values per layer, block queries/keys/values, norms, MLP), the attention's own
   memory on the path the device takes (`flex` on CUDA: q/k/v/out and the BlockMask,
   scores never exist; `tiled` on CPU: per-tile keys/values and additive masks), and the
-  cross-entropy's kept probabilities or per-chunk logits.
+  cross-entropy's kept probabilities or per-chunk logits; for sampled E2E/EDR the
+  target's logits and the vocabulary-sized tensors of `_sampled_distribution_bytes`.
 
 Peak = persistent (weights, grads, optimizer) + max(target forward, drafter step).
 Not counted: the allocator's fragmentation and cache (on CUDA leave ~10% headroom), CUDA
@@ -76,7 +77,7 @@ class MemoryPlan:
             "target_forward": "target forward activations (no grad)",
             "drafter_activations": "  drafter activations (kept for backward)",
             "drafter_attention": "  drafter attention",
-            "cross_entropy": "  cross-entropy buffers",
+            "cross_entropy": "  vocabulary buffers (CE / E2E / EDR)",
             "drafter_step": "drafter step (forward+backward)",
         }
         lines = [
@@ -224,10 +225,15 @@ def plan_memory(
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     # Target.forward(with_logits=False) keeps only the feature layers' outputs and stops
     # after the highest one; with the last layer among them it keeps all N+1 states.
+    # Sampled E2E/EDR need the target's logits: the full forward keeps all N+1 states.
+    sampled = cfg.objective.name in ("e2e", "edr") and cfg.objective.mode != "greedy"
     last_used = max(s.layer_ids) >= s.layers - 1
-    kept_states = s.layers + 1 if last_used else len(set(s.layer_ids))
+    kept_states = s.layers + 1 if last_used or sampled else len(set(s.layer_ids))
     layer_transient = rows_t * (3 * I + 2 * q + 2 * kv + 2 * H)
-    plan.parts["target_forward"] = tb * (kept_states * rows_t * H + rows_t * F + layer_transient)
+    target_logits = rows_t * s.vocab * tb if sampled else 0
+    plan.parts["target_forward"] = (
+        tb * (kept_states * rows_t * H + rows_t * F + layer_transient) + target_logits
+    )
 
     # --- drafter step ----------------------------------------------------------------------
     Kb = cfg.drafter.block_size
@@ -253,7 +259,14 @@ def plan_memory(
     plan.parts["drafter_attention"] = _attention_bytes(dev, b, T, A, Kb, s, n_layers, ab)
     rows_ce = b * A * (Kb - 1)
     cb = 4 if tb == 4 else tb
-    if rows_ce * s.vocab * cb <= MAX_KEPT_PROBS_BYTES:
+    if sampled:  # objectives/row_chunks.py: full drafter logits + target probabilities
+        ce = _sampled_distribution_bytes(cfg, s.vocab, b, T, Kb, ab) + target_logits
+        plan.notes.append(
+            f"objective {cfg.objective.name}: counted for sampled rollouts (target logits, "
+            "[blocks, K, V] drafter logits, their gradient and target probabilities); "
+            "greedy rollouts need none of it (objective.mode=greedy)"
+        )
+    elif rows_ce * s.vocab * cb <= MAX_KEPT_PROBS_BYTES:
         ce = rows_ce * s.vocab * cb
     else:  # logits of one chunk + its softmax, recomputed in backward
         ce = 2 * default_chunk_rows(s.vocab) * s.vocab * 4
@@ -272,12 +285,22 @@ def plan_memory(
         + ce
         + grad_transient
     )
-    if cfg.objective.name in ("e2e", "edr"):
-        plan.notes.append(
-            f"objective {cfg.objective.name}: sampled rollouts also keep target logits "
-            "and [blocks, K, V] distributions (not counted)"
-        )
     return plan
+
+
+def _sampled_distribution_bytes(cfg: Any, vocab: int, b: int, T: int, Kb: int, ab: int) -> int:
+    """Vocabulary-sized memory of a sampled E2E/EDR step (`objective_step.py`,
+    `edr_step.py`, `objectives/row_chunks.py`): the drafter's `[rows, V]` logits (the
+    activation dtype) and the gradient autograd accumulates for them in backward, the
+    target's processed probabilities (fp32), and two per-chunk float32 temporaries
+    (`default_chunk_rows`: ~64 MB each; at most a few live at once, in the forward, the
+    recompute and the `gathered_rows` build). EDR's gradient pass has up to
+    `objective.max_anchors` round starts per rollout (its no-grad scoring pass, chunked
+    the same, runs before it)."""
+    anchors = cfg.num_anchors if cfg.objective.name == "e2e" else min(cfg.objective.max_anchors, T)
+    rows = b * anchors * (Kb - 1)
+    chunk = min(rows, default_chunk_rows(vocab)) * vocab * 4
+    return rows * vocab * (2 * ab + 4) + 2 * chunk
 
 
 def _attention_bytes(

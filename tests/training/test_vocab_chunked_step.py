@@ -1,0 +1,68 @@
+"""Sampled E2E and EDR micro-steps give the same loss and gradients whatever the row
+chunk (`objectives.row_chunks`): two vocabulary rows per chunk against one chunk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import blockdraft.objectives.cross_entropy as ce
+from blockdraft.data.rollout_store import Rollout
+from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+from blockdraft.models.testing import make_random_target
+from blockdraft.objectives.registry import make_objective
+from blockdraft.training import edr_step
+from blockdraft.training.batching import collate
+from blockdraft.training.draft_forward import DraftForward
+from blockdraft.training.objective_step import block_micro_step
+
+
+class _Settings:
+    temperature, top_p, top_k, greedy = 0.8, 0.95, 0, False
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    target = make_random_target("qwen3", hidden_size=32, num_layers=2, num_heads=2)
+    drafter = BlockDrafter(DrafterConfig.for_target(target, num_layers=1, block_size=4))
+    drafter.bind_target(target)
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for i, n in enumerate([14, 9]):
+        prompt = torch.randint(3, target.vocab_size, (5,), generator=gen)
+        resp = torch.randint(3, target.vocab_size, (n,), generator=gen)
+        rows.append(Rollout(f"r{i}", prompt, resp, torch.full((n,), -1.0)))
+    return target, drafter, collate(rows, [0, 1], 0, 4096)
+
+
+def _run(step, drafter) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    drafter.zero_grad(set_to_none=True)
+    out = step()
+    out.numerator.backward()
+    return out.numerator.detach(), [
+        p.grad.clone() for p in drafter.parameters() if p.grad is not None
+    ]
+
+
+@pytest.mark.parametrize("objective", ["e2e", "edr"])
+def test_sampled_step_is_the_same_with_any_row_chunk(setup, objective, monkeypatch) -> None:
+    target, drafter, batch = setup
+    fwd = DraftForward(drafter)
+    obj = make_objective(objective, **({"mode": "sampling"} if objective == "edr" else {}))
+    common = dict(seed=0, step=1, settings=_Settings, want_acc=False, alpha=0.5, variant="full")
+
+    def step():
+        if objective == "e2e":
+            return block_micro_step(fwd, drafter, target, obj, batch, num_anchors=6, **common)
+        return edr_step.edr_micro_step(fwd, drafter, target, obj, batch, mode="sampling", **common)
+
+    results = []
+    for elements in (2 * target.vocab_size, 1 << 40):  # two rows per chunk, one chunk
+        monkeypatch.setattr(ce, "DEFAULT_CHUNK_ELEMENTS", elements)
+        results.append(_run(step, drafter))
+    (loss, grads), (ref_loss, ref_grads) = results
+    assert ref_loss.item() > 0 and grads
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
