@@ -59,7 +59,7 @@ def _mal(out_json) -> float:
     return json.loads(out_json.read_text())["benchmarks"][0]["drafters"][0]["mal"]
 
 
-@pytest.mark.parametrize("stage", ["eval", "compare", "decode", "demo"])
+@pytest.mark.parametrize("stage", ["eval", "compare", "decode", "demo", "rollout", "features"])
 def test_every_model_stage_has_device_and_dtype(stage, capsys) -> None:
     with pytest.raises(SystemExit):
         run_cli(capsys, stage, "--help")
@@ -160,3 +160,13 @@ def test_demo_stage_keys_ignore_auto_devices(tmp_path) -> None:
     assert default["device"] == "auto" and default["target"]["dtype"] == "auto"
     cfg = _train_config(DemoSettings(device="cpu", dtype="bfloat16"), tmp_path, rollouts, [], None)
     assert cfg.device == "cpu" and cfg.target.dtype == "bfloat16"
+
+
+def test_features_device_defaults_to_auto_and_bad_values_are_one_line(tmp_path, capsys) -> None:
+    from blockdraft.cli import build_parser
+
+    args = build_parser().parse_args(["features", "--target", "t", "--rollouts", "r", "--out", "o"])
+    assert (args.device, args.target_dtype) == ("auto", "auto")
+    argv = ["features", "--target", "missing", "--rollouts", tmp_path, "--out", tmp_path / "f"]
+    code, _, err = run_cli(capsys, *argv, "--device", "bogus")
+    assert code == 2 and one_line_error(err).startswith("error: --device 'bogus'")

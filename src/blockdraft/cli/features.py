@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from blockdraft.devices import DTYPES
 from blockdraft.threads import add_threads_arg, apply_threads
 
 
@@ -52,12 +53,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, default=8, help="sequences per target forward")
     p.add_argument("--shard-size", type=int, default=32, help="rollouts per shard file")
-    p.add_argument("--device", default="cpu", help="device of the target (default cpu)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="device of the target: auto (this rank's GPU if there is one, else cpu), cpu, "
+        "cuda, cuda:N",
+    )
     p.add_argument(
         "--target-dtype",
-        default="float32",
-        choices=["float32", "bfloat16", "float16"],
-        help="dtype the target runs in (default float32; training's target.dtype)",
+        default="auto",
+        choices=list(DTYPES),
+        help="dtype the target runs in (training's target.dtype); auto: bfloat16 on GPU, "
+        "float32 on CPU",
     )
     p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -67,19 +74,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
-    import torch
-
     from blockdraft.data.feature_store import FeatureError
     from blockdraft.data.features import plan_features, write_features
     from blockdraft.data.rollout_store import RolloutError
+    from blockdraft.devices import resolve_flags
     from blockdraft.models.registry import load_target
 
     kwargs = {"layer_ids": args.layer_ids} if args.layer_ids is not None else {}
+    device, dtype = resolve_flags(args.device, args.target_dtype)  # one-line error if bad
     try:
         target = load_target(
             args.target,
-            device=args.device,
-            dtype=getattr(torch, args.target_dtype),
+            device=device,
+            dtype=dtype,
             allow_download=args.allow_download,
             progress=not args.no_progress,
             **kwargs,
