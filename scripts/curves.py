@@ -31,7 +31,9 @@ def main(argv: list[str]) -> int:
     for arg in argv:
         points = curve(Path(arg))
         if points:
-            cells = [f"{m:.3f}@{s}" + (f" ({t:.0f}s)" if t is not None else "") for s, m, t in points]
+            cells = [
+                f"{m:.3f}@{s}" + (f" ({t:.0f}s)" if t is not None else "") for s, m, t in points
+            ]
             print(f"| {Path(arg).name} | {', '.join(cells)} |")
     return 0
 

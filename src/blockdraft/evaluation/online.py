@@ -53,6 +53,7 @@ from blockdraft.evaluation.decode_steps import (
     draft_block,
 )
 from blockdraft.evaluation.verify import verify_block, verify_onehot, verify_standard
+from blockdraft.models.lookup_inputs import lookup_rule
 from blockdraft.sampling import processed_probs, settings_of
 
 VERIFIERS = ("standard", "block")
@@ -144,11 +145,17 @@ def speculative_generate(
         head = GreedyDraftHead.of(drafter) if greedy and GreedyDraftHead.applies(drafter) else None
         # a hybrid drafter (models/hybrid.py) also looks the verified text up, per round
         lookup = NgramIndex(drafter.ngram) if hasattr(drafter, "use_lookup") else None
+        # ... and a lookup_inputs drafter reads the lookup in its block
+        reads_lookup = bool(getattr(getattr(drafter, "config", None), "lookup_inputs", False))
+        if reads_lookup:
+            block_lookup = NgramIndex(lookup_rule(drafter.config.num_proposals))
     anchor, a = first, plen  # anchor token and its sequence index
     clock.lap("prefill")
     while True:
         # --- draft -------------------------------------------------------------------
         q = None
+        if not ngram and reads_lookup:
+            state.lookup = block_lookup.propose(trace.tokens)
         if ngram:
             prop_list = index.propose(trace.tokens)
             k = len(prop_list)

@@ -41,6 +41,7 @@ from blockdraft.models.block_attention import (
 from blockdraft.models.draft_vocab import draft_ids_from_d2t
 from blockdraft.models.drafter_config import ARCHS, DrafterConfig, check_target_compatible
 from blockdraft.models.layers import DecoderLayer, RMSNorm, rope_cos_sin, rope_inverse_frequencies
+from blockdraft.models.lookup_inputs import lookup_block_inputs
 
 __all__ = [
     "ARCHS",
@@ -81,6 +82,9 @@ class DrafterState:
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    # lookup_inputs drafters: prompt lookup's proposal over the verified text for the next
+    # block; the decoding loop sets it every round (models/lookup_inputs.py)
+    lookup: list[int] | None = None
 
     @property
     def length(self) -> int:
@@ -239,6 +243,11 @@ class BlockDrafter(nn.Module):
         block_ids[:, :, 0] = torch.where(
             anchors >= 0, input_ids.gather(1, start), self.config.mask_token_id
         )
+        if self.config.lookup_inputs:
+            looked_up = lookup_block_inputs(input_ids, anchors, Kb - 1)
+            block_ids[:, :, 1:] = torch.where(
+                looked_up >= 0, looked_up, self.config.mask_token_id
+            )
         x = self.embed(block_ids).view(B, A * Kb, -1)
         positions = (start[:, :, None] + torch.arange(Kb, device=start.device)).view(B, A * Kb)
         cos, sin = self._rope(positions)
@@ -338,6 +347,14 @@ class BlockDrafter(nn.Module):
         c, dev = self.config, self.fc.weight.device
         ids = torch.full((1, c.block_size), c.mask_token_id, dtype=torch.long, device=dev)
         ids[0, 0] = int(anchor_id)
+        if c.lookup_inputs:
+            if state.lookup is None:
+                raise ValueError(
+                    "this drafter reads prompt lookup's proposals (lookup_inputs): set "
+                    "state.lookup to the lookup over the verified text before drafting"
+                )
+            if state.lookup:
+                ids[0, 1 : 1 + len(state.lookup)] = torch.tensor(state.lookup, device=dev)
         x = self.embed(ids)
         cos, sin = self._rope(
             torch.arange(anchor_position, anchor_position + c.block_size, device=dev)[None]

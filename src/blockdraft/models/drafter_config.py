@@ -46,6 +46,9 @@ class DrafterConfig:
     # The scale the target's embedding module applies (Gemma: sqrt(H)); informational,
     # written to the serving config for loaders that embed with the raw table.
     input_embedding_scale: float = 1.0
+    # Slots 1..K read prompt lookup's proposals instead of the mask token
+    # (models/lookup_inputs.py); not expressible in the DFlash serving format.
+    lookup_inputs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -69,6 +72,8 @@ class DrafterConfig:
             raise ValueError(
                 f"draft_vocab_size {self.draft_vocab_size} must be in [1, {self.vocab_size}]"
             )
+        if self.lookup_inputs and self.arch != "dflash":
+            raise ValueError("lookup_inputs needs the parallel (dflash) drafter arch")
         if self.arch == "semi_ar" and self.markov_rank < 1:
             raise ValueError("a semi_ar drafter needs markov_rank >= 1")
 
@@ -93,6 +98,7 @@ class DrafterConfig:
         draft_vocab_size: int | None = None,
         qk_norm: bool = True,
         intermediate_size: int | None = None,
+        lookup_inputs: bool = False,
     ) -> DrafterConfig:
         """A drafter with the target's attention geometry (Qwen3 / Llama / Gemma 3 configs)."""
         c = target.config
@@ -123,6 +129,7 @@ class DrafterConfig:
             markov_rank=markov_rank if arch == "semi_ar" else 0,
             final_logit_softcapping=getattr(c, "final_logit_softcapping", None),
             input_embedding_scale=float(getattr(target.embed_tokens, "embed_scale", 1.0)),
+            lookup_inputs=lookup_inputs,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -260,6 +260,11 @@ def export_drafter(
             "its contents or choose another directory"
         )
     cfg = read_config(ckpt)
+    if (cfg.get("blockdraft") or {}).get("drafter_config", {}).get("lookup_inputs"):
+        raise ExportError(
+            f"{ckpt}: drafter.lookup_inputs drafters read prompt lookup's tokens in their "
+            "block, which DFlash serving engines do not provide; it cannot be exported"
+        )
     weights = verify_weights(ckpt, cfg)
     try:
         tensors = load_file(str(weights))

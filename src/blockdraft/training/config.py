@@ -48,6 +48,7 @@ class DrafterConfigSection:
     num_layers: int = 1  # drafter decoder layers
     block_size: int = 16  # anchor + K proposals (K = block_size - 1)
     markov_rank: int = 32  # rank of the semi-AR Markov head (semi_ar only)
+    lookup_inputs: bool = False  # proposal slots read prompt lookup's tokens (dflash only)
     draft_vocab_size: int | None = None  # reduced draft vocabulary; null = full target vocab
     init_from: str | None = None  # drafter checkpoint to start from (fine-tuning stage)
 

@@ -173,6 +173,7 @@ def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.de
         arch=d.arch,
         markov_rank=d.markov_rank,
         draft_vocab_size=d.draft_vocab_size,
+        lookup_inputs=d.lookup_inputs,
     )
     torch.manual_seed(cfg.seed)
     drafter = (SemiARDrafter if d.arch == "semi_ar" else BlockDrafter)(dcfg)
