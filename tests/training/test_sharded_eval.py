@@ -94,7 +94,10 @@ def test_autocast_scores_in_the_training_dtype(rollout_dirs, target, monkeypatch
         return real(d, t, *args, **kwargs)
 
     monkeypatch.setattr(scoring, "acceptance_tensor", spy)
+    hashed: list[int] = []
+    monkeypatch.setattr(scoring, "tensor_state_hash", lambda m: hashed.append(1) or "x")
     fp32 = evaluate_mal(drafter, target, rollouts, rs.settings)
+    assert not hashed  # no cache during training: the weights are never hashed
     assert len(seen) == 4 and not any(enabled for enabled, _ in seen)
     seen.clear()
     bf16 = evaluate_mal(drafter, target, rollouts, rs.settings, amp_dtype=torch.bfloat16)

@@ -216,7 +216,9 @@ def score_rollouts(
     rollouts = list(rollouts)
     if isinstance(drafter, NgramDrafter):
         use_cache = False  # scoring from token ids is cheaper than hashing the rollouts
-    if drafter_id is None and hasattr(drafter, "state_dict"):
+    if use_cache and drafter_id is None and hasattr(drafter, "state_dict"):
+        # only for the cache key: training's held-out evaluation (no cache) must not hash
+        # (and copy to the host) every drafter weight at each evaluation
         drafter_id = tensor_state_hash(drafter)
     if isinstance(drafter, HybridDrafter) and drafter_id is not None:
         drafter_id = f"{drafter_id}+{drafter.ngram.name}@{drafter.min_confidence}"
