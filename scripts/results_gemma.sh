@@ -63,7 +63,7 @@ for section in $SECTIONS; do case $section in
 rollouts)
   log "rollouts start"
   rollouts train "$DATA/gsm8k/train.jsonl:question" "$NUM_TRAIN"
-  tail -n +$((NUM_TRAIN + 1)) "$DATA/gsm8k/train.jsonl" | head -n 64 > "$OUT/val_prompts.jsonl"
+  sed -n "$((NUM_TRAIN + 1)),$((NUM_TRAIN + 64))p" "$DATA/gsm8k/train.jsonl" > "$OUT/val_prompts.jsonl"
   rollouts val "$OUT/val_prompts.jsonl:question" 64
   rollouts eval "$DATA/gsm8k/test.jsonl:question" "$NUM_EVAL"
   log "rollouts done" ;;
