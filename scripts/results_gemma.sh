@@ -14,6 +14,7 @@
 #   select    the hybrid's confidence threshold, on the validation rollouts only
 #   compare   exact offline MAL on the 64 held-out rollouts: ngram first (the baseline),
 #             then the drafters and each drafter with prompt lookup as fallback (hybrid)
+#   decode    (only when asked) bench/decode.py: wall-clock next to HF generate
 # The recipe follows the tiny study (docs/results.md): top target layers feed the drafter,
 # a high lr held over a long cosine, many steps from cached features.
 set -euo pipefail
@@ -115,5 +116,12 @@ compare)
   $BD eval $ev --json "$OUT/json/eval.json" ngram "${runs[@]}" "${hybrids[@]}" \
       | tee "$OUT/json/eval.txt"
   log "compare done" ;;
+decode)  # wall-clock next to HF generate / HF prompt lookup (not in the default sections)
+  s=${SEEDS%% *}; r=$OUT/runs
+  .venv/bin/python bench/decode.py --target gemma-3-270m \
+      --prompts-spec "$DATA/gsm8k/test.jsonl:question" --prompts 6 --max-new-tokens 128 \
+      --temperature 0 --threads 1 --reps 3 \
+      --drafter "$r/lookup-dpace-s$s" "$r/dpace-s$s" "hybrid:conf=$(cat "$OUT/json/conf.txt"):$r/dpace-s$s" \
+      | tee "$OUT/json/bench_decode.txt" ;;
 *) echo "unknown section $section" >&2; exit 2 ;;
 esac; done
