@@ -17,12 +17,11 @@ Stages, each in its own directory under `out`:
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blockdraft.stages import Stage, fingerprint
+from blockdraft.stages import Stage, fingerprint, portable, recorded_key
 
 
 @dataclass
@@ -179,10 +178,10 @@ def train_drafters(
         start_ckpt = finals[start] if start else None
         cfg = _train_config(s, out / "runs" / name, rollouts, overrides, start_ckpt)
         inputs = {
-            "config": _portable(cfg.to_dict(), out),
-            "start": _stage_key(out / "runs" / start) if start else None,
+            "config": portable(cfg.to_dict(), out),
+            "start": recorded_key(out / "runs" / start) if start else None,
             # the rollout stages' keys, so regenerated rollouts retrain every drafter
-            "rollouts": {k: _stage_key(v.parent) for k, v in sorted(rollouts.items())},
+            "rollouts": {k: recorded_key(v.parent) for k, v in sorted(rollouts.items())},
         }
         stage = Stage(out / "runs" / name, inputs)
         if stage.is_done():
@@ -203,26 +202,6 @@ def eval_prompt_spec(rollouts: dict[str, Path]) -> str:
 
     manifest = RolloutSet.open(rollouts["eval"]).manifest
     return str(manifest.get("prompts", {}).get("spec", "prompts"))
-
-
-def _portable(value: Any, out: Path) -> Any:
-    """`value` with the output directory written as `<out>` wherever it appears.
-
-    Stage keys must not depend on where the demo directory is or how it was typed
-    (`--out d` vs `--out /abs/d`, or a moved directory): only on what was computed.
-    """
-    if isinstance(value, dict):
-        return {k: _portable(v, out) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_portable(v, out) for v in value]
-    if isinstance(value, str) and str(out) in value:
-        return value.replace(str(out), "<out>")
-    return value
-
-
-def _stage_key(directory: Path) -> str | None:
-    marker = directory / "stage.json"
-    return json.loads(marker.read_text()).get("key") if marker.exists() else None
 
 
 def _drafter_dtype(s: DemoSettings, target: Any) -> Any:
@@ -383,8 +362,8 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     online_stage = Stage(
         out / "online",
         {
-            "drafters": {n: _stage_key(p.parent) for n, p in trained.items()},
-            "settings": fingerprint(_portable(_settings_key(s, out), out)),
+            "drafters": {n: recorded_key(p.parent) for n, p in trained.items()},
+            "settings": fingerprint(portable(_settings_key(s, out), out)),
         },
     )
     if online_stage.is_done():

@@ -58,3 +58,26 @@ class Stage:
         tmp.write_text(json.dumps({"key": self.key, "inputs": self.inputs,
                                    "outputs": outputs or {}}, indent=2, default=str))
         tmp.replace(self.directory / MARKER)
+
+
+def recorded_key(directory: Path) -> str | None:
+    """The key a finished stage in `directory` recorded (None if it never finished):
+    downstream stages fold it into their own inputs, so recomputing an upstream stage
+    invalidates everything built on it."""
+    marker = directory / MARKER
+    return json.loads(marker.read_text()).get("key") if marker.exists() else None
+
+
+def portable(value: Any, out: Path) -> Any:
+    """`value` with the output directory written as `<out>` wherever it appears.
+
+    Stage keys must not depend on where the pipeline's directory is or how it was typed
+    (`--out d` vs `--out /abs/d`, or a moved directory): only on what was computed.
+    """
+    if isinstance(value, dict):
+        return {k: portable(v, out) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, out) for v in value]
+    if isinstance(value, str) and str(out) in value:
+        return value.replace(str(out), "<out>")
+    return value

@@ -137,6 +137,7 @@ def speculative_generate(
         trace.tokens = trace.tokens[plen:]
         return trace
     cache = out.cache
+    block_lookup = None
     if ngram:
         index = NgramIndex(drafter)
     else:
@@ -146,15 +147,14 @@ def speculative_generate(
         # a hybrid drafter (models/hybrid.py) also looks the verified text up, per round
         lookup = NgramIndex(drafter.ngram) if hasattr(drafter, "use_lookup") else None
         # ... and a lookup_inputs drafter reads the lookup in its block
-        reads_lookup = bool(getattr(getattr(drafter, "config", None), "lookup_inputs", False))
-        if reads_lookup:
+        if getattr(getattr(drafter, "config", None), "lookup_inputs", False):
             block_lookup = NgramIndex(lookup_rule(drafter.config.num_proposals))
     anchor, a = first, plen  # anchor token and its sequence index
     clock.lap("prefill")
     while True:
         # --- draft -------------------------------------------------------------------
         q = None
-        if not ngram and reads_lookup:
+        if block_lookup is not None:
             state.lookup = block_lookup.propose(trace.tokens)
         if ngram:
             prop_list = index.propose(trace.tokens)
