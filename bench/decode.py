@@ -36,6 +36,7 @@ cost model (speedup = tau / round cost in AR steps).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ import torch
 from blockdraft.evaluation.decode_steps import TargetRunner
 from blockdraft.evaluation.online import StepStats, ar_generate, speculative_generate
 from blockdraft.models.ngram import NgramDrafter
+from blockdraft.models.packed_linear import PackedLinears
 
 PHASES = ("draft", "target", "verify", "other")
 
@@ -138,10 +140,22 @@ def hf_job(target: Any, prompt: list[int], temp: float, n: int, lookup: int = 0)
 
 
 def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dict[str, float]:
-    """Mean seconds of one target forward on top of each prompt's cache: 1 token vs K+1."""
-    run = TargetRunner(target)
-    names = ["1 token", f"{k + 1} tokens", f"{k + 1} + features", f"{k + 1} argmax + features"]
-    out: dict[str, list[float]] = {name: [] for name in names}
+    """Mean seconds of one target forward on top of each prompt's cache: 1 token vs K+1.
+
+    The last two cases run the T = 0 verification both ways the loop can: the screened
+    bf16 head with `F.linear` layers (builds without MKL packing), and packed fp32
+    weights (what speculative_generate uses where it can, models/packed_linear.py)."""
+    run, packed_run = TargetRunner(target), TargetRunner(target)
+    packed_run.screen = None  # the packed loop takes the fp32 head
+    packs = PackedLinears.of(target.model)
+    names = [
+        "1 token",
+        f"{k + 1} tokens",
+        f"{k + 1} + features",
+        f"{k + 1} argmax + features",
+        f"{k + 1} argmax + features, packed",
+    ]
+    out: dict[str, list[float]] = {name: [] for name in names if packs or "packed" not in name}
     with torch.inference_mode():
         for prompt in prompts:
             pre = run.step(torch.tensor([prompt]), croppable=True)
@@ -156,17 +170,22 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
                         dict(ids=block, keep=k + 1, features=False, argmax=False),
                         dict(ids=block, keep=k + 1, features=True, argmax=False),
                         dict(ids=block, keep=k + 1, features=True, argmax=True),
+                        dict(ids=block, keep=k + 1, features=True, argmax=True),
                     ],
                     strict=True,
                 )
             )
             for _ in range(reps):
-                for name, c in cases.items():
-                    t0 = time.perf_counter()
-                    run.step(
-                        c["ids"], cache, keep=c["keep"], features=c["features"], argmax=c["argmax"]
-                    )
-                    out[name].append(time.perf_counter() - t0)
+                for name in out:
+                    c = cases[name]
+                    packed = "packed" in name
+                    with packs.active() if packed else contextlib.nullcontext():
+                        t0 = time.perf_counter()
+                        (packed_run if packed else run).step(
+                            c["ids"], cache, keep=c["keep"], features=c["features"],
+                            argmax=c["argmax"],
+                        )  # fmt: skip
+                        out[name].append(time.perf_counter() - t0)
                     run.crop(cache, n)
     return {name: statistics.median(v) for name, v in out.items()}
 
@@ -329,7 +348,7 @@ def main() -> None:
     one = cost["1 token"]
     print("\nsingle target forwards on the prompts' caches (median):")
     for name, s in cost.items():
-        print(f"  {name:<18}{1e3 * s:8.2f} ms  {s / one:5.2f}x one token")
+        print(f"  {name:<34}{1e3 * s:8.2f} ms  {s / one:5.2f}x one token")
     for temp in args.temperature:
         print_rows(temp, bench_temperature(target, prompts, drafters, temp, args))
 

@@ -42,6 +42,7 @@ import torch
 
 import blockdraft.objectives.cross_entropy as ce
 from blockdraft.data.rollout_store import Rollout
+from blockdraft.heap import retain_freed_memory
 from blockdraft.models import block_attention
 from blockdraft.models.drafter import BlockDrafter, DrafterConfig
 from blockdraft.models.target import Target
@@ -177,10 +178,32 @@ def drafter_step(fwd: DraftForward, batch, path: str) -> float:  # type: ignore[
     return time.perf_counter() - t0
 
 
+def gemm_rate(n: int = 1024, reps: int = 20) -> float:
+    """This CPU's fp32 GEMM rate (FLOP/s) on square products into a reused buffer: the
+    ceiling every step below is compared with (its FLOPs are mostly such products)."""
+    a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    torch.mm(a, b, out=out)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        torch.mm(a, b, out=out)
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def step_flops(fwd: DraftForward, batch, path: str) -> float:  # type: ignore[no-untyped-def]
+    """FLOPs of one step on `path` (torch's counter: matmuls and attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        drafter_step(fwd, batch, path)
+    return float(counter.get_total_flops())
+
+
 def throughput(shapes: list[str], rounds: int) -> None:
+    peak = gemm_rate()
     print(
         "drafter training step (features given), old = dense mask + chunked CE, "
-        f"new = defaults; median of {rounds} interleaved rounds"
+        f"new = defaults; median of {rounds} interleaved rounds; this CPU's fp32 GEMM rate "
+        f"{peak / 1e9:.0f} GFLOP/s ('floor': the step's FLOPs at that rate)"
     )
     for name in shapes:
         s = SHAPES[name]
@@ -195,7 +218,7 @@ def throughput(shapes: list[str], rounds: int) -> None:
             for path in paths[r % len(paths) :] + paths[: r % len(paths)]:
                 times[path].append(drafter_step(fwd, batch, path))
         rows, vocab = labels, s.draft_vocab or s.vocab
-        kept = ce.keeps_probabilities(batch[4].numel(), vocab, torch.float32)
+        kept = ce.keeps_probabilities(batch[4].numel(), vocab, torch.float32, PATHS["new"][1])
         print(
             f"  {name}: B={s.batch} T={s.prompt + s.response} anchors={s.anchors} "
             f"block={s.block} width={s.hidden} vocab={vocab} layers={s.drafter_layers} "
@@ -204,13 +227,52 @@ def throughput(shapes: list[str], rounds: int) -> None:
         for path in paths:
             med = statistics.median(times[path])
             ratio = statistics.median(o / t for o, t in zip(times["old"], times[path], strict=True))
+            flops = step_flops(fwd, batch, path)
             print(
                 f"    {path:9s} {med:7.3f} s/step {rows / med:9.0f} label tok/s  "
-                f"speed vs old {ratio:.2f}x"
+                f"speed vs old {ratio:.2f}x  {flops / 1e9:6.1f} GFLOP/step "
+                f"{flops / med / 1e9:5.0f} GFLOP/s  floor {flops / peak:.3f} s "
+                f"(old / floor {statistics.median(times['old']) / (flops / peak):.1f}x)"
             )
         del batch, fwd
         gc.collect()
         ce.MAX_KEPT_PROBS_BYTES = PATHS["new"][1]
+
+
+# --- heap: glibc keeping freed memory (blockdraft/heap.py) ------------------------------------
+def heap_probe(spec: str) -> None:
+    """(subprocess) median seconds of the `new` path at shape `name`, heap retained or not."""
+    name, mode, steps = spec.split(":")
+    if mode == "retain":
+        retain_freed_memory()
+    batch = build(SHAPES[name])
+    fwd = DraftForward(batch[0])
+    times = [drafter_step(fwd, batch, "new") for _ in range(int(steps) + 2)][2:]
+    print(statistics.median(times))
+
+
+def heap_report(script: str, shapes: list[str], threads: int, rounds: int) -> None:
+    """Whole processes alternate (the setting is process-wide): glibc default vs retained."""
+    print(
+        "new path with glibc keeping freed memory (training stages set it, blockdraft/heap.py) "
+        f"vs glibc's defaults; fresh processes alternating, {rounds} rounds of 5 steps"
+    )
+    for name in shapes:
+        times: dict[str, list[float]] = {"default": [], "retain": []}
+        for r in range(rounds):
+            for mode in ("default", "retain") if r % 2 == 0 else ("retain", "default"):
+                out = subprocess.run(
+                    [sys.executable, script, "--heap-probe", f"{name}:{mode}:5",
+                     "--threads", str(threads)],
+                    capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                times[mode].append(float(out.stdout.split()[-1]))
+        pairs = zip(times["default"], times["retain"], strict=True)
+        ratio = statistics.median(d / k for d, k in pairs)
+        print(
+            f"  {name}: default {statistics.median(times['default']):.3f} s/step, "
+            f"retained {statistics.median(times['retain']):.3f} s/step, speed {ratio:.2f}x"
+        )
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -333,7 +395,9 @@ def objective_ratios(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", default="all", choices=["all", "throughput", "memory", "objectives"])
+    ap.add_argument(
+        "--part", default="all", choices=["all", "throughput", "heap", "memory", "objectives"]
+    )
     ap.add_argument("--rounds", type=int, default=15, help="objective-ratio rounds")
     ap.add_argument("--throughput-rounds", type=int, default=5)
     ap.add_argument("--shapes", default="tiny,gemma,recipe")
@@ -346,13 +410,19 @@ def main() -> None:
     ap.add_argument("--anchors", type=int, default=64, help="num_anchors for block objectives")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--heap-probe", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_probe:
         memory_probe(args.memory_probe)
         return
+    if args.heap_probe:
+        heap_probe(args.heap_probe)
+        return
     if args.part in ("all", "throughput"):
         throughput(args.shapes.split(","), args.throughput_rounds)
+    if args.part in ("all", "heap"):
+        heap_report(__file__, args.shapes.split(","), args.threads, args.throughput_rounds)
     if args.part in ("all", "memory"):
         memory_report(__file__, args.threads)
     if args.part in ("all", "objectives"):

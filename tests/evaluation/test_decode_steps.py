@@ -15,6 +15,7 @@ from fake_drafter import MemoDrafter
 from blockdraft.evaluation import decode_steps
 from blockdraft.evaluation.decode_steps import ScreenedArgmaxHead, TargetRunner
 from blockdraft.evaluation.online import ar_generate, decode
+from blockdraft.models import packed_linear
 from blockdraft.models.ngram import NgramDrafter
 from blockdraft.models.testing import make_random_target
 
@@ -51,8 +52,11 @@ def test_screen_bound_covers_the_bf16_error() -> None:
 
 @pytest.mark.parametrize("drafter_kind", ["memo", "ngram"])
 def test_greedy_speculative_with_screened_head_equals_ar(monkeypatch, drafter_kind) -> None:
-    """Random targets have small heads; lower the size threshold so they use the screen."""
+    """Random targets have small heads; lower the size threshold so they use the screen.
+    The screen serves builds without packed weights (models/packed_linear.py): off here."""
     monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
+    monkeypatch.setattr(packed_linear, "packing_supported", lambda: False)
+    monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.weakref.WeakKeyDictionary())
     monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
     target = make_random_target("llama", seed=1)
     assert TargetRunner(target).screen is not None
@@ -81,8 +85,9 @@ def test_greedy_draft_head_equals_full_vocab_argmax(monkeypatch, screened) -> No
     from blockdraft.evaluation.decode_steps import GreedyDraftHead
     from blockdraft.models.drafter import BlockDrafter, DrafterConfig
 
-    if screened:
+    if screened:  # the screen serves builds without packed weights
         monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
+        monkeypatch.setattr(packed_linear, "packing_supported", lambda: False)
     monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
     target = make_random_target("qwen3")
     torch.manual_seed(0)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from blockdraft.models.packed_linear import pack_weight
 from blockdraft.sampling import processed_probs, sample
 
 
@@ -136,11 +137,15 @@ class GreedyDraftHead:
         self.weight = drafter.head_weight.detach().to(dtype=drafter.dtype)  # [V_draft, H]
         ids = drafter.draft_ids
         self.ids = ids.to(self.weight.device) if ids is not None else None
+        # K rows: packed fp32 where the build can (cheapest, models/packed_linear.py), else
+        # a bf16 screen for a large head (compute-bound at K rows)
+        self.packed = pack_weight(self.weight)
         big = (
             self.weight.dtype == torch.float32
             and self.weight.numel() >= ScreenedArgmaxHead.MIN_HEAD
         )
-        self.screen = ScreenedArgmaxHead(self.weight) if big else None  # K rows: compute-bound
+        screen = big and self.packed is None
+        self.screen = ScreenedArgmaxHead(self.weight) if screen else None
 
     @classmethod
     def of(cls, drafter: Any) -> GreedyDraftHead:
@@ -166,6 +171,8 @@ class GreedyDraftHead:
         """Greedy proposals `[K]` (target ids) from `drafter.draft_hidden(...)` `[K, H]`."""
         if self.screen is not None:
             best = self.screen.argmax(hidden)
+        elif self.packed is not None:
+            best = self.packed(hidden).argmax(-1)
         else:
             best = torch.nn.functional.linear(hidden, self.weight).argmax(-1)
         return best if self.ids is None else self.ids[best]

@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from torch import nn
 
 from blockdraft.evaluation.bench import alternate_timed
 from blockdraft.evaluation.decode_result import (
@@ -54,6 +55,7 @@ from blockdraft.evaluation.decode_steps import (
 )
 from blockdraft.evaluation.verify import verify_block, verify_onehot, verify_standard
 from blockdraft.models.lookup_inputs import lookup_rule
+from blockdraft.models.packed_linear import packed_linears
 from blockdraft.sampling import processed_probs, settings_of
 
 VERIFIERS = ("standard", "block")
@@ -114,17 +116,42 @@ def speculative_generate(
     n-gram drafter (`propose(tokens) -> list`, no features, one-hot q). `Trace.seconds`
     splits the time into prefill, draft (drafter forward / lookup), target (verification
     forward), verify (acceptance test and sampling) and other (cache crop and
-    bookkeeping); the drafter's context extension counts as draft."""
+    bookkeeping); the drafter's context extension counts as draft. On CPU the target's
+    and drafter's fp32 linears run few-row products with packed weights while the loop
+    runs (models/packed_linear.py)."""
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}: use one of {VERIFIERS}")
     if not prompt_ids:
         raise ValueError("speculative decoding needs a non-empty prompt")
+    run = TargetRunner(target)
+    model = target.model if run.hf else None
+    neural = drafter if isinstance(drafter, nn.Module) else None
+    with packed_linears(model, neural) as (target_packed, _):
+        if target_packed:  # the packed fp32 head beats the bf16 screen (packed_linear.py)
+            run.screen = None
+        return _speculative_loop(
+            run, target, drafter, prompt_ids, temperature, top_p, top_k,
+            max_new_tokens, generator, verifier,
+        )  # fmt: skip
+
+
+def _speculative_loop(
+    run: TargetRunner,
+    target: Any,
+    drafter: Any,
+    prompt_ids: Sequence[int],
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    max_new_tokens: int,
+    generator: torch.Generator | None,
+    verifier: str,
+) -> Trace:
     greedy = temperature == 0
     ngram = _is_ngram(drafter)
     verify = verify_standard if verifier == "standard" else verify_block
     stops = set(target.stop_token_ids)
     dev = target.device
-    run = TargetRunner(target)
     trace = Trace(list(prompt_ids))  # holds prompt + output while decoding; output at the end
     clock = _Clock(trace.seconds)
     ids = torch.tensor([trace.tokens], dtype=torch.long, device=dev)

@@ -1,0 +1,137 @@
+"""Packed fp32 weights (models/packed_linear.py): the same products as `F.linear` up to
+float rounding, used only where the module says (2+ rows, no autograd, unchanged weight,
+inside `active()`), and a greedy speculative decode that uses them still reproduces
+greedy autoregressive decoding token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fake_drafter import MemoDrafter
+
+from blockdraft.evaluation.online import ar_generate, decode
+from blockdraft.models import packed_linear
+from blockdraft.models.ngram import NgramDrafter
+from blockdraft.models.packed_linear import PackedLinears, PackedWeight
+from blockdraft.models.testing import make_random_target
+
+pytestmark = pytest.mark.skipif(
+    not packed_linear.packing_supported(), reason="this torch build has no MKL packed GEMM"
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(monkeypatch):
+    monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.weakref.WeakKeyDictionary())
+
+
+def _spy(monkeypatch) -> list[int]:
+    """Rows of every product that took the packed path."""
+    rows: list[int] = []
+    original = PackedWeight.__call__
+
+    def spy(self, x):
+        if self.usable(x):
+            rows.append(x.numel() // x.shape[-1])
+        return original(self, x)
+
+    monkeypatch.setattr(PackedWeight, "__call__", spy)
+    return rows
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 16, 33])
+def test_packed_product_equals_linear(rows) -> None:
+    g = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(300, 96, generator=g), torch.randn(300, generator=g)
+    x = torch.randn(rows, 96, generator=g)
+    with torch.inference_mode():
+        got = PackedWeight(weight, bias)(x)
+        ref = F.linear(x.double(), weight.double(), bias.double())
+    assert got.shape == (rows, 300)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_leading_dims_and_fallbacks() -> None:
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 32, generator=g)
+    packed = PackedWeight(weight)
+    x = torch.randn(2, 5, 32, generator=g)
+    with torch.inference_mode():
+        assert packed.usable(x)
+        torch.testing.assert_close(packed(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+        assert not packed.usable(x[:1, :1])  # one row: the plain GEMV
+        assert not packed.usable(x.double())
+    assert not packed.usable(x)  # autograd on: training paths never see packed products
+    with torch.no_grad():
+        weight.mul_(2)  # an in-place update makes the pack stale ...
+        assert not packed.usable(x)
+        assert torch.equal(packed(x), F.linear(x, weight))  # ... so the fresh weight is used
+
+
+def test_modules_route_only_while_active(monkeypatch) -> None:
+    target = make_random_target("qwen3", seed=0)
+    model = target.model
+    ids = torch.randint(3, target.vocab_size, (1, 9))
+    with torch.inference_mode():
+        before = model(ids).logits
+        packs = PackedLinears.of(model)
+        assert packs is not None and packs.count > 0
+        assert PackedLinears.of(model) is packs  # packed once per model
+        rows = _spy(monkeypatch)
+        assert torch.equal(model(ids).logits, before)  # installed but inactive: untouched
+        assert not rows
+        with packs.active():
+            during = model(ids).logits
+        assert rows and set(rows) == {9}
+        assert torch.equal(model(ids).logits, before)
+    torch.testing.assert_close(during, before, rtol=1e-4, atol=1e-4)
+
+
+def test_size_budget_and_unsupported_builds(monkeypatch) -> None:
+    target = make_random_target("qwen3", seed=0)
+    monkeypatch.setattr(packed_linear, "MAX_PACKED_BYTES", 1024)
+    assert PackedLinears.of(target.model) is None
+    monkeypatch.setattr(packed_linear, "MAX_PACKED_BYTES", 1 << 40)
+    monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(packed_linear, "packing_supported", lambda: False)
+    assert PackedLinears.of(target.model) is None
+    assert packed_linear.pack_weight(torch.randn(4, 4)) is None
+
+
+@pytest.mark.parametrize("drafter_kind", ["memo", "ngram"])
+def test_greedy_speculative_with_packed_weights_equals_ar(monkeypatch, drafter_kind) -> None:
+    target = make_random_target("llama", seed=1)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, target.vocab_size, (6,), generator=g).tolist() for _ in range(4)]
+    ar = [ar_generate(target, p, max_new_tokens=30) for p in prompts]
+    if drafter_kind == "memo":
+        drafter = MemoDrafter.of_outputs(target, prompts, ar)
+    else:
+        drafter = NgramDrafter(num_proposals=4, match="first")
+    rows = _spy(monkeypatch)
+    res = decode(target, drafter, prompts, temperature=0.0, max_new_tokens=30, measure_ar=False)
+    assert res.outputs == ar
+    assert rows, "the packed weights were never used"
+    assert sum(res.histogram[2:]) > 0  # multi-token rounds happened
+
+
+def test_greedy_drafter_with_draft_vocab_decodes_like_ar(monkeypatch) -> None:
+    """A BlockDrafter with a reduced vocabulary: its greedy head's rows are gathered inside
+    the loop's inference mode (inference tensors, no version counter) and packed."""
+    from blockdraft.evaluation import decode_steps
+    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+
+    monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
+    target = make_random_target("qwen3", seed=2)
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5, draft_vocab_size=64)
+    drafter = BlockDrafter(cfg).bind_target(target).eval()
+    drafter.set_draft_vocab(torch.arange(64))
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 64, (8,), generator=g).tolist() for _ in range(3)]
+    ar = [ar_generate(target, p, max_new_tokens=20) for p in prompts]
+    rows = _spy(monkeypatch)
+    res = decode(target, drafter, prompts, temperature=0.0, max_new_tokens=20, measure_ar=False)
+    assert res.outputs == ar
+    assert 4 in rows  # the drafter's K = 4 proposal rows went through a packed weight
