@@ -142,49 +142,37 @@ def hf_job(target: Any, prompt: list[int], temp: float, n: int, lookup: int = 0)
 def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dict[str, float]:
     """Mean seconds of one target forward on top of each prompt's cache: 1 token vs K+1.
 
-    The last two cases run the T = 0 verification both ways the loop can: the screened
-    bf16 head with `F.linear` layers (builds without MKL packing), and packed fp32
-    weights (what speculative_generate uses where it can, models/packed_linear.py)."""
-    run, packed_run = TargetRunner(target), TargetRunner(target)
-    packed_run.screen = None  # the packed loop takes the fp32 head
+    The argmax cases run the T = 0 verification the ways the loop can: `F.linear` layers
+    with the bf16-screened head (no MKL packing), and packed fp32 layers
+    (models/packed_linear.py) with the packed fp32 head or with the screen (the loop's
+    choice where oneDNN packs the screen's bf16 weight, evaluation/decode_steps.py)."""
+    run, fp32_head = TargetRunner(target), TargetRunner(target)
+    fp32_head.screen = None
     packs = PackedLinears.of(target.model)
-    names = [
-        "1 token",
-        f"{k + 1} tokens",
-        f"{k + 1} + features",
-        f"{k + 1} argmax + features",
-        f"{k + 1} argmax + features, packed",
-    ]
-    out: dict[str, list[float]] = {name: [] for name in names if packs or "packed" not in name}
+    plain = dict(keep=k + 1, features=True, argmax=True)
+    cases: dict[str, tuple[TargetRunner, bool, dict[str, Any]]] = {
+        "1 token": (run, False, dict(keep=1, features=False, argmax=False)),
+        f"{k + 1} tokens": (run, False, dict(keep=k + 1, features=False, argmax=False)),
+        f"{k + 1} + features": (run, False, dict(keep=k + 1, features=True, argmax=False)),
+        f"{k + 1} argmax + features": (run, False, plain),
+    }
+    if packs is not None:
+        cases[f"{k + 1} argmax, packed + fp32 head"] = (fp32_head, True, plain)
+        if run.screen is not None:
+            cases[f"{k + 1} argmax, packed + screen"] = (run, True, plain)
+    out: dict[str, list[float]] = {name: [] for name in cases}
     with torch.inference_mode():
         for prompt in prompts:
             pre = run.step(torch.tensor([prompt]), croppable=True)
             cache, n = pre.cache, len(prompt)
             g = torch.Generator().manual_seed(n)
             block = torch.randint(3, len(target.tokenizer), (1, k + 1), generator=g)
-            cases = dict(
-                zip(
-                    names,
-                    [
-                        dict(ids=block[:, :1], keep=1, features=False, argmax=False),
-                        dict(ids=block, keep=k + 1, features=False, argmax=False),
-                        dict(ids=block, keep=k + 1, features=True, argmax=False),
-                        dict(ids=block, keep=k + 1, features=True, argmax=True),
-                        dict(ids=block, keep=k + 1, features=True, argmax=True),
-                    ],
-                    strict=True,
-                )
-            )
             for _ in range(reps):
-                for name in out:
-                    c = cases[name]
-                    packed = "packed" in name
+                for name, (runner, packed, c) in cases.items():
+                    ids = block if c["keep"] > 1 else block[:, :1]
                     with packs.active() if packed else contextlib.nullcontext():
                         t0 = time.perf_counter()
-                        (packed_run if packed else run).step(
-                            c["ids"], cache, keep=c["keep"], features=c["features"],
-                            argmax=c["argmax"],
-                        )  # fmt: skip
+                        runner.step(ids, cache, **c)
                         out[name].append(time.perf_counter() - t0)
                     run.crop(cache, n)
     return {name: statistics.median(v) for name, v in out.items()}

@@ -45,9 +45,15 @@ def test_screen_bound_covers_the_bf16_error() -> None:
     weight = torch.randn(2048, 640, generator=g)
     x = torch.randn(8, 640, generator=g) * 30
     head = ScreenedArgmaxHead(weight)
-    screen = torch.nn.functional.linear(x.bfloat16(), head.low).float()
-    err = (screen.double() - (x.double() @ weight.double().T)).abs()
-    assert (err <= head.bounds(x, screen)).all()
+    for screen in (head.screen(x), torch.nn.functional.linear(x.bfloat16(), head.low)):
+        err = (screen.double() - (x.double() @ weight.double().T)).abs()
+        bound = head.bounds(x, screen)
+        assert (err <= bound).all()
+        # the one-pass threshold keeps every token the full per-logit test keeps
+        full = screen.float() + bound >= (screen.float() - bound).amax(-1, keepdim=True)
+        kept = screen >= head.thresholds(x, screen)[:, None]
+        assert (kept | ~full).all()
+        assert kept.sum() < 0.01 * kept.numel()  # ... and still screens out almost all
 
 
 @pytest.mark.parametrize("drafter_kind", ["memo", "ngram"])

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(monkeypatch):
+    """Fresh per-model cache; the small test models' weights count as large enough."""
     monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_ELEMENTS", 0)
 
 
 def _spy(monkeypatch) -> list[int]:
@@ -97,6 +99,10 @@ def test_size_budget_and_unsupported_builds(monkeypatch) -> None:
     monkeypatch.setattr(packed_linear, "packing_supported", lambda: False)
     assert PackedLinears.of(target.model) is None
     assert packed_linear.pack_weight(torch.randn(4, 4)) is None
+    monkeypatch.setattr(packed_linear, "packing_supported", lambda: True)
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_ELEMENTS", 17)
+    assert packed_linear.pack_weight(torch.randn(4, 4)) is None  # too small to gain
+    assert packed_linear.pack_weight(torch.randn(4, 5)) is not None
 
 
 @pytest.mark.parametrize("drafter_kind", ["memo", "ngram"])
