@@ -204,3 +204,110 @@ def test_bad_rollouts_are_rejected() -> None:
     assert acceptance_tensor(
         drafter, target, torch.tensor([1]), torch.tensor([2]), None, 0.0
     ).shape == (0, 2)
+
+
+class _TargetSpaceOnly:
+    """A drafter seen without its draft-space head: scoring falls back to target space."""
+
+    def __init__(self, drafter) -> None:
+        self._drafter = drafter
+
+    def __getattr__(self, name: str):
+        if name in ("compute_draft_logits", "draft_ids"):
+            raise AttributeError(name)
+        return getattr(self._drafter, name)
+
+
+@pytest.mark.parametrize("kind", ["parallel", "semi_ar", "hybrid"])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0), (0.8, 0, 1.0), (1.0, 5, 0.9)])
+def test_draft_vocab_scoring_equals_target_space(kind, temperature, top_k, top_p) -> None:
+    """Scoring in the drafter's reduced vocabulary (`compute_draft_logits`) gives the same
+    acceptances as the target-space logits with -inf outside it (the path it replaced,
+    taken here by hiding `compute_draft_logits`): argmax exactly, q(x) to float rounding,
+    including labels outside the draft vocabulary (q = 0) and the hybrid's confidence."""
+    from blockdraft.models.hybrid import HybridDrafter
+    from blockdraft.models.ngram import NgramDrafter
+
+    target = make_random_target("qwen3", seed=4)
+    torch.manual_seed(0)
+    arch = "semi_ar" if kind == "semi_ar" else "dflash"
+    cfg = DrafterConfig.for_target(
+        target, num_layers=1, block_size=5, draft_vocab_size=40, arch=arch
+    )
+    drafter = (SemiARDrafter if kind == "semi_ar" else BlockDrafter)(cfg).bind_target(target)
+    g = torch.Generator().manual_seed(1)
+    drafter.set_draft_vocab(torch.randperm(target.vocab_size, generator=g)[:40].sort().values)
+    drafter.eval()
+    scored = drafter
+    if kind == "hybrid":
+        scored = HybridDrafter(drafter, NgramDrafter(num_proposals=4), min_confidence=0.2)
+    in_vocab = drafter.draft_ids
+    # one rollout continues with the drafter's own first-slot argmax, so greedy proposals
+    # are accepted there (the comparison is not between all-zero tensors)
+    seq = [5, 6, 7, 8]
+    with torch.no_grad():
+        for _ in range(10):
+            ids = torch.tensor([seq])
+            feats = target.forward(ids, logits_to_keep=1).features
+            hidden = drafter.forward_blocks(feats, ids, torch.tensor([[len(seq) - 1]]))[0, 0]
+            logits = drafter.compute_logits(hidden[:1], torch.tensor([seq[-1]]))
+            seq.append(int(logits[0].argmax()))
+    rows = [_rollout(9, seq[:4], seq[4:], [-0.5] * 10)]
+    for i in range(3):  # responses mixing draft-vocab tokens and others
+        pool = torch.cat([in_vocab, torch.randint(3, target.vocab_size, (20,), generator=g)])
+        resp = pool[torch.randint(pool.numel(), (12,), generator=g)]
+        rows.append(_rollout(i, [5, 6, 7, *resp[:3].tolist()], resp.tolist(),
+                             (-torch.rand(12, generator=g) * 4).tolist()))  # fmt: skip
+    args = dict(temperature=temperature, top_p=top_p, top_k=top_k)
+    fast = [acceptance_tensor(scored, target, r.prompt_ids, r.response_ids, r.logprobs, **args)
+            for r in rows]  # fmt: skip
+    reference = _TargetSpaceOnly(drafter)
+    if kind == "hybrid":
+        reference = HybridDrafter(reference, scored.ngram, min_confidence=0.2)
+    slow = [acceptance_tensor(reference, target, r.prompt_ids, r.response_ids, r.logprobs, **args)
+            for r in rows]  # fmt: skip
+    for a, b in zip(fast, slow, strict=True):
+        if temperature == 0:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert any(bool((a > 0).any()) for a in fast)  # not vacuous: some proposals accepted
+
+
+def test_shared_target_features_run_the_target_once_per_rollout(monkeypatch) -> None:
+    """Inside `shared_target_features` two drafters on the same rollouts share one target
+    forward per rollout, with the same acceptances as separate forwards; a drafter reading
+    other layers gets its own; a byte limit below one entry shares nothing."""
+    target = make_random_target("qwen3", seed=3)
+    torch.manual_seed(0)
+    drafters = [
+        BlockDrafter(DrafterConfig.for_target(target, num_layers=1, block_size=4))
+        .bind_target(target)
+        .eval()
+        for _ in range(2)
+    ]
+    g = torch.Generator().manual_seed(5)
+    rows = [
+        _rollout(i, [5, 6, 7], torch.randint(3, target.vocab_size, (8,), generator=g).tolist())
+        for i in range(3)
+    ]
+    calls = []
+    forward = target.forward
+    monkeypatch.setattr(target, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    alone = [score_rollouts(d, target, rows, 0.0, use_cache=False) for d in drafters]
+    assert len(calls) == 6
+    calls.clear()
+    with scoring.shared_target_features():
+        shared = [score_rollouts(d, target, rows, 0.0, use_cache=False) for d in drafters]
+        assert len(calls) == 3
+        target.layer_ids = list(reversed(target.layer_ids))  # other feature layers: recomputed
+        score_rollouts(drafters[0], target, rows[:1], 0.0, use_cache=False)
+        assert len(calls) == 4
+    for a, b in zip(alone, shared, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    calls.clear()
+    with scoring.shared_target_features(scoring.FeatureMemo(max_bytes=1)):
+        for d in drafters:
+            score_rollouts(d, target, rows, 0.0, use_cache=False)
+    assert len(calls) == 6
+    assert scoring._MEMO is None  # nothing held after the block

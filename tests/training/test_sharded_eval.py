@@ -104,3 +104,23 @@ def test_autocast_scores_in_the_training_dtype(rollout_dirs, target, monkeypatch
     assert seen == [(True, torch.bfloat16)] * 4
     assert drafter.training  # restored after scoring
     assert bf16 == pytest.approx(fp32, abs=0.05) and bf16 != fp32
+
+
+def test_memo_reuses_target_features_across_evaluations(rollout_dirs, target, monkeypatch):
+    """The trainer's per-run `FeatureMemo`: the second evaluation runs no target forward
+    and gives the same MAL (the target is frozen, so its features are too)."""
+    from blockdraft.evaluation.scoring import FeatureMemo
+
+    rs = RolloutSet.open(rollout_dirs["sampled"])
+    rollouts = list(rs)[:4]
+    drafter = _drafter(target)
+    calls: list[int] = []
+    forward = target.forward
+    monkeypatch.setattr(target, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    memo = FeatureMemo()
+    first = evaluate_mal(drafter, target, rollouts, rs.settings, memo=memo)
+    assert len(calls) == 4
+    second = evaluate_mal(drafter, target, rollouts, rs.settings, memo=memo)
+    assert len(calls) == 4 and second == first
+    assert evaluate_mal(drafter, target, rollouts, rs.settings) == first  # no memo: fresh
+    assert len(calls) == 8

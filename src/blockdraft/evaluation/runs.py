@@ -86,25 +86,26 @@ def load_scored(
 
     Drafters are placed on the target's device, cast to `drafter_dtype` if given."""
     from blockdraft.data.rollout_store import RolloutSet, check_target
-    from blockdraft.evaluation.scoring import score_rollout_set
+    from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
 
     rollouts = RolloutSet.open(rollout_dir, allow_incomplete=allow_incomplete)
     if len(rollouts) == 0:
         raise ValueError(f"{rollout_dir}: rollout set is empty")
     check_target(rollouts, target)
     out = []
-    for path, name in zip(drafter_paths, drafter_names(drafter_paths), strict=True):
-        drafter, drafter_id = load_drafter_spec(path, target, dtype=drafter_dtype)
-        out.append(
-            score_rollout_set(
-                drafter,
-                target,
-                rollouts,
-                drafter_id=drafter_id,
-                cache_dir=cache_dir,
-                progress=f"scoring {name}" if progress else False,
+    with shared_target_features():  # one target forward per rollout for all drafters
+        for path, name in zip(drafter_paths, drafter_names(drafter_paths), strict=True):
+            drafter, drafter_id = load_drafter_spec(path, target, dtype=drafter_dtype)
+            out.append(
+                score_rollout_set(
+                    drafter,
+                    target,
+                    rollouts,
+                    drafter_id=drafter_id,
+                    cache_dir=cache_dir,
+                    progress=f"scoring {name}" if progress else False,
+                )
             )
-        )
     return rollouts, out
 
 

@@ -270,23 +270,32 @@ class BlockDrafter(nn.Module):
 
     def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Softcap (if the target has one) and expand draft-vocab logits to target space."""
+        return self.to_target_vocab(self._softcap(logits))
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.config.final_logit_softcapping
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    def to_target_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """`[..., V_draft]` -> `[..., V]` target-vocab logits, -inf outside the draft vocab."""
         ids = self.draft_ids
         if ids is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        return full.index_copy(-1, ids.to(logits.device), logits)
+            return draft_logits
+        shape = (*draft_logits.shape[:-1], self.config.vocab_size)
+        full = draft_logits.new_full(shape, float("-inf"))
+        return full.index_copy(-1, ids.to(draft_logits.device), draft_logits)
 
-    def compute_logits(
+    def compute_draft_logits(
         self, hidden: torch.Tensor, prev_tokens: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Logits `[..., K, V]` in *target* vocab space (-inf outside a reduced draft vocab).
+        """Logits `[..., K, V_draft]` over the drafter's own vocabulary (column j is target
+        id `draft_ids[j]`; all target ids when there is no reduced vocabulary).
 
+        Why: every token outside a reduced vocabulary has logit -inf, so argmax, softmax,
+        top-k/top-p and `q(x)` are the same computed here (4k columns for the Gemma
+        drafter) as in `compute_logits`' target space (262k columns, mostly -inf).
         prev_tokens `[..., K]`: the token at slot k-1 (anchor, then teacher-forced labels);
-        ignored here, used by SemiARDrafter's Markov head.
-        """
+        ignored here, used by SemiARDrafter's Markov head."""
         weight = self.head_weight
         logits = torch.nn.functional.linear(
             hidden, weight.to(device=hidden.device, dtype=hidden.dtype)
@@ -294,7 +303,13 @@ class BlockDrafter(nn.Module):
         bias = self._prev_token_bias(prev_tokens)
         if bias is not None:
             logits = logits + bias.to(logits.dtype)
-        return self._finish_logits(logits)
+        return self._softcap(logits)
+
+    def compute_logits(
+        self, hidden: torch.Tensor, prev_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits `[..., K, V]` in *target* vocab space (-inf outside a reduced draft vocab)."""
+        return self.to_target_vocab(self.compute_draft_logits(hidden, prev_tokens))
 
     # --- inference: one block at a time against a context cache ------------------------------
     def new_state(self) -> DrafterState:

@@ -41,14 +41,17 @@ def evaluate_mal(
     settings: Any,
     ctx: DistContext | None = None,
     amp_dtype: torch.dtype | None = None,
+    memo: Any = None,
 ) -> float:
     """Offline MAL of `drafter` on held-out `rollouts` sampled with `settings`.
 
     With a distributed `ctx` every rank must call this (it is collective): each scores
     its `shard_indices` and every rank returns the same MAL. `amp_dtype` runs the
-    scoring under autocast on the drafter's device, like the training step."""
+    scoring under autocast on the drafter's device, like the training step. `memo` (a
+    `scoring.FeatureMemo`) keeps the target's features across calls: the trainer passes
+    one per run, so later evaluations skip the target forward."""
     from blockdraft.evaluation.offline import offline_stats
-    from blockdraft.evaluation.scoring import score_rollouts
+    from blockdraft.evaluation.scoring import score_rollouts, shared_target_features
 
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     mine = shard_indices(len(rollouts), rank, world)
@@ -61,7 +64,8 @@ def evaluate_mal(
     was_training = drafter.training
     drafter.eval()
     try:
-        with autocast:
+        shared = shared_target_features(memo) if memo is not None else contextlib.nullcontext()
+        with autocast, shared:
             acc = score_rollouts(
                 drafter,
                 target,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from blockdraft import __version__
+from blockdraft.evaluation.scoring import FeatureMemo
 from blockdraft.training import state as ckpt
 from blockdraft.training.batching import total_steps
 from blockdraft.training.config import TrainConfig, dump_yaml
@@ -262,6 +263,9 @@ class _RunIO:
         self.optimizer, self.scheduler, self.progress = optimizer, scheduler, progress
         self.logger, self.eval_data, self.mode = logger, eval_data, mode
         self.run_dir, self.sharded = Path(cfg.run_dir), sharded
+        # the held-out rollouts' target features, computed at the first evaluation and
+        # reused by the later ones (the target is frozen); CPU only, where memory is cheap
+        self.feature_memo = FeatureMemo() if ctx.device.type == "cpu" else None
 
     def run(self, parts: LoopParts) -> Path:
         """Evaluate at the start (if asked), train, evaluate at the end, save `final/`."""
@@ -296,7 +300,10 @@ class _RunIO:
             model = unsharded_copy(drafter, full, target, ctx.device)
             del full
         amp = amp_dtype(self.cfg, ctx.device)
-        mal = evaluate_mal(model, target, data.rollouts, data.settings, ctx=ctx, amp_dtype=amp)
+        mal = evaluate_mal(
+            model, target, data.rollouts, data.settings, ctx=ctx, amp_dtype=amp,
+            memo=self.feature_memo,
+        )  # fmt: skip
         del model
         if ctx.is_main:
             self.logger.log(
