@@ -113,3 +113,30 @@ def test_greedy_draft_head_equals_full_vocab_argmax(monkeypatch, screened) -> No
             got = head.pick(drafter.draft_hidden(state, anchor, 12))
             assert torch.equal(got, expected)
     assert set(got.tolist()) <= set(drafter.draft_ids.tolist())
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 0.8)])
+def test_sampled_draft_block_in_draft_vocab_equals_target_space(top_k, top_p) -> None:
+    """At T > 0 a reduced-vocabulary drafter samples from its K x V_draft logits; q placed
+    in target space equals `processed_probs` of the target-space logits, and the same
+    generator draws the same tokens (inverse CDF over the same nonzero entries in order)."""
+    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+    from blockdraft.sampling import processed_probs, sample
+
+    target = make_random_target("qwen3", seed=6)
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=6, draft_vocab_size=50)
+    drafter = BlockDrafter(cfg).bind_target(target).eval()
+    g = torch.Generator().manual_seed(3)
+    drafter.set_draft_vocab(torch.randperm(target.vocab_size, generator=g)[:50].sort().values)
+    state = drafter.new_state()
+    drafter.extend_context(state, torch.randn(1, 9, target.feature_size, generator=g), 0)
+    with torch.inference_mode():
+        for seed in range(5):
+            tokens, q = decode_steps.draft_block(
+                drafter, state, 11, 9, 0.9, top_p, top_k, torch.Generator().manual_seed(seed)
+            )
+            full = processed_probs(drafter.draft_logits(state, 11, 9), 0.9, top_p, top_k)
+            torch.testing.assert_close(q, full, rtol=1e-5, atol=1e-7)
+            assert torch.equal(tokens, sample(full, torch.Generator().manual_seed(seed)))
+            assert bool(torch.isin(tokens, drafter.draft_ids).all())

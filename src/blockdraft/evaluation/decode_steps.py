@@ -313,6 +313,15 @@ def draft_block(
     q is the processed drafter distribution (what lossless verification needs); at T = 0
     the argmax is all that matters, so no distribution is built."""
     greedy = temperature == 0
+    ids = getattr(drafter, "draft_ids", None)
+    if not _is_sequential(drafter) and ids is not None and not greedy:
+        # a reduced vocabulary: process and sample its K x V_draft logits (Gemma: 4k
+        # columns, not 262k of which all but 4k are -inf), then place q in target space
+        hidden = drafter.draft_hidden(state, anchor_id, anchor_position)
+        q_draft = processed_probs(drafter.compute_draft_logits(hidden), temperature, top_p, top_k)
+        ids = ids.to(q_draft.device)
+        q = q_draft.new_zeros((q_draft.shape[0], int(drafter.config.vocab_size)))
+        return ids[sample(q_draft, generator)], q.index_copy_(-1, ids, q_draft)
     if not _is_sequential(drafter):
         logits = drafter.draft_logits(state, anchor_id, anchor_position)
         if greedy:
