@@ -355,3 +355,21 @@ class MemoDrafter(FakeDrafter):
                     self.hits += 1
                     return self.memo[cand[best]].clone()
         return self.table[:, anchor_id].clone()
+
+
+def greedy_decode_case(drafter_kind: str):
+    """(target, prompts, greedy AR outputs, drafter) for loop-vs-AR tests: 4 random prompts
+    on a random llama target; `memo` proposes the AR outputs, `ngram` is prompt lookup."""
+    from blockdraft.evaluation.online import ar_generate
+    from blockdraft.models.ngram import NgramDrafter
+    from blockdraft.models.testing import make_random_target
+
+    target = make_random_target("llama", seed=1)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, target.vocab_size, (6,), generator=g).tolist() for _ in range(4)]
+    ar = [ar_generate(target, p, max_new_tokens=30) for p in prompts]
+    if drafter_kind == "memo":
+        drafter = MemoDrafter.of_outputs(target, prompts, ar)
+    else:
+        drafter = NgramDrafter(num_proposals=4, match="first")
+    return target, prompts, ar, drafter

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fake_drafter import MemoDrafter
+from fake_drafter import greedy_decode_case
 
 from blockdraft.evaluation import decode_steps
 from blockdraft.evaluation.decode_steps import ScreenedArgmaxHead, TargetRunner
-from blockdraft.evaluation.online import ar_generate, decode
+from blockdraft.evaluation.online import decode
 from blockdraft.models import packed_linear
-from blockdraft.models.ngram import NgramDrafter
 from blockdraft.models.testing import make_random_target
 
 
@@ -64,15 +63,8 @@ def test_greedy_speculative_with_screened_head_equals_ar(monkeypatch, drafter_ki
     monkeypatch.setattr(packed_linear, "packing_supported", lambda: False)
     monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.weakref.WeakKeyDictionary())
     monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
-    target = make_random_target("llama", seed=1)
+    target, prompts, ar, drafter = greedy_decode_case(drafter_kind)
     assert TargetRunner(target).screen is not None
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, target.vocab_size, (6,), generator=g).tolist() for _ in range(4)]
-    ar = [ar_generate(target, p, max_new_tokens=30) for p in prompts]
-    if drafter_kind == "memo":
-        drafter = MemoDrafter.of_outputs(target, prompts, ar)
-    else:
-        drafter = NgramDrafter(num_proposals=4, match="first")
     calls = []
     original = ScreenedArgmaxHead.argmax
     monkeypatch.setattr(

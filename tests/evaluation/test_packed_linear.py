@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from fake_drafter import MemoDrafter
+from fake_drafter import greedy_decode_case
 
 from blockdraft.evaluation.online import ar_generate, decode
 from blockdraft.models import packed_linear
-from blockdraft.models.ngram import NgramDrafter
 from blockdraft.models.packed_linear import PackedLinears, PackedWeight
 from blockdraft.models.testing import make_random_target
 
@@ -107,14 +106,7 @@ def test_size_budget_and_unsupported_builds(monkeypatch) -> None:
 
 @pytest.mark.parametrize("drafter_kind", ["memo", "ngram"])
 def test_greedy_speculative_with_packed_weights_equals_ar(monkeypatch, drafter_kind) -> None:
-    target = make_random_target("llama", seed=1)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, target.vocab_size, (6,), generator=g).tolist() for _ in range(4)]
-    ar = [ar_generate(target, p, max_new_tokens=30) for p in prompts]
-    if drafter_kind == "memo":
-        drafter = MemoDrafter.of_outputs(target, prompts, ar)
-    else:
-        drafter = NgramDrafter(num_proposals=4, match="first")
+    target, prompts, ar, drafter = greedy_decode_case(drafter_kind)
     rows = _spy(monkeypatch)
     res = decode(target, drafter, prompts, temperature=0.0, max_new_tokens=30, measure_ar=False)
     assert res.outputs == ar
