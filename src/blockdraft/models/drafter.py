@@ -288,14 +288,10 @@ class BlockDrafter(nn.Module):
     def compute_draft_logits(
         self, hidden: torch.Tensor, prev_tokens: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Logits `[..., K, V_draft]` over the drafter's own vocabulary (column j is target
-        id `draft_ids[j]`; all target ids when there is no reduced vocabulary).
-
-        Why: every token outside a reduced vocabulary has logit -inf, so argmax, softmax,
-        top-k/top-p and `q(x)` are the same computed here (4k columns for the Gemma
-        drafter) as in `compute_logits`' target space (262k columns, mostly -inf).
-        prev_tokens `[..., K]`: the token at slot k-1 (anchor, then teacher-forced labels);
-        ignored here, used by SemiARDrafter's Markov head."""
+        """Logits `[..., K, V_draft]` in the drafter's own vocabulary (column j = target id
+        `draft_ids[j]`): argmax, softmax, top-k/p and q(x) equal `compute_logits`' (tokens
+        outside have -inf there) at 4k columns instead of 262k for the Gemma drafter.
+        prev_tokens `[..., K]`: the token at slot k-1, for SemiARDrafter's Markov head."""
         weight = self.head_weight
         logits = torch.nn.functional.linear(
             hidden, weight.to(device=hidden.device, dtype=hidden.dtype)
