@@ -12,7 +12,7 @@ from fake_drafter import greedy_decode_case
 
 from blockdraft.evaluation.online import ar_generate, decode
 from blockdraft.models import packed_linear
-from blockdraft.models.packed_linear import PackedLinears, PackedWeight
+from blockdraft.models.packed_linear import PackedLinears, PackedWeight, packed_linears
 from blockdraft.models.testing import make_random_target
 
 pytestmark = pytest.mark.skipif(
@@ -133,3 +133,27 @@ def test_greedy_drafter_with_draft_vocab_decodes_like_ar(monkeypatch) -> None:
     res = decode(target, drafter, prompts, temperature=0.0, max_new_tokens=20, measure_ar=False)
     assert res.outputs == ar
     assert 4 in rows  # the drafter's K = 4 proposal rows went through a packed weight
+
+
+def test_a_failing_pack_leaves_the_model_plain(monkeypatch) -> None:
+    """If MKL refuses a weight halfway through a model, nothing is packed and the model's
+    outputs stay exactly `F.linear`'s, inside `active()` too."""
+    target = make_random_target("qwen3", seed=0)
+    ids = torch.randint(3, target.vocab_size, (1, 9))
+    with torch.inference_mode():
+        before = target.model(ids).logits
+    calls: list[int] = []
+    real = torch.ops.mkl._mkl_reorder_linear_weight
+
+    def flaky(weight, rows):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("MKL says no")
+        return real(weight, rows)
+
+    monkeypatch.setattr(packed_linear, "_reorder", flaky)
+    assert PackedLinears.of(target.model) is None
+    assert packed_linear.pack_weight(torch.randn(4, 5)) is not None  # calls 4: fine again
+    with torch.inference_mode(), packed_linears(target.model) as (packed,):
+        assert not packed
+        assert torch.equal(target.model(ids).logits, before)

@@ -47,6 +47,11 @@ def packing_supported() -> bool:
     return bool(getattr(torch._C, "has_mkl", False)) and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
+def _reorder(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """MKL's blocked layout of `weight` (one place, so tests can make it fail)."""
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+
+
 def _version(weight: torch.Tensor) -> int | None:
     """The in-place version counter; None for inference tensors (they have none, and only
     inference-mode code, i.e. never a training step, can change them)."""
@@ -60,7 +65,7 @@ class PackedWeight:
         self.weight = weight.detach()
         self.bias = None if bias is None else bias.detach()
         self.version = _version(self.weight)
-        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, PACK_ROWS)
+        self.packed = _reorder(self.weight, PACK_ROWS)
 
     def usable(self, x: torch.Tensor) -> bool:
         """Whether `x` may take the packed product (see the module doc for why these)."""
@@ -92,7 +97,10 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
         or weight.numel() < MIN_PACKED_ELEMENTS
     ):
         return None
-    return PackedWeight(weight)
+    try:
+        return PackedWeight(weight)
+    except RuntimeError:  # MKL refusing the weight: the caller keeps F.linear
+        return None
 
 
 class PackedLinears:
@@ -131,8 +139,14 @@ class PackedLinears:
             and all(w.device.type == "cpu" for w in packable)
             and size <= MAX_PACKED_BYTES
         )
-        _PACKED[model] = cls(model) if ok else None
-        return _PACKED[model]
+        packs = None
+        if ok:
+            try:
+                packs = cls(model)
+            except RuntimeError:  # MKL refusing a weight: plain products, never a failure
+                packs = None  # (modules wrapped so far see a dead owner and stay plain)
+        _PACKED[model] = packs
+        return packs
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
