@@ -15,6 +15,7 @@ import sys
 
 from blockdraft.cli.eval import (
     add_allow_incomplete,
+    add_rollouts_arg,
     add_target_args,
     drafter_dtype_of,
     run_scored_command,
@@ -30,12 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "paired bootstrap 95% confidence intervals.",
     )
     add_target_args(p)
-    p.add_argument(
-        "--rollouts",
-        required=True,
-        action="append",
-        help="rollout directory (a benchmark); repeat for several",
-    )
+    add_rollouts_arg(p)
     p.add_argument(
         "drafters",
         nargs="+",

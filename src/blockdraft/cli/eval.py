@@ -32,6 +32,16 @@ from blockdraft.models.drafter_spec import checkpoint_of
 from blockdraft.threads import add_threads_arg, apply_threads
 
 
+def add_rollouts_arg(p: argparse.ArgumentParser) -> None:
+    """`--rollouts DIR`, repeatable: one benchmark per rollout set (eval and compare)."""
+    p.add_argument(
+        "--rollouts",
+        required=True,
+        action="append",
+        help="rollout directory (a benchmark); repeat for several",
+    )
+
+
 def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target", required=True, help="target name (tiny, gemma-3-270m) or HF model path"
@@ -65,12 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "rollout set, computed exactly from the rollouts without running speculative decoding.",
     )
     add_target_args(p)
-    p.add_argument(
-        "--rollouts",
-        required=True,
-        action="append",
-        help="rollout directory (a benchmark); repeat for several",
-    )
+    add_rollouts_arg(p)
     p.add_argument(
         "drafters",
         nargs="+",
