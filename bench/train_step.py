@@ -10,10 +10,9 @@ batch and the ratio is the median of per-round ratios. Shapes: the demo's `tiny`
 a Gemma-3-270M-shaped step (random weights, its config's 32k draft vocabulary) and
 DFlash's GPU recipe scaled down to fit this CPU.
 
-Memory (`--part memory`): peak RSS growth of `forward_blocks` forward+backward per
-attention path, measured in fresh subprocesses at the scaled recipe shape, then the
-attention-specific terms at the full recipe (T=3072, 512 anchors, block 16, Qwen3-8B
-drafter geometry) computed analytically from the formulas printed.
+Heap and memory (`--part heap`, `--part memory`): run in fresh processes by
+bench/train_memory.py (glibc keeping freed memory vs its defaults; peak RSS growth of
+`forward_blocks` per attention path, and the full recipe's attention memory).
 
 Objectives (`--part objectives`):
 
@@ -23,7 +22,7 @@ and the reported factor is the median over rounds of time(objective) / time(unif
 within a round. The paper's claim to check: D-PACE costs <= 1.03x uniform; EDR's factor
 is reported (it trains on every round start and needs full drafter distributions).
 
-    python bench/train_step.py [--part all|throughput|memory|objectives] [--rounds 15]
+    python bench/train_step.py [--part all|throughput|heap|memory|objectives] [--rounds 15]
         [--block-size 8] [--response 96] [--batch 4]
 """
 
@@ -33,8 +32,6 @@ import argparse
 import dataclasses
 import gc
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
@@ -42,8 +39,6 @@ import torch
 
 import blockdraft.objectives.cross_entropy as ce
 from blockdraft.data.rollout_store import Rollout
-from blockdraft.heap import retain_freed_memory
-from blockdraft.models import block_attention
 from blockdraft.models.drafter import BlockDrafter, DrafterConfig
 from blockdraft.models.target import Target
 from blockdraft.models.testing import make_random_target
@@ -239,104 +234,6 @@ def throughput(shapes: list[str], rounds: int) -> None:
         ce.MAX_KEPT_PROBS_BYTES = PATHS["new"][1]
 
 
-# --- heap: glibc keeping freed memory (blockdraft/heap.py) ------------------------------------
-def heap_probe(spec: str) -> None:
-    """(subprocess) median seconds of the `new` path at shape `name`, heap retained or not."""
-    name, mode, steps = spec.split(":")
-    if mode == "retain":
-        retain_freed_memory()
-    batch = build(SHAPES[name])
-    fwd = DraftForward(batch[0])
-    times = [drafter_step(fwd, batch, "new") for _ in range(int(steps) + 2)][2:]
-    print(statistics.median(times))
-
-
-def heap_report(script: str, shapes: list[str], threads: int, rounds: int) -> None:
-    """Whole processes alternate (the setting is process-wide): glibc default vs retained."""
-    print(
-        "new path with glibc keeping freed memory (training stages set it, blockdraft/heap.py) "
-        f"vs glibc's defaults; fresh processes alternating, {rounds} rounds of 5 steps"
-    )
-    for name in shapes:
-        times: dict[str, list[float]] = {"default": [], "retain": []}
-        for r in range(rounds):
-            for mode in ("default", "retain") if r % 2 == 0 else ("retain", "default"):
-                out = subprocess.run(
-                    [sys.executable, script, "--heap-probe", f"{name}:{mode}:5",
-                     "--threads", str(threads)],
-                    capture_output=True, text=True, check=True,
-                )  # fmt: skip
-                times[mode].append(float(out.stdout.split()[-1]))
-        pairs = zip(times["default"], times["retain"], strict=True)
-        ratio = statistics.median(d / k for d, k in pairs)
-        print(
-            f"  {name}: default {statistics.median(times['default']):.3f} s/step, "
-            f"retained {statistics.median(times['retain']):.3f} s/step, speed {ratio:.2f}x"
-        )
-
-
-# --- memory -----------------------------------------------------------------------------------
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1])
-    raise RuntimeError(field)
-
-
-def memory_probe(impl: str) -> None:
-    """(subprocess) peak RSS growth of forward_blocks fwd+bwd at the scaled recipe shape."""
-    drafter, feats, ids, anchors, _, _ = build(MEMORY_SHAPE)
-    warm = anchors[:, :2].clamp(max=63)  # first backward's one-off allocations, not counted
-    drafter.forward_blocks(feats[:, :64], ids[:, :64], warm, impl).sum().backward()
-    drafter.zero_grad(set_to_none=True)
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak-RSS watermark
-    base = _status_kb("VmRSS")
-    drafter.forward_blocks(feats, ids, anchors, impl).square().sum().backward()
-    print((_status_kb("VmHWM") - base) / 1024)
-
-
-def memory_report(script: str, threads: int) -> None:
-    s = MEMORY_SHAPE
-    T, L = s.prompt + s.response, s.anchors * s.block
-    print(
-        f"forward_blocks fwd+bwd peak RSS growth, measured at the scaled recipe shape "
-        f"(T={T}, {s.anchors} anchors x block {s.block}, width {s.hidden}, 1 layer):"
-    )
-    measured = {}
-    for impl in ("dense", "tiled"):
-        out = subprocess.run(
-            [sys.executable, script, "--memory-probe", impl, "--threads", str(threads)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        measured[impl] = float(out.stdout.split()[-1])
-        print(f"  {impl:6s} {measured[impl]:8.1f} MiB")
-    print(f"  tiled / dense = {measured['tiled'] / measured['dense']:.2f}")
-    # Full recipe, per layer, attention-specific terms only (bytes); Qwen3-8B drafter.
-    T, A, Kb, h, kvh, d = 3072, 512, 16, 32, 8, 128
-    L = A * Kb
-    tile = max(1, block_attention.TILE_QUERIES // Kb) * Kb
-    gib = 1 << 30
-    dense_cpu = L * (T + L) * (1 + 4)  # bool mask + the float mask SDPA saves per layer
-    dense_cuda = h * L * (T + L) * 4  # >= the math kernel's fp32 scores (issue 17)
-    # tiled: float masks over [context up to the tile's largest anchor; tile] (sorted,
-    # uniform anchors: ~T/2 on average) + the per-tile K/V copies SDPA saves (bf16)
-    tiled = L * (T // 2 + tile) * 4 + (L // tile) * (T // 2 + tile) * kvh * d * 2 * 2
-    flex = h * L * 4 + (L // 128) * ((T + L) // 128) * 4 * 2  # logsumexp + BlockMask
-    print(
-        f"full recipe (T={T}, {A} anchors x block {Kb}, {h}/{kvh} heads, d={d}), "
-        "attention memory per layer, analytic:"
-    )
-    print(f"  dense on CPU (bool + float mask)        {dense_cpu / gib:7.2f} GiB")
-    print(f"  dense on CUDA (math kernel scores, >=)  {dense_cuda / gib:7.2f} GiB")
-    print(f"  tiled on CPU (masks + K/V tile copies)  {tiled / gib:7.2f} GiB")
-    print(f"  flex on CUDA (lse + BlockMask)          {flex / gib:7.3f} GiB")
-
-
 # --- objective ratios -------------------------------------------------------------------------
 def objective_ratios(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
@@ -418,22 +315,17 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--anchors", type=int, default=64, help="num_anchors for block objectives")
     ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--heap-probe", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.memory_probe:
-        memory_probe(args.memory_probe)
-        return
-    if args.heap_probe:
-        heap_probe(args.heap_probe)
-        return
     if args.part in ("all", "throughput"):
         throughput(args.shapes.split(","), args.throughput_rounds)
-    if args.part in ("all", "heap"):
-        heap_report(__file__, args.shapes.split(","), args.threads, args.throughput_rounds)
-    if args.part in ("all", "memory"):
-        memory_report(__file__, args.threads)
+    if args.part in ("all", "heap", "memory"):  # fresh processes: bench/train_memory.py
+        import train_memory
+
+        if args.part != "memory":
+            train_memory.heap_report(args.shapes.split(","), args.threads, args.throughput_rounds)
+        if args.part != "heap":
+            train_memory.memory_report(args.threads)
     if args.part in ("all", "objectives"):
         objective_ratios(args)
 
