@@ -157,3 +157,37 @@ def test_a_failing_pack_leaves_the_model_plain(monkeypatch) -> None:
     with torch.inference_mode(), packed_linears(target.model) as (packed,):
         assert not packed
         assert torch.equal(target.model(ids).logits, before)
+
+
+def test_a_deepcopy_of_a_packed_model_uses_its_own_weights() -> None:
+    """Copies made after packing (the bound forward is rebound by deepcopy) compute with
+    the copy's weights, inside `active()` too, and leave the original's packing intact."""
+    import copy
+    import io
+
+    target = make_random_target("qwen3", seed=0)
+    model = target.model
+    packs = PackedLinears.of(model)
+    clone = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in clone.parameters():
+            p.mul_(1.5)
+    ids = torch.randint(3, target.vocab_size, (1, 9))
+    fresh = copy.deepcopy(clone)  # the same weights, its forwards made plain below
+    for m in list(fresh.modules()):
+        if "forward" in m.__dict__:
+            del m.forward
+    with torch.inference_mode():
+        expected = fresh(ids).logits
+        with packs.active():
+            got = clone(ids).logits
+            original = model(ids).logits
+        assert torch.equal(got, expected)
+        assert not torch.allclose(original, expected)
+        assert torch.equal(clone(ids).logits, expected)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)  # a whole packed model pickles, and loads unpacked
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    with torch.inference_mode(), packs.active():
+        torch.testing.assert_close(loaded(ids).logits, original, rtol=1e-4, atol=1e-4)

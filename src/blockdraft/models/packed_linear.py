@@ -27,6 +27,8 @@ Packing keeps a second copy of every weight (Gemma 3 270M: +1.07 GB), so models 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import types
 import weakref
 from collections.abc import Iterator
 
@@ -67,6 +69,14 @@ class PackedWeight:
         self.version = _version(self.weight)
         self.packed = _reorder(self.weight, PACK_ROWS)
 
+    def __deepcopy__(self, memo: dict) -> None:
+        """Copies of a packed model get no pack (MKL's packed tensor cannot be copied, and
+        the copy's weights are its own): their linears run `F.linear`."""
+        return None
+
+    def __reduce__(self) -> tuple:
+        return (_no_pack, ())  # pickled models likewise come back unpacked
+
     def usable(self, x: torch.Tensor) -> bool:
         """Whether `x` may take the packed product (see the module doc for why these)."""
         return (
@@ -104,27 +114,23 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
 
 
 class PackedLinears:
-    """Packed copies of a model's fp32 `nn.Linear` weights, used while `active()`."""
+    """Packed copies of a model's fp32 `nn.Linear` weights, used while `active()`.
+
+    Each packed module keeps its `PackedWeight` and its owner's token as plain attributes
+    and gets `forward` bound to `_packed_forward`, which takes the packed product only
+    while the owner is active and the pack still belongs to the module's own weight
+    (same storage, same version). So a `copy.deepcopy` of a packed model (which rebinds
+    the method to the copy and drops the pack) computes with the copy's weights, never
+    the original's, and a pickled one loads unpacked."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._on = False
+        self.token = next(_TOKENS)
         self.count = 0
         for module in _packable(model):
-            self._wrap(module)
-
-    def _wrap(self, module: nn.Linear) -> None:
-        packed = PackedWeight(module.weight, module.bias)
-        plain = module.forward
-        holder = weakref.ref(self)
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            owner = holder()
-            if owner is not None and owner._on and packed.usable(x):
-                return packed(x)
-            return plain(x)
-
-        module.forward = forward  # type: ignore[method-assign]
-        self.count += 1
+            module._blockdraft_pack = PackedWeight(module.weight, module.bias)
+            module._blockdraft_owner = self.token
+            module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
+            self.count += 1
 
     @classmethod
     def of(cls, model: nn.Module) -> PackedLinears | None:
@@ -144,29 +150,56 @@ class PackedLinears:
             try:
                 packs = cls(model)
             except RuntimeError:  # MKL refusing a weight: plain products, never a failure
-                packs = None  # (modules wrapped so far see a dead owner and stay plain)
+                packs = None  # (modules wrapped so far belong to an owner never active)
         _PACKED[model] = packs
         return packs
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """Route 2+-row no-grad fp32 products through the packed weights inside the block."""
-        before, self._on = self._on, True
+        _ACTIVE[self.token] = _ACTIVE.get(self.token, 0) + 1
         try:
             yield
         finally:
-            self._on = before
+            _ACTIVE[self.token] -= 1
+            if not _ACTIVE[self.token]:
+                del _ACTIVE[self.token]
+
+
+def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`forward` of a packed `nn.Linear` (see `PackedLinears`)."""
+    pack = self._blockdraft_pack
+    if (
+        pack is not None
+        and self._blockdraft_owner in _ACTIVE
+        and pack.weight.data_ptr() == self.weight.data_ptr()
+        and pack.usable(x)
+    ):
+        return pack(x)
+    return F.linear(x, self.weight, self.bias)
+
+
+# pickle stores a bound method as getattr(obj, __name__): "forward" unpickles to the
+# module's own (plain) forward
+_packed_forward.__name__ = "forward"
+
+
+def _no_pack() -> None:
+    return None
 
 
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ACTIVE: dict[int, int] = {}  # owner token -> nesting depth of active() blocks
+_TOKENS = itertools.count()
 
 
 def _packable(model: nn.Module) -> list[nn.Linear]:
-    """The model's fp32 linears large enough to gain from packing."""
+    """The model's plain fp32 linears large enough to gain from packing (subclasses with
+    their own forward are left alone)."""
     return [
         m
         for m in model.modules()
-        if isinstance(m, nn.Linear)
+        if type(m) is nn.Linear
         and m.weight.dtype == torch.float32
         and m.weight.numel() >= MIN_PACKED_ELEMENTS
     ]
