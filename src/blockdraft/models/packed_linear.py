@@ -7,7 +7,8 @@ the product: measured on Gemma 3 270M (one thread, idle core) a 2048 x 640 layer
 0.18 ms for 1 row and 0.52 ms for 8 rows, and the 262k x 640 head 44 ms and 152 ms; with
 the weight packed once (`torch.ops.mkl._mkl_reorder_linear_weight`, what inductor's
 freezing uses) 8 rows take 0.21 ms and 63 ms. The whole 8-token verification forward went
-from 2.0 to ~1.45 AR steps (`bench/decode.py`, forward table).
+from 1.94 to 1.47 AR steps with the fp32 head, 1.38 with the packed bf16 screen of the
+head (`evaluation/decode_steps.py`; `bench/decode.py`, forward table).
 
 Scope, so that nothing else changes numerically:
 - only inside `PackedLinears.active()` (the speculative loop enters it; the AR baseline,
@@ -20,8 +21,9 @@ The packed product sums in another order than `F.linear`'s, so logits differ by 
 rounding (~1e-6 relative; the 1-row and 8-row `F.linear` kernels differ likewise): a
 greedy token can change only on a tie within rounding.
 
-Packing keeps a second copy of every weight (Gemma 3 270M: +1.07 GB), so models above
-`MAX_PACKED_BYTES` and builds without MKL (e.g. aarch64 wheels) are left unpacked.
+Packing keeps a second copy of every packed weight (Gemma 3 270M: up to +1.07 GB), so
+models above `MAX_PACKED_BYTES`, weights below `MIN_PACKED_ELEMENTS` and builds without
+MKL (e.g. aarch64 wheels) are left unpacked.
 """
 
 from __future__ import annotations
