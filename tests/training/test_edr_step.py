@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainkit import random_step_batch
 
 from blockdraft.data.anchors import round_start_anchors
-from blockdraft.data.rollout_store import Rollout
-from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-from blockdraft.models.testing import make_random_target
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training import edr_step
-from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.objective_step import pad_anchor_lists
 
@@ -23,18 +20,7 @@ class _Settings:
 
 @pytest.fixture(scope="module")
 def setup():
-    torch.manual_seed(0)
-    target = make_random_target("qwen3", hidden_size=32, num_layers=2, num_heads=2)
-    drafter = BlockDrafter(DrafterConfig.for_target(target, num_layers=1, block_size=4))
-    drafter.bind_target(target)
-    gen = torch.Generator().manual_seed(3)
-    rows = []
-    for i, n in enumerate([31, 12, 2, 1]):  # long, long, a single (dead) row, no round
-        prompt = torch.randint(3, target.vocab_size, (5,), generator=gen)
-        resp = torch.randint(3, target.vocab_size, (n,), generator=gen)
-        rows.append(Rollout(f"r{i}", prompt, resp, torch.full((n,), -1.0)))
-    batch = collate(rows, list(range(len(rows))), 0, 4096)
-    return target, drafter, batch
+    return random_step_batch([31, 12, 2, 1])  # long, long, a single (dead) row, no round
 
 
 @pytest.mark.parametrize("mode", ["sampling", "greedy"])

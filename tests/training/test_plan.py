@@ -71,26 +71,56 @@ def _cfg(**kw):
     return load_config(None, [f"{k}={v}" for k, v in keys.items()])
 
 
-def _measured_peak(*, hidden, drafter_layers, block, batch, seq, anchors) -> tuple[int, object]:
-    """Peak live bytes of two training steps as the loop runs them (target forward
-    without logits, DraftForward, backward, AdamW, zero_grad(set_to_none))."""
+def _step_parts(hidden, drafter_layers, block, batch, seq, anchors):  # type: ignore[no-untyped-def]
+    """(target, DraftForward, AdamW, ids, anchors, labels) of a random training step
+    (built inside the caller's LiveBytes, so their memory counts)."""
     from blockdraft.models.drafter import BlockDrafter, DrafterConfig
     from blockdraft.models.testing import make_random_target
     from blockdraft.training.draft_forward import DraftForward
 
     gen = torch.Generator().manual_seed(0)
+    target = make_random_target(hidden_size=hidden, num_layers=6, num_heads=4, num_kv_heads=2)
+    drafter = BlockDrafter(
+        DrafterConfig.for_target(target, num_layers=drafter_layers, block_size=block)
+    ).bind_target(target)
+    fwd = DraftForward(drafter)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
+    ids = torch.randint(0, target.vocab_size, (batch, seq), generator=gen)
+    # sampled anchors are sorted and spread over the sequence, as in training
+    anc = torch.randperm(seq - block, generator=gen)[:anchors].sort().values.repeat(batch, 1)
+    labels = torch.randint(0, target.vocab_size, (batch, anchors, block - 1), generator=gen)
+    return target, fwd, opt, ids, anc, labels
+
+
+PEAK_SHAPES = [
+    dict(hidden=128, drafter_layers=2, block=8, batch=2, seq=256, anchors=32),
+    dict(hidden=64, drafter_layers=1, block=16, batch=1, seq=384, anchors=24),
+]
+
+
+def _assert_plan_within_20_percent(shape, measured, hf, **keys) -> None:  # type: ignore[no-untyped-def]
+    cfg = _cfg(
+        **keys,
+        **{
+            "optim.batch_size": shape["batch"],
+            "data.max_seq_len": shape["seq"],
+            "num_anchors": shape["anchors"],
+            "drafter.num_layers": shape["drafter_layers"],
+            "drafter.block_size": shape["block"],
+        },
+    )
+    plan = plan_memory(cfg, 1, "cpu", hf_config=hf)
+    ratio = plan.peak / measured
+    assert 0.8 <= ratio <= 1.2, (ratio, plan.parts, measured)
+
+
+def _measured_peak(*, hidden, drafter_layers, block, batch, seq, anchors) -> tuple[int, object]:
+    """Peak live bytes of two training steps as the loop runs them (target forward
+    without logits, DraftForward, backward, AdamW, zero_grad(set_to_none))."""
     with LiveBytes() as m:
-        target = make_random_target(hidden_size=hidden, num_layers=6, num_heads=4, num_kv_heads=2)
-        drafter = BlockDrafter(
-            DrafterConfig.for_target(target, num_layers=drafter_layers, block_size=block)
-        ).bind_target(target)
-        fwd = DraftForward(drafter)
-        opt = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
-        ids = torch.randint(0, target.vocab_size, (batch, seq), generator=gen)
-        # sampled anchors are sorted and spread over the sequence, as in training
-        picks = torch.randperm(seq - block, generator=gen)[:anchors]
-        anc = picks.sort().values.repeat(batch, 1)
-        labels = torch.randint(0, target.vocab_size, (batch, anchors, block - 1), generator=gen)
+        target, fwd, opt, ids, anc, labels = _step_parts(
+            hidden, drafter_layers, block, batch, seq, anchors
+        )
         for _ in range(2):
             feats = target.forward(ids, with_logits=False).features
             _, logq, _ = fwd(feats, ids, anc, labels, labels)
@@ -101,51 +131,23 @@ def _measured_peak(*, hidden, drafter_layers, block, batch, seq, anchors) -> tup
     return m.peak, target.model.config
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [
-        dict(hidden=128, drafter_layers=2, block=8, batch=2, seq=256, anchors=32),
-        dict(hidden=64, drafter_layers=1, block=16, batch=1, seq=384, anchors=24),
-    ],
-)
+@pytest.mark.parametrize("shape", PEAK_SHAPES)
 def test_cpu_estimate_within_20_percent_of_measured_peak(shape):
-    measured, hf = _measured_peak(**shape)
-    cfg = _cfg(
-        **{
-            "optim.batch_size": shape["batch"],
-            "data.max_seq_len": shape["seq"],
-            "num_anchors": shape["anchors"],
-            "drafter.num_layers": shape["drafter_layers"],
-            "drafter.block_size": shape["block"],
-        }
-    )
-    plan = plan_memory(cfg, 1, "cpu", hf_config=hf)
-    ratio = plan.peak / measured
-    assert 0.8 <= ratio <= 1.2, (ratio, plan.parts, measured)
+    _assert_plan_within_20_percent(shape, *_measured_peak(**shape))
 
 
 def _measured_sampled_e2e_peak(*, hidden, drafter_layers, block, batch, seq, anchors):
     """`_measured_peak` for a sampled E2E step: target logits, full drafter logits, target
     probabilities and the row-chunked overlap (objective_step.block_micro_step's path)."""
     from blockdraft.data.generation import SamplingSettings
-    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-    from blockdraft.models.testing import make_random_target
     from blockdraft.objectives.e2e import e2e_from_overlap, overlap_with_logits
-    from blockdraft.training.draft_forward import DraftForward
     from blockdraft.training.objective_step import label_positions, target_probs_for
 
     settings = SamplingSettings(temperature=0.8)
-    gen = torch.Generator().manual_seed(0)
     with LiveBytes() as m:
-        target = make_random_target(hidden_size=hidden, num_layers=6, num_heads=4, num_kv_heads=2)
-        drafter = BlockDrafter(
-            DrafterConfig.for_target(target, num_layers=drafter_layers, block_size=block)
-        ).bind_target(target)
-        fwd = DraftForward(drafter)
-        opt = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
-        ids = torch.randint(0, target.vocab_size, (batch, seq), generator=gen)
-        anc = torch.randperm(seq - block, generator=gen)[:anchors].sort().values.repeat(batch, 1)
-        labels = torch.randint(0, target.vocab_size, (batch, anchors, block - 1), generator=gen)
+        target, fwd, opt, ids, anc, labels = _step_parts(
+            hidden, drafter_layers, block, batch, seq, anchors
+        )
         for _ in range(2):
             with torch.no_grad():
                 tout = target.forward(ids, with_logits=True)
@@ -160,28 +162,10 @@ def _measured_sampled_e2e_peak(*, hidden, drafter_layers, block, batch, seq, anc
     return m.peak, target.model.config
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [
-        dict(hidden=128, drafter_layers=2, block=8, batch=2, seq=256, anchors=32),
-        dict(hidden=64, drafter_layers=1, block=16, batch=1, seq=384, anchors=24),
-    ],
-)
+@pytest.mark.parametrize("shape", PEAK_SHAPES)
 def test_sampled_e2e_estimate_within_20_percent_of_measured_peak(shape):
     measured, hf = _measured_sampled_e2e_peak(**shape)
-    cfg = _cfg(
-        **{
-            "objective.name": "e2e",
-            "optim.batch_size": shape["batch"],
-            "data.max_seq_len": shape["seq"],
-            "num_anchors": shape["anchors"],
-            "drafter.num_layers": shape["drafter_layers"],
-            "drafter.block_size": shape["block"],
-        }
-    )
-    plan = plan_memory(cfg, 1, "cpu", hf_config=hf)
-    ratio = plan.peak / measured
-    assert 0.8 <= ratio <= 1.2, (ratio, plan.parts, measured)
+    _assert_plan_within_20_percent(shape, measured, hf, **{"objective.name": "e2e"})
 
 
 def _qwen3_8b():

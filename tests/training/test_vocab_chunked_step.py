@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainkit import random_step_batch
 
 import blockdraft.objectives.cross_entropy as ce
-from blockdraft.data.rollout_store import Rollout
-from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-from blockdraft.models.testing import make_random_target
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training import edr_step
-from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.objective_step import block_micro_step
 
@@ -23,17 +20,7 @@ class _Settings:
 
 @pytest.fixture(scope="module")
 def setup():
-    torch.manual_seed(0)
-    target = make_random_target("qwen3", hidden_size=32, num_layers=2, num_heads=2)
-    drafter = BlockDrafter(DrafterConfig.for_target(target, num_layers=1, block_size=4))
-    drafter.bind_target(target)
-    gen = torch.Generator().manual_seed(3)
-    rows = []
-    for i, n in enumerate([14, 9]):
-        prompt = torch.randint(3, target.vocab_size, (5,), generator=gen)
-        resp = torch.randint(3, target.vocab_size, (n,), generator=gen)
-        rows.append(Rollout(f"r{i}", prompt, resp, torch.full((n,), -1.0)))
-    return target, drafter, collate(rows, [0, 1], 0, 4096)
+    return random_step_batch([14, 9])
 
 
 def _run(step, drafter) -> tuple[torch.Tensor, list[torch.Tensor]]:

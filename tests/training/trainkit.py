@@ -91,3 +91,23 @@ def ddp_worker(rank: int, world_size: int, port: int, cfg_dict: dict) -> None:
     from blockdraft.training import train
 
     train(config_from_dict(cfg_dict), target=learnable_target())
+
+
+def random_step_batch(lengths: list[int]):  # type: ignore[no-untyped-def]
+    """(target, 1-layer block-4 drafter, batch) of random rollouts with the given response
+    lengths (5-token prompts), for micro-step tests on a tiny random Qwen3 target."""
+    from blockdraft.data.rollout_store import Rollout
+    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+    from blockdraft.training.batching import collate
+
+    torch.manual_seed(0)
+    target = make_random_target("qwen3", hidden_size=32, num_layers=2, num_heads=2)
+    drafter = BlockDrafter(DrafterConfig.for_target(target, num_layers=1, block_size=4))
+    drafter.bind_target(target)
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for i, n in enumerate(lengths):
+        prompt = torch.randint(3, target.vocab_size, (5,), generator=gen)
+        resp = torch.randint(3, target.vocab_size, (n,), generator=gen)
+        rows.append(Rollout(f"r{i}", prompt, resp, torch.full((n,), -1.0)))
+    return target, drafter, collate(rows, list(range(len(rows))), 0, 4096)
