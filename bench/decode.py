@@ -147,7 +147,7 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
     (models/packed_linear.py) with the packed fp32 head or with the screen (the loop's
     choice where oneDNN packs the screen's bf16 weight, evaluation/decode_steps.py)."""
     run, fp32_head = TargetRunner(target), TargetRunner(target)
-    fp32_head.screen = None
+    fp32_head.screen = None  # the packed fp32 head, whatever `use_packed_weights` picks
     packs = PackedLinears.of(target.model)
     plain = dict(keep=k + 1, features=True, argmax=True)
     cases: dict[str, tuple[TargetRunner, bool, dict[str, Any]]] = {

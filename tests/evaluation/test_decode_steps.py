@@ -132,3 +132,16 @@ def test_sampled_draft_block_in_draft_vocab_equals_target_space(top_k, top_p) ->
             torch.testing.assert_close(q, full, rtol=1e-5, atol=1e-7)
             assert torch.equal(tokens, sample(full, torch.Generator().manual_seed(seed)))
             assert bool(torch.isin(tokens, drafter.draft_ids).all())
+
+
+def test_packed_target_keeps_only_a_packed_screen(monkeypatch) -> None:
+    """With packed target weights the runner keeps the bf16 screen only when oneDNN packed
+    it; an unpacked screen gives way to the packed fp32 head."""
+    monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
+    target = make_random_target("llama", seed=1)
+    for packed_low in (None, torch.zeros(1)):
+        monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
+        run = TargetRunner(target)
+        run.screen.packed_low = packed_low
+        run.use_packed_weights()
+        assert (run.screen is not None) == (packed_low is not None)

@@ -127,9 +127,8 @@ def speculative_generate(
     model = target.model if run.hf else None
     neural = drafter if isinstance(drafter, nn.Module) else None
     with packed_linears(model, neural) as (target_packed, _):
-        if target_packed and run.screen is not None and run.screen.packed_low is None:
-            # an unpacked bf16 screen is slower than the packed fp32 head (decode_steps.py)
-            run.screen = None
+        if target_packed:
+            run.use_packed_weights()
         return _speculative_loop(
             run, target, drafter, prompt_ids, temperature, top_p, top_k,
             max_new_tokens, generator, verifier,

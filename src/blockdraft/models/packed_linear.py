@@ -115,6 +115,24 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
         return None
 
 
+def pack_bf16_onednn(low: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's packed layout of a bf16 `[out, in]` weight for `onednn_linear`, or None
+    where the build or the device lacks it (callers then use `F.linear`)."""
+    if low.device.type != "cpu":
+        return None
+    try:
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return None
+        return torch.ops.mkldnn._reorder_linear_weight(low, PACK_ROWS)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """`x @ W.T` (no bias) with a weight packed by `pack_bf16_onednn`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
 class PackedLinears:
     """Packed copies of a model's fp32 `nn.Linear` weights, used while `active()`.
 
