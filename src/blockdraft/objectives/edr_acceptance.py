@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 import torch
 
+from blockdraft.objectives.edr_fused import fused_sampling_acceptance
 from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
 
 Tensor = torch.Tensor
@@ -94,12 +95,18 @@ def acceptance_and_cost(
     stop_token_ids: Sequence[int] = (),
     cost_form: str = "tv",
     chunk_rows: int | None = None,
+    fused: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Acceptance `A` and immediate cost `c` for each proposal (module docstring).
 
     Computed `chunk_rows` proposals at a time (`row_chunks`: None = ~64 MB of float32 per
     chunk), so no full `[..., V]` float32 intermediate exists and autograd keeps none;
     the same values and gradients as one pass.
+
+    `fused` (sampling mode, target without gradient): `edr_fused`'s single pass with a
+    closed-form backward instead of autograd through the formula below; same values and
+    gradients up to rounding, fewer `[.., V]` passes. `fused=False` runs the
+    straightforward formula (`_RowsFn`), the reference the tests compare against.
 
     `temperature` divides the draft logits (the drafter's sampling distribution) and, if
     `target` is given as logits, the target logits too; pass `target_is_probs=True` with
@@ -130,13 +137,31 @@ def acceptance_and_cost(
     if stop_token_ids and mode == "sampling" and cost_form == "tv":
         keep = torch.ones(vocab, dtype=torch.bool, device=draft_logits.device)
         keep[torch.as_tensor(stop_token_ids, dtype=torch.long, device=keep.device)] = False
-    rows_fn = _RowsFn(mode, dtype, temperature, target_is_probs, cost_form, keep)
+    rows = check_chunk_rows(chunk_rows, vocab)
     flat_target = target.reshape(-1, vocab) if mode == "sampling" and target is not None else None
-    outs = by_row_chunks(
-        rows_fn,
-        [draft_logits.reshape(-1, vocab), flat_target, target_ids.reshape(-1).long()],
-        check_chunk_rows(chunk_rows, vocab),
-    )
+    flat = [draft_logits.reshape(-1, vocab), flat_target, target_ids.reshape(-1).long()]
+    if (
+        fused
+        and mode == "sampling"
+        and flat_target is not None
+        and not (torch.is_grad_enabled() and flat_target.requires_grad)
+    ):
+        stops = None
+        if keep is not None:
+            stops = torch.as_tensor(stop_token_ids, dtype=torch.long, device=keep.device)
+        outs = fused_sampling_acceptance(
+            flat[0],
+            flat_target,
+            flat[2],
+            temperature=temperature,
+            target_is_probs=target_is_probs,
+            stops=stops,
+            want_cost=cost_form == "tv",
+            chunk_rows=rows,
+        )
+    else:
+        rows_fn = _RowsFn(mode, dtype, temperature, target_is_probs, cost_form, keep)
+        outs = by_row_chunks(rows_fn, flat, rows)
     outs = tuple(o.reshape(target_ids.shape) for o in outs)
     if mode == "greedy_soft":
         return greedy_soft_from_logprobs(outs[0], target_ids, stop_token_ids)

@@ -1,0 +1,131 @@
+"""The fused sampling-mode acceptance/TV cost (`edr_fused`) against the straightforward
+autograd formula (`acceptance_and_cost(..., fused=False)`) and an inline formula written
+out here: values and gradients, float64, several chunkings, stop tokens, temperatures,
+target as logits or as (top-k truncated) probabilities, both cost forms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.objectives.edr import acceptance_and_cost
+
+STOPS = (0, 5)
+
+
+def _inputs(seed: int, shape=(3, 4), vocab: int = 11, truncate: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    draft = torch.randn(*shape, vocab, generator=gen, dtype=torch.float64) * 2.0
+    target = torch.randn(*shape, vocab, generator=gen, dtype=torch.float64) * 2.0
+    ids = torch.randint(vocab, shape, generator=gen)
+    ids[0, 0] = STOPS[0]
+    if truncate:  # processed target: top-4 per row, so p has exact zeros; ids in the support
+        kth = target.topk(4, dim=-1).values[..., -1:]
+        target = torch.softmax(target.masked_fill(target < kth, float("-inf")), -1)
+        ids = torch.multinomial(target.reshape(-1, vocab), 1, generator=gen).view(shape)
+    # upstream gradients of (A, c) so that both paths of the backward are exercised
+    grads = torch.randn(2, *shape, generator=gen, dtype=torch.float64)
+    return draft, target, ids, grads
+
+
+def _inline(draft, target, ids, temperature, target_is_probs, stops, realised):
+    """`min(1, q(x)/p(x))` and `sum_{v not in S} [p - q]_+ / sum_{v not in S} p`, whole
+    tensors, plain autograd."""
+    q = torch.softmax(draft / temperature, -1)
+    p = target if target_is_probs else torch.softmax(target / temperature, -1)
+    qx = q.gather(-1, ids[..., None])[..., 0]
+    px = p.gather(-1, ids[..., None])[..., 0]
+    acc = torch.clamp(qx / px, max=1.0)
+    stop = torch.isin(ids, torch.tensor(stops))
+    if realised:
+        return acc, torch.where(stop, torch.zeros(()), 1 - acc)
+    keep = torch.ones(draft.shape[-1], dtype=torch.float64)
+    keep[list(stops)] = 0
+    cost = ((p - q).clamp_min(0) * keep).sum(-1) / (p * keep).sum(-1)
+    return acc, torch.where(stop, torch.zeros((), dtype=cost.dtype), cost.clamp(max=1.0))
+
+
+def _value_and_grad(fn, draft, grads):
+    draft = draft.clone().requires_grad_(True)
+    acc, cost = fn(draft)
+    ((acc * grads[0]).sum() + (cost * grads[1]).sum()).backward()
+    return acc.detach(), cost.detach(), draft.grad
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("target_is_probs", [False, True])
+@pytest.mark.parametrize("stops", [(), STOPS])
+@pytest.mark.parametrize("cost_form", ["tv", "realised"])
+@pytest.mark.parametrize("chunk_rows", [None, 1, 5])
+def test_fused_equals_reference_values_and_gradients(
+    temperature, target_is_probs, stops, cost_form, chunk_rows
+) -> None:
+    draft, target, ids, grads = _inputs(7, truncate=target_is_probs)
+
+    def run(fused: bool):
+        return lambda d: acceptance_and_cost(
+            d,
+            target,
+            ids,
+            temperature=temperature,
+            target_is_probs=target_is_probs,
+            stop_token_ids=stops,
+            cost_form=cost_form,
+            chunk_rows=chunk_rows,
+            fused=fused,
+        )
+
+    fused = _value_and_grad(run(True), draft, grads)
+    reference = _value_and_grad(run(False), draft, grads)
+    inline = _value_and_grad(
+        lambda d: _inline(d, target, ids, temperature, target_is_probs, stops, cost_form != "tv"),
+        draft,
+        grads,
+    )
+    for got, ref, alt in zip(fused, reference, inline, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(got, alt, rtol=1e-10, atol=1e-12)
+    assert fused[2].abs().sum() > 0  # the comparison is not between two zero gradients
+
+
+def test_fused_gradcheck() -> None:
+    """Finite differences on the fused function itself (float64, both outputs)."""
+    draft, target, ids, _ = _inputs(3, shape=(2, 3), vocab=6)
+
+    def fn(d):
+        return acceptance_and_cost(
+            d, target, ids, temperature=0.8, stop_token_ids=(1,), chunk_rows=2, fused=True
+        )
+
+    assert torch.autograd.gradcheck(fn, (draft.clone().requires_grad_(True),))
+
+
+def test_fused_float32_and_no_grad() -> None:
+    """float32 logits: float32 outputs and gradient; without autograd the same values."""
+    draft, target, ids, grads = _inputs(11, shape=(5, 3), vocab=40)
+    d32, t32 = draft.float(), torch.softmax(target.float(), -1)
+
+    def run(d, fused):
+        return acceptance_and_cost(
+            d, t32, ids, target_is_probs=True, temperature=0.7, stop_token_ids=STOPS, fused=fused
+        )
+
+    got = _value_and_grad(lambda d: run(d, True), d32, grads.float())
+    ref = _value_and_grad(lambda d: run(d, False), d32, grads.float())
+    assert got[2].dtype == torch.float32
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-7)
+    with torch.no_grad():
+        acc, cost = run(d32, True)
+    torch.testing.assert_close(acc, got[0], rtol=0, atol=0)
+    torch.testing.assert_close(cost, got[1], rtol=0, atol=0)
+
+
+def test_target_with_gradient_uses_reference() -> None:
+    """The fused path gives the target no gradient, so a target that requires grad goes
+    through the autograd formula and still gets its gradient."""
+    draft, target, ids, _ = _inputs(5)
+    target = target.clone().requires_grad_(True)
+    acc, cost = acceptance_and_cost(draft, target, ids, temperature=0.9, stop_token_ids=STOPS)
+    (acc.sum() + cost.sum()).backward()
+    assert target.grad is not None and target.grad.abs().sum() > 0
