@@ -19,8 +19,12 @@ Objectives (`--part objectives`):
 Why interleaved: the machine's speed drifts (other processes, thermal state), so every
 round times each objective once, in rotating order, on the *same* micro-batch and anchors,
 and the reported factor is the median over rounds of time(objective) / time(uniform)
-within a round. The paper's claim to check: D-PACE costs <= 1.03x uniform; EDR's factor
-is reported (it trains on every round start and needs full drafter distributions).
+within a round. The paper's claim to check: D-PACE costs <= 1.03x uniform. EDR runs twice
+per mode: at the block objectives' budget of drafter blocks with gradient (`max_anchors`
+= `--anchors` round starts per rollout, drawn by the PPS sampler with Horvitz-Thompson
+weights, after a no-grad scoring pass over every round start that the occupancies need),
+and on every round start (`max_anchors` 512: no sampling, no scoring pass, more blocks
+with gradient than the block objectives).
 
     python bench/train_step.py [--part all|throughput|heap|memory|objectives] [--rounds 15]
         [--block-size 8] [--response 96] [--batch 4]
@@ -49,7 +53,15 @@ from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.objective_step import block_micro_step
 
-OBJECTIVES = ["uniform", "decay", "dpace", "e2e", "edr", "edr-greedy"]
+OBJECTIVES = ["uniform", "decay", "dpace", "e2e", "edr", "edr-greedy", "edr-all", "edr-greedy-all"]
+# EDR rows: name -> (mode, budget); "equal": the block objectives' anchors per rollout as
+# max_anchors (PPS round-start sampling), "all": every round start (max_anchors 512)
+EDR_ROWS = {
+    "edr": ("sampling", "equal"),
+    "edr-greedy": ("greedy", "equal"),  # greedy: A = q(x), no [.., V] distributions
+    "edr-all": ("sampling", "all"),
+    "edr-greedy-all": ("greedy", "all"),
+}
 
 
 class _Settings:
@@ -250,11 +262,13 @@ def objective_ratios(args: argparse.Namespace) -> None:
         resp = torch.randint(3, target.vocab_size, (args.response,), generator=gen)
         rows.append(Rollout(f"b{i}", prompt, resp, torch.full((args.response,), -1.0)))
     batch = collate(rows, list(range(len(rows))), 1, 4096)
-    edr_modes = {"edr": "sampling", "edr-greedy": "greedy"}  # greedy: A = q(x), no [.., V]
     objectives = {
-        name: make_objective(
-            name.split("-")[0],
-            **({"mode": edr_modes[name], "max_anchors": 512} if name in edr_modes else {}),
+        name: make_objective(name)
+        if name not in EDR_ROWS
+        else make_objective(
+            "edr",
+            mode=EDR_ROWS[name][0],
+            max_anchors=args.anchors if EDR_ROWS[name][1] == "equal" else 512,
         )
         for name in OBJECTIVES
     }
@@ -265,7 +279,8 @@ def objective_ratios(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         common = dict(seed=0, step=0, settings=_Settings, want_acc=False, alpha=0.5, variant="full")
         if obj.is_rounds_objective:
-            out = edr_micro_step(fwd, drafter, target, obj, batch, mode=edr_modes[name], **common)
+            mode = EDR_ROWS[name][0]
+            out = edr_micro_step(fwd, drafter, target, obj, batch, mode=mode, **common)
         else:
             out = block_micro_step(
                 fwd, drafter, target, obj, batch, num_anchors=args.anchors, **common
@@ -283,20 +298,28 @@ def objective_ratios(args: argparse.Namespace) -> None:
             ratios[name].append(times[name] / times["uniform"])
     blocks = args.batch * min(args.anchors, args.response - 1)
     starts = args.batch * (args.response - 2)  # round starts n = 1..L-2 (the last has no block)
+    sampled = args.batch * min(args.anchors, args.response - 2)
     print(
         f"train step time relative to uniform (median of {args.rounds} interleaved rounds; "
-        f"batch {args.batch} x {args.response} response tokens, block {args.block_size}, "
-        f"{blocks} sampled blocks for block objectives, all {starts} drafted round starts for edr; "
-        "edr = sampling-mode EDR (TV cost, full distributions), edr-greedy = A = q(x))"
+        f"batch {args.batch} x {args.response} response tokens, block {args.block_size}; "
+        f"block objectives: {blocks} sampled blocks with gradient)\n"
+        "  edr / edr-greedy: EDR at the same budget, PPS round-start sampling with "
+        f"Horvitz-Thompson weights, max_anchors {args.anchors} per rollout = {sampled} blocks "
+        f"with gradient, plus a no-grad scoring pass over all {starts} round starts\n"
+        f"  edr-all / edr-greedy-all: every one of the {starts} drafted round starts with "
+        "gradient (max_anchors 512), no scoring pass\n"
+        "  (edr* = sampling-mode EDR, TV cost on full distributions; edr-greedy* = A = q(x))"
     )
     for name in OBJECTIVES:
         factor = statistics.median(ratios[name])
-        per_block = (
-            f"   {factor * blocks / starts:.3f}x per drafter block ({starts} vs {blocks})"
-            if name in edr_modes
-            else ""
-        )
-        print(f"  {name:10s} {factor:.3f}x{per_block}")
+        note = ""
+        if name in EDR_ROWS and EDR_ROWS[name][1] == "all":
+            note = (
+                f"   {factor * blocks / starts:.3f}x per block with gradient ({starts} vs {blocks})"
+            )
+        elif name in EDR_ROWS:
+            note = f"   equal budget: {sampled} blocks with gradient + {starts} scored without"
+        print(f"  {name:14s} {factor:.3f}x{note}")
 
 
 def main() -> None:

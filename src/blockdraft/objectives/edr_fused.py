@@ -62,7 +62,11 @@ class _FusedSampling(torch.autograd.Function):
         for lo in range(0, rows, chunk_rows):
             hi = min(lo + chunk_rows, rows)
             idx = ids[lo:hi].unsqueeze(-1)
-            q = q_all[lo:hi] if save else torch.empty((hi - lo, vocab), dtype=dtype, device=logits.device)
+            q = (
+                q_all[lo:hi]
+                if save
+                else torch.empty((hi - lo, vocab), dtype=dtype, device=logits.device)
+            )
             torch.div(logits[lo:hi].to(dtype), temperature, out=q)
             work = torch.log_softmax(q, dim=-1)  # the reference's log q, bit for bit
             logq_x = work.gather(-1, idx).squeeze(-1)
@@ -85,10 +89,8 @@ class _FusedSampling(torch.autograd.Function):
                 m = torch.ge(p, q, out=mask[lo:hi])
                 if keep is not None:
                     m.index_fill_(1, stops, False)
-            if keep is not None:
-                mass = torch.mul(p, keep, out=work).sum(-1)
-            else:
-                mass = p.sum(-1)
+            # the reference's (p * keep).sum(-1), bit for bit
+            mass = p.sum(-1) if keep is None else torch.mul(p, keep, out=work).sum(-1)
             gap = torch.sub(p, q, out=work).clamp_min_(0)
             if keep is not None:
                 gap.index_fill_(1, stops, 0.0)  # == gap * keep: gap is finite

@@ -61,7 +61,7 @@ def _acceptance(fwd, target, tout, batch, anchors, settings, mode, with_grad: bo
         ids = labels.clamp_min(0)
         if sampling:
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
-            p = target_probs_for(tout.logits, positions, settings)
+            p = _target_probs(tout.logits, positions, settings)
             acc, cost = acceptance_and_cost(
                 logits,
                 p,
@@ -76,6 +76,22 @@ def _acceptance(fwd, target, tout, batch, anchors, settings, mode, with_grad: bo
             logq_x = torch.where(in_vocab, logq, torch.full_like(logq, -math.inf))
             acc, cost = greedy_soft_from_logprobs(logq_x, ids, target.stop_token_ids)
     return acc, cost, hidden, logq, labels, mask, prev
+
+
+def _target_probs(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
+    """`target_probs_for(logits, positions, settings)` `[B, A, K, V]`, with the sampling
+    distribution (temperature, top-k/top-p: a sort per row) computed once per distinct
+    position of each sequence and then copied into place. Why: consecutive round starts
+    share K-1 of their K label positions, so the block layout asks for each position up
+    to K times (the scoring pass: every position K times)."""
+    b, vocab = positions.shape[0], logits.shape[-1]
+    flat = positions.reshape(b, -1)
+    out = torch.empty((b, flat.shape[1], vocab), dtype=torch.float32, device=logits.device)
+    for i in range(b):
+        uniq, inverse = torch.unique(flat[i], return_inverse=True)
+        rows = target_probs_for(logits[i : i + 1], uniq.view(1, 1, -1), settings)[0, 0]
+        torch.index_select(rows, 0, inverse, out=out[i])
+    return out.view(*positions.shape, vocab)
 
 
 def score_round_starts(
