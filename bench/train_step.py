@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 import blockdraft.objectives.cross_entropy as ce
+from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollout_store import Rollout
 from blockdraft.models.drafter import BlockDrafter, DrafterConfig
 from blockdraft.models.target import Target
@@ -50,10 +51,11 @@ from blockdraft.objectives.cross_entropy import weighted_cross_entropy
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.edr_step import edr_micro_step
-from blockdraft.training.objective_step import block_micro_step
+from blockdraft.training.edr_step import edr_micro_step, score_round_starts
+from blockdraft.training.objective_step import block_micro_step, pad_anchor_lists
 
 OBJECTIVES = ["uniform", "decay", "dpace", "e2e", "edr", "edr-greedy", "edr-all", "edr-greedy-all"]
+SCORING = "edr-scoring"  # not a step: the equal-budget rows' no-grad scoring pass alone
 # EDR rows: name -> (mode, budget); "equal": the block objectives' anchors per rollout as
 # max_anchors (PPS round-start sampling), "all": every round start (max_anchors 512)
 EDR_ROWS = {
@@ -273,7 +275,23 @@ def objective_ratios(args: argparse.Namespace) -> None:
         for name in OBJECTIVES
     }
 
+    tout = target.forward(
+        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=True
+    )
+    every_start = pad_anchor_lists(  # all round starts but the dead last one
+        [
+            round_start_anchors(int(p), int(n))[:-1]
+            for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
+        ]
+    )
+
     def step(name: str) -> float:
+        if name == SCORING:  # features and target logits given, as inside edr_micro_step
+            t0 = time.perf_counter()
+            score_round_starts(
+                fwd, target, tout, batch, every_start, _Settings, "sampling", args.anchors
+            )
+            return time.perf_counter() - t0
         obj = objectives[name]
         drafter.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
@@ -288,13 +306,14 @@ def objective_ratios(args: argparse.Namespace) -> None:
         out.numerator.backward()
         return time.perf_counter() - t0
 
-    for name in OBJECTIVES:  # warm-up
+    names = [*OBJECTIVES, SCORING]
+    for name in names:  # warm-up
         step(name)
-    ratios: dict[str, list[float]] = {n: [] for n in OBJECTIVES}
+    ratios: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds):
-        order = OBJECTIVES[r % len(OBJECTIVES) :] + OBJECTIVES[: r % len(OBJECTIVES)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         times = {name: step(name) for name in order}
-        for name in OBJECTIVES:
+        for name in names:
             ratios[name].append(times[name] / times["uniform"])
     blocks = args.batch * min(args.anchors, args.response - 1)
     starts = args.batch * (args.response - 2)  # round starts n = 1..L-2 (the last has no block)
@@ -320,6 +339,11 @@ def objective_ratios(args: argparse.Namespace) -> None:
         elif name in EDR_ROWS:
             note = f"   equal budget: {sampled} blocks with gradient + {starts} scored without"
         print(f"  {name:14s} {factor:.3f}x{note}")
+    print(
+        f"  of which the scoring pass alone (no grad, all {starts} round starts, sampling mode, "
+        f"{args.anchors} per rollout per pass; target forward not included): "
+        f"{statistics.median(ratios[SCORING]):.3f}x uniform's step"
+    )
 
 
 def main() -> None:
