@@ -85,3 +85,42 @@ def test_micro_step_is_the_same_with_any_chunk(setup, mode: str, monkeypatch) ->
                 assert last not in grad_pass[i].tolist()
                 assert int(grad_pass[i].max()) >= 0
     assert ref_loss.item() > 0
+
+
+@pytest.mark.parametrize("mode", ["sampling", "greedy"])
+def test_scoring_of_wrapped_forward_equals_unwrapped(setup, mode: str) -> None:
+    """The scoring pass calls an unwrapped DraftForward's drafter directly (no T = 1 log
+    q(label)); a wrapped forward (here a subclass, as DDP/FSDP are not DraftForward) goes
+    through `forward`: same acceptance and cost, and the target probabilities computed
+    once per distinct position equal `target_probs_for`'s per-slot rows."""
+    from blockdraft.training.objective_step import label_positions, target_probs_for
+
+    target, drafter, batch = setup
+
+    class Wrapped(DraftForward):
+        pass
+
+    tout = target.forward(
+        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=True
+    )
+    anchors = pad_anchor_lists(
+        [
+            round_start_anchors(int(p), int(n))
+            for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
+        ]
+    )
+    direct = edr_step.score_round_starts(
+        DraftForward(drafter), target, tout, batch, anchors, _Settings, mode, 5
+    )
+    wrapped = edr_step.score_round_starts(
+        Wrapped(drafter), target, tout, batch, anchors, _Settings, mode, 5
+    )
+    for a, b in zip(direct, wrapped, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    positions = label_positions(anchors, 3, batch.input_ids.shape[1])
+    torch.testing.assert_close(
+        edr_step._target_probs(tout.logits, positions, _Settings),
+        target_probs_for(tout.logits, positions, _Settings),
+        rtol=0,
+        atol=0,
+    )

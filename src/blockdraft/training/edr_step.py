@@ -38,7 +38,7 @@ from blockdraft.objectives.edr import (
     state_occupancy,
 )
 from blockdraft.training.batching import Batch, derived_seed
-from blockdraft.training.draft_forward import map_to_draft_vocab
+from blockdraft.training.draft_forward import DraftForward, map_to_draft_vocab
 from blockdraft.training.objective_step import (
     MicroOutput,
     block_stats,
@@ -57,7 +57,16 @@ def _acceptance(fwd, target, tout, batch, anchors, settings, mode, with_grad: bo
     ctx = torch.enable_grad() if with_grad else torch.no_grad()
     with ctx:
         sampling = mode == "sampling"
-        hidden, logq, logits = fwd(tout.features, batch.input_ids, anchors, labels, prev, sampling)
+        if sampling and not with_grad and type(fwd) is DraftForward:
+            # the scoring pass needs only the logits: skip the T = 1 log q(label) that
+            # DraftForward adds for the gradient pass's statistics (a full-vocabulary
+            # log-softmax). Only unwrapped: DDP/FSDP must see their module's forward.
+            hidden = fwd.drafter.forward_blocks(tout.features, batch.input_ids, anchors)
+            logq, logits = None, fwd.drafter.compute_logits(hidden, prev)
+        else:
+            hidden, logq, logits = fwd(
+                tout.features, batch.input_ids, anchors, labels, prev, sampling
+            )
         ids = labels.clamp_min(0)
         if sampling:
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
