@@ -33,12 +33,16 @@ from blockdraft.objectives.edr import occupancy_and_value
 
 @numba.njit(cache=True)
 def _plain_kernel(acc, cst):
-    """One rollout `[L-1, K]` -> (values, td, occupancy, round starts), written plainly."""
+    """One rollout `[L-1, K]` -> (values, td, occupancy, row values, objective [1]), written
+    plainly: the outputs `occupancy_and_value` returns (the round starts are the first
+    column of the occupancy in both)."""
     rows, k = acc.shape
     length = rows + 1
     values = np.zeros((rows, k + 1), dtype=np.float32)
     td = np.zeros((rows, k), dtype=np.float32)
     occ = np.zeros((rows, k + 1), dtype=np.float64)
+    row_value = np.zeros(rows, dtype=np.float32)
+    objective = np.zeros(1, dtype=np.float32)
     round_value = np.zeros(length + k + 2, dtype=np.float32)
     starts = np.zeros(length + k + 2, dtype=np.float64)
     for n in range(rows, 0, -1):  # backward: values
@@ -56,8 +60,10 @@ def _plain_kernel(acc, cst):
             values[n - 1, h - 1] = v
         round_value[n] = v
     starts[1] = 1.0
-    for n in range(1, length):  # forward: occupancies
+    total = 1.0 if length >= 2 else 0.0
+    for n in range(1, length):  # forward: occupancies and each row's share of J
         mass = starts[n]
+        share = 0.0
         for h in range(1, k + 2):
             t = n + h
             if t > length:
@@ -68,10 +74,15 @@ def _plain_kernel(acc, cst):
             if h <= k:
                 a = np.float64(acc[n - 1, h - 1])
                 starts[t] += mass * (1.0 - a)
+                share += mass * np.float64(cst[n - 1, h - 1])
                 mass *= a
             else:
                 starts[t] += mass
-    return values, td, occ, starts[1:length]
+                share += mass
+        row_value[n - 1] = share
+        total += share
+    objective[0] = total
+    return values, td, occ, row_value, objective
 
 
 def ours_kernel_only(acc: np.ndarray, cost: np.ndarray, length: np.ndarray) -> tuple:
@@ -131,12 +142,13 @@ def _inputs(gen: torch.Generator, shape: tuple[int, ...]) -> tuple[torch.Tensor,
 
 def _check(state, ref: tuple[torch.Tensor, ...], rows: slice = slice(None)) -> float:
     """Max abs difference ours vs plain (float32 values in the plain loop)."""
-    values, td, occ, starts = ref
+    values, td, occ, row_value, objective = ref
     return max(
         float((state.value[rows] - values).abs().max()),
         float((state.td[rows] - td).abs().max()),
         float((state.occupancy[rows] - occ).abs().max()),
-        float((state.round_start[rows] - starts).abs().max()),
+        float((state.row_value[rows] - row_value).abs().max()),
+        abs(float(state.objective) - float(objective[0])),
     )
 
 
@@ -151,7 +163,7 @@ def precision(gen: torch.Generator, length: int, k: int) -> tuple[float, float]:
     truth = occupancy_and_value(acc[0], acc[0]).round_start
     rel = float(((starts32[0].double() - truth).abs() / truth.clamp_min(1e-300)).max())
     acc, cost = _inputs(gen, (length - 1, k))
-    _, td32, _, _ = plain_rollout(acc, cost)
+    td32 = plain_rollout(acc, cost)[1]
     return rel, float((td32.double() - occupancy_and_value(acc, cost).td).abs().max())
 
 

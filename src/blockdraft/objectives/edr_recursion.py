@@ -46,6 +46,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from blockdraft.objectives.edr_host import (
+    check_shapes as _check_shapes,
+)
+from blockdraft.objectives.edr_host import (
+    host_arrays as _host_arrays,
+)
+from blockdraft.objectives.edr_host import (
+    plain_rollout as _plain_rollout,
+)
+from blockdraft.objectives.edr_host import (
+    to_torch as _to_torch,
+)
+from blockdraft.objectives.edr_host import (
+    work_dtype as _work_dtype,
+)
+
 Tensor = torch.Tensor
 
 
@@ -97,30 +113,6 @@ def pad_rollouts(tensors: list[Tensor]) -> tuple[Tensor, Tensor]:
         out[i, : t.shape[0]] = t
     lengths = torch.tensor([t.shape[0] + 1 for t in tensors], device=out.device)
     return out, lengths
-
-
-def _work_dtype(t: Tensor) -> torch.dtype:
-    if not t.is_floating_point():
-        return torch.float32
-    return torch.promote_types(t.dtype, torch.float32)
-
-
-def _check_shapes(acceptance: Tensor, cost: Tensor | None, lengths: object) -> bool:
-    """Raise on malformed inputs; return whether it is a single rollout `[L-1, K]`."""
-    if not isinstance(acceptance, Tensor):
-        raise TypeError(f"acceptance must be a torch.Tensor, got {type(acceptance).__name__}")
-    shape = acceptance.shape
-    if len(shape) not in (2, 3):
-        raise ValueError(f"acceptance must be [L-1, K] or [B, L-1, K], got shape {tuple(shape)}")
-    if shape[-1] < 1:
-        raise ValueError(f"acceptance needs K >= 1 proposals, got shape {tuple(shape)}")
-    if cost is not None and cost.shape != shape:
-        raise ValueError(
-            f"cost {tuple(cost.shape)} must have the shape of acceptance {tuple(shape)}"
-        )
-    if len(shape) == 2 and lengths is not None:
-        raise ValueError("lengths is only for batched [B, L-1, K] inputs")
-    return len(shape) == 2
 
 
 def as_batch(
@@ -200,54 +192,20 @@ def _kernels(backend: str):
     return _KERNELS
 
 
-def _host_arrays(
-    acceptance: Tensor, cost: Tensor | None, lengths: Tensor | None
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, bool]:
-    """`(acc [B,M,K], cost, lengths [B] int64, single)` as host numpy arrays for the
-    kernels: float32/float64 kept (other dtypes -> float32), one device transfer for
-    accelerator inputs. Lean on purpose: for short rollouts this is most of the cost."""
-    single = _check_shapes(acceptance, cost, lengths)
-    dtype = _work_dtype(acceptance)
-    if acceptance.device.type == "cpu":
-        acc = _as_numpy(acceptance, dtype)
-        cst = None if cost is None else _as_numpy(cost, dtype)
-    elif cost is None:
-        acc, cst = acceptance.detach().to("cpu", dtype).numpy(), None
-    else:  # one transfer for both
-        both = torch.stack((acceptance.detach().to(dtype), cost.detach().to(dtype))).cpu()
-        acc, cst = both[0].numpy(), both[1].numpy()
-    if single:
-        acc, cst = acc[None], (None if cst is None else cst[None])
-    batch, rows, _ = acc.shape
-    if lengths is None:
-        lens = (
-            np.full(batch, rows + 1, dtype=np.int64)
-            if batch > 1
-            else np.array([rows + 1], dtype=np.int64)
-        )
-    else:
-        lens = torch.as_tensor(lengths).detach().cpu().long().numpy()
-        if lens.shape != (batch,):
-            raise ValueError(f"lengths must have shape ({batch},), got {tuple(lens.shape)}")
-        if batch and (lens.min() < 0 or lens.max() > rows + 1):
-            raise ValueError(f"lengths must lie in [0, {rows + 1}] for {rows} round-start rows")
-    return acc, cst, lens, single
-
-
-def _as_numpy(t: Tensor, dtype: torch.dtype) -> np.ndarray:
-    """C-contiguous numpy view (no copy when possible) of a CPU tensor in `dtype`; each
-    skipped no-op call saves ~0.5 us, which matters for short rollouts."""
-    if t.requires_grad:
-        t = t.detach()
-    if t.dtype != dtype:
-        t = t.to(dtype)
-    return np.ascontiguousarray(t.numpy())
-
-
-def _to_torch(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Tensor, ...]:
-    if device.type == "cpu":
-        return tuple(torch.from_numpy(a) for a in arrays)
-    return tuple(torch.from_numpy(a).to(device) for a in arrays)
+def _fast_state(
+    omega: np.ndarray, value: np.ndarray, td: np.ndarray, row_value: np.ndarray, obj: np.ndarray
+) -> OccupancyValue:
+    """`OccupancyValue` of one rollout's kernel outputs; fills the frozen dataclass's
+    `__dict__` directly (its generated `__init__` costs ~0.3 us more per call)."""
+    state = object.__new__(OccupancyValue)
+    state.__dict__.update(
+        occupancy=torch.from_numpy(omega),
+        value=torch.from_numpy(value),
+        td=torch.from_numpy(td),
+        row_value=torch.from_numpy(row_value),
+        objective=torch.from_numpy(obj.reshape(())),
+    )
+    return state
 
 
 # --- forward occupancy ---------------------------------------------------------------
@@ -299,7 +257,15 @@ def occupancy_and_value(
     `backend`: "compiled" (numba kernels, `edr_kernels`; inputs on an accelerator are
     copied to the host and the results back), "torch" (the loop-over-positions
     reference, `edr_torch`) or "auto" (compiled when numba imports)."""
-    kernels = _kernels(backend)
+    kernels = _KERNELS if backend == "auto" and _KERNELS else _kernels(backend)
+    if kernels is not None and lengths is None and _plain_rollout(acceptance, cost):
+        # one CPU rollout in float32/float64 without autograd: the kernel's own outputs,
+        # nothing re-checked or converted (short rollouts are dominated by fixed costs)
+        return _fast_state(
+            *kernels.occupancy_value_rollout(
+                np.ascontiguousarray(acceptance.numpy()), np.ascontiguousarray(cost.numpy())
+            )
+        )
     if kernels is None:
         from blockdraft.objectives import edr_torch
 
@@ -315,19 +281,6 @@ def occupancy_and_value(
             outputs = tuple(t[0] for t in outputs)
         return OccupancyValue(*outputs)
     # the kernels never read ignored entries (NaN allowed there): no sanitising needed
-    device = acceptance.device
-    if device.type == "cpu" and _check_shapes(acceptance, cost, lengths):  # one rollout
-        dtype = _work_dtype(acceptance)
-        omega, value, td, row_value, objective = kernels.occupancy_value_rollout(
-            _as_numpy(acceptance, dtype), _as_numpy(cost, dtype)
-        )
-        return OccupancyValue(
-            torch.from_numpy(omega),
-            torch.from_numpy(value),
-            torch.from_numpy(td),
-            torch.from_numpy(row_value),
-            torch.from_numpy(objective.reshape(())),
-        )
     acc, cst, lens, single = _host_arrays(acceptance, cost, lengths)
     batch, rows, k = acc.shape
     dtype = acc.dtype  # float32 inputs: values stored in float32 (computed in float64)
