@@ -259,3 +259,35 @@ def test_torch_fallback_when_numba_is_missing(monkeypatch) -> None:
         occupancy_and_value(acc, cost, lens, backend="compiled")
     with pytest.raises(ValueError, match="backend"):
         occupancy_and_value(acc, cost, lens, backend="cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_single_rollout_fast_path_equals_general_path(dtype: torch.dtype) -> None:
+    """One plain CPU rollout takes the lean path (`edr_host.plain_rollout`); the same
+    rollout as a batch of one or with autograd takes the general path, a column-major
+    copy the lean path again (made C-contiguous): identical outputs, dtypes, shapes."""
+    from blockdraft.objectives.edr_host import plain_rollout
+
+    gen = torch.Generator().manual_seed(17)
+    acc = (0.2 + 0.8 * torch.rand(40, 5, generator=gen, dtype=torch.float64)).to(dtype)
+    cost = torch.rand(40, 5, generator=gen, dtype=torch.float64).to(dtype)
+    assert plain_rollout(acc, cost)
+    fast = occupancy_and_value(acc, cost)
+    batched = occupancy_and_value(acc[None], cost[None], torch.tensor([41]))
+    strided_acc = torch.empty(5, 40, dtype=dtype).t().copy_(acc)  # same values, column-major
+    variants = {
+        "batch of one": batched,
+        "autograd": occupancy_and_value(acc.clone().requires_grad_(), cost),
+        "non-contiguous": occupancy_and_value(strided_acc, cost),
+    }
+    assert not plain_rollout(acc.clone().requires_grad_(), cost)
+    for label, other in variants.items():
+        for name in ("occupancy", "value", "td", "row_value", "objective", "round_start"):
+            got = getattr(fast, name)
+            want = getattr(other, name)[0] if label == "batch of one" else getattr(other, name)
+            assert got.dtype == want.dtype and got.shape == want.shape, (label, name)
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{label}: {name}")
+    assert fast.occupancy.dtype == torch.float64 and fast.td.dtype == dtype
+    assert fast.objective.shape == ()
+    mixed = occupancy_and_value(acc, cost.to(torch.float64 if dtype == torch.float32 else dtype))
+    torch.testing.assert_close(mixed.td, fast.td)
