@@ -87,25 +87,3 @@ def to_torch(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Tens
     if device.type == "cpu":
         return tuple(torch.from_numpy(a) for a in arrays)
     return tuple(torch.from_numpy(a).to(device) for a in arrays)
-
-
-_NATIVE = (torch.float32, torch.float64)
-
-
-def plain_rollout(acceptance: object, cost: object) -> bool:
-    """Whether `(acceptance, cost)` is one rollout the kernel takes as is: plain CPU
-    tensors `[L-1, K >= 1]` of one float32/float64 dtype, no autograd. Anything else
-    goes through the general path (validation, conversions, clear errors)."""
-    return (
-        type(acceptance) is Tensor
-        and type(cost) is Tensor
-        and acceptance.is_cpu
-        and cost.is_cpu
-        and acceptance.dim() == 2
-        and acceptance.shape == cost.shape
-        and acceptance.shape[1] >= 1
-        and acceptance.dtype in _NATIVE
-        and cost.dtype == acceptance.dtype
-        and not acceptance.requires_grad
-        and not cost.requires_grad
-    )

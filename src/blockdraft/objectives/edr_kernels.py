@@ -169,15 +169,15 @@ def occupancy_batch(acc, lengths, omega):  # pragma: no cover
 @numba.njit(cache=True, nogil=True)
 def occupancy_value_rollout(acc, cst):  # pragma: no cover
     """One whole rollout `[L-1, K]`: allocates and returns `(omega, value, td, row_value,
-    objective [1])` (the single-rollout call is dominated by fixed costs, so the
+    objective)` (0-d) (the single-rollout call is dominated by fixed costs, so the
     allocations happen here rather than as separate Python calls)."""
     rows, k = acc.shape
     omega = np.empty((rows, k + 1), dtype=np.float64)
     value = np.empty((rows, k + 1), dtype=acc.dtype)
     td = np.empty((rows, k), dtype=acc.dtype)
     row_value = np.empty(rows, dtype=acc.dtype)
-    objective = np.empty(1, dtype=acc.dtype)
+    objective = np.empty((), dtype=acc.dtype)
     scratch = np.empty(rows + k + 2, dtype=np.float64)
-    objective[0] = _forward_rollout(acc, cst, rows + 1, omega, row_value, scratch, True)
+    objective[()] = _forward_rollout(acc, cst, rows + 1, omega, row_value, scratch, True)
     _backward_rollout(acc, cst, rows + 1, value, td, scratch)
     return omega, value, td, row_value, objective
