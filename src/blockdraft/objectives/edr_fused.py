@@ -15,10 +15,12 @@ the stop set S) and `A = exp(min(0, log q_x - log p_x))`,
               a = A * 1[log q_x <= log p_x]
 
 (the indicator conventions are those of autograd's `clamp`: the gradient passes at the
-boundary). Forward keeps `q` and the boolean mask `1[p >= q, v not in S]` (5 bytes per
-element in float32; the checkpointed reference keeps the logits and `p` alive, 8), so the
-drafter's logits and the target probabilities can be freed after the forward. No
-gradient flows into the target: callers whose target requires grad use the reference.
+boundary). Memory is that of the reference: autograd keeps the inputs (the logits and
+`p`, which the caller holds anyway) and per-row scalars, and backward recomputes `q` one
+row chunk at a time (a softmax, not the whole formula with its autograd graph), so no
+`[rows, V]` tensor exists beyond the inputs and the gradient (`training/plan.py` counts
+exactly those). No gradient flows into the target: a target that requires grad goes
+through the reference.
 """
 
 from __future__ import annotations
@@ -26,6 +28,20 @@ from __future__ import annotations
 import torch
 
 Tensor = torch.Tensor
+
+
+def _q_and_p(
+    logits: Tensor, target: Tensor, temperature: float, target_is_probs: bool, dtype
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """`(q, log q, p, log p or None)` for one row chunk, computed as the reference does
+    (log-softmax, then exp) so that forward and backward see the same numbers."""
+    q = torch.div(logits.to(dtype), temperature)
+    logq = torch.log_softmax(q, dim=-1)
+    torch.exp(logq, out=q)
+    if target_is_probs:
+        return q, logq, target.to(dtype), None
+    logp = torch.log_softmax(target.to(dtype) / temperature, dim=-1)
+    return q, logq, logp.exp(), logp
 
 
 class _FusedSampling(torch.autograd.Function):
@@ -42,42 +58,25 @@ class _FusedSampling(torch.autograd.Function):
         stops: Tensor | None,
         want_cost: bool,
         chunk_rows: int,
-        save: bool,
     ) -> tuple[Tensor, ...]:
         dtype = torch.promote_types(logits.dtype, torch.float32)
         rows, vocab = logits.shape
         tiny = torch.finfo(dtype).tiny
-        # what backward needs is kept whole; without autograd, one chunk's buffers at a time
-        q_all = torch.empty((rows if save else 0, vocab), dtype=dtype, device=logits.device)
-        mask = (
-            torch.empty((rows, vocab), dtype=torch.bool, device=logits.device)
-            if want_cost and save
-            else None
-        )
-        acc = torch.empty(rows, dtype=dtype, device=logits.device)
-        coef = torch.empty(rows, dtype=dtype, device=logits.device)  # A * 1[active]
-        cost = torch.empty(rows, dtype=dtype, device=logits.device) if want_cost else None
-        masses = torch.empty(rows, dtype=dtype, device=logits.device) if want_cost else None
+        new = lambda: torch.empty(rows, dtype=dtype, device=logits.device)  # noqa: E731
+        acc, coef = new(), new()  # coef = A * 1[active]: dJ/dlog q(x) per unit dJ/dA
+        cost, masses = (new(), new()) if want_cost else (None, None)
         keep = None if stops is None or not want_cost else stops_keep(stops, vocab, dtype)
         for lo in range(0, rows, chunk_rows):
             hi = min(lo + chunk_rows, rows)
             idx = ids[lo:hi].unsqueeze(-1)
-            q = (
-                q_all[lo:hi]
-                if save
-                else torch.empty((hi - lo, vocab), dtype=dtype, device=logits.device)
+            q, work, p, logp = _q_and_p(
+                logits[lo:hi], target[lo:hi], temperature, target_is_probs, dtype
             )
-            torch.div(logits[lo:hi].to(dtype), temperature, out=q)
-            work = torch.log_softmax(q, dim=-1)  # the reference's log q, bit for bit
-            logq_x = work.gather(-1, idx).squeeze(-1)
-            torch.exp(work, out=q)
-            if target_is_probs:
-                p = target[lo:hi].to(dtype)
+            logq_x = work.gather(-1, idx).squeeze(-1)  # work: log q until reused below
+            if logp is None:
                 logp_x = p.gather(-1, idx).squeeze(-1).clamp_min(tiny).log()
             else:
-                logp = torch.log_softmax(target[lo:hi].to(dtype) / temperature, dim=-1)
                 logp_x = logp.gather(-1, idx).squeeze(-1)
-                p = logp.exp_()
             diff = logq_x - logp_x
             a = torch.exp(diff.clamp(max=0.0))
             acc[lo:hi] = a
@@ -85,54 +84,47 @@ class _FusedSampling(torch.autograd.Function):
             if not want_cost:
                 continue
             assert cost is not None and masses is not None
-            if mask is not None:  # where autograd's clamp_min(p - q, 0) passes gradient
-                m = torch.ge(p, q, out=mask[lo:hi])
-                if keep is not None:
-                    m.index_fill_(1, stops, False)
-            # the reference's (p * keep).sum(-1), bit for bit
+            # the reference's (p * keep).sum(-1) and (gap * keep).sum(-1), bit for bit
             mass = p.sum(-1) if keep is None else torch.mul(p, keep, out=work).sum(-1)
             gap = torch.sub(p, q, out=work).clamp_min_(0)
             if keep is not None:
                 gap.index_fill_(1, stops, 0.0)  # == gap * keep: gap is finite
-            tv = gap.sum(-1)
             mass = mass.clamp_min(tiny)
-            cost[lo:hi] = tv / mass
+            cost[lo:hi] = gap.sum(-1) / mass
             masses[lo:hi] = mass
-        ctx.temperature, ctx.chunk_rows, ctx.logits_dtype = temperature, chunk_rows, logits.dtype
-        ctx.want_cost = want_cost
-        if want_cost:
-            ctx.save_for_backward(q_all, mask, coef, masses, ids)
-            return acc, cost
-        ctx.save_for_backward(q_all, coef, ids)
-        return (acc,)
+        ctx.temperature, ctx.chunk_rows, ctx.want_cost = temperature, chunk_rows, want_cost
+        ctx.target_is_probs, ctx.stops = target_is_probs, stops
+        ctx.save_for_backward(logits, target, ids, coef, masses)
+        return (acc, cost) if want_cost else (acc,)
 
     @staticmethod
     def backward(ctx, grad_acc: Tensor | None, grad_cost: Tensor | None = None):  # type: ignore[override]
-        if ctx.want_cost:
-            q_all, mask, coef, masses, ids = ctx.saved_tensors
-        else:
-            q_all, coef, ids = ctx.saved_tensors
-            mask = masses = None
-        rows, vocab = q_all.shape
-        dtype = q_all.dtype
-        grad = torch.empty((rows, vocab), dtype=dtype, device=q_all.device)
-        g_l = (
-            torch.zeros_like(coef) if grad_acc is None else grad_acc.to(dtype) * coef
-        )  # dJ/dlog q(x)
+        logits, target, ids, coef, masses = ctx.saved_tensors
+        rows, vocab = logits.shape
+        dtype, temp = coef.dtype, ctx.temperature
+        grad = torch.empty((rows, vocab), dtype=logits.dtype, device=logits.device)
+        # dJ/dlog q(x), and below dJ/dq, with d(z / T)/dz = 1 / T folded in (no [.., V] pass)
+        g_l = torch.zeros_like(coef) if grad_acc is None else grad_acc.to(dtype) * coef / temp
         use_cost = ctx.want_cost and grad_cost is not None
+        direct = grad.dtype == dtype  # else: computed in `dtype`, then cast into `grad`
         for lo in range(0, rows, ctx.chunk_rows):
             hi = min(lo + ctx.chunk_rows, rows)
-            q, g, gl = q_all[lo:hi], grad[lo:hi], g_l[lo:hi]
-            if use_cost:
-                g.copy_(mask[lo:hi])  # 1[p >= q, v not in S]
-                g.mul_((-grad_cost[lo:hi].to(dtype) / masses[lo:hi]).unsqueeze(-1))
-                dot = torch.linalg.vecdot(q, g)  # <q, dJ/dq>
-                g.sub_((dot + gl).unsqueeze(-1)).mul_(q)
+            q, g, p, _ = _q_and_p(logits[lo:hi], target[lo:hi], temp, ctx.target_is_probs, dtype)
+            gl = g_l[lo:hi]
+            out = grad[lo:hi] if direct else g
+            if use_cost:  # g = dJ/dq = -gc / M * 1[p - q >= 0, v not in S]
+                scale = (-grad_cost[lo:hi].to(dtype) / (masses[lo:hi] * temp)).unsqueeze(-1)
+                g.copy_(torch.ge(p, q)).mul_(scale)  # p >= q <=> p - q >= 0
+                if ctx.stops is not None:
+                    g.index_fill_(1, ctx.stops, 0.0)
+                dot = (q * g).sum(-1)  # <q, dJ/dq>
+                torch.mul(g.sub_((dot + gl).unsqueeze(-1)), q, out=out)
             else:
-                torch.mul(q, -gl.unsqueeze(-1), out=g)
-            g.scatter_add_(1, ids[lo:hi].unsqueeze(-1), gl.unsqueeze(-1))
-        grad.div_(ctx.temperature)
-        return grad.to(ctx.logits_dtype), None, None, None, None, None, None, None, None
+                torch.mul(q, -gl.unsqueeze(-1), out=out)
+            out.scatter_add_(1, ids[lo:hi].unsqueeze(-1), gl.unsqueeze(-1))
+            if not direct:
+                grad[lo:hi] = out
+        return grad, None, None, None, None, None, None, None
 
 
 def stops_keep(stops: Tensor, vocab: int, dtype: torch.dtype) -> Tensor:
@@ -155,15 +147,6 @@ def fused_sampling_acceptance(
     """`(A, c_tv)` (or `(A,)`) for `[N, V]` logits, target and `[N]` ids, `chunk_rows`
     rows of `[.., V]` work at a time; `c_tv` before the stop-token zeroing and the
     clamp at 1 that `acceptance_and_cost` applies. The target gets no gradient."""
-    save = torch.is_grad_enabled() and logits.requires_grad
     return _FusedSampling.apply(
-        logits,
-        target.detach(),
-        ids,
-        temperature,
-        target_is_probs,
-        stops,
-        want_cost,
-        chunk_rows,
-        save,
+        logits, target.detach(), ids, temperature, target_is_probs, stops, want_cost, chunk_rows
     )
