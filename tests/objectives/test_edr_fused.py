@@ -129,3 +129,43 @@ def test_target_with_gradient_uses_reference() -> None:
     acc, cost = acceptance_and_cost(draft, target, ids, temperature=0.9, stop_token_ids=STOPS)
     (acc.sum() + cost.sum()).backward()
     assert target.grad is not None and target.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("target_is_probs", [False, True])
+def test_backward_with_kept_q_equals_recomputed_q(target_is_probs: bool) -> None:
+    """The two memory layouts of the fused backward (q kept from forward for float32/64
+    logits, q recomputed from the logits for bf16/fp16) give the same gradient."""
+    from blockdraft.objectives.edr_fused import _FusedSampling
+
+    draft, target, ids, grads = _inputs(13, shape=(6, 2), vocab=9, truncate=target_is_probs)
+    stops = torch.tensor([0, 5])
+    results = []
+    for keep_q in (True, False):
+        d = draft.reshape(-1, 9).clone().requires_grad_(True)
+        acc, cost = _FusedSampling.apply(
+            d, target.reshape(-1, 9), ids.reshape(-1), 0.8, target_is_probs, stops, True, 4, keep_q
+        )
+        ((acc * grads[0].reshape(-1)).sum() + (cost * grads[1].reshape(-1)).sum()).backward()
+        results.append((acc.detach(), cost.detach(), d.grad))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits_match_reference(dtype: torch.dtype) -> None:
+    """bf16/fp16 logits (recompute path): float32 outputs and a gradient in the logits'
+    dtype, equal to the reference's up to that dtype's rounding."""
+    draft, target, ids, grads = _inputs(17, shape=(5, 3), vocab=30, truncate=True)
+    low, probs = draft.to(dtype), target.float()
+
+    def run(d, fused):
+        return acceptance_and_cost(
+            d, probs, ids, target_is_probs=True, temperature=0.7, stop_token_ids=STOPS, fused=fused
+        )
+
+    got = _value_and_grad(lambda d: run(d, True), low, grads.float())
+    ref = _value_and_grad(lambda d: run(d, False), low, grads.float())
+    assert got[0].dtype == torch.float32 and got[2].dtype == dtype
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got[2].float(), ref[2].float(), rtol=1e-2, atol=1e-3)

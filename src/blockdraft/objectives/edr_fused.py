@@ -15,12 +15,12 @@ the stop set S) and `A = exp(min(0, log q_x - log p_x))`,
               a = A * 1[log q_x <= log p_x]
 
 (the indicator conventions are those of autograd's `clamp`: the gradient passes at the
-boundary). Memory is that of the reference: autograd keeps the inputs (the logits and
-`p`, which the caller holds anyway) and per-row scalars, and backward recomputes `q` one
-row chunk at a time (a softmax, not the whole formula with its autograd graph), so no
-`[rows, V]` tensor exists beyond the inputs and the gradient (`training/plan.py` counts
-exactly those). No gradient flows into the target: a target that requires grad goes
-through the reference.
+boundary). Memory stays that of the reference (`training/plan.py` counts the logits, their
+gradient and `p`): autograd keeps `p`, per-row scalars and either `q` (float32/float64
+logits: `q` is no bigger than the logits, which the caller then frees, so no softmax is
+recomputed) or the logits (bf16/fp16 logits: backward recomputes `q` one row chunk at a
+time, a softmax rather than the whole formula and its autograd graph). No gradient
+flows into the target: a target that requires grad goes through the reference.
 """
 
 from __future__ import annotations
@@ -31,17 +31,30 @@ Tensor = torch.Tensor
 
 
 def _q_and_p(
-    logits: Tensor, target: Tensor, temperature: float, target_is_probs: bool, dtype
+    logits: Tensor,
+    target: Tensor,
+    temperature: float,
+    target_is_probs: bool,
+    dtype: torch.dtype,
+    out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """`(q, log q, p, log p or None)` for one row chunk, computed as the reference does
-    (log-softmax, then exp) so that forward and backward see the same numbers."""
-    q = torch.div(logits.to(dtype), temperature)
+    (log-softmax, then exp) so that forward and backward see the same numbers; `q` is
+    written into `out` if given."""
+    q = torch.div(logits.to(dtype), temperature, out=out)
     logq = torch.log_softmax(q, dim=-1)
     torch.exp(logq, out=q)
+    return (q, logq, *_p(target, temperature, target_is_probs, dtype))
+
+
+def _p(
+    target: Tensor, temperature: float, target_is_probs: bool, dtype: torch.dtype
+) -> tuple[Tensor, Tensor | None]:
+    """`(p, log p or None)` of one row chunk, as the reference computes them."""
     if target_is_probs:
-        return q, logq, target.to(dtype), None
+        return target.to(dtype), None
     logp = torch.log_softmax(target.to(dtype) / temperature, dim=-1)
-    return q, logq, logp.exp(), logp
+    return logp.exp(), logp
 
 
 class _FusedSampling(torch.autograd.Function):
@@ -58,6 +71,7 @@ class _FusedSampling(torch.autograd.Function):
         stops: Tensor | None,
         want_cost: bool,
         chunk_rows: int,
+        keep_q: bool,
     ) -> tuple[Tensor, ...]:
         dtype = torch.promote_types(logits.dtype, torch.float32)
         rows, vocab = logits.shape
@@ -66,11 +80,17 @@ class _FusedSampling(torch.autograd.Function):
         acc, coef = new(), new()  # coef = A * 1[active]: dJ/dlog q(x) per unit dJ/dA
         cost, masses = (new(), new()) if want_cost else (None, None)
         keep = None if stops is None or not want_cost else stops_keep(stops, vocab, dtype)
+        q_all = torch.empty((rows, vocab), dtype=dtype, device=logits.device) if keep_q else None
         for lo in range(0, rows, chunk_rows):
             hi = min(lo + chunk_rows, rows)
             idx = ids[lo:hi].unsqueeze(-1)
             q, work, p, logp = _q_and_p(
-                logits[lo:hi], target[lo:hi], temperature, target_is_probs, dtype
+                logits[lo:hi],
+                target[lo:hi],
+                temperature,
+                target_is_probs,
+                dtype,
+                None if q_all is None else q_all[lo:hi],
             )
             logq_x = work.gather(-1, idx).squeeze(-1)  # work: log q until reused below
             if logp is None:
@@ -94,22 +114,29 @@ class _FusedSampling(torch.autograd.Function):
             masses[lo:hi] = mass
         ctx.temperature, ctx.chunk_rows, ctx.want_cost = temperature, chunk_rows, want_cost
         ctx.target_is_probs, ctx.stops = target_is_probs, stops
-        ctx.save_for_backward(logits, target, ids, coef, masses)
+        ctx.save_for_backward(logits if q_all is None else q_all, target, ids, coef, masses)
+        ctx.q_saved, ctx.logits_dtype = q_all is not None, logits.dtype
         return (acc, cost) if want_cost else (acc,)
 
     @staticmethod
     def backward(ctx, grad_acc: Tensor | None, grad_cost: Tensor | None = None):  # type: ignore[override]
-        logits, target, ids, coef, masses = ctx.saved_tensors
+        logits, target, ids, coef, masses = ctx.saved_tensors  # logits: q if q_saved
         rows, vocab = logits.shape
         dtype, temp = coef.dtype, ctx.temperature
-        grad = torch.empty((rows, vocab), dtype=logits.dtype, device=logits.device)
+        grad = torch.empty((rows, vocab), dtype=ctx.logits_dtype, device=logits.device)
         # dJ/dlog q(x), and below dJ/dq, with d(z / T)/dz = 1 / T folded in (no [.., V] pass)
         g_l = torch.zeros_like(coef) if grad_acc is None else grad_acc.to(dtype) * coef / temp
         use_cost = ctx.want_cost and grad_cost is not None
         direct = grad.dtype == dtype  # else: computed in `dtype`, then cast into `grad`
         for lo in range(0, rows, ctx.chunk_rows):
             hi = min(lo + ctx.chunk_rows, rows)
-            q, g, p, _ = _q_and_p(logits[lo:hi], target[lo:hi], temp, ctx.target_is_probs, dtype)
+            if ctx.q_saved:
+                q, g = logits[lo:hi], torch.empty_like(logits[lo:hi])
+                p = _p(target[lo:hi], temp, ctx.target_is_probs, dtype)[0]
+            else:
+                q, g, p, _ = _q_and_p(
+                    logits[lo:hi], target[lo:hi], temp, ctx.target_is_probs, dtype
+                )
             gl = g_l[lo:hi]
             out = grad[lo:hi] if direct else g
             if use_cost:  # g = dJ/dq = -gc / M * 1[p - q >= 0, v not in S]
@@ -124,7 +151,7 @@ class _FusedSampling(torch.autograd.Function):
             out.scatter_add_(1, ids[lo:hi].unsqueeze(-1), gl.unsqueeze(-1))
             if not direct:
                 grad[lo:hi] = out
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 def stops_keep(stops: Tensor, vocab: int, dtype: torch.dtype) -> Tensor:
@@ -147,6 +174,21 @@ def fused_sampling_acceptance(
     """`(A, c_tv)` (or `(A,)`) for `[N, V]` logits, target and `[N]` ids, `chunk_rows`
     rows of `[.., V]` work at a time; `c_tv` before the stop-token zeroing and the
     clamp at 1 that `acceptance_and_cost` applies. The target gets no gradient."""
+    # keep q (instead of the logits) for backward when backward will run and q is no
+    # bigger than the logits: no recomputation, and the same memory (module docstring)
+    keep_q = (
+        torch.is_grad_enabled()
+        and logits.requires_grad
+        and logits.dtype == torch.promote_types(logits.dtype, torch.float32)
+    )
     return _FusedSampling.apply(
-        logits, target.detach(), ids, temperature, target_is_probs, stops, want_cost, chunk_rows
+        logits,
+        target.detach(),
+        ids,
+        temperature,
+        target_is_probs,
+        stops,
+        want_cost,
+        chunk_rows,
+        keep_q,
     )
