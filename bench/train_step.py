@@ -44,6 +44,7 @@ import torch
 import blockdraft.objectives.cross_entropy as ce
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollout_store import Rollout
+from blockdraft.heap import retain_freed_memory
 from blockdraft.models.drafter import BlockDrafter, DrafterConfig
 from blockdraft.models.target import Target
 from blockdraft.models.testing import make_random_target
@@ -250,6 +251,8 @@ def throughput(shapes: list[str], rounds: int) -> None:
 
 # --- objective ratios -------------------------------------------------------------------------
 def objective_ratios(args: argparse.Namespace) -> None:
+    if args.heap == "retain":  # as `blockdraft train`/`demo` run their steps (heap.py)
+        retain_freed_memory()
     torch.manual_seed(0)
     target = make_random_target("qwen3", hidden_size=args.hidden, num_layers=4, num_heads=4)
     drafter = BlockDrafter(
@@ -362,6 +365,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--anchors", type=int, default=64, help="num_anchors for block objectives")
     ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument(
+        "--heap",
+        default="retain",
+        choices=["retain", "default"],
+        help="objectives: glibc keeps freed memory as in training (retain) or its defaults",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.part in ("all", "throughput"):
