@@ -38,7 +38,11 @@ from blockdraft.objectives.edr import (
     state_occupancy,
 )
 from blockdraft.training.batching import Batch, derived_seed
-from blockdraft.training.draft_forward import DraftForward, map_to_draft_vocab
+from blockdraft.training.draft_forward import (
+    DraftForward,
+    chunked_token_logprobs,
+    map_to_draft_vocab,
+)
 from blockdraft.training.objective_step import (
     MicroOutput,
     block_stats,
@@ -57,12 +61,16 @@ def _acceptance(fwd, target, tout, batch, anchors, settings, mode, with_grad: bo
     ctx = torch.enable_grad() if with_grad else torch.no_grad()
     with ctx:
         sampling = mode == "sampling"
-        if sampling and not with_grad and type(fwd) is DraftForward:
-            # the scoring pass needs only the logits: skip the T = 1 log q(label) that
-            # DraftForward adds for the gradient pass's statistics (a full-vocabulary
-            # log-softmax). Only unwrapped: DDP/FSDP must see their module's forward.
+        if sampling and type(fwd) is DraftForward:
+            # DraftForward's own steps, minus the autograd graph of its T = 1 log q(label):
+            # the loss uses the logits, log q(label) only feeds the step's statistics
+            # (detached), and the scoring pass needs none (a full-vocabulary log-softmax
+            # saved). Only unwrapped: DDP/FSDP must see their module's forward.
             hidden = fwd.drafter.forward_blocks(tout.features, batch.input_ids, anchors)
-            logq, logits = None, fwd.drafter.compute_logits(hidden, prev)
+            logits, logq = fwd.drafter.compute_logits(hidden, prev), None
+            if with_grad:
+                with torch.no_grad():
+                    logq = chunked_token_logprobs(logits, labels, fwd.chunk_rows)
         else:
             hidden, logq, logits = fwd(
                 tout.features, batch.input_ids, anchors, labels, prev, sampling
