@@ -120,12 +120,17 @@ def score_round_starts(
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"score_chunk must be a positive int, got {chunk!r}")
     accs, costs = [], []
-    for lo in range(0, anchors.shape[1], chunk):
-        acc, cost, *_ = _acceptance(
-            fwd, target, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False
-        )
-        accs.append(acc)
-        costs.append(cost)
+    # An unwrapped DraftForward scores in inference mode (no autograd bookkeeping at all:
+    # ~5% of the pass); DDP/FSDP keep no_grad (FSDP's gathered parameters must not become
+    # inference tensors). `torch.cat` below hands back ordinary tensors.
+    no_autograd = torch.inference_mode if type(fwd) is DraftForward else torch.no_grad
+    with no_autograd():
+        for lo in range(0, anchors.shape[1], chunk):
+            acc, cost, *_ = _acceptance(
+                fwd, target, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False
+            )
+            accs.append(acc)
+            costs.append(cost)
     return torch.cat(accs, dim=1), torch.cat(costs, dim=1)
 
 
