@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from blockdraft.evaluation.argmax_screen import ScreenedArgmaxHead
 from blockdraft.evaluation.decode_steps import TargetRunner
 from blockdraft.evaluation.online import StepStats, ar_generate, speculative_generate
 from blockdraft.models.ngram import NgramDrafter
@@ -140,12 +141,15 @@ def hf_job(target: Any, prompt: list[int], temp: float, n: int, lookup: int = 0)
 
 
 def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dict[str, float]:
-    """Mean seconds of one target forward on top of each prompt's cache: 1 token vs K+1.
+    """Mean seconds of one target forward on top of each prompt's cache: 1 token vs K+1
+    (the target's greedy continuation, i.e. a fully accepted draft; the screens' worst
+    case, random tokens, in a row of its own).
 
     The argmax cases run the T = 0 verification the ways the loop can: `F.linear` layers
-    with the bf16-screened head (no MKL packing), and packed fp32 layers
-    (models/packed_linear.py) with the packed fp32 head or with the screen (the loop's
-    choice where oneDNN packs the screen's bf16 weight, evaluation/decode_steps.py)."""
+    with the loop's screened head (no MKL packing), and packed fp32 layers
+    (models/packed_linear.py) with the packed fp32 head, the bf16 screen or the int8
+    screen (evaluation/argmax_screen.py; the loop takes int8 where this CPU has exact
+    int8 products)."""
     run, fp32_head = TargetRunner(target), TargetRunner(target)
     fp32_head.screen = None  # the packed fp32 head, whatever `use_packed_weights` picks
     packs = PackedLinears.of(target.model)
@@ -159,17 +163,35 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
     if packs is not None:
         cases[f"{k + 1} argmax, packed + fp32 head"] = (fp32_head, True, plain)
         if run.screen is not None:
-            cases[f"{k + 1} argmax, packed + screen"] = (run, True, plain)
+            head = target.model.get_output_embeddings().weight
+            for kind in ("bf16", "int8"):
+                screened = TargetRunner(target)
+                try:
+                    screened.screen = ScreenedArgmaxHead(head, kind=kind)
+                except RuntimeError:  # no exact int8 products on this CPU
+                    continue
+                cases[f"{k + 1} argmax, packed + {kind} screen"] = (screened, True, plain)
+    worst = [name for name in cases if name.endswith("int8 screen")]
+    for name in worst:  # the screen's cost depends on the text: random tokens are its worst
+        cases[name + ", random tokens"] = cases[name]
     out: dict[str, list[float]] = {name: [] for name in cases}
     with torch.inference_mode():
         for prompt in prompts:
             pre = run.step(torch.tensor([prompt]), croppable=True)
             cache, n = pre.cache, len(prompt)
+            # the block a fully accepted draft verifies: the target's own continuation
+            greedy = [pre.argmax()[-1]]
+            for _ in range(k):
+                step = run.step(torch.tensor([greedy[-1:]]), cache)
+                greedy.append(step.argmax()[-1])
+            run.crop(cache, n)
+            block = torch.tensor([greedy])
             g = torch.Generator().manual_seed(n)
-            block = torch.randint(3, len(target.tokenizer), (1, k + 1), generator=g)
+            noise = torch.randint(3, len(target.tokenizer), (1, k + 1), generator=g)
             for _ in range(reps):
                 for name, (runner, packed, c) in cases.items():
-                    ids = block if c["keep"] > 1 else block[:, :1]
+                    ids = noise if name.endswith("random tokens") else block
+                    ids = ids if c["keep"] > 1 else ids[:, :1]
                     with packs.active() if packed else contextlib.nullcontext():
                         t0 = time.perf_counter()
                         runner.step(ids, cache, **c)
@@ -336,7 +358,7 @@ def main() -> None:
     one = cost["1 token"]
     print("\nsingle target forwards on the prompts' caches (median):")
     for name, s in cost.items():
-        print(f"  {name:<34}{1e3 * s:8.2f} ms  {s / one:5.2f}x one token")
+        print(f"  {name:<48}{1e3 * s:8.2f} ms  {s / one:5.2f}x one token")
     for temp in args.temperature:
         print_rows(temp, bench_temperature(target, prompts, drafters, temp, args))
 

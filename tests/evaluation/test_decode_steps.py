@@ -12,59 +12,135 @@ import pytest
 import torch
 from fake_drafter import greedy_decode_case
 
-from blockdraft.evaluation import decode_steps
-from blockdraft.evaluation.decode_steps import ScreenedArgmaxHead, TargetRunner
+from blockdraft.evaluation import argmax_screen, decode_steps
+from blockdraft.evaluation.argmax_screen import ScreenedArgmaxHead
+from blockdraft.evaluation.decode_steps import TargetRunner
 from blockdraft.evaluation.online import decode
 from blockdraft.models import packed_linear
+from blockdraft.models.packed_linear import int8_products_exact
 from blockdraft.models.testing import make_random_target
 
 
-def test_screened_argmax_equals_fp32_argmax_on_near_ties() -> None:
-    g = torch.Generator().manual_seed(0)
+def _near_tie_case(seed: int, outliers: bool):  # type: ignore[no-untyped-def]
+    """A head and rows where, for every row, a rival token's logit is within ~1e-4 of the
+    best; with `outliers` a few hidden dimensions are ~20x the rest (as in Gemma's final
+    hidden states, which is what makes one-pass int8 activations useless)."""
+    g = torch.Generator().manual_seed(seed)
     vocab, hidden, rows = 4096, 256, 64
     weight = torch.randn(vocab, hidden, generator=g) * 0.05
     x = torch.randn(rows, hidden, generator=g) * 4
+    if outliers:
+        x[:, :3] *= 20
     exact_best = (x @ weight.T).argmax(-1)
-    # near-ties: for every row, a rival token whose logit is within ~1e-4 of the best
     rivals = torch.randint(vocab, (rows,), generator=g)
     for r in range(rows):
         direction = x[r] / x[r].norm() ** 2
         logit_best = float(x[r] @ weight[exact_best[r]])
         gap = (1e-4 if r % 2 else -1e-4) * abs(logit_best)
         weight[rivals[r]] = weight[exact_best[r]] + direction * gap
-    head = ScreenedArgmaxHead(weight)
+    return weight, x
+
+
+@pytest.mark.parametrize("kind", ["int8", "int8-refined", "bf16"])
+@pytest.mark.parametrize("outliers", [False, True])
+def test_screened_argmax_equals_fp32_argmax_on_near_ties(monkeypatch, kind, outliers) -> None:
+    """`int8-refined`: every row also takes the int8 screen's second stage."""
+    if kind.startswith("int8") and not int8_products_exact():
+        pytest.skip("no exact int8 products on this CPU")
+    weight, x = _near_tie_case(0, outliers)
+    head = ScreenedArgmaxHead(weight, kind=kind.split("-")[0])
+    if kind == "int8-refined":
+        monkeypatch.setattr(head, "EXACT_LIMIT", 0)
+        calls = []
+        original = head.screen.refine
+        monkeypatch.setattr(head.screen, "refine", lambda h: calls.append(1) or original(h))
     exact = (x @ weight.T).argmax(-1)
-    low = (x.bfloat16() @ weight.bfloat16().T).float().argmax(-1)
-    assert (low != exact).any(), "bf16 alone never errs here: the test would prove nothing"
+    y = head.products(x).y
+    assert (y.float().argmax(-1) != exact).any(), "the screen alone never errs: proves nothing"
     assert torch.equal(head.argmax(x), exact)
+    if kind == "int8-refined":
+        assert calls
 
 
-def test_screen_bound_covers_the_bf16_error() -> None:
+@pytest.mark.parametrize("kind", ["int8", "int8-refined", "bf16"])
+def test_screen_bound_covers_the_screen_error(kind) -> None:
+    """The bound covers |screen - exact logit| (float64) for every token, on rows with an
+    outlier dimension and heavy-tailed weight rows; it is not slack by construction
+    (dropping the dominant term of an int8 stage breaks it), and the one-pass threshold
+    keeps every token the full per-logit test keeps while still screening out almost all
+    (the first int8 stage only after `refine`, which tightens it tenfold)."""
+    if kind.startswith("int8") and not int8_products_exact():
+        pytest.skip("no exact int8 products on this CPU")
     g = torch.Generator().manual_seed(1)
     weight = torch.randn(2048, 640, generator=g)
+    weight[:, 7] *= 6  # heavy-tailed rows, as in Gemma's head
     x = torch.randn(8, 640, generator=g) * 30
-    head = ScreenedArgmaxHead(weight)
-    for screen in (head.screen(x), torch.nn.functional.linear(x.bfloat16(), head.low)):
-        err = (screen.double() - (x.double() @ weight.double().T)).abs()
-        bound = head.bounds(x, screen)
-        assert (err <= bound).all()
-        # the one-pass threshold keeps every token the full per-logit test keeps
-        full = screen.float() + bound >= (screen.float() - bound).amax(-1, keepdim=True)
-        kept = screen >= head.thresholds(x, screen)[:, None]
-        assert (kept | ~full).all()
-        assert kept.sum() < 0.01 * kept.numel()  # ... and still screens out almost all
+    x[:, 5] *= 15
+    head = ScreenedArgmaxHead(weight, kind=kind.split("-")[0])
+    screened = head.screen.refine(x) if kind == "int8-refined" else head.products(x)
+    y = screened.y
+    err = (y.double() - (x.double() @ weight.double().T)).abs()
+    bound = screened.bounds()
+    assert (err <= bound).all()
+    full = y.float() + bound >= (y.float() - bound).amax(-1, keepdim=True)
+    kept = y >= head.thresholds(screened)[:, None]
+    assert (kept | ~full).all()
+    if kind != "int8":  # the first int8 stage is loose on these rows: that is what refine is for
+        assert kept.sum() < 0.01 * kept.numel()
+    else:
+        assert (head.screen.refine(x).bounds() < 0.1 * bound).all()
+    if kind.startswith("int8"):  # the dominant term of each stage is needed
+        term = 1 if kind == "int8" else 0  # weight error, resp. activation residual
+        screened.coef[term] = torch.zeros_like(screened.coef[term])
+        assert not (err <= screened.bounds()).all()
 
 
+def test_int8_probe_rejects_a_saturating_kernel(monkeypatch) -> None:
+    """A kernel that sums u8 x s8 in saturating int16 pairs (pre-VNNI CPUs) or applies the
+    zero point in fp32 fails the probe, and the head then screens in bf16."""
+    real = packed_linear.onednn_int8_linear
+
+    def saturating(x, packed, scales):  # type: ignore[no-untyped-def]
+        out = real(x, packed, scales)
+        pairs = x.float().amax() * 127 * 2  # vpmaddubsw: raw u8 x s8, two at a time
+        return out if pairs <= 32767 else out.clamp(-(2**15), 2**15)
+
+    def fp32_zero_point(x, packed, scales):  # type: ignore[no-untyped-def]
+        out = real(x, packed, scales)
+        return (out / scales).round().add(1.0) * scales  # off by one integer
+
+    for fake in (saturating, fp32_zero_point):
+        monkeypatch.setattr(packed_linear, "onednn_int8_linear", fake)
+        packed_linear.int8_products_exact.cache_clear()
+        try:
+            assert not packed_linear.int8_products_exact()
+            assert not argmax_screen.int8_products_exact()
+        finally:
+            packed_linear.int8_products_exact.cache_clear()
+    monkeypatch.setattr(argmax_screen, "int8_products_exact", lambda: False)
+    head = ScreenedArgmaxHead(torch.randn(64, 32))
+    assert isinstance(head.screen, argmax_screen.Bf16Screen)
+    with pytest.raises(RuntimeError, match="int8 products"):
+        ScreenedArgmaxHead(torch.randn(64, 32), kind="int8")
+
+
+@pytest.mark.parametrize("kind", ["int8", "bf16"])
 @pytest.mark.parametrize("drafter_kind", ["memo", "ngram"])
-def test_greedy_speculative_with_screened_head_equals_ar(monkeypatch, drafter_kind) -> None:
+def test_greedy_speculative_with_screened_head_equals_ar(monkeypatch, drafter_kind, kind) -> None:
     """Random targets have small heads; lower the size threshold so they use the screen.
-    The screen serves builds without packed weights (models/packed_linear.py): off here."""
+    The bf16 screen serves builds without packed weights (models/packed_linear.py): off
+    here; the int8 screen is used with or without them."""
+    if kind == "int8" and not int8_products_exact():
+        pytest.skip("no exact int8 products on this CPU")
     monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
-    monkeypatch.setattr(packed_linear, "packing_supported", lambda: False)
+    if kind == "bf16":
+        monkeypatch.setattr(argmax_screen.Int8Screen, "build", classmethod(lambda cls, w, n: None))
+        monkeypatch.setattr(packed_linear, "packing_supported", lambda: False)
     monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.weakref.WeakKeyDictionary())
-    monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(argmax_screen, "_HEADS", argmax_screen.weakref.WeakKeyDictionary())
     target, prompts, ar, drafter = greedy_decode_case(drafter_kind)
-    assert TargetRunner(target).screen is not None
+    screen = TargetRunner(target).screen
+    assert screen is not None and type(screen.screen).__name__.lower().startswith(kind)
     calls = []
     original = ScreenedArgmaxHead.argmax
     monkeypatch.setattr(
@@ -134,14 +210,23 @@ def test_sampled_draft_block_in_draft_vocab_equals_target_space(top_k, top_p) ->
             assert bool(torch.isin(tokens, drafter.draft_ids).all())
 
 
-def test_packed_target_keeps_only_a_packed_screen(monkeypatch) -> None:
-    """With packed target weights the runner keeps the bf16 screen only when oneDNN packed
-    it; an unpacked screen gives way to the packed fp32 head."""
+def test_packed_target_keeps_only_a_fast_screen(monkeypatch) -> None:
+    """With packed target weights the runner keeps the screen only when it is fast (int8,
+    or a bf16 screen oneDNN packed); an unpacked bf16 screen gives way to the packed fp32
+    head."""
     monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
+    monkeypatch.setattr(argmax_screen.Int8Screen, "build", classmethod(lambda cls, w, n: None))
     target = make_random_target("llama", seed=1)
     for packed_low in (None, torch.zeros(1)):
-        monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
+        monkeypatch.setattr(argmax_screen, "_HEADS", argmax_screen.weakref.WeakKeyDictionary())
         run = TargetRunner(target)
-        run.screen.packed_low = packed_low
+        run.screen.screen.packed_low = packed_low
         run.use_packed_weights()
         assert (run.screen is not None) == (packed_low is not None)
+    if int8_products_exact():
+        monkeypatch.undo()
+        monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
+        monkeypatch.setattr(argmax_screen, "_HEADS", argmax_screen.weakref.WeakKeyDictionary())
+        run = TargetRunner(target)
+        run.use_packed_weights()
+        assert isinstance(run.screen.screen, argmax_screen.Int8Screen)

@@ -13,15 +13,11 @@ rows of draft logits to the full vocabulary, pays for nothing. So:
   place with the API detected once per cache, not by signature inspection per round.
   Targets that are not HF-backed (test doubles with the `Target.forward` signature) go
   through `target.forward` and get the same interface.
-- `ScreenedArgmaxHead`: at T = 0 verification needs only the target's argmax at K+1
-  positions, and at Gemma's vocabulary an fp32 LM head over 8 rows is compute-bound
-  (measured 3x the cost of the 1-row head that an AR step pays, i.e. most of a
-  "verification costs 2.8 AR steps" round). It screens with a bfloat16 copy of the head
-  (about half the cost), keeps every token whose logit could still be the maximum
-  under a rigorous rounding-error bound, and takes the argmax of exact fp32 logits of
-  those few candidates (typically 1-20). The result is the argmax of fp32 logits; like
-  the 1-row vs 8-row fp32 products themselves, it can differ from another fp32
-  summation order only on ties within float rounding (~1e-5 relative).
+- `ScreenedArgmaxHead` (evaluation/argmax_screen.py): at T = 0 verification needs only
+  the target's argmax at K+1 positions, and at Gemma's vocabulary an fp32 LM head over 8
+  rows costs more than the decoder layers. It screens with an int8 (or bf16) product,
+  keeps every token whose fp32 logit could still be the maximum under a rigorous error
+  bound, and takes the exact fp32 argmax of those few.
 - `GreedyDraftHead` drafts at T = 0 with an argmax in the drafter's own vocabulary
   (the softcap is monotonic and tokens outside a reduced draft vocabulary have -inf
   logits, so the argmax is the same token `compute_logits(...).argmax()` picks), with
@@ -39,7 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from blockdraft.models.packed_linear import onednn_linear, pack_bf16_onednn, pack_weight
+from blockdraft.evaluation.argmax_screen import ScreenedArgmaxHead
+from blockdraft.models.packed_linear import pack_weight
 from blockdraft.sampling import processed_probs, sample
 
 
@@ -72,10 +69,10 @@ class TargetRunner:
         self.screen = ScreenedArgmaxHead.for_target(target) if self.hf else None
 
     def use_packed_weights(self) -> None:
-        """The target's linears are packed (models/packed_linear.py): keep the bf16 screen
-        only if oneDNN packed it too (54 vs 66 ms for 8 Gemma rows), else take the packed
-        fp32 head, which beats an unpacked screen (88 ms)."""
-        if self.screen is not None and self.screen.packed_low is None:
+        """The target's linears are packed (models/packed_linear.py): keep the screen only
+        if it is a fast one (int8 29 ms, oneDNN-packed bf16 54 ms for 8 Gemma rows), else
+        take the packed fp32 head (66 ms), which beats an unpacked bf16 screen (88 ms)."""
+        if self.screen is not None and not self.screen.fast:
             self.screen = None
 
     def step(
@@ -186,94 +183,6 @@ class GreedyDraftHead:
 
 
 _SCREENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-class ScreenedArgmaxHead:
-    """Exact fp32 argmax of `hidden @ W.T` for several rows via a bf16 screen (module doc).
-
-    Error bound per logit v of row x (u = 2^-8, bf16's unit roundoff): rounding x and W
-    to bf16 moves each product by at most `(2u + u^2)|x_i||W_vi|`, fp32 accumulation of
-    640-4096 terms by less than `1e-4 * sum|x_i||W_vi|`, and the bf16 output by
-    `u |screen_v|`; `sum|x_i||W_vi| <= ||x|| ||W_v||` (Cauchy-Schwarz). So
-    `E_v = a ||W_v|| + b |screen_v|` with `a = (2u + u^2 + 1e-4) ||x||`, `b = 1.01 u`,
-    and a token can be the fp32 argmax only if `screen_v + E_v >= screen_m - E_m` for the
-    screen's own argmax m, hence only if `screen_v >= screen_m - E_m - max_v E_v`
-    (`thresholds`): one comparison pass over the screen, no `[T, V]` bound tensor. The
-    few tokens that pass (1-4 per row on Gemma) get exact fp32 logits.
-
-    The bf16 product uses a weight packed once by oneDNN where this build has it
-    (`torch.ops.mkldnn._linear_pointwise`: 46 ms for 8 rows of Gemma's 262k x 640 head on
-    one thread, against 67 ms for `F.linear` in bf16 and 63 ms for packed fp32).
-    """
-
-    MIN_HEAD = 1 << 24  # vocab x hidden below this (tiny: 0.5M) the fp32 head is cheap
-    U = 2.0**-8
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight.detach()
-        self.low = self.weight.to(torch.bfloat16)
-        self.packed_low = pack_bf16_onednn(self.low)
-        self.row_norm = self.weight.norm(dim=1)
-        self.max_row_norm = float(self.row_norm.max()) if self.row_norm.numel() else 0.0
-
-    @classmethod
-    def for_target(cls, target: Any) -> ScreenedArgmaxHead | None:
-        """The (cached) screen of an HF target's LM head, or None where it cannot help:
-        small heads, non-fp32 heads, heads with a bias, or a softcap (monotone, but
-        kept off the fast path for simplicity)."""
-        model = target.model
-        head = model.get_output_embeddings()
-        cfg = getattr(model.config, "text_config", None) or model.config
-        if (
-            not isinstance(head, nn.Linear)
-            or head.bias is not None
-            or head.weight.dtype != torch.float32
-            or head.weight.numel() < cls.MIN_HEAD
-            or getattr(cfg, "final_logit_softcapping", None)
-            or not hasattr(model, "get_decoder")
-        ):
-            return None
-        if model not in _SCREENS:
-            _SCREENS[model] = cls(head.weight)
-        return _SCREENS[model]
-
-    def screen(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`[T, V]` bf16 product (oneDNN-packed where available, else `F.linear`)."""
-        low = hidden.to(torch.bfloat16)
-        if self.packed_low is not None and low.device.type == "cpu":
-            return onednn_linear(low, self.packed_low)
-        return torch.nn.functional.linear(low, self.low)
-
-    def bounds(self, hidden: torch.Tensor, screen: torch.Tensor) -> torch.Tensor:
-        """Per-logit error bound `E [T, V]` of the bf16 screen (class doc; for tests)."""
-        u = self.U
-        norms = hidden.float().norm(dim=-1, keepdim=True)
-        return (2 * u + u * u + 1e-4) * norms * self.row_norm + (u * 1.01) * screen.float().abs()
-
-    def thresholds(self, hidden: torch.Tensor, screen: torch.Tensor) -> torch.Tensor:
-        """`[T]` bf16 lower bounds on the screen value of any possible fp32 argmax.
-
-        From the class doc with `E_m <= a max||W|| + b |top|` and `E_v <= a max||W|| +
-        b max|screen|`: two cheap reductions (no argmax index, no `[T, V]` bound), then
-        lowered by 2^-7 relative + 1e-6 so that rounding to bf16 cannot raise it."""
-        u = self.U
-        a = (2 * u + u * u + 1e-4) * hidden.float().norm(dim=-1) * self.max_row_norm
-        b = 1.01 * u
-        top, low = screen.amax(dim=-1).float(), screen.amin(dim=-1).float()
-        threshold = top - 2 * a - b * (top.abs() + torch.maximum(top.abs(), low.abs()))
-        return (threshold - threshold.abs() * 2.0**-7 - 1e-6).to(torch.bfloat16)
-
-    def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`[T, H]` final hidden states -> `[T]` argmax of their fp32 logits."""
-        hidden = hidden.float()
-        screen = self.screen(hidden)
-        threshold = self.thresholds(hidden, screen)
-        out = torch.empty(hidden.shape[0], dtype=torch.long)
-        for r in range(hidden.shape[0]):
-            ids = (screen[r] >= threshold[r]).nonzero().flatten()
-            exact = self.weight.index_select(0, ids) @ hidden[r]
-            out[r] = ids[int(exact.argmax())]
-        return out
 
 
 # --- per-round helpers of the speculative loop (online.py) ------------------------------

@@ -8,7 +8,9 @@ the product: measured on Gemma 3 270M (one thread, idle core) a 2048 x 640 layer
 the weight packed once (`torch.ops.mkl._mkl_reorder_linear_weight`, what inductor's
 freezing uses) 8 rows take 0.21 ms and 63 ms. The whole 8-token verification forward went
 from 1.94 to 1.47 AR steps with the fp32 head, 1.38 with the packed bf16 screen of the
-head (`evaluation/decode_steps.py`; `bench/decode.py`, forward table).
+head (`evaluation/argmax_screen.py`; `bench/decode.py`, forward table). This module also
+packs the screens' bf16 and int8 weights with oneDNN (`pack_bf16_onednn`,
+`pack_int8_onednn`).
 
 Scope, so that nothing else changes numerically:
 - only inside `PackedLinears.active()` (the speculative loop enters it; the AR baseline,
@@ -29,6 +31,7 @@ MKL (e.g. aarch64 wheels) are left unpacked.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import types
 import weakref
@@ -131,6 +134,57 @@ def pack_bf16_onednn(low: torch.Tensor) -> torch.Tensor | None:
 def onednn_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """`x @ W.T` (no bias) with a weight packed by `pack_bf16_onednn`."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+INT8_ROWS = 16  # oneDNN's packing hint for the int8 screen (2 passes x K+1 = 8 rows)
+
+
+def pack_int8_onednn(quantised: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's packed layout of a symmetric int8 `[out, in]` weight for
+    `onednn_int8_linear`, or None where the build lacks the x86 quantised operators."""
+    if quantised.device.type != "cpu" or quantised.dtype != torch.int8:
+        return None
+    try:
+        return torch.ops.onednn.qlinear_prepack(quantised, [INT8_ROWS, quantised.shape[1]])
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def onednn_int8_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 `((x - 128) @ Wq.T) * scales` for uint8 `x` (zero point 128) and the per-row
+    `scales` of a weight packed by `pack_int8_onednn`: int32 accumulation, one rounding."""
+    zero_points = torch.zeros(scales.shape[0], dtype=torch.long)
+    return torch.ops.onednn.qlinear_pointwise(
+        x, 1.0, 128, packed, scales, zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+    )
+
+
+@functools.cache
+def int8_products_exact() -> bool:
+    """Whether `onednn_int8_linear` is exact integer arithmetic here (checked once).
+
+    Why a probe: CPUs without VNNI compute u8 x s8 in int16 pairs, which saturate at
+    255 x 127 x 2, and a kernel that applied the zero point in fp32 would lose integers
+    above 2^24; either breaks the int8 screen's error bound. The probe rows hit both
+    (all-extreme inputs, and a small result of huge cancelling sums) plus random ones."""
+    hidden = 2048
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randint(-127, 128, (8, hidden), generator=g, dtype=torch.int8)
+    weight[0], weight[1] = 127, -127
+    x = torch.randint(0, 256, (4, hidden), generator=g, dtype=torch.uint8)
+    x[0] = 255
+    x[1] = 1
+    x[1, : hidden // 2 + 1] = 255  # sum of +-127 x 127 terms: 2 x 127^2 from ~2^25
+    scales = torch.rand(8, generator=g) + 0.5
+    packed = pack_int8_onednn(weight)
+    if packed is None:
+        return False
+    try:
+        got = onednn_int8_linear(x, packed, scales).double()
+    except RuntimeError:
+        return False
+    exact = ((x.double() - 128) @ weight.double().T) * scales.double()
+    return bool(((got - exact).abs() <= 2 * 2.0**-24 * exact.abs() + 1e-30).all())
 
 
 class PackedLinears:
