@@ -259,6 +259,9 @@ def test_torch_fallback_when_numba_is_missing(monkeypatch) -> None:
         occupancy_and_value(acc, cost, lens, backend="compiled")
     with pytest.raises(ValueError, match="backend"):
         occupancy_and_value(acc, cost, lens, backend="cuda")
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="backend"):  # one plain rollout: same check
+        occupancy_and_value(acc[0, :4], cost[0, :4], backend="cuda")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -233,7 +233,8 @@ def occupancy_and_value(
     `backend`: "compiled" (numba kernels, `edr_kernels`; inputs on an accelerator are
     copied to the host and the results back), "torch" (the loop-over-positions
     reference, `edr_torch`) or "auto" (compiled when numba imports)."""
-    if lengths is None and backend != "torch" and _KERNELS and type(acceptance) is Tensor:
+    fast = backend == "auto" or backend == "compiled"
+    if fast and lengths is None and _KERNELS and type(acceptance) is Tensor:
         # One plain rollout (CPU, float32 or float64 for both, no autograd, [L-1, K >= 1])
         # goes straight to the kernel, checked inline: at L = 256 the kernel takes ~6 us
         # and each helper call, checked attribute or dataclass __init__ ~0.1-0.3 us
