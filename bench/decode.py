@@ -47,6 +47,7 @@ import torch
 
 from blockdraft.evaluation.argmax_screen import ScreenedArgmaxHead
 from blockdraft.evaluation.decode_steps import TargetRunner
+from blockdraft.evaluation.hf_generate import hf_generate_job
 from blockdraft.evaluation.online import StepStats, ar_generate, speculative_generate
 from blockdraft.models.ngram import NgramDrafter
 from blockdraft.models.packed_linear import PackedLinears
@@ -116,28 +117,6 @@ class ForwardCounter:
 
     def _hook(self, *_: Any) -> None:
         self.calls += 1
-
-
-def hf_job(target: Any, prompt: list[int], temp: float, n: int, lookup: int = 0) -> Callable:
-    ids = torch.tensor([prompt])
-    kw: dict[str, Any] = dict(
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=n,
-        eos_token_id=list(target.stop_token_ids) or None,
-        pad_token_id=target.tokenizer.pad_token_id or 0,
-    )
-    if temp == 0:
-        kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    else:
-        kw.update(do_sample=True, temperature=temp, top_p=1.0, top_k=0)
-    if lookup:
-        kw.update(prompt_lookup_num_tokens=lookup, max_matching_ngram_size=2)
-
-    def run() -> list[int]:
-        with torch.inference_mode():
-            return target.model.generate(ids, **kw)[0, len(prompt) :].tolist()
-
-    return run
 
 
 def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dict[str, float]:
@@ -214,8 +193,8 @@ def bench_temperature(
     ar_stats = StepStats()
     for i, prompt in enumerate(prompts):
         jobs: dict[str, Callable[[], Any]] = {
-            "HF generate": hf_job(target, prompt, temp, n),
-            "HF prompt lookup": hf_job(target, prompt, temp, n, lookup=k),
+            "HF generate": hf_generate_job(target, prompt, temp, n),
+            "HF prompt lookup": hf_generate_job(target, prompt, temp, n, lookup=k),
             "AR loop": lambda p=prompt, i=i: ar_generate(
                 target,
                 p,

@@ -237,54 +237,6 @@ def evaluate_offline(
     return result, comparisons
 
 
-def _progress_line(p: Any) -> str:
-    """One line per decoded prompt: the online stage is the demo's slowest to watch."""
-    ar = f" (AR {p.ar_tokens_per_s:.0f})" if p.ar_tokens_per_s else ""
-    return f"{p.done}/{p.total} prompts, {p.tokens_per_s:.0f} tok/s{ar}, tau {p.tau:.2f}"
-
-
-def evaluate_online(
-    target: Any,
-    s: DemoSettings,
-    finals: dict[str, Path],
-    rollouts: dict[str, Path],
-    offline: dict[str, Any],
-) -> dict[str, Any]:
-    """Real speculative decoding of held-out prompts: tau, speedup vs autoregressive."""
-    from blockdraft.data.rollout_store import RolloutSet
-    from blockdraft.evaluation.online import decode
-    from blockdraft.models.drafter_spec import load_drafter_spec
-
-    rs = RolloutSet.open(rollouts["eval"])
-    prompts = [rs[i].prompt_ids.tolist() for i in range(min(s.online_prompts, len(rs)))]
-    bench = offline["benchmarks"][0]
-    by_name = {d["name"]: d for d in bench["drafters"]}
-    online = {}
-    for name, path in finals.items():
-        _log(f"online decoding with {name} ({len(prompts)} prompts)")
-        drafter, _ = load_drafter_spec(path, target, dtype=_drafter_dtype(s, target))
-        res = decode(
-            target,
-            drafter,
-            prompts,
-            temperature=s.temperature,
-            max_new_tokens=s.online_max_new_tokens,
-            seed=s.seed,
-            callback=lambda p, name=name: _log(f"  {name}: {_progress_line(p)}"),
-        )
-        online[name] = {
-            "tau": res.tau,
-            "tau_ci95": list(res.tau_ci95),
-            "histogram": res.histogram,
-            "tokens_per_s": res.tokens_per_s,
-            "ar_tokens_per_s": res.ar_tokens_per_s,
-            "speedup": res.speedup,
-            "offline_mal": by_name[name]["mal"],
-            "offline_mal_ci95": by_name[name]["mal_ci95"],
-        }
-    return online
-
-
 def build_report_json(
     s: DemoSettings,
     rollouts: dict[str, Path],
@@ -308,6 +260,9 @@ def build_report_json(
                 "tau_online": o.get("tau"),
                 "tau_online_ci95": o.get("tau_ci95"),
                 "speedup": o.get("speedup"),
+                "speedup_vs_hf": o.get("speedup_vs_hf"),
+                # the offline MAL of the online prompts at the online length (= tau at T = 0)
+                "mal_offline_online_prompts": o.get("offline_mal"),
                 "ar_k": d["ar_k"],
             }
         )
@@ -364,13 +319,16 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         {
             "drafters": {n: recorded_key(p.parent) for n, p in trained.items()},
             "settings": fingerprint(portable(_settings_key(s, out), out)),
+            "version": 2,  # 2: offline MAL on the same prompts and length, HF generate row
         },
     )
     if online_stage.is_done():
         _log("online decoding: reused")
         online = online_stage.outputs()["online"]
     else:
-        online = evaluate_online(target, s, finals, rollouts, offline)
+        from blockdraft.demo_online import evaluate_online
+
+        online = evaluate_online(target, s, finals, rollouts, out)
         online_stage.finish({"online": online})
     drafters = [
         {**d, "benchmark": offline["benchmarks"][0]["name"]}

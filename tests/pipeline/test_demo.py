@@ -39,9 +39,14 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
         lo, hi = d["mal_offline_ci95"]
         assert 1.0 <= lo <= d["mal_offline"] <= hi <= 8.0
         assert len(d["ar_k"]) == 7 and d["tau_online"] >= 1.0 and d["speedup"] > 0
+        assert d["speedup_vs_hf"] > 0
+        # greedy online decoding re-emits the rollouts' text: tau is the offline MAL of
+        # the same prompts at the same length, exactly
+        assert d["tau_online"] == pytest.approx(d["mal_offline_online_prompts"], abs=1e-9)
     pairs = [(c["a"], c["b"]) for c in report["comparisons"]]
     assert ("decay", "dpace") in pairs and ("e2e", "edr") in pairs and ("ngram", "dpace") in pairs
-    assert (out / "report" / "report.md").is_file()
+    md = (out / "report" / "report.md").read_text()
+    assert "HF `generate`: " in md and "| vs HF generate |" in md
     first = capsys.readouterr().out
 
     out.rename(tmp_path / "moved")  # stage keys must not depend on where `out` is
