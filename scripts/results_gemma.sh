@@ -30,6 +30,7 @@ LR=${LR:-2e-3}
 SEEDS=${SEEDS:-"0 1"}
 OBJS=${OBJS:-"decay dpace"}
 LOOKUP_STEPS=${LOOKUP_STEPS:-1000}
+TEMP=${TEMP:-0}                          # rollout temperature (scripts/results_gemma_t1.sh: 1)
 SECTIONS=${*:-"rollouts features train train-lookup select compare"}
 mkdir -p "$OUT/runs" "$OUT/json"
 TGT="--target gemma-3-270m"
@@ -39,7 +40,7 @@ log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
 
 rollouts() {  # rollouts NAME PROMPTS LIMIT
   grep -qs '"complete": true' "$OUT/rollouts/$1/manifest.json" && return 0
-  $BD rollout $TGT --prompts "$2" --limit "$3" --temperature 0 --max-new-tokens 128 \
+  $BD rollout $TGT --prompts "$2" --limit "$3" --temperature "$TEMP" --max-new-tokens 128 \
       --batch-size 32 --threads 2 --out "$OUT/rollouts/$1" --no-progress
 }
 
