@@ -33,6 +33,7 @@ def test_decode_ngram_spec_online_tau_equals_offline_mal(tmp_path, capsys) -> No
         "--rollouts", rollouts,
         "--threads", "1",
         "--no-progress",
+        "--vs-hf",
         "--json", tmp_path / "out.json",
     )  # fmt: skip
     assert code == 0, err
@@ -43,6 +44,8 @@ def test_decode_ngram_spec_online_tau_equals_offline_mal(tmp_path, capsys) -> No
     assert res["tau"] == pytest.approx(res["offline_mal"], abs=1e-12)
     assert res["tau"] > 1.0  # the random target repeats itself: some proposals accepted
     assert "per round (ms)" in out and "AR steps" in out
+    assert res["speedup_vs_hf"] == pytest.approx(res["speedup"] * res["ar_vs_hf"])
+    assert "x HF generate" in out
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "two"])
@@ -62,3 +65,16 @@ def test_default_threads_respects_the_environment(monkeypatch) -> None:
     assert apply_threads(None) == 1 and torch.get_num_threads() == 1
     monkeypatch.delenv("BLOCKDRAFT_THREADS")
     assert 1 <= default_threads() <= max(1, torch.get_num_threads())
+
+
+def test_vs_hf_refuses_settings_it_cannot_time_before_decoding(tmp_path, capsys) -> None:
+    model = save_local_model(tmp_path / "target")
+    for extra, words in ((["--no-ar"], "drop --no-ar"), (["--top-k", "5"], "top-p/top-k")):
+        code, out, err = run_cli(
+            capsys,
+            "decode", "--target", model, "--drafter", "ngram", "--prompts", "stdlib:eval",
+            "--limit", "1", "--max-new-tokens", "4", "--no-progress", "--vs-hf", *extra,
+        )  # fmt: skip
+        last = err.strip().splitlines()[-1]  # after HF's weight-loading bars
+        assert code == 2 and last.startswith("error: --vs-hf") and words in last
+        assert "tok/s" not in out  # nothing was decoded first

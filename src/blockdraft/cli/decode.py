@@ -63,6 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--no-ar", action="store_true", help="skip the autoregressive baseline (no speedup)"
     )
+    p.add_argument(
+        "--vs-hf",
+        action="store_true",
+        help="also time HF generate against the AR loop on the same prompts (alternately) "
+        "and report the speedup over HF generate",
+    )
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--show", type=int, default=1, help="print the first N decoded outputs")
     p.set_defaults(func=run)
@@ -102,6 +108,29 @@ def _prompts_and_settings(
     return prompts, settings, rollouts
 
 
+def _check_vs_hf(target: Any, settings: dict[str, Any], no_ar: bool) -> None:
+    """`--vs-hf` problems, raised before any decoding is spent."""
+    from blockdraft.evaluation.hf_generate import has_hf_generate
+
+    if not has_hf_generate(target):
+        raise ValueError("--vs-hf: the target is not a Hugging Face model with generate()")
+    if settings["top_p"] != 1.0 or settings["top_k"] != 0:
+        raise ValueError("--vs-hf times HF generate with top-p/top-k off: drop --top-p/--top-k")
+    if no_ar:
+        raise ValueError("--vs-hf needs the AR baseline: drop --no-ar")
+
+
+def _vs_hf(
+    target: Any, prompts: list[list[int]], settings: dict[str, Any], speedup: float
+) -> dict[str, float]:
+    """HF generate vs our AR loop on the same prompts; the speculative speedup over HF is
+    the decode run's speedup over the AR loop times that ratio."""
+    from blockdraft.evaluation.hf_generate import ar_vs_hf
+
+    timing = ar_vs_hf(target, prompts, settings["temperature"], settings["max_new_tokens"])
+    return {**timing, "speedup_vs_hf": speedup * timing["ar_vs_hf"]}
+
+
 def run(args: argparse.Namespace) -> int:
     from blockdraft.data.prompts import PromptError
     from blockdraft.evaluation.online import decode
@@ -115,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
             args.drafter, target, dtype=drafter_dtype_of(args, target)
         )
         prompts, settings, rollouts = _prompts_and_settings(args, target)
+        if args.vs_hf:
+            _check_vs_hf(target, settings, args.no_ar)
         result = decode(
             target,
             drafter,
@@ -131,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
             "target": target.name,
             **result.to_dict(),
         }
+        if args.vs_hf:
+            out.update(_vs_hf(target, prompts, settings, result.speedup))
         if rollouts is not None:
             from blockdraft.evaluation.offline import mal_ci
             from blockdraft.evaluation.scoring import score_rollout_set
@@ -161,6 +194,12 @@ def run(args: argparse.Namespace) -> int:
         line += f"  AR {result.ar_tokens_per_s:.1f} tok/s  speedup {result.speedup:.2f}x"
         line += " (timed alternately in this run)"
     print(line)
+    if out.get("speedup_vs_hf") is not None:
+        print(
+            f"HF generate {out['hf_tokens_per_s']:.1f} tok/s  AR loop {out['ar_vs_hf']:.2f}x HF  "
+            f"speculative {out['speedup_vs_hf']:.2f}x HF generate (speedup x AR/HF, each timed "
+            "alternately)"
+        )
     costs = result.round_costs()
     if costs and result.num_rounds:
         total = sum(costs.values())
