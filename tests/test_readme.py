@@ -28,7 +28,7 @@ SPEEDUPS = {
     "logging.progress=false logging.tensorboard=false device=cpu",
     "eval": "--n-boot 50 --no-progress",
     "compare": "--n-boot 50 --no-progress",
-    "decode": "--limit 2 --no-ar --no-progress",
+    "decode": "--limit 2 --no-progress",  # the README asks for --vs-hf: keeps the AR baseline
     "export": "",
 }
 
