@@ -311,7 +311,7 @@ def main() -> None:
     drafters: dict[str, Any] = {"spec ngram": NgramDrafter(args.k, max_ngram=2, match="first")}
     for spec in args.drafter:
         name, drafter = load_drafter(spec, args, target)
-        drafters[name] = drafter
+        drafters[name if name not in drafters else f"spec {spec}"] = drafter  # same run name
     params = sum(p.numel() for p in target.model.parameters()) / 1e6
     lens = [len(p) for p in prompts]
     print(
