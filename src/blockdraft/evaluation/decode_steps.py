@@ -142,7 +142,7 @@ class GreedyDraftHead:
         ids = drafter.draft_ids
         self.ids = ids.to(self.weight.device) if ids is not None else None
         # K rows: packed fp32 where the build can (cheapest, models/packed_linear.py), else
-        # a bf16 screen for a large head (compute-bound at K rows)
+        # the screen (int8 or bf16) for a large head (compute-bound at K rows)
         self.packed = pack_weight(self.weight)
         big = (
             self.weight.dtype == torch.float32

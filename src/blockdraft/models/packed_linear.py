@@ -8,7 +8,8 @@ the product: measured on Gemma 3 270M (one thread, idle core) a 2048 x 640 layer
 the weight packed once (`torch.ops.mkl._mkl_reorder_linear_weight`, what inductor's
 freezing uses) 8 rows take 0.21 ms and 63 ms. The whole 8-token verification forward went
 from 1.94 to 1.47 AR steps with the fp32 head, 1.38 with the packed bf16 screen of the
-head (`evaluation/argmax_screen.py`; `bench/decode.py`, forward table). This module also
+head and 1.04 with its int8 screen (`evaluation/argmax_screen.py`; `bench/decode.py`,
+forward table). This module also
 packs the screens' bf16 and int8 weights with oneDNN (`pack_bf16_onednn`,
 `pack_int8_onednn`).
 
