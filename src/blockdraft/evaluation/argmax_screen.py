@@ -214,11 +214,15 @@ class Int8Screen:
         return Screened(y, [a, b], *self.second, torch.zeros_like(a))
 
     @staticmethod
-    def _pass_norms(stacked: torch.Tensor, rows: int, s1: float, s2: float) -> tuple:
+    def _pass_norms(
+        stacked: torch.Tensor, rows: int, s1: float, s2: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         centred = stacked.float() - 128
         return centred[:rows].norm(dim=-1) * s1, centred[rows:].norm(dim=-1) * s2
 
-    def _common(self, hidden: torch.Tensor, left: torch.Tensor, x1, x2) -> tuple:  # type: ignore[no-untyped-def]
+    def _common(
+        self, hidden: torch.Tensor, left: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Coefficients of `||W_v||` and of the weight error norm (class doc): activation
         residual, fp32 logits' own error, the residual's rounding (<= 4u||x||), and <= 5
         roundings of each partial product, whose sizes sum to at most `(||x1|| + ||x2||)
