@@ -266,18 +266,24 @@ def terminal_summary(report: dict[str, Any]) -> str:
         f"T={report['temperature']}  rollouts={report['rollouts']}",
         "",
         f"{'drafter':<8} {'MAL offline':>12} {'95% CI':>16} {'tau online':>11} "
-        f"{'vs AR':>7} {'vs HF':>7}",
+        f"{'(offline)':>10} {'vs AR':>7} {'vs HF':>7}",
     ]
     for d in report["drafters"]:
         lo, hi = d["mal_offline_ci95"]
         tau = f"{d['tau_online']:.3f}" if d["tau_online"] is not None else "-"
+        same = d.get("mal_offline_online_prompts")
+        same = f"({same:.3f})" if same is not None else "-"
         sp = f"{d['speedup']:.2f}x" if d["speedup"] is not None else "-"
         hf = d.get("speedup_vs_hf")
         hf = f"{hf:.2f}x" if hf is not None else "-"
         lines.append(
             f"{d['name']:<8} {d['mal_offline']:>12.3f} {f'[{lo:.3f}, {hi:.3f}]':>16} "
-            f"{tau:>11} {sp:>7} {hf:>7}"
+            f"{tau:>11} {same:>10} {sp:>7} {hf:>7}"
         )
+    lines += [
+        "(tau online: the first held-out prompts, decoded; in parentheses the offline MAL "
+        "of that same text, which it equals at T = 0)"
+    ]
     lines += ["", f"{'B vs A':<16} {'MAL gain':>9} {'95% CI':>20} {'rel.':>8}"]
     for c in report["comparisons"]:
         lo, hi = c["mal_gain_ci95"]

@@ -302,3 +302,42 @@ def test_commands_end_to_end(tmp_path, capsys) -> None:
     assert "runA" in md and "![per-position acceptance rates](acceptance_rates.png)" in md
     assert (tmp_path / "report" / "dpace_weight_profile.png").is_file()
     assert main(["eval", *common, str(tmp_path / "nothing")]) == 2
+
+
+def test_terminal_summary_shows_online_next_to_offline_on_the_same_text() -> None:
+    from blockdraft.report import terminal_summary
+
+    drafter = {
+        "name": "dpace",
+        "mal_offline": 3.048,
+        "mal_offline_ci95": [2.894, 3.208],
+        "tau_online": 2.965,
+        "mal_offline_online_prompts": 2.965,
+        "speedup": 1.41,
+        "speedup_vs_hf": 1.6,
+    }
+    old = {**drafter, "name": "old"}  # a report.json written before these fields existed
+    for key in ("mal_offline_online_prompts", "speedup_vs_hf"):
+        del old[key]
+    report = {
+        "target": "tiny",
+        "block_size": 8,
+        "temperature": 0.0,
+        "rollouts": {"eval": 64},
+        "drafters": [drafter, old],
+        "comparisons": [],
+    }
+    lines = terminal_summary(report).splitlines()
+    row = next(line for line in lines if line.startswith("dpace"))
+    assert row.split() == [
+        "dpace",
+        "3.048",
+        "[2.894,",
+        "3.208]",
+        "2.965",
+        "(2.965)",
+        "1.41x",
+        "1.60x",
+    ]
+    old_row = next(line for line in lines if line.startswith("old"))
+    assert old_row.split()[-3:] == ["-", "1.41x", "-"]
