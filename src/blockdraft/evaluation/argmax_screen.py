@@ -183,42 +183,36 @@ class Int8Screen:
         return True
 
     @staticmethod
-    def _passes(hidden: torch.Tensor) -> tuple[torch.Tensor, list[float], torch.Tensor]:
-        """`x ~ s1 q1 + s2 q2` -> (uint8 `[q1; q2] + 128`, [s1, s2], ||residual|| [T])."""
+    def _passes(hidden: torch.Tensor) -> tuple[torch.Tensor, list[float], list[torch.Tensor]]:
+        """`x ~ s1 q1 + s2 q2` -> (uint8 `[q1; q2] + 128`, [s1, s2], norms `[||x1||, ||x2||,
+        ||x - x1 - x2||]`, each `[T]`)."""
         s1 = float(hidden.abs().max()) / 127 or 1.0
-        q1 = torch.round(hidden / s1)
-        residual = hidden - q1 * s1
+        x1 = torch.round(hidden / s1) * s1
+        residual = hidden - x1
         s2 = float(residual.abs().max()) / 127 or 1.0
-        q2 = torch.round(residual / s2)
-        stacked = torch.cat([q1, q2]).add_(128).to(torch.uint8)  # zero point 128
-        return stacked, [s1, s2], (residual - q2 * s2).norm(dim=-1)
+        x2 = torch.round(residual / s2) * s2
+        stacked = torch.cat([x1 / s1, x2 / s2]).round_().add_(128).to(torch.uint8)
+        norms = [x1.norm(dim=-1), x2.norm(dim=-1), (residual - x2).norm(dim=-1)]
+        return stacked, [s1, s2], norms
 
     def products(self, hidden: torch.Tensor) -> Screened:
-        rows = hidden.shape[0]
-        stacked, (s1, s2), left = self._passes(hidden)
-        acc = onednn_int8_linear(stacked, self.packed1, self.scale1)  # [2T, V]
-        y = acc[:rows].mul_(s1).add_(acc[rows:], alpha=s2)
-        x1, x2 = self._pass_norms(stacked, rows, s1, s2)
-        a, b = self._common(hidden, left, x1, x2)
-        return Screened(y, [a, b], *self.first, torch.zeros_like(a))
+        return self._screen(hidden, refined=False)
 
     def refine(self, hidden: torch.Tensor) -> Screened:
         """Second stage for rows whose first-stage candidates are too many (class doc)."""
-        rows = hidden.shape[0]
-        stacked, (s1, s2), left = self._passes(hidden)
-        acc = onednn_int8_linear(stacked, self.packed1, self.scale1)
-        acc += onednn_int8_linear(stacked, self.packed2, self.scale2)
-        y = acc[:rows].mul_(s1).add_(acc[rows:], alpha=s2)
-        x1, x2 = self._pass_norms(stacked, rows, s1, s2)
-        a, b = self._common(hidden, left, x1, x2)
-        return Screened(y, [a, b], *self.second, torch.zeros_like(a))
+        return self._screen(hidden, refined=True)
 
-    @staticmethod
-    def _pass_norms(
-        stacked: torch.Tensor, rows: int, s1: float, s2: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        centred = stacked.float() - 128
-        return centred[:rows].norm(dim=-1) * s1, centred[rows:].norm(dim=-1) * s2
+    def _screen(self, hidden: torch.Tensor, refined: bool) -> Screened:
+        """`(x1 + x2) . W1`, plus `(x1 + x2) . W2` when `refined`, with its bound."""
+        rows = hidden.shape[0]
+        stacked, (s1, s2), (x1, x2, left) = self._passes(hidden)
+        acc = onednn_int8_linear(stacked, self.packed1, self.scale1)  # [2T, V]
+        if refined:
+            acc += onednn_int8_linear(stacked, self.packed2, self.scale2)
+        y = acc[:rows].mul_(s1).add_(acc[rows:], alpha=s2)
+        a, b = self._common(hidden, left, x1, x2)
+        vectors, maxima = self.second if refined else self.first
+        return Screened(y, [a, b], vectors, maxima, torch.zeros_like(a))
 
     def _common(
         self, hidden: torch.Tensor, left: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor
