@@ -67,14 +67,19 @@ def test_default_threads_respects_the_environment(monkeypatch) -> None:
     assert 1 <= default_threads() <= max(1, torch.get_num_threads())
 
 
-def test_vs_hf_refuses_settings_it_cannot_time_before_decoding(tmp_path, capsys) -> None:
+def test_vs_hf_needs_the_ar_baseline_and_times_sampling_settings(tmp_path, capsys) -> None:
+    """Without the AR baseline there is no ratio to convert: refused in one line before
+    anything is decoded. With top-k sampling HF generate samples with the same top-k."""
     model = save_local_model(tmp_path / "target")
-    for extra, words in ((["--no-ar"], "drop --no-ar"), (["--top-k", "5"], "top-p/top-k")):
-        code, out, err = run_cli(
-            capsys,
-            "decode", "--target", model, "--drafter", "ngram", "--prompts", "stdlib:eval",
-            "--limit", "1", "--max-new-tokens", "4", "--no-progress", "--vs-hf", *extra,
-        )  # fmt: skip
-        last = err.strip().splitlines()[-1]  # after HF's weight-loading bars
-        assert code == 2 and last.startswith("error: --vs-hf") and words in last
-        assert "tok/s" not in out  # nothing was decoded first
+    common = ["decode", "--target", model, "--drafter", "ngram", "--prompts", "stdlib:eval",
+              "--limit", "1", "--max-new-tokens", "4", "--no-progress", "--vs-hf"]  # fmt: skip
+    code, out, err = run_cli(capsys, *common, "--no-ar")
+    last = err.strip().splitlines()[-1]  # after HF's weight-loading bars
+    assert code == 2 and last.startswith("error: --vs-hf") and "drop --no-ar" in last
+    assert "tok/s" not in out  # nothing was decoded first
+    code, out, err = run_cli(
+        capsys, *common, "--temperature", "1", "--top-k", "5", "--json", tmp_path / "k.json"
+    )
+    assert code == 0, err
+    res = json.loads((tmp_path / "k.json").read_text())
+    assert res["speedup_vs_hf"] == pytest.approx(res["speedup"] * res["ar_vs_hf"])

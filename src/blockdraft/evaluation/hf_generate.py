@@ -20,12 +20,19 @@ from blockdraft.evaluation.bench import alternate_timed
 
 
 def hf_generate_job(
-    target: Any, prompt: Sequence[int], temperature: float, max_new_tokens: int, lookup: int = 0
+    target: Any,
+    prompt: Sequence[int],
+    temperature: float,
+    max_new_tokens: int,
+    lookup: int = 0,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> Callable[[], list[int]]:
     """A zero-argument call of `target.model.generate` on `prompt` -> new token ids.
 
     `lookup=K` turns on prompt-lookup assisted generation with K candidates (matching
-    n-grams of up to 2 tokens, the setting of blockdraft's `ngram` drafter)."""
+    n-grams of up to 2 tokens, the setting of blockdraft's `ngram` drafter); at T > 0 it
+    samples with HF's own top-p / top-k (off by default)."""
     ids = torch.tensor([list(prompt)], device=getattr(target, "device", "cpu"))
     kw: dict[str, Any] = dict(
         attention_mask=torch.ones_like(ids),
@@ -36,7 +43,7 @@ def hf_generate_job(
     if temperature == 0:
         kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     else:
-        kw.update(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
+        kw.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
     if lookup:
         kw.update(prompt_lookup_num_tokens=lookup, max_matching_ngram_size=2)
 
@@ -54,18 +61,23 @@ def has_hf_generate(target: Any) -> bool:
 
 
 def ar_vs_hf(
-    target: Any, prompts: Sequence[Sequence[int]], temperature: float, max_new_tokens: int
+    target: Any,
+    prompts: Sequence[Sequence[int]],
+    temperature: float,
+    max_new_tokens: int,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> dict[str, float]:
     """HF generate and our AR loop on the same prompts, alternately (HF, AR per prompt,
     after one warm-up each) -> tokens/s of both and `ar_vs_hf` (AR tok/s / HF tok/s)."""
     from blockdraft.evaluation.online import ar_generate
 
+    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
+
     def jobs(prompt: Sequence[int], n: int) -> dict[str, Callable[[], list[int]]]:
         return {
-            "hf": hf_generate_job(target, prompt, temperature, n),
-            "ar": lambda: ar_generate(
-                target, list(prompt), temperature=temperature, max_new_tokens=n
-            ),
+            "hf": hf_generate_job(target, prompt, max_new_tokens=n, **sampling),
+            "ar": lambda: ar_generate(target, list(prompt), max_new_tokens=n, **sampling),
         }
 
     alternate_timed(jobs(prompts[0], min(4, max_new_tokens)))  # warm-up
@@ -78,3 +90,12 @@ def ar_vs_hf(
             tokens[name] += len(results[name])
     hf, ar = (tokens[n] / max(seconds[n], 1e-12) for n in ("hf", "ar"))
     return {"hf_tokens_per_s": hf, "ar_tokens_per_s": ar, "ar_vs_hf": ar / max(hf, 1e-12)}
+
+
+def versus_hf(
+    target: Any, prompts: Sequence[Sequence[int]], speedup: float, **settings: Any
+) -> dict[str, float]:
+    """`ar_vs_hf` plus `speedup_vs_hf`: a speculative run's speedup over our AR loop (timed
+    alternately with it) times the AR loop's ratio to HF generate (timed likewise)."""
+    timing = ar_vs_hf(target, prompts, **settings)
+    return {**timing, "speedup_vs_hf": speedup * timing["ar_vs_hf"]}
