@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from blockdraft.evaluation.argmax_screen import ScreenedArgmaxHead
+from blockdraft.evaluation.argmax_screen import Int8Screen, ScreenedArgmaxHead
 from blockdraft.evaluation.decode_steps import TargetRunner
 from blockdraft.evaluation.hf_generate import hf_generate_job
 from blockdraft.evaluation.online import StepStats, ar_generate, speculative_generate
@@ -143,10 +143,12 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
         cases[f"{k + 1} argmax, packed + fp32 head"] = (fp32_head, True, plain)
         if run.screen is not None:
             head = target.model.get_output_embeddings().weight
+            loop_kind = "int8" if isinstance(run.screen.screen, Int8Screen) else "bf16"
             for kind in ("bf16", "int8"):
-                screened = TargetRunner(target)
+                screened = TargetRunner(target)  # the loop's own screen where it is this kind
                 try:
-                    screened.screen = ScreenedArgmaxHead(head, kind=kind)
+                    if kind != loop_kind:
+                        screened.screen = ScreenedArgmaxHead(head, kind=kind)
                 except RuntimeError:  # no exact int8 products on this CPU
                     continue
                 cases[f"{k + 1} argmax, packed + {kind} screen"] = (screened, True, plain)
