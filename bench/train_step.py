@@ -55,15 +55,28 @@ from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step, score_round_starts
 from blockdraft.training.objective_step import block_micro_step, pad_anchor_lists
 
-OBJECTIVES = ["uniform", "decay", "dpace", "e2e", "edr", "edr-greedy", "edr-all", "edr-greedy-all"]
+OBJECTIVES = [
+    "uniform",
+    "decay",
+    "dpace",
+    "e2e",
+    "edr",
+    "edr-greedy",
+    "edr-uniform",
+    "edr-greedy-uniform",
+    "edr-all",
+    "edr-greedy-all",
+]
 SCORING = "edr-scoring"  # not a step: the equal-budget rows' no-grad scoring pass alone
-# EDR rows: name -> (mode, budget); "equal": the block objectives' anchors per rollout as
-# max_anchors (PPS round-start sampling), "all": every round start (max_anchors 512)
+# EDR rows: name -> (mode, budget, anchor_sampler); "equal": the block objectives' anchors
+# per rollout as max_anchors, "all": every round start (max_anchors 512, nothing sampled)
 EDR_ROWS = {
-    "edr": ("sampling", "equal"),
-    "edr-greedy": ("greedy", "equal"),  # greedy: A = q(x), no [.., V] distributions
-    "edr-all": ("sampling", "all"),
-    "edr-greedy-all": ("greedy", "all"),
+    "edr": ("sampling", "equal", "occupancy"),
+    "edr-greedy": ("greedy", "equal", "occupancy"),  # greedy: A = q(x), no [.., V] distributions
+    "edr-uniform": ("sampling", "equal", "uniform"),
+    "edr-greedy-uniform": ("greedy", "equal", "uniform"),
+    "edr-all": ("sampling", "all", "occupancy"),
+    "edr-greedy-all": ("greedy", "all", "occupancy"),
 }
 
 
@@ -274,6 +287,7 @@ def objective_ratios(args: argparse.Namespace) -> None:
             "edr",
             mode=EDR_ROWS[name][0],
             max_anchors=args.anchors if EDR_ROWS[name][1] == "equal" else 512,
+            anchor_sampler=EDR_ROWS[name][2],
         )
         for name in OBJECTIVES
     }
@@ -328,6 +342,9 @@ def objective_ratios(args: argparse.Namespace) -> None:
         "  edr / edr-greedy: EDR at the same budget, PPS round-start sampling with "
         f"Horvitz-Thompson weights, max_anchors {args.anchors} per rollout = {sampled} blocks "
         f"with gradient, plus a no-grad scoring pass over all {starts} round starts\n"
+        "  edr-uniform / edr-greedy-uniform: the same budget drawn uniformly first "
+        f"(anchor_sampler uniform): {sampled} blocks with gradient + the other "
+        f"{starts - sampled} scored without (noisier: bench/edr_sampler.py)\n"
         f"  edr-all / edr-greedy-all: every one of the {starts} drafted round starts with "
         "gradient (max_anchors 512), no scoring pass\n"
         "  (edr* = sampling-mode EDR, TV cost on full distributions; edr-greedy* = A = q(x))"
@@ -339,9 +356,14 @@ def objective_ratios(args: argparse.Namespace) -> None:
             note = (
                 f"   {factor * blocks / starts:.3f}x per block with gradient ({starts} vs {blocks})"
             )
+        elif name in EDR_ROWS and EDR_ROWS[name][2] == "uniform":
+            note = (
+                f"   equal budget: {sampled} blocks with gradient + {starts - sampled} scored "
+                "without"
+            )
         elif name in EDR_ROWS:
             note = f"   equal budget: {sampled} blocks with gradient + {starts} scored without"
-        print(f"  {name:14s} {factor:.3f}x{note}")
+        print(f"  {name:18s} {factor:.3f}x{note}")
     print(
         f"  of which the scoring pass alone (no grad, all {starts} round starts, sampling mode, "
         f"{args.anchors} per rollout per pass; target forward not included): "

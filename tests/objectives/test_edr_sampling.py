@@ -14,6 +14,7 @@ from blockdraft.objectives.edr import (
     occupancy_and_value,
     round_start_candidates,
     sample_round_starts,
+    sample_round_starts_uniformly,
 )
 
 
@@ -125,3 +126,27 @@ def test_sampling_errors() -> None:
         sample_round_starts(torch.ones(2, 2), 1)
     idx, w = sample_round_starts(torch.zeros(0), 3)
     assert idx.numel() == 0 and w.numel() == 0
+
+
+def test_uniform_sampler_draws_m_distinct_rows_each_with_probability_m_over_n() -> None:
+    """Frequencies over 4,000 draws of 3 of 7 rows: every row within 4.5 binomial standard
+    errors of 3/7 (Bonferroni over 7 rows: a false alarm ~5e-5), the weights are N/m, and
+    too many anchors take every row once with weight 1."""
+    gen = torch.Generator().manual_seed(2)
+    n, m, draws = 7, 3, 4000
+    counts = torch.zeros(n)
+    for _ in range(draws):
+        idx, w = sample_round_starts_uniformly(n, m, gen)
+        assert idx.tolist() == sorted(set(idx.tolist())) and idx.numel() == m
+        assert w.tolist() == [n / m] * m
+        counts[idx] += 1
+    p = m / n
+    se = math.sqrt(p * (1 - p) / draws)
+    assert bool(((counts / draws - p).abs() < 4.5 * se).all()), (counts / draws).tolist()
+    idx, w = sample_round_starts_uniformly(4, 10, gen)
+    assert idx.tolist() == [0, 1, 2, 3] and w.tolist() == [1.0] * 4
+    assert sample_round_starts_uniformly(0, 2, gen)[0].numel() == 0
+    with pytest.raises(ValueError, match="max_anchors"):
+        sample_round_starts_uniformly(4, 0)
+    with pytest.raises(ValueError, match="num_candidates"):
+        sample_round_starts_uniformly(-1, 2)

@@ -57,6 +57,7 @@ def test_every_name_builds_with_defaults_and_reports_its_flags() -> None:
     assert make_objective("edr", mode="greedy", max_anchors=64).params == {
         "mode": "greedy",
         "max_anchors": 64,
+        "anchor_sampler": "occupancy",
     }
 
 
@@ -246,6 +247,8 @@ def test_bad_names_and_params_give_clear_errors() -> None:
         make_objective("edr", mode="greedy_hard")
     with pytest.raises(ValueError, match="max_anchors"):
         make_objective("edr", max_anchors=0)
+    with pytest.raises(ValueError, match="anchor_sampler must be one of occupancy, uniform"):
+        make_objective("edr", anchor_sampler="pps")
     with pytest.raises(TypeError, match="rounds_loss"):
         make_objective("edr").loss(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool))
     with pytest.raises(TypeError, match="call loss"):

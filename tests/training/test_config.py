@@ -34,6 +34,15 @@ def test_overrides_are_typed_and_applied():
     assert cfg.optim.lr == pytest.approx(3e-4)
     assert cfg.objective.gamma == 5.0 and isinstance(cfg.objective.gamma, float)
     assert cfg.optim.betas == [0.8, 0.9] and cfg.num_anchors == 64
+    edr = config_from_dict(BASE, ["objective.name=edr", "objective.anchor_sampler=uniform"])
+    from blockdraft.training.setup import build_objective
+
+    objective = build_objective(edr, "greedy")
+    assert objective.anchor_sampler == "uniform" and objective.mode == "greedy"
+    assert (
+        build_objective(config_from_dict(BASE, ["objective.name=edr"]), "greedy").anchor_sampler
+        == "occupancy"
+    )
 
 
 @pytest.mark.parametrize(
@@ -48,6 +57,7 @@ def test_overrides_are_typed_and_applied():
         (BASE, ["drafter.arch=transformer"], "drafter.arch"),
         (BASE, ["objective.name=dpase"], "objective.name"),
         (BASE, ["objective.alpha=1.5"], "objective.alpha"),
+        (BASE, ["objective.anchor_sampler=pps"], "objective.anchor_sampler"),
         (BASE, ["optim.betas=[0.9]"], "optim.betas"),
         (BASE, ["optim=3"], "optim"),
         ({}, [], "data.train_rollouts"),

@@ -44,6 +44,7 @@ _EDR_EXPORTS = (
     "occupancy_and_value",
     "edr_surrogate",
     "sample_round_starts",
+    "sample_round_starts_uniformly",
 )
 
 

@@ -37,6 +37,7 @@ from blockdraft.objectives.edr_sampling import (
     inclusion_probabilities,
     round_start_candidates,
     sample_round_starts,
+    sample_round_starts_uniformly,
 )
 
 Tensor = torch.Tensor
@@ -130,5 +131,6 @@ __all__ = [
     "round_start_candidates",
     "rounds_objective",
     "sample_round_starts",
+    "sample_round_starts_uniformly",
     "state_occupancy",
 ]

@@ -15,6 +15,11 @@ is 0 there; J's leading 1 is charged to no row), and a drafter block spent on it
 be wasted (`round_start_candidates`). The design is systematic sampling over a random
 permutation: it returns exactly `min(max_anchors, #candidates with positive occupancy)`
 distinct rows and each row's inclusion probability is exactly `pi_n`.
+
+`sample_round_starts_uniformly` is the alternative that needs no occupancies (simple
+random sampling, `pi_n = m / N`), so the gradient pass can score the sampled rows itself
+(`objective.anchor_sampler: uniform`, `training/edr_step.py`): cheaper steps, noisier
+gradients.
 """
 
 from __future__ import annotations
@@ -99,6 +104,33 @@ def sample_round_starts(
     return idx.to(device), weights.to(
         device=device, dtype=torch.promote_types(dtype, torch.float32)
     )
+
+
+def sample_round_starts_uniformly(
+    num_candidates: int, max_anchors: int, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Draw `min(max_anchors, num_candidates)` of the rows `0 .. num_candidates-1`
+    uniformly without replacement: `(indices [m] long, sorted; inclusion_weights [m] =
+    num_candidates / m)`, float64, on the CPU.
+
+    Why a second sampler: PPS on occupancy needs the occupancies *before* it draws, so a
+    no-grad pass must score every round start and the sampled rows are then drafted a
+    second time with gradient. Drawing first without looking at the rollout lets the
+    gradient pass score the sampled rows and the no-grad pass only the others; the
+    Horvitz-Thompson weights (every row's inclusion probability is exactly m / N) keep
+    loss and gradient unbiased all the same, at the variance of simple random sampling.
+    Callers pass the usable rows only (the dead last row is not a candidate)."""
+    if isinstance(max_anchors, bool) or not isinstance(max_anchors, int) or max_anchors < 1:
+        raise ValueError(f"max_anchors must be a positive int, got {max_anchors!r}")
+    if (
+        isinstance(num_candidates, bool)
+        or not isinstance(num_candidates, int)
+        or num_candidates < 0
+    ):
+        raise ValueError(f"num_candidates must be a non-negative int, got {num_candidates!r}")
+    m = min(max_anchors, num_candidates)
+    idx = torch.randperm(num_candidates, generator=generator)[:m].sort().values
+    return idx, torch.full((m,), num_candidates / m if m else 0.0, dtype=torch.float64)
 
 
 def dense_row_weights(indices: Tensor, inclusion_weights: Tensor, num_rows: int) -> Tensor:

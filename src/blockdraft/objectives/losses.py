@@ -185,6 +185,7 @@ class EDRObjective(Objective):
         super().__init__(name, params)
         self.mode: str = params["mode"]
         self.max_anchors: int = params["max_anchors"]
+        self.anchor_sampler: str = params["anchor_sampler"]
         self.edr_mode: str = "sampling" if self.mode == "sampling" else "greedy_soft"
         self.needs_target_distribution = self.mode == "sampling"
 

@@ -40,6 +40,7 @@ OBJECTIVE_NAMES = (
     "edr",
 )
 EDR_MODES = ("sampling", "greedy")
+ANCHOR_SAMPLERS = ("occupancy", "uniform")  # edr round starts beyond max_anchors
 
 
 def _alpha(value: Any) -> float:
@@ -94,6 +95,14 @@ def _edr_mode(value: Any) -> str:
     return value
 
 
+def _anchor_sampler(value: Any) -> str:
+    if value not in ANCHOR_SAMPLERS:
+        raise ValueError(
+            f"edr anchor_sampler must be one of {', '.join(ANCHOR_SAMPLERS)}, got {value!r}"
+        )
+    return value
+
+
 # name -> {param: (default, validator)}
 _PARAM_SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], Any]]]] = {
     "uniform": {},
@@ -102,7 +111,11 @@ _PARAM_SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], Any]]]] = {
     "dpace-cumulative": {"alpha": (0.5, _alpha)},
     "dpace-continuation": {"alpha": (0.5, _alpha)},
     "e2e": {"chunk_rows": (None, _optional_positive_int("chunk_rows"))},
-    "edr": {"mode": ("sampling", _edr_mode), "max_anchors": (512, _positive_int("max_anchors"))},
+    "edr": {
+        "mode": ("sampling", _edr_mode),
+        "max_anchors": (512, _positive_int("max_anchors")),
+        "anchor_sampler": ("occupancy", _anchor_sampler),
+    },
 }
 
 
@@ -156,7 +169,8 @@ def make_objective(name: str, **params: Any) -> Objective:
     Parameters: decay `gamma` (None = DFlash default for the block size, resolved from K
     at loss time); dpace* `alpha` (smoothing, default 0.5); e2e `chunk_rows` (rows per
     vocabulary chunk, None = ~64 MB chunks); edr `mode` ("sampling" | "greedy") and
-    `max_anchors` (round starts sampled per rollout, default 512).
+    `max_anchors` (round starts sampled per rollout, default 512) and `anchor_sampler` (how
+    they are drawn beyond that: "occupancy" | "uniform", see `training/edr_step.py`).
     """
     _check_name(name)
     resolved = _resolve_params(name, params)

@@ -6,14 +6,23 @@ each rollout's acceptance `A [L-1, K]` and cost `c [L-1, K]` must cover all roun
 The last round start (n = L-1, drafting only x_L, which is emitted anyway) has no
 gradient and no share of J, so it is never given a drafter block: its row enters the
 recursions as zeros, which they never read. When a rollout has more than
-`objective.max_anchors` other round starts, a no-grad drafter pass over all of them
-gives the occupancies (one batched recursion over those rollouts), `sample_round_starts`
-draws at most `max_anchors` rows proportionally to round-start occupancy, and only those
-rows are recomputed with gradient; the other rows enter the recursions detached with
-weight 0, and the sampled rows carry inverse-inclusion weights, so loss and gradient stay
-unbiased. The no-grad pass runs `score_chunk` round starts per rollout at a time
-(default `max_anchors`, so it never holds more blocks than the gradient pass): at a long
-rollout it would otherwise score thousands of blocks in one pass.
+`objective.max_anchors` other round starts, at most `max_anchors` rows are drafted with
+gradient, the other rows enter the recursions detached with weight 0, and the sampled
+rows carry inverse-inclusion weights, so loss and gradient stay unbiased. Every row's
+current acceptance is still needed (the occupancy and value of a sampled row depend on
+all of them), so the other rows are scored by a no-grad pass. `objective.anchor_sampler`:
+
+- "occupancy" (default): a no-grad pass scores every usable row, one batched recursion
+  gives the round-start occupancies, `sample_round_starts` draws rows proportionally to
+  them, and the drawn rows are drafted again with gradient (each drawn row twice).
+- "uniform": draw `max_anchors` rows uniformly first, then score only the rows the
+  gradient pass does not draft (each usable row once): a cheaper step, but on real
+  rollouts 1.2-3.7x more gradient noise per second of training than "occupancy"
+  (bench/edr_sampler.py, docs/training.md), so it is not the default.
+
+The no-grad pass runs `score_chunk` round starts per rollout at a time (default
+`max_anchors`, so it never holds more blocks than the gradient pass): at a long rollout
+it would otherwise score thousands of blocks in one pass.
 
 Acceptance follows the rollouts: sampling rollouts use lossless speculative sampling
 (`A = min(1, q(x)/p(x))`, TV-form cost, p = the rollout's processed sampling
@@ -35,6 +44,7 @@ from blockdraft.objectives.edr import (
     dense_row_weights,
     greedy_soft_from_logprobs,
     sample_round_starts,
+    sample_round_starts_uniformly,
     state_occupancy,
 )
 from blockdraft.training.batching import Batch, derived_seed
@@ -142,6 +152,71 @@ def _with_dead_row(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros((rows - x.shape[0], x.shape[1]))], dim=0)
 
 
+def _draw_round_starts(
+    fwd,
+    target,
+    tout,
+    batch,
+    objective,
+    starts,
+    long_rows,
+    usable,
+    *,
+    settings,
+    mode,
+    seed,
+    step,
+    chunk,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """For each rollout in `long_rows` (more usable round starts than
+    `objective.max_anchors`): `(rows drawn [m], dense inclusion weights [L-1], detached
+    A [L-1, K], detached c [L-1, K])`, where A and c hold the no-grad scores of every row
+    the gradient pass will not draft (zeros elsewhere: the gradient pass fills them)."""
+    limit = objective.max_anchors
+    rows = [int(starts[i].numel()) for i in long_rows]
+    gens = [
+        torch.Generator().manual_seed(derived_seed(seed, 13, step, int(batch.rollout_index[i])))
+        for i in long_rows
+    ]
+    drawn: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(long_rows)
+    if objective.anchor_sampler == "uniform":  # draw first, score only the other rows
+        scored = []
+        for j, i in enumerate(long_rows):
+            idx, w = sample_round_starts_uniformly(usable[i], limit, gens[j])
+            drawn[j] = idx, dense_row_weights(idx, w, rows[j])
+            left = torch.ones(usable[i], dtype=torch.bool)
+            left[idx] = False
+            scored.append(left.nonzero().flatten())
+    else:  # occupancy PPS: score every usable row, then draw from the occupancies
+        scored = [torch.arange(usable[i]) for i in long_rows]
+    sub = Batch(**{k: v[long_rows] for k, v in batch.__dict__.items()})
+    logits = None if tout.logits is None else tout.logits[long_rows]
+    sub_out = type(tout)(logits=logits, features=tout.features[long_rows])
+    anchors = pad_anchor_lists([starts[i][r] for i, r in zip(long_rows, scored, strict=True)])
+    acc, cost = score_round_starts(
+        fwd, target, sub_out, sub, anchors.to(batch.input_ids.device), settings, mode, chunk
+    )
+    full = []
+    for j, r in enumerate(scored):
+        at = r.to(acc.device)
+        full.append(
+            tuple(
+                x.new_zeros((rows[j], x.shape[-1])).index_copy(0, at, x[j, : at.numel()])
+                for x in (acc, cost)
+            )
+        )
+    if objective.anchor_sampler == "occupancy":
+        padded = acc.new_zeros((len(long_rows), max(rows), acc.shape[-1]))
+        for j, (a, _) in enumerate(full):
+            padded[j, : rows[j]] = a
+        lengths = torch.tensor([r + 1 for r in rows])
+        occ = state_occupancy(padded.cpu(), lengths)[..., 0]  # one batched recursion, host
+        for j in range(len(long_rows)):
+            idx, w = sample_round_starts(occ[j, : rows[j]], limit, gens[j])
+            drawn[j] = idx, dense_row_weights(idx, w.double(), rows[j])
+    return [(*d, *f) for d, f in zip(drawn, full, strict=True)]
+
+
 def edr_micro_step(
     fwd: nn.Module,
     drafter: nn.Module,
@@ -177,34 +252,18 @@ def edr_micro_step(
     if not any(usable):
         usable = rows
     limit = objective.max_anchors
-    full_acc: dict[int, torch.Tensor] = {}
-    full_cost: dict[int, torch.Tensor] = {}
     chosen: list[torch.Tensor] = [torch.arange(u) for u in usable]
     weights: list[torch.Tensor | None] = [None] * len(rows)
+    full_acc: dict[int, torch.Tensor] = {}
+    full_cost: dict[int, torch.Tensor] = {}
     long_rows = [i for i, u in enumerate(usable) if u > limit]
-    if long_rows:  # detached, chunked pass over every usable round start of long rollouts
-        sub = Batch(**{k: v[long_rows] for k, v in batch.__dict__.items()})
-        logits = None if tout.logits is None else tout.logits[long_rows]
-        sub_out = type(tout)(logits=logits, features=tout.features[long_rows])
-        a_all = pad_anchor_lists([starts[i][: usable[i]] for i in long_rows]).to(device)
-        acc, cost = score_round_starts(
-            fwd, target, sub_out, sub, a_all, settings, mode, score_chunk or limit
-        )
-        for j, i in enumerate(long_rows):
-            full_acc[i] = _with_dead_row(acc[j, : usable[i]], rows[i])
-            full_cost[i] = _with_dead_row(cost[j, : usable[i]], rows[i])
-        lengths = torch.tensor([rows[i] + 1 for i in long_rows])
-        padded = acc.new_zeros((len(long_rows), max(rows[i] for i in long_rows), acc.shape[-1]))
-        for j, i in enumerate(long_rows):
-            padded[j, : rows[i]] = full_acc[i]
-        occ = state_occupancy(padded.cpu(), lengths)[..., 0]  # one batched recursion, host
-        for j, i in enumerate(long_rows):
-            gen = torch.Generator().manual_seed(
-                derived_seed(seed, 13, step, int(batch.rollout_index[i]))
-            )
-            idx, w = sample_round_starts(occ[j, : rows[i]], limit, gen)
-            chosen[i] = idx
-            weights[i] = dense_row_weights(idx, w.double(), rows[i])
+    if long_rows:
+        drawn = _draw_round_starts(
+            fwd, target, tout, batch, objective, starts, long_rows, usable,
+            settings=settings, mode=mode, seed=seed, step=step, chunk=score_chunk or limit,
+        )  # fmt: skip
+        for i, (idx, w, acc_i, cost_i) in zip(long_rows, drawn, strict=True):
+            chosen[i], weights[i], full_acc[i], full_cost[i] = idx, w, acc_i, cost_i
     anchors = pad_anchor_lists([starts[i][chosen[i]] for i in range(len(rows))]).to(device)
     acc, cost, hidden, logq, labels, mask, prev = _acceptance(
         fwd, target, tout, batch, anchors, settings, mode, with_grad=True

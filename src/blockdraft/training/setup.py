@@ -127,7 +127,7 @@ def build_objective(cfg: TrainConfig, mode: str):
         "uniform": {},
         "decay": {"gamma": o.gamma},
         "e2e": {},
-        "edr": {"mode": mode, "max_anchors": o.max_anchors},
+        "edr": {"mode": mode, "max_anchors": o.max_anchors, "anchor_sampler": o.anchor_sampler},
     }.get(o.name, {"alpha": o.alpha})
     name = o.name
     if name == "dpace" and o.variant != "full":
