@@ -8,7 +8,8 @@ within a round. The paper's claim to check: D-PACE costs <= 1.03x uniform. EDR r
 times per mode: at the block objectives' budget of drafter blocks with gradient
 (`max_anchors` = `--anchors` round starts per rollout) drawn by each round-start sampler
 (`occupancy`: PPS with Horvitz-Thompson weights after a no-grad scoring pass over every
-round start; `uniform`: drawn first, only the other round starts scored), and on every
+round start; `uniform`: drawn first, only the other round starts scored; greedy mode also
+`gradient`, its default: `occupancy`'s pass, PPS on estimated gradient norms), and on every
 round start (`max_anchors` 512: no sampling, no scoring pass, more blocks with gradient
 than the block objectives).
 """
@@ -41,6 +42,7 @@ OBJECTIVES = [
     "edr-greedy",
     "edr-uniform",
     "edr-greedy-uniform",
+    "edr-greedy-gradient",
     "edr-all",
     "edr-greedy-all",
 ]
@@ -52,6 +54,7 @@ EDR_ROWS = {
     "edr-greedy": ("greedy", "equal", "occupancy"),  # greedy: A = q(x), no [.., V] distributions
     "edr-uniform": ("sampling", "equal", "uniform"),
     "edr-greedy-uniform": ("greedy", "equal", "uniform"),
+    "edr-greedy-gradient": ("greedy", "equal", "gradient"),  # greedy EDR's default
     "edr-all": ("sampling", "all", "occupancy"),
     "edr-greedy-all": ("greedy", "all", "occupancy"),
 }
@@ -140,6 +143,8 @@ def objective_ratios(args: argparse.Namespace) -> None:
         "  edr / edr-greedy: EDR at the same budget, PPS round-start sampling with "
         f"Horvitz-Thompson weights, max_anchors {args.anchors} per rollout = {sampled} blocks "
         f"with gradient, plus a no-grad scoring pass over all {starts} round starts\n"
+        "  edr-greedy-gradient: as edr-greedy, drawn proportionally to estimated row "
+        "gradient norms (greedy EDR's default sampler)\n"
         "  edr-uniform / edr-greedy-uniform: the same budget drawn uniformly first "
         f"(anchor_sampler uniform): {sampled} blocks with gradient + the other "
         f"{starts - sampled} scored without (noisier: bench/edr_sampler.py)\n"
@@ -161,7 +166,7 @@ def objective_ratios(args: argparse.Namespace) -> None:
             )
         elif name in EDR_ROWS:
             note = f"   equal budget: {sampled} blocks with gradient + {starts} scored without"
-        print(f"  {name:18s} {factor:.3f}x{note}")
+        print(f"  {name:19s} {factor:.3f}x{note}")
     print(
         f"  of which the scoring pass alone (no grad, all {starts} round starts, sampling mode, "
         f"{args.anchors} per rollout per pass; target forward not included): "

@@ -77,13 +77,17 @@ blocks)  # block 16 (K = 15) at the lr-3e-3 setting; compared with ngram at K = 
   train block16 'target.layer_ids=[0,1,2,3]' optim.lr=3e-3 drafter.block_size=16 ;;
 hybrid)  # the long drafters with prompt lookup as per-slot fallback (models/hybrid.py)
   compare hybrid-t0 eval-t0 "$R/long-dpace-s0" "hybrid:$R/long-dpace-s0" "hybrid:$R/long-decay-s0" ;;
-samplers)  # EDR round-start samplers: step time and gradient noise (docs/training.md)
+samplers)  # EDR round-start samplers: step time, gradient noise, PPS sizes (docs/training.md)
   for m in 32 86; do
     .venv/bin/python bench/edr_sampler.py --drafter "$R/long-dpace-s0/final" \
         --rollouts "$OUT/rollouts/train-t0" --max-anchors $m
     .venv/bin/python bench/edr_sampler.py --drafter "$R/t1-dpace/final" \
         --rollouts "$OUT/rollouts/train-t1" --max-anchors $m
-  done 2>/dev/null | tee "$OUT/json/edr_samplers.txt" ;;
+  done 2>/dev/null | tee "$OUT/json/edr_samplers.txt"
+  for run in long-dpace-s0:train-t0 t1-dpace:train-t1; do
+    .venv/bin/python bench/edr_sampler_sizes.py --drafter "$R/${run%%:*}/final" \
+        --rollouts "$OUT/rollouts/${run##*:}" --max-anchors 32
+  done 2>/dev/null | tee "$OUT/json/edr_sampler_sizes.txt" ;;
 report)  # held-out MAL vs steps of every run, as a table
   .venv/bin/python scripts/curves.py "$R"/* > "$OUT/json/curves.md"; cat "$OUT/json/curves.md" ;;
 *) echo "unknown section $section" >&2; exit 2 ;;

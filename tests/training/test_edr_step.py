@@ -47,8 +47,16 @@ def test_chunked_scoring_equals_unchunked(setup, mode: str) -> None:
         edr_step.score_round_starts(fwd, target, tout, batch, anchors, _Settings, mode, 0)
 
 
-@pytest.mark.parametrize("sampler", ["uniform", "occupancy"])
-@pytest.mark.parametrize("mode", ["sampling", "greedy"])
+MODES_AND_SAMPLERS = [
+    ("sampling", "uniform"),
+    ("sampling", "occupancy"),
+    ("greedy", "uniform"),
+    ("greedy", "occupancy"),
+    ("greedy", "gradient"),  # greedy EDR only
+]
+
+
+@pytest.mark.parametrize(("mode", "sampler"), MODES_AND_SAMPLERS)
 def test_micro_step_is_the_same_with_any_chunk(setup, mode: str, sampler: str, monkeypatch) -> None:
     target, drafter, batch = setup
     fwd = DraftForward(drafter)
@@ -76,7 +84,7 @@ def test_micro_step_is_the_same_with_any_chunk(setup, mode: str, sampler: str, m
     ref_loss, ref_grads, _ = results[-1]
     # scoring passes of 4 round starts per rollout, then the gradient pass: occupancy scores
     # all 29 usable starts of rollout 0, uniform only the 23 the gradient pass leaves out
-    assert len(results[1][2]) == (8 if sampler == "occupancy" else 6) + 1
+    assert len(results[1][2]) == (6 if sampler == "uniform" else 8) + 1
     for loss, grads, passes in results:
         torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
         for g, r in zip(grads, ref_grads, strict=True):
@@ -180,8 +188,11 @@ def _step_gradient(fwd, drafter, target, objective, batch, seed: int, mode: str)
     return out.numerator.detach().double(), grad.double()
 
 
-@pytest.mark.parametrize("sampler", ["uniform", "occupancy"])
-def test_sampled_micro_step_is_unbiased(setup, sampler: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "sampler"),
+    [("sampling", "uniform"), ("sampling", "occupancy"), ("greedy", "gradient")],
+)
+def test_sampled_micro_step_is_unbiased(setup, mode: str, sampler: str) -> None:
     """Monte Carlo over the step's sampling seed: the mean loss and gradient of the
     sub-sampled step (max_anchors 6 of 29 and 10 usable round starts) equal the step that
     drafts every round start with gradient. Checked on the loss and on 4 fixed random
@@ -190,7 +201,6 @@ def test_sampled_micro_step_is_unbiased(setup, sampler: str) -> None:
     set to 1 fails (the test can fail)."""
     target, drafter, batch = setup
     fwd = DraftForward(drafter)
-    mode = "sampling"
     loss_full, grad_full = _step_gradient(
         fwd, drafter, target, make_objective("edr", mode=mode, max_anchors=512), batch, 0, mode
     )

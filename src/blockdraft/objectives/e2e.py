@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from blockdraft.objectives.edr_fused import fused_sampling_acceptance
 from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
 
 
@@ -66,15 +67,49 @@ def overlap_with_logits(
     draft_logits: torch.Tensor,
     chunk_rows: int | None = None,
     temperature: float = 1.0,
+    fused: bool = True,
 ) -> torch.Tensor:
     """Like `overlap` with `q = softmax(draft_logits / temperature)` computed chunk by chunk
     (>= float32), so no extra full `[..., V]` softmax (nor a scaled copy of the logits) is
-    held for the backward pass."""
+    held for the backward pass.
+
+    `fused` (target without gradient): `sum_v min(p, q) = sum_v p - sum_v [p - q]_+`, and
+    the second sum is the TV cost that `edr_fused` computes in one pass with a closed-form
+    backward (times the mass `sum_v p`), instead of autograd re-running every chunk under
+    checkpointing. `fused=False` runs `_OverlapOfLogits`, the reference the tests compare
+    against."""
     _check_pair(target_probs, draft_logits, "draft_logits")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     chunk = check_chunk_rows(chunk_rows, target_probs.shape[-1])
+    if fused and target_probs.numel() and not (
+        torch.is_grad_enabled() and target_probs.requires_grad
+    ):
+        return _fused_overlap(target_probs, draft_logits, chunk, temperature)
     return _chunked_rows(_OverlapOfLogits(temperature), target_probs, draft_logits, chunk)
+
+
+def _fused_overlap(
+    p: torch.Tensor, logits: torch.Tensor, chunk_rows: int, temperature: float
+) -> torch.Tensor:
+    """`sum_v min(p, q)` as `M (1 - c)`, c = `sum_v [p - q]_+ / M` from `edr_fused` (no
+    stop tokens), M = `sum_v p` (> 0 for a distribution; the kernel clamps it the same)."""
+    vocab = p.shape[-1]
+    flat_p, flat_logits = p.reshape(-1, vocab), logits.reshape(-1, vocab)
+    ids = torch.zeros(flat_p.shape[0], dtype=torch.long, device=p.device)  # A is not used
+    _, cost = fused_sampling_acceptance(
+        flat_logits,
+        flat_p,
+        ids,
+        temperature=temperature,
+        target_is_probs=True,
+        stops=None,
+        want_cost=True,
+        chunk_rows=chunk_rows,
+    )
+    dtype = cost.dtype
+    mass = flat_p.detach().to(dtype).sum(-1).clamp_min(torch.finfo(dtype).tiny)
+    return (mass * (1.0 - cost)).reshape(p.shape[:-1])
 
 
 def expected_accepted_fraction(

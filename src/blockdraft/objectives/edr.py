@@ -34,6 +34,7 @@ from blockdraft.objectives.edr_recursion import (
 )
 from blockdraft.objectives.edr_sampling import (
     dense_row_weights,
+    greedy_gradient_sizes,
     inclusion_probabilities,
     round_start_candidates,
     sample_round_starts,
@@ -123,6 +124,7 @@ __all__ = [
     "acceptance_and_cost",
     "greedy_soft_from_logprobs",
     "dense_row_weights",
+    "greedy_gradient_sizes",
     "edr_surrogate",
     "expected_rounds",
     "inclusion_probabilities",

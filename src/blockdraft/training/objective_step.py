@@ -142,14 +142,15 @@ def block_stats(
     prev: torch.Tensor,
     labels: torch.Tensor,
     mask: torch.Tensor,
-    logq: torch.Tensor,
+    logq: torch.Tensor | None,
     valid: torch.Tensor,
     *,
     want_acc: bool,
     alpha: float,
     variant: str,
 ) -> StepStats:
-    """Per-slot accuracy (argmax == label) and the mean normalised D-PACE weight profile.
+    """Per-slot accuracy (argmax == label) and the mean normalised D-PACE weight profile
+    (none without `logq`: the EDR step skips it on steps that are not logged).
 
     The profile is taken over blocks whose K slots are all supervised (a truncated block
     would pile its weight on early slots for a reason unrelated to the drafter) and uses
@@ -165,7 +166,7 @@ def block_stats(
             stats.acc_correct = correct.sum(dim=(0, 1)).double().cpu()
             stats.acc_count = mask.sum(dim=(0, 1)).double().cpu()
         full = mask.all(-1) & valid
-        if full.any():
+        if logq is not None and full.any():
             w = dpace_weights(logq[full].exp(), alpha=alpha, variant=variant)
             w = w / w.sum(-1, keepdim=True).clamp_min(1e-30)
             stats.profile_sum = w.sum(0).double().cpu()
