@@ -151,7 +151,7 @@ def greedy_gradient_sizes(
     `||d q(x) / d logits|| = q(x) ||e_x - q||` lies between `A (1 - A)` and `sqrt(2) A
     (1 - A)`, so the first term tracks it from numbers the occupancy pass already has
     (`occupancy_and_value`'s occupancy `[..., L-1, K+1]` and td `[..., L-1, K]`, the
-    acceptance `[..., L-1, K]`). On trained drafters it leaves 2-3.5x less variance
+    acceptance `[..., L-1, K]`). On trained drafters it leaves 2.6-5x less variance
     than occupancy sizes at the same budget (docs/training.md). The occupancy share
     keeps every row with a positive occupancy drawable: the gradient estimate stays
     exactly unbiased even where the estimate is 0 but the true gradient is not (stop

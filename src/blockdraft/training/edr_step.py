@@ -18,11 +18,11 @@ all of them), so the other rows are scored by a no-grad pass. `objective.anchor_
   them, and the drawn rows are drafted again with gradient (each drawn row twice).
 - "gradient" (greedy EDR): the same no-grad pass and recursion, PPS on
   `greedy_gradient_sizes`, an estimate of each row's gradient norm from the occupancies,
-  TD terms and acceptances: the cost of "occupancy", 2-3.5x less gradient variance on
+  TD terms and acceptances: the cost of "occupancy", 2.6-5x less gradient variance on
   trained drafters (bench/edr_sampler.py, docs/training.md).
 - "uniform": draw `max_anchors` rows uniformly first, then score only the rows the
   gradient pass does not draft (each usable row once): a cheaper step, but on real
-  rollouts 1.3-19x more gradient noise per second of training than "occupancy"
+  rollouts 1.2-18x more gradient noise per second of training than "occupancy"
   (bench/edr_sampler.py, docs/training.md), so it is not the default.
 
 The no-grad pass runs `score_chunk` round starts per rollout at a time (default
