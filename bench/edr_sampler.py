@@ -9,8 +9,8 @@ variance:
   round start drafted once);
 - `occupancy` scores every round start first, then draws rows proportionally to their
   round-start occupancy and drafts them again with gradient;
-- `gradient` (greedy EDR only) does the same as `occupancy` but draws proportionally to
-  an estimate of each row's gradient norm (`greedy_gradient_sizes`).
+- `gradient` (the default) does the same as `occupancy` but draws proportionally to an
+  estimate of each row's gradient norm (`gradient_sizes`).
 
 What a user pays for is the noise left after a fixed amount of compute, so the bench
 prints, for each sampler, the step time relative to the exact step that drafts every
@@ -42,7 +42,7 @@ from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
 
-SAMPLERS = ("uniform", "occupancy", "gradient")  # gradient: greedy EDR only
+SAMPLERS = ("uniform", "occupancy", "gradient")
 
 
 class _Settings:  # the rollouts' sampling settings (filled from the manifest)
@@ -108,7 +108,7 @@ def main() -> None:
 
     full = make_objective("edr", mode=mode, max_anchors=1 << 30)
     g_full = _step(fwd, drafter, target, full, batch, mode, 0).double()
-    samplers = [s for s in SAMPLERS if s != "gradient" or mode == "greedy"]
+    samplers = list(SAMPLERS)
     objectives = {
         s: make_objective("edr", mode=mode, max_anchors=args.max_anchors, anchor_sampler=s)
         for s in samplers

@@ -7,9 +7,9 @@ norm of their gradient. This bench computes every round start's own gradient `g_
 exactly (one backward per row through `edr_surrogate` with a one-hot row weight) and
 prints, per size rule, `sum_n (1/pi_n - 1) ||g_n||^2` (the variance of Poisson sampling
 with inclusion probabilities `pi`, a close stand-in for the systematic design the step
-uses) relative to occupancy sizes: `gradient` is `greedy_gradient_sizes` (the greedy
-sampler); `oracle` is the floor that no rule computed from the recursion outputs can
-beat. bench/edr_sampler.py measures the real step variance of the samplers.
+uses) relative to occupancy sizes: `gradient` is `gradient_sizes` (the default sampler's
+sizes); `oracle` is the floor that no rule computed from the recursion outputs can beat.
+bench/edr_sampler.py measures the real step variance of the samplers.
 
     python bench/edr_sampler_sizes.py [--demo blockdraft-demo] [--drafter DIR]
         [--rollouts DIR] [--max-anchors 32] [--batch 4] [--mode auto]
@@ -24,7 +24,8 @@ import torch
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.objectives.edr import (
     edr_surrogate,
-    greedy_gradient_sizes,
+    gradient_sizes,
+    greedy_gradient_moments,
     inclusion_probabilities,
     occupancy_and_value,
 )
@@ -34,8 +35,9 @@ from edr_sampler import _Settings, common_arguments, load_inputs
 
 
 def _row_gradient_norms(fwd, drafter, target, batch: Batch, i: int, mode: str):
-    """`(acceptance [N+1, K], occupancy, td, ||g_n|| [N])` of rollout i: every usable
-    round start drafted with gradient, one backward per row."""
+    """`(acceptance [N+1, K], state, ||g_n|| [N], moments [N+1, K, 3])` of rollout i:
+    every usable round start drafted with gradient, one backward per row; the moments
+    are those the `gradient` sampler uses (`gradient_sizes`)."""
     one = Batch(**{k: v[i : i + 1] for k, v in batch.__dict__.items()})
     tout = target.forward(
         one.input_ids, attention_mask=one.attention_mask.long(), with_logits=mode == "sampling"
@@ -48,6 +50,13 @@ def _row_gradient_norms(fwd, drafter, target, batch: Batch, i: int, mode: str):
     acc = torch.cat([acc[0], acc.new_zeros(1, k)])  # + the dead last row
     cost = torch.cat([cost[0], cost.new_zeros(1, k)])
     state = occupancy_and_value(acc.detach().double(), cost.detach().double())
+    if mode == "sampling":
+        *_, moments = edr_step.score_round_starts(
+            fwd, target, tout, one, starts[:-1][None], _Settings, mode, 1 << 30, moments=True
+        )
+        moments = torch.cat([moments[0], moments.new_zeros(1, k, 3)])
+    else:
+        moments = greedy_gradient_moments(acc.detach())
     params = [p for p in drafter.parameters() if p.requires_grad]
     norms = []
     for n in range(acc.shape[0] - 1):
@@ -58,7 +67,7 @@ def _row_gradient_norms(fwd, drafter, target, batch: Batch, i: int, mode: str):
             allow_unused=True,
         )  # fmt: skip
         norms.append(sum(float((g.double() ** 2).sum()) for g in grads if g is not None) ** 0.5)
-    return acc.detach(), state, torch.tensor(norms, dtype=torch.float64)
+    return acc.detach(), state, torch.tensor(norms, dtype=torch.float64), moments
 
 
 def main() -> None:
@@ -70,15 +79,14 @@ def main() -> None:
     for i in range(batch.input_ids.shape[0]):
         if int(batch.response_lens[i]) - 2 <= args.max_anchors:
             continue  # every usable round start is drafted: nothing is sampled
-        acc, state, norms = _row_gradient_norms(fwd, drafter, target, batch, i, mode)
+        acc, state, norms, moments = _row_gradient_norms(fwd, drafter, target, batch, i, mode)
         rows = norms.numel()
         sizes = {
             "uniform": torch.ones(rows, dtype=torch.float64),
             "occupancy": state.occupancy[:rows, 0],
+            "gradient": gradient_sizes(state.occupancy, state.td, moments)[:rows],
             "oracle": norms,
         }
-        if mode == "greedy":
-            sizes["gradient"] = greedy_gradient_sizes(state.occupancy, state.td, acc)[:rows]
         for name, size in sizes.items():
             pi = inclusion_probabilities(size, args.max_anchors)
             drawable = pi > 0

@@ -7,9 +7,9 @@ and the reported factor is the median over rounds of time(objective) / time(unif
 within a round. The paper's claim to check: D-PACE costs <= 1.03x uniform. EDR runs three
 times per mode: at the block objectives' budget of drafter blocks with gradient
 (`max_anchors` = `--anchors` round starts per rollout) drawn by each round-start sampler
-(`occupancy`: PPS with Horvitz-Thompson weights after a no-grad scoring pass over every
-round start; `uniform`: drawn first, only the other round starts scored; greedy mode also
-`gradient`, its default: `occupancy`'s pass, PPS on estimated gradient norms), and on every
+(`gradient`, the default: PPS with Horvitz-Thompson weights on estimated row gradient
+norms after a no-grad scoring pass over every round start; `occupancy`: the same pass, PPS
+on occupancy; `uniform`: drawn first, only the other round starts scored), and on every
 round start (`max_anchors` 512: no sampling, no scoring pass, more blocks with gradient
 than the block objectives).
 """
@@ -40,9 +40,10 @@ OBJECTIVES = [
     "e2e",
     "edr",
     "edr-greedy",
+    "edr-occupancy",
+    "edr-greedy-occupancy",
     "edr-uniform",
     "edr-greedy-uniform",
-    "edr-greedy-gradient",
     "edr-all",
     "edr-greedy-all",
 ]
@@ -50,11 +51,12 @@ SCORING = "edr-scoring"  # not a step: the equal-budget rows' no-grad scoring pa
 # EDR rows: name -> (mode, budget, anchor_sampler); "equal": the block objectives' anchors
 # per rollout as max_anchors, "all": every round start (max_anchors 512, nothing sampled)
 EDR_ROWS = {
-    "edr": ("sampling", "equal", "occupancy"),
-    "edr-greedy": ("greedy", "equal", "occupancy"),  # greedy: A = q(x), no [.., V] distributions
+    "edr": ("sampling", "equal", "gradient"),  # the default sampler
+    "edr-greedy": ("greedy", "equal", "gradient"),  # greedy: A = q(x), no [.., V] distributions
+    "edr-occupancy": ("sampling", "equal", "occupancy"),
+    "edr-greedy-occupancy": ("greedy", "equal", "occupancy"),
     "edr-uniform": ("sampling", "equal", "uniform"),
     "edr-greedy-uniform": ("greedy", "equal", "uniform"),
-    "edr-greedy-gradient": ("greedy", "equal", "gradient"),  # greedy EDR's default
     "edr-all": ("sampling", "all", "occupancy"),
     "edr-greedy-all": ("greedy", "all", "occupancy"),
 }
@@ -140,11 +142,11 @@ def objective_ratios(args: argparse.Namespace) -> None:
         f"train step time relative to uniform (median of {args.rounds} interleaved rounds; "
         f"batch {args.batch} x {args.response} response tokens, block {args.block_size}; "
         f"block objectives: {blocks} sampled blocks with gradient)\n"
-        "  edr / edr-greedy: EDR at the same budget, PPS round-start sampling with "
-        f"Horvitz-Thompson weights, max_anchors {args.anchors} per rollout = {sampled} blocks "
-        f"with gradient, plus a no-grad scoring pass over all {starts} round starts\n"
-        "  edr-greedy-gradient: as edr-greedy, drawn proportionally to estimated row "
-        "gradient norms (greedy EDR's default sampler)\n"
+        "  edr / edr-greedy: EDR at the same budget with the default sampler (gradient: PPS "
+        "on estimated row gradient norms, Horvitz-Thompson weights), max_anchors "
+        f"{args.anchors} per rollout = {sampled} blocks with gradient, plus a no-grad scoring "
+        f"pass over all {starts} round starts\n"
+        "  edr-occupancy / edr-greedy-occupancy: the same, PPS on round-start occupancy\n"
         "  edr-uniform / edr-greedy-uniform: the same budget drawn uniformly first "
         f"(anchor_sampler uniform): {sampled} blocks with gradient + the other "
         f"{starts - sampled} scored without (noisier: bench/edr_sampler.py)\n"
@@ -166,7 +168,7 @@ def objective_ratios(args: argparse.Namespace) -> None:
             )
         elif name in EDR_ROWS:
             note = f"   equal budget: {sampled} blocks with gradient + {starts} scored without"
-        print(f"  {name:19s} {factor:.3f}x{note}")
+        print(f"  {name:20s} {factor:.3f}x{note}")
     print(
         f"  of which the scoring pass alone (no grad, all {starts} round starts, sampling mode, "
         f"{args.anchors} per rollout per pass; target forward not included): "

@@ -169,3 +169,47 @@ def test_half_precision_logits_match_reference(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got[0], ref[0], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got[1], ref[1], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got[2].float(), ref[2].float(), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("target_is_probs", [True, False])
+@pytest.mark.parametrize("stops", [None, [2, 5]])
+def test_scores_with_gradient_moments_equal_autograd_of_the_reference(
+    target_is_probs, stops
+) -> None:
+    """`scores_with_gradient_moments` against the straightforward formula (`_RowsFn`,
+    unfused, no stop zeroing or clamp): A and c, and per row `||dA/dz||^2`, `||dc/dz||^2`
+    and `<dA/dz, dc/dz>` against autograd (rows are independent, so the gradient of a sum
+    over rows gives every row's own gradient). Float64, a temperature, a truncated target
+    (one row with all its mass on a stop token)."""
+    from blockdraft.objectives.edr_acceptance import _RowsFn
+    from blockdraft.objectives.edr_fused import scores_with_gradient_moments, stops_keep
+
+    g = torch.Generator().manual_seed(11)
+    rows, vocab, temp = 13, 9, 0.7
+    logits = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * 2
+    target_logits = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * 2
+    probs = torch.softmax(target_logits / temp, -1)
+    probs = torch.where(probs < 0.03, torch.zeros_like(probs), probs)
+    probs[6] = 0.0
+    probs[6, 5] = 1.0
+    probs = probs / probs.sum(-1, keepdim=True)
+    target = probs if target_is_probs else target_logits
+    ids = torch.multinomial(probs, 1, generator=g).squeeze(-1)
+    stop_ids = None if stops is None else torch.tensor(stops)
+    acc, cost, got = scores_with_gradient_moments(
+        logits, target, ids, temperature=temp, target_is_probs=target_is_probs,
+        stops=stop_ids, chunk_rows=4,
+    )  # fmt: skip
+    keep = None if stop_ids is None else stops_keep(stop_ids, vocab, torch.float64).bool()
+    fn = _RowsFn("sampling", torch.float64, temp, target_is_probs, "tv", keep)
+    x = logits.clone().requires_grad_(True)
+    ref_acc, ref_cost = fn(x, target, ids)
+    torch.testing.assert_close(acc, ref_acc.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(cost, ref_cost.detach(), rtol=1e-12, atol=1e-12)
+    (d_acc,) = torch.autograd.grad(ref_acc.sum(), x, retain_graph=True)
+    (d_cost,) = torch.autograd.grad(ref_cost.sum(), x)
+    expected = torch.stack(
+        [(d_acc**2).sum(-1), (d_cost**2).sum(-1), (d_acc * d_cost).sum(-1)], dim=-1
+    )
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    assert bool((expected[:, 0] > 0).any()) and bool((expected[:, 2] != 0).any())

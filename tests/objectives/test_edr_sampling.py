@@ -10,7 +10,8 @@ import torch
 from blockdraft.objectives.edr import (
     dense_row_weights,
     edr_surrogate,
-    greedy_gradient_sizes,
+    gradient_sizes,
+    greedy_gradient_moments,
     inclusion_probabilities,
     occupancy_and_value,
     round_start_candidates,
@@ -153,12 +154,13 @@ def test_uniform_sampler_draws_m_distinct_rows_each_with_probability_m_over_n() 
         sample_round_starts_uniformly(-1, 2)
 
 
-def test_greedy_gradient_sizes_against_a_loop_and_their_floor() -> None:
-    """Sizes = 0.9 x the normalised spread sum_h omega |td - 1| A (1 - A) + 0.1 x the
-    normalised round-start occupancy, per rollout (checked with plain Python loops);
-    a row with positive occupancy but no spread stays drawable, a rollout without any
-    spread falls back to the occupancy alone, and rows that are never round starts
-    stay 0."""
+def test_gradient_sizes_against_a_loop_and_their_floor() -> None:
+    """Sizes = 0.9 x the normalised spread sum_h omega ||dc + td dA|| + 0.1 x the
+    normalised round-start occupancy, per rollout (checked with plain Python loops, on
+    random moments and on greedy EDR's `(A (1 - A))^2 (1, 1, -1)`, where the spread is
+    sum_h omega |td - 1| A (1 - A)); a row with positive occupancy but no spread stays
+    drawable, a rollout without any spread falls back to the occupancy alone, and rows
+    that are never round starts stay 0."""
     g = torch.Generator().manual_seed(3)
     acc = torch.rand(2, 9, 3, generator=g, dtype=torch.float64)
     acc[0, 2] = 1.0  # A (1 - A) = 0 on a whole row: no spread, occupancy share only
@@ -166,28 +168,38 @@ def test_greedy_gradient_sizes_against_a_loop_and_their_floor() -> None:
     cost = 1 - acc
     lengths = torch.tensor([10, 7])  # rollout 1 ends early: its rows 6.. are never reached
     state = occupancy_and_value(acc, cost, lengths)
-    sizes = greedy_gradient_sizes(state.occupancy, state.td, acc)
     omega, td = state.occupancy.tolist(), state.td.tolist()
-    for b in range(2):
-        a = acc[b].tolist()
-        spread = [
-            sum(omega[b][n][h] * abs(td[b][n][h] - 1) * a[n][h] * (1 - a[n][h]) for h in range(3))
-            for n in range(9)
-        ]
-        start = [omega[b][n][0] for n in range(9)]
-        if sum(spread) > 0:
-            expected = [
-                0.9 * s / sum(spread) + 0.1 * o / sum(start)
-                for s, o in zip(spread, start, strict=True)
-            ]
-        else:
-            expected = [o / sum(start) for o in start]
-        torch.testing.assert_close(sizes[b], torch.tensor(expected, dtype=torch.float64))
-    assert sizes[0, 2] > 0 and float(sizes[0].sum()) == pytest.approx(1.0)
-    # A = 1 everywhere: rounds start only at 0 and 4; no other row is ever a round start
-    assert torch.equal(sizes[1] > 0, state.occupancy[1, :, 0] > 0)
-    assert (sizes[1] > 0).nonzero().flatten().tolist() == [0, 4]
+    a2 = torch.rand(2, 9, 3, generator=g, dtype=torch.float64)
+    b2 = torch.rand(2, 9, 3, generator=g, dtype=torch.float64)
+    cross = (a2 * b2).sqrt() * (2 * torch.rand(2, 9, 3, generator=g, dtype=torch.float64) - 1)
+    random_moments = torch.stack([a2, b2, cross], dim=-1)
+    a = acc.tolist()
+    cases = [
+        (random_moments, lambda b, n, h: (float(b2[b, n, h]) + 2 * td[b][n][h] * float(
+            cross[b, n, h]) + td[b][n][h] ** 2 * float(a2[b, n, h])) ** 0.5),
+        (greedy_gradient_moments(acc), lambda b, n, h: abs(td[b][n][h] - 1) * a[b][n][h] * (
+            1 - a[b][n][h])),
+    ]  # fmt: skip
+    for moments, norm in cases:
+        sizes = gradient_sizes(state.occupancy, state.td, moments)
+        for b in range(2):
+            spread = [sum(omega[b][n][h] * norm(b, n, h) for h in range(3)) for n in range(9)]
+            start = [omega[b][n][0] for n in range(9)]
+            if sum(spread) > 0:
+                expected = [
+                    0.9 * s / sum(spread) + 0.1 * o / sum(start)
+                    for s, o in zip(spread, start, strict=True)
+                ]
+            else:
+                expected = [o / sum(start) for o in start]
+            torch.testing.assert_close(sizes[b], torch.tensor(expected, dtype=torch.float64))
+        assert float(sizes[0].sum()) == pytest.approx(1.0)
+        # A = 1 everywhere: rounds start only at 0 and 4; no other row is ever a round start
+        assert torch.equal(sizes[1] > 0, state.occupancy[1, :, 0] > 0)
+        assert (sizes[1] > 0).nonzero().flatten().tolist() == [0, 4]
+    assert greedy_gradient_moments(acc)[0, 2].abs().sum() == 0  # no spread: floor only
+    assert gradient_sizes(state.occupancy, state.td, greedy_gradient_moments(acc))[0, 2] > 0
     with pytest.raises(ValueError, match="occupancy_share"):
-        greedy_gradient_sizes(state.occupancy, state.td, acc, occupancy_share=0.0)
+        gradient_sizes(state.occupancy, state.td, random_moments, occupancy_share=0.0)
     with pytest.raises(ValueError, match="must be"):
-        greedy_gradient_sizes(state.occupancy[..., :3], state.td, acc)
+        gradient_sizes(state.occupancy[..., :3], state.td, random_moments)

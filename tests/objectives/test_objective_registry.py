@@ -57,7 +57,7 @@ def test_every_name_builds_with_defaults_and_reports_its_flags() -> None:
     assert make_objective("edr", mode="greedy", max_anchors=64).params == {
         "mode": "greedy",
         "max_anchors": 64,
-        "anchor_sampler": "auto",
+        "anchor_sampler": "gradient",
     }
 
 
@@ -247,16 +247,13 @@ def test_bad_names_and_params_give_clear_errors() -> None:
         make_objective("edr", mode="greedy_hard")
     with pytest.raises(ValueError, match="max_anchors"):
         make_objective("edr", max_anchors=0)
-    with pytest.raises(ValueError, match="be one of auto, occupancy, uniform, gradient"):
+    with pytest.raises(ValueError, match="be one of gradient, occupancy, uniform"):
         make_objective("edr", anchor_sampler="pps")
-    with pytest.raises(ValueError, match="'gradient' estimates greedy EDR.*'sampling'"):
-        make_objective("edr", mode="sampling", anchor_sampler="gradient")
-    assert make_objective("edr", mode="greedy", anchor_sampler="gradient").anchor_sampler == (
-        "gradient"
-    )
-    # auto: gradient for greedy EDR, occupancy for sampling EDR (params keep "auto")
-    assert make_objective("edr", mode="greedy").anchor_sampler == "gradient"
-    assert make_objective("edr", mode="sampling").anchor_sampler == "occupancy"
+    for mode in ("greedy", "sampling"):
+        assert make_objective("edr", mode=mode).anchor_sampler == "gradient"
+        assert make_objective("edr", mode=mode, anchor_sampler="occupancy").anchor_sampler == (
+            "occupancy"
+        )
     with pytest.raises(TypeError, match="rounds_loss"):
         make_objective("edr").loss(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool))
     with pytest.raises(TypeError, match="call loss"):

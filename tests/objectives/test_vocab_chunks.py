@@ -187,3 +187,18 @@ def test_target_probs_built_row_chunk_by_row_chunk(settings, monkeypatch):
     torch.testing.assert_close(target_probs_for(logits, positions, settings), ref)
     if not settings.greedy:
         torch.testing.assert_close(target_sampling_probs(logits, positions, settings), ref)
+
+
+def test_fused_chunk_rows_caps_the_default_on_cpu_only():
+    """The fused kernels' default chunk on CPU stays near 1 MB of float32 (cache-sized,
+    at least 8 rows); an explicit `chunk_rows` and accelerator devices keep theirs."""
+    from blockdraft.objectives.cross_entropy import default_chunk_rows
+    from blockdraft.objectives.row_chunks import CPU_FUSED_CHUNK_BYTES, fused_chunk_rows
+
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    assert fused_chunk_rows(None, 4096, cpu) == CPU_FUSED_CHUNK_BYTES // (4 * 4096) == 64
+    assert fused_chunk_rows(None, 262_144, cpu) == 8
+    assert fused_chunk_rows(None, 4096, meta) == default_chunk_rows(4096) > 64
+    assert fused_chunk_rows(1000, 4096, cpu) == 1000
+    with pytest.raises(ValueError, match="chunk_rows"):
+        fused_chunk_rows(0, 4096, cpu)

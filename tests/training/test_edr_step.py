@@ -52,7 +52,8 @@ MODES_AND_SAMPLERS = [
     ("sampling", "occupancy"),
     ("greedy", "uniform"),
     ("greedy", "occupancy"),
-    ("greedy", "gradient"),  # greedy EDR only
+    ("sampling", "gradient"),
+    ("greedy", "gradient"),
 ]
 
 
@@ -190,7 +191,12 @@ def _step_gradient(fwd, drafter, target, objective, batch, seed: int, mode: str)
 
 @pytest.mark.parametrize(
     ("mode", "sampler"),
-    [("sampling", "uniform"), ("sampling", "occupancy"), ("greedy", "gradient")],
+    [
+        ("sampling", "uniform"),
+        ("sampling", "occupancy"),
+        ("sampling", "gradient"),
+        ("greedy", "gradient"),
+    ],
 )
 def test_sampled_micro_step_is_unbiased(setup, mode: str, sampler: str) -> None:
     """Monte Carlo over the step's sampling seed: the mean loss and gradient of the

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from blockdraft.objectives.edr_fused import fused_sampling_acceptance
-from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
+from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows, fused_chunk_rows
 
 
 def _check_pair(p: torch.Tensor, other: torch.Tensor, other_name: str) -> None:
@@ -85,7 +85,8 @@ def overlap_with_logits(
     if fused and target_probs.numel() and not (
         torch.is_grad_enabled() and target_probs.requires_grad
     ):
-        return _fused_overlap(target_probs, draft_logits, chunk, temperature)
+        rows = fused_chunk_rows(chunk_rows, target_probs.shape[-1], draft_logits.device)
+        return _fused_overlap(target_probs, draft_logits, rows, temperature)
     return _chunked_rows(_OverlapOfLogits(temperature), target_probs, draft_logits, chunk)
 
 

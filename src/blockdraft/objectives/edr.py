@@ -34,7 +34,8 @@ from blockdraft.objectives.edr_recursion import (
 )
 from blockdraft.objectives.edr_sampling import (
     dense_row_weights,
-    greedy_gradient_sizes,
+    gradient_sizes,
+    greedy_gradient_moments,
     inclusion_probabilities,
     round_start_candidates,
     sample_round_starts,
@@ -124,7 +125,8 @@ __all__ = [
     "acceptance_and_cost",
     "greedy_soft_from_logprobs",
     "dense_row_weights",
-    "greedy_gradient_sizes",
+    "gradient_sizes",
+    "greedy_gradient_moments",
     "edr_surrogate",
     "expected_rounds",
     "inclusion_probabilities",

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from blockdraft.objectives.edr_fused import fused_sampling_acceptance
-from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
+from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows, fused_chunk_rows
 
 Tensor = torch.Tensor
 MODES = ("sampling", "greedy_hard", "greedy_soft")
@@ -138,6 +138,7 @@ def acceptance_and_cost(
         keep = torch.ones(vocab, dtype=torch.bool, device=draft_logits.device)
         keep[torch.as_tensor(stop_token_ids, dtype=torch.long, device=keep.device)] = False
     rows = check_chunk_rows(chunk_rows, vocab)
+    fused_rows = fused_chunk_rows(chunk_rows, vocab, draft_logits.device)
     flat_target = target.reshape(-1, vocab) if mode == "sampling" and target is not None else None
     flat = [draft_logits.reshape(-1, vocab), flat_target, target_ids.reshape(-1).long()]
     if (
@@ -157,7 +158,7 @@ def acceptance_and_cost(
             target_is_probs=target_is_probs,
             stops=stops,
             want_cost=cost_form == "tv",
-            chunk_rows=rows,
+            chunk_rows=fused_rows,
         )
     else:
         rows_fn = _RowsFn(mode, dtype, temperature, target_is_probs, cost_form, keep)

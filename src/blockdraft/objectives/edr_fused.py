@@ -192,3 +192,70 @@ def fused_sampling_acceptance(
         chunk_rows,
         keep_q,
     )
+
+
+@torch.no_grad()
+def scores_with_gradient_moments(
+    logits: Tensor,
+    target: Tensor,
+    ids: Tensor,
+    *,
+    temperature: float,
+    target_is_probs: bool,
+    stops: Tensor | None,
+    chunk_rows: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`(A [N], c [N], moments [N, 3])` without gradient: A and the TV cost as
+    `fused_sampling_acceptance` computes them (c before the stop-token zeroing and the
+    clamp), and per row `||dA/dz||^2`, `||dc/dz||^2` and `<dA/dz, dc/dz>`, z the logits,
+    in one pass over the vocabulary (the `gradient` sampler's scoring pass).
+
+    Why: with the TD terms the moments give the norm of each proposal's share of the EDR
+    gradient in logit space, `||omega (dc/dz + td dA/dz)||`, which the `gradient`
+    round-start sampler uses as PPS sizes (`edr_sampling.gradient_sizes`). From the
+    closed forms of the backward above, with G = 1[p >= q, v not in S], s = <q, G>,
+    Q = <q, q>, Q_G = <q^2, G>, a = A 1[log q_x <= log p_x], M the mass outside S:
+    dA/dz = a (e_x - q) / T and dc/dz = -q (G - s) / (M T), so
+    `||dA/dz||^2 = a^2 (1 - 2 q_x + Q) / T^2`, `||dc/dz||^2 = ((1 - 2 s) Q_G + s^2 Q) /
+    (M T)^2` and `<dA/dz, dc/dz> = -a (q_x (G_x - s) - Q_G + s Q) / (M T^2)`. G is taken
+    as `(1 + sign(p - q)) / 2` (float passes; boolean masks cost several times more on
+    CPU), which is 1/2 only where p = q exactly: a tie changes the sizes, never the
+    estimate's mean."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    rows, vocab = logits.shape
+    tiny = torch.finfo(dtype).tiny
+    acc, cost = (torch.empty(rows, dtype=dtype, device=logits.device) for _ in range(2))
+    out = torch.empty((rows, 3), dtype=dtype, device=logits.device)
+    t = temperature
+    for lo in range(0, rows, chunk_rows):
+        hi = min(lo + chunk_rows, rows)
+        idx = ids[lo:hi].unsqueeze(-1)
+        q, logq, p, logp = _q_and_p(logits[lo:hi], target[lo:hi], t, target_is_probs, dtype)
+        logq_x = logq.gather(-1, idx).squeeze(-1)
+        p_x = p.gather(-1, idx).squeeze(-1)
+        logp_x = p_x.clamp_min(tiny).log() if logp is None else logp.gather(-1, idx).squeeze(-1)
+        diff = logq_x - logp_x
+        acc[lo:hi] = torch.exp(diff.clamp(max=0.0))
+        a = torch.where(diff <= 0, acc[lo:hi], 0.0)
+        q_x = logq_x.exp()
+        g_x = (p_x >= q_x).to(dtype)
+        gap = torch.sub(p, q, out=logq)  # logq's memory is free now
+        if stops is not None:
+            gap.index_fill_(1, stops, 0.0)  # outside S only (the reference's gap * keep)
+            g_x = g_x * (~torch.isin(ids[lo:hi], stops)).to(dtype)
+            p = p.index_fill(1, stops, 0.0)
+        mass = p.sum(-1).clamp_min(tiny)
+        cost[lo:hi] = gap.clamp_min(0).sum(-1) / mass
+        sign = gap.sign_()  # 2 G - 1
+        if stops is not None:
+            sign.index_fill_(1, stops, -1.0)  # G = 0 on S
+        qs = sign.mul_(q)  # q (2 G - 1)
+        big_q = torch.einsum("rv,rv->r", q, q)
+        s = (q.sum(-1) + qs.sum(-1)) / 2
+        q_g = (big_q + torch.einsum("rv,rv->r", qs, q)) / 2
+        out[lo:hi, 0] = (a / t) ** 2 * (1 - 2 * q_x + big_q)
+        # divided step by step: (M T)^2 underflows to 0 when M is clamped to `tiny` (all
+        # target mass on stop tokens), where the numerators are 0
+        out[lo:hi, 1] = ((1 - 2 * s) * q_g + s**2 * big_q) / mass / mass / t**2
+        out[lo:hi, 2] = -a * (q_x * (g_x - s) - q_g + s * big_q) / mass / t**2
+    return acc, cost, out

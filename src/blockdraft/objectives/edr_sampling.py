@@ -16,9 +16,10 @@ be wasted (`round_start_candidates`). The design is systematic sampling over a r
 permutation: it returns exactly `min(max_anchors, #candidates with positive occupancy)`
 distinct rows and each row's inclusion probability is exactly `pi_n`.
 
-`greedy_gradient_sizes` gives better sizes for greedy EDR (`objective.anchor_sampler:
-gradient`): an estimate of each row's gradient norm from the same recursion outputs, so
-rows whose proposals barely move the objective are drawn less often.
+`gradient_sizes` gives better sizes (`objective.anchor_sampler: gradient`, the default):
+an estimate of each row's gradient norm from the same recursion outputs and per-proposal
+logit-gradient moments, so rows whose proposals barely move the objective are drawn less
+often.
 
 `sample_round_starts_uniformly` is the alternative that needs no occupancies (simple
 random sampling, `pi_n = m / N`), so the gradient pass can score the sampled rows itself
@@ -137,37 +138,49 @@ def sample_round_starts_uniformly(
     return idx, torch.full((m,), num_candidates / m if m else 0.0, dtype=torch.float64)
 
 
-def greedy_gradient_sizes(
-    occupancy: Tensor, td: Tensor, acceptance: Tensor, occupancy_share: float = 0.1
+def greedy_gradient_moments(acceptance: Tensor) -> Tensor:
+    """`[..., K, 3]` logit-gradient moments (`||dA||^2`, `||dc||^2`, `<dA, dc>`) of greedy
+    EDR's proposals (`A = q(x)`, `c = 1 - A`), from the acceptance alone: `dc = -dA` and
+    `||d q(x) / d logits|| = q(x) ||e_x - q||` lies between `A (1 - A)` and `sqrt(2) A
+    (1 - A)`, so `(A (1 - A))^2 (1, 1, -1)` (stop tokens, whose cost is 0, are treated
+    like the others: sizes change only the variance)."""
+    a = acceptance.detach().to(torch.float64)
+    spread = (a * (1 - a)) ** 2
+    return torch.stack([spread, spread, -spread], dim=-1)
+
+
+def gradient_sizes(
+    occupancy: Tensor, td: Tensor, moments: Tensor, occupancy_share: float = 0.1
 ) -> Tensor:
-    """PPS sizes `[..., L-1]` for greedy EDR (`A = q(x)`, `c = 1 - A`): a `1 -
-    occupancy_share` share proportional to `sum_h omega_{n,n+h} |td_{n,h} - 1|
-    A_{n,h} (1 - A_{n,h})` plus an `occupancy_share` share proportional to the round-start
-    occupancy, per rollout.
+    """PPS sizes `[..., L-1]` for the `gradient` round-start sampler: a `1 -
+    occupancy_share` share proportional to `sum_h omega_{n,n+h} ||dc_{n,h} + td_{n,h}
+    dA_{n,h}||` (logit space) plus an `occupancy_share` share proportional to the
+    round-start occupancy, per rollout.
 
     Why: the sampled estimate's variance is smallest when rows are drawn in proportion
-    to the norm of their gradient. Row n's gradient in greedy EDR is `sum_h
-    omega_{n,n+h} (td_{n,h} - 1) grad A_{n,h}` (`edr_surrogate` with `c = 1 - A`), and
-    `||d q(x) / d logits|| = q(x) ||e_x - q||` lies between `A (1 - A)` and `sqrt(2) A
-    (1 - A)`, so the first term tracks it from numbers the occupancy pass already has
-    (`occupancy_and_value`'s occupancy `[..., L-1, K+1]` and td `[..., L-1, K]`, the
-    acceptance `[..., L-1, K]`). On trained drafters it leaves 2.6-5x less variance
-    than occupancy sizes at the same budget (docs/training.md). The occupancy share
-    keeps every row with a positive occupancy drawable: the gradient estimate stays
-    exactly unbiased even where the estimate is 0 but the true gradient is not (stop
-    tokens, whose cost is 0, are estimated like the others: sizes change only the
-    variance)."""
+    to the norm of their gradient, and row n's gradient is `sum_h omega_{n,n+h} (grad
+    c_{n,h} + td_{n,h} grad A_{n,h})` (`edr_surrogate`). Its logit-space part comes from
+    the recursion outputs the occupancy sampler already has (`occupancy_and_value`'s
+    occupancy `[..., L-1, K+1]` and td `[..., L-1, K]`) and per-proposal `moments`
+    `[..., L-1, K, 3]` = (`||dA||^2`, `||dc||^2`, `<dA, dc>`): `greedy_gradient_moments`,
+    or `edr_fused.scores_with_gradient_moments` from the sampling-mode scoring pass. On trained
+    drafters these sizes leave 1.3-5x less variance than occupancy sizes at the same
+    budget (docs/training.md). The occupancy share keeps every row with a positive
+    occupancy drawable, so the gradient estimate stays exactly unbiased even where the
+    estimate is 0 but the true gradient is not."""
     if not 0.0 < occupancy_share <= 1.0:
         raise ValueError(f"occupancy_share must be in (0, 1], got {occupancy_share!r}")
     k = td.shape[-1]
-    if occupancy.shape[-1] != k + 1 or acceptance.shape != td.shape:
+    if occupancy.shape[-1] != k + 1 or moments.shape != (*td.shape, 3):
         raise ValueError(
-            f"occupancy {tuple(occupancy.shape)}, td {tuple(td.shape)} and acceptance "
-            f"{tuple(acceptance.shape)} must be [..., L-1, K+1], [..., L-1, K], [..., L-1, K]"
+            f"occupancy {tuple(occupancy.shape)}, td {tuple(td.shape)} and moments "
+            f"{tuple(moments.shape)} must be [..., L-1, K+1], [..., L-1, K], [..., L-1, K, 3]"
         )
     omega = occupancy.detach().to(torch.float64)
-    a = acceptance.detach().to(torch.float64)
-    spread = (omega[..., :k] * (td.detach().to(torch.float64) - 1).abs() * a * (1 - a)).sum(-1)
+    d = td.detach().to(torch.float64)
+    m = moments.detach().to(torch.float64)
+    norm = (m[..., 1] + 2 * d * m[..., 2] + d**2 * m[..., 0]).clamp_min(0).sqrt()
+    spread = (omega[..., :k] * norm).sum(-1)
     start = omega[..., 0]
 
     def share(x: Tensor) -> Tensor:

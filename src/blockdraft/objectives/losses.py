@@ -185,10 +185,7 @@ class EDRObjective(Objective):
         super().__init__(name, params)
         self.mode: str = params["mode"]
         self.max_anchors: int = params["max_anchors"]
-        sampler = params["anchor_sampler"]
-        if sampler == "auto":  # the sampler with the least gradient noise for the mode
-            sampler = "gradient" if self.mode == "greedy" else "occupancy"
-        self.anchor_sampler: str = sampler
+        self.anchor_sampler: str = params["anchor_sampler"]
         self.edr_mode: str = "sampling" if self.mode == "sampling" else "greedy_soft"
         self.needs_target_distribution = self.mode == "sampling"
 

@@ -40,8 +40,7 @@ OBJECTIVE_NAMES = (
     "edr",
 )
 EDR_MODES = ("sampling", "greedy")
-# edr round starts beyond max_anchors; auto = gradient for greedy EDR, occupancy otherwise
-ANCHOR_SAMPLERS = ("auto", "occupancy", "uniform", "gradient")
+ANCHOR_SAMPLERS = ("gradient", "occupancy", "uniform")  # edr round starts beyond max_anchors
 
 
 def _alpha(value: Any) -> float:
@@ -115,7 +114,7 @@ _PARAM_SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], Any]]]] = {
     "edr": {
         "mode": ("sampling", _edr_mode),
         "max_anchors": (512, _positive_int("max_anchors")),
-        "anchor_sampler": ("auto", _anchor_sampler),
+        "anchor_sampler": ("gradient", _anchor_sampler),
     },
 }
 
@@ -171,17 +170,11 @@ def make_objective(name: str, **params: Any) -> Objective:
     at loss time); dpace* `alpha` (smoothing, default 0.5); e2e `chunk_rows` (rows per
     vocabulary chunk, None = ~64 MB chunks); edr `mode` ("sampling" | "greedy") and
     `max_anchors` (round starts sampled per rollout, default 512) and `anchor_sampler` (how
-    they are drawn beyond that: "occupancy" | "uniform" | "gradient" (greedy mode only) |
-    "auto" (the default: "gradient" in greedy mode, else "occupancy"), see
+    they are drawn beyond that: "gradient" (the default) | "occupancy" | "uniform", see
     `training/edr_step.py`).
     """
     _check_name(name)
     resolved = _resolve_params(name, params)
-    if name == "edr" and resolved["anchor_sampler"] == "gradient" and resolved["mode"] != "greedy":
-        raise ValueError(
-            "edr anchor_sampler 'gradient' estimates greedy EDR's row gradients (A = q(x)); "
-            f"mode is {resolved['mode']!r}: use 'occupancy'"
-        )
     if name == "uniform":
         return WeightedCEObjective(name, resolved, _uniform_weight_fn)
     if name == "decay":

@@ -63,12 +63,11 @@ class ObjectiveConfig:
     variant: Literal["full", "cumulative", "continuation"] = "full"  # dpace weight variant
     mode: Literal["auto", "greedy", "sampling"] = "auto"  # must match the rollouts; auto = read
     max_anchors: int = 512  # edr: round starts carrying gradient per rollout (sampled beyond)
-    # edr: how round starts beyond max_anchors are drawn: occupancy = PPS on round-start
-    # occupancy after a no-grad pass over all of them; gradient (greedy rollouts only) =
-    # the same pass, PPS on an estimate of each row's gradient norm: less noise at the
-    # same cost; uniform = drawn first: cheaper steps, more gradient noise per second;
-    # auto = gradient for greedy rollouts, else occupancy (docs/training.md)
-    anchor_sampler: Literal["auto", "occupancy", "uniform", "gradient"] = "auto"
+    # edr: how round starts beyond max_anchors are drawn: gradient = PPS on an estimate of
+    # each round start's gradient norm after a no-grad pass over all of them; occupancy =
+    # the same pass, PPS on round-start occupancy (noisier); uniform = drawn first:
+    # cheaper steps, far more gradient noise per second (docs/training.md)
+    anchor_sampler: Literal["gradient", "occupancy", "uniform"] = "gradient"
 
 
 @dataclass

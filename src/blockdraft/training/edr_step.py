@@ -10,16 +10,16 @@ recursions as zeros, which they never read. When a rollout has more than
 gradient, the other rows enter the recursions detached with weight 0, and the sampled
 rows carry inverse-inclusion weights, so loss and gradient stay unbiased. Every row's
 current acceptance is still needed (the occupancy and value of a sampled row depend on
-all of them), so the other rows are scored by a no-grad pass. `objective.anchor_sampler`
-("auto", the default, is "gradient" for greedy EDR and "occupancy" for sampling EDR):
+all of them), so the other rows are scored by a no-grad pass. `objective.anchor_sampler`:
 
 - "occupancy": a no-grad pass scores every usable row, one batched recursion
   gives the round-start occupancies, `sample_round_starts` draws rows proportionally to
   them, and the drawn rows are drafted again with gradient (each drawn row twice).
-- "gradient" (greedy EDR): the same no-grad pass and recursion, PPS on
-  `greedy_gradient_sizes`, an estimate of each row's gradient norm from the occupancies,
-  TD terms and acceptances: the cost of "occupancy", 2.6-5x less gradient variance on
-  trained drafters (bench/edr_sampler.py, docs/training.md).
+- "gradient" (the default): the same no-grad pass and recursion, PPS on
+  `gradient_sizes`, an estimate of each row's gradient norm from the occupancies, TD
+  terms and the proposals' logit-gradient moments (sampling mode: computed in the
+  scoring pass, `scores_with_gradient_moments`; greedy: from A): about the cost of
+  "occupancy", less gradient variance (bench/edr_sampler.py, docs/training.md).
 - "uniform": draw `max_anchors` rows uniformly first, then score only the rows the
   gradient pass does not draft (each usable row once): a cheaper step, but on real
   rollouts 1.2-18x more gradient noise per second of training than "occupancy"
@@ -47,13 +47,16 @@ from blockdraft.data.anchors import round_start_anchors
 from blockdraft.objectives.edr import (
     acceptance_and_cost,
     dense_row_weights,
-    greedy_gradient_sizes,
+    gradient_sizes,
+    greedy_gradient_moments,
     greedy_soft_from_logprobs,
     occupancy_and_value,
     sample_round_starts,
     sample_round_starts_uniformly,
     state_occupancy,
 )
+from blockdraft.objectives.edr_fused import scores_with_gradient_moments
+from blockdraft.objectives.row_chunks import fused_chunk_rows
 from blockdraft.training.batching import Batch, derived_seed
 from blockdraft.training.draft_forward import (
     DraftForward,
@@ -71,14 +74,26 @@ from blockdraft.training.objective_step import (
 
 
 def _acceptance(
-    fwd, target, tout, batch, anchors, settings, mode, with_grad: bool, want_logq: bool = True
+    fwd,
+    target,
+    tout,
+    batch,
+    anchors,
+    settings,
+    mode,
+    with_grad: bool,
+    want_logq: bool = True,
+    moments: bool = False,
 ):
-    """(A, c, hidden, logq, labels, mask, prev) for the given anchors `[B, A]`. In sampling
-    mode `logq` (T = 1 log q(label), detached) only feeds the logged statistics: None
-    unless `want_logq` (a full-vocabulary log-softmax saved on unlogged steps)."""
+    """(A, c, hidden, logq, labels, mask, prev, moments) for the given anchors `[B, A]`.
+    In sampling mode `logq` (T = 1 log q(label), detached) only feeds the logged
+    statistics: None unless `want_logq` (a full-vocabulary log-softmax saved on unlogged
+    steps). `moments` (sampling mode, for the `gradient` sampler): the proposals'
+    logit-gradient moments `[B, A, K, 3]` (`scores_with_gradient_moments`), else None."""
     drafter = fwd.module.drafter if hasattr(fwd, "module") else fwd.drafter
     block_size = drafter.config.block_size
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
+    grad_moments = None
     ctx = torch.enable_grad() if with_grad else torch.no_grad()
     with ctx:
         sampling = mode == "sampling"
@@ -100,20 +115,48 @@ def _acceptance(
         if sampling:
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
             p = _target_probs(tout.logits, positions, settings)
-            acc, cost = acceptance_and_cost(
-                logits,
-                p,
-                ids,
-                mode="sampling",
-                temperature=settings.temperature,
-                target_is_probs=True,
-                stop_token_ids=target.stop_token_ids,
-            )
+            if moments:  # the gradient sampler's scoring pass: A, c and moments at once
+                acc, cost, grad_moments = _scores_and_moments(
+                    logits, p, ids, settings, target.stop_token_ids
+                )
+            else:
+                acc, cost = acceptance_and_cost(
+                    logits,
+                    p,
+                    ids,
+                    mode="sampling",
+                    temperature=settings.temperature,
+                    target_is_probs=True,
+                    stop_token_ids=target.stop_token_ids,
+                )
         else:  # greedy EDR needs only q(x): no [.., K, V] logits (262k vocab = gigabytes)
             _, in_vocab = map_to_draft_vocab(drafter, labels)
             logq_x = torch.where(in_vocab, logq, torch.full_like(logq, -math.inf))
             acc, cost = greedy_soft_from_logprobs(logq_x, ids, target.stop_token_ids)
-    return acc, cost, hidden, logq, labels, mask, prev
+    return acc, cost, hidden, logq, labels, mask, prev, grad_moments
+
+
+def _scores_and_moments(logits, p, ids, settings, stop_token_ids):
+    """`(A, c, moments [B, A, K, 3])` of every proposal: `acceptance_and_cost`'s sampling
+    values (c zeroed at stop tokens and clamped at 1, as it does) and the logit-gradient
+    moments of `scores_with_gradient_moments`, in one pass over the vocabulary."""
+    vocab = logits.shape[-1]
+    stops = None
+    if len(stop_token_ids):
+        stops = torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=logits.device)
+    acc, cost, moments = scores_with_gradient_moments(
+        logits.reshape(-1, vocab),
+        p.reshape(-1, vocab),
+        ids.reshape(-1),
+        temperature=settings.temperature,
+        target_is_probs=True,
+        stops=stops,
+        chunk_rows=fused_chunk_rows(None, vocab, logits.device),
+    )
+    acc, cost = acc.view(ids.shape), cost.view(ids.shape).clamp(max=1.0)
+    if stops is not None:
+        cost = torch.where(torch.isin(ids, stops), torch.zeros((), dtype=cost.dtype), cost)
+    return acc, cost, moments.view(*ids.shape, 3)
 
 
 def _target_probs(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
@@ -133,26 +176,42 @@ def _target_probs(logits: torch.Tensor, positions: torch.Tensor, settings) -> to
 
 
 def score_round_starts(
-    fwd, target, tout, batch, anchors: torch.Tensor, settings, mode: str, chunk: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+    fwd,
+    target,
+    tout,
+    batch,
+    anchors: torch.Tensor,
+    settings,
+    mode: str,
+    chunk: int,
+    moments: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Detached `(A, c)` `[B, A, K]` for anchors `[B, A]` (-1 = padding), scoring at most
     `chunk` anchors per rollout per drafter pass so peak memory does not grow with the
-    rollout length (each block is independent given the target features)."""
+    rollout length (each block is independent given the target features). With
+    `moments` (sampling mode) a third tensor: the proposals' logit-gradient moments
+    `[B, A, K, 3]` for the `gradient` sampler."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"score_chunk must be a positive int, got {chunk!r}")
-    accs, costs = [], []
+    if moments and mode != "sampling":
+        raise ValueError("moments come from the sampling-mode scoring pass (greedy: from A)")
+    accs, costs, extra = [], [], []
     # An unwrapped DraftForward scores in inference mode (no autograd bookkeeping at all:
     # ~5% of the pass); DDP/FSDP keep no_grad (FSDP's gathered parameters must not become
     # inference tensors). `torch.cat` below hands back ordinary tensors.
     no_autograd = torch.inference_mode if type(fwd) is DraftForward else torch.no_grad
     with no_autograd():
         for lo in range(0, anchors.shape[1], chunk):
-            acc, cost, *_ = _acceptance(
-                fwd, target, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False
-            )
+            acc, cost, *_, m = _acceptance(
+                fwd, target, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False,
+                moments=moments,
+            )  # fmt: skip
             accs.append(acc)
             costs.append(cost)
-    return torch.cat(accs, dim=1), torch.cat(costs, dim=1)
+            extra.append(m)
+    if not moments:
+        return torch.cat(accs, dim=1), torch.cat(costs, dim=1)
+    return torch.cat(accs, dim=1), torch.cat(costs, dim=1), torch.cat(extra, dim=1)
 
 
 def _with_dead_row(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -204,9 +263,13 @@ def _draw_round_starts(
     logits = None if tout.logits is None else tout.logits[long_rows]
     sub_out = type(tout)(logits=logits, features=tout.features[long_rows])
     anchors = pad_anchor_lists([starts[i][r] for i, r in zip(long_rows, scored, strict=True)])
-    acc, cost = score_round_starts(
-        fwd, target, sub_out, sub, anchors.to(batch.input_ids.device), settings, mode, chunk
-    )
+    # the gradient sampler's sizes need the proposals' logit-gradient moments: sampling
+    # mode gets them from the scoring pass (every usable row is scored), greedy from A
+    want_moments = objective.anchor_sampler == "gradient" and mode == "sampling"
+    acc, cost, *moments = score_round_starts(
+        fwd, target, sub_out, sub, anchors.to(batch.input_ids.device), settings, mode, chunk,
+        moments=want_moments,
+    )  # fmt: skip
     full = []
     for j, r in enumerate(scored):
         at = r.to(acc.device)
@@ -223,7 +286,14 @@ def _draw_round_starts(
         padded, lengths = padded.cpu(), torch.tensor([r + 1 for r in rows])
         if objective.anchor_sampler == "gradient":
             state = occupancy_and_value(padded[0], padded[1], lengths)
-            sizes = greedy_gradient_sizes(state.occupancy, state.td, padded[0])
+            if want_moments:  # rows 0 .. usable-1 in order; the dead last row stays 0
+                grads = moments[0].new_zeros((*padded.shape[1:], 3))
+                for j in range(len(long_rows)):
+                    grads[j, : rows[j] - 1] = moments[0][j, : rows[j] - 1]
+                grads = grads.cpu()
+            else:
+                grads = greedy_gradient_moments(padded[0])
+            sizes = gradient_sizes(state.occupancy, state.td, grads)
         else:
             sizes = state_occupancy(padded[0], lengths)[..., 0]
         for j in range(len(long_rows)):
@@ -280,7 +350,7 @@ def edr_micro_step(
         for i, (idx, w, acc_i, cost_i) in zip(long_rows, drawn, strict=True):
             chosen[i], weights[i], full_acc[i], full_cost[i] = idx, w, acc_i, cost_i
     anchors = pad_anchor_lists([starts[i][chosen[i]] for i in range(len(rows))]).to(device)
-    acc, cost, hidden, logq, labels, mask, prev = _acceptance(
+    acc, cost, hidden, logq, labels, mask, prev, _ = _acceptance(
         fwd, target, tout, batch, anchors, settings, mode, with_grad=True, want_logq=want_acc
     )
     acc_list, cost_list, keep = [], [], []
