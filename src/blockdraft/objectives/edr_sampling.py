@@ -164,7 +164,7 @@ def gradient_sizes(
     occupancy `[..., L-1, K+1]` and td `[..., L-1, K]`) and per-proposal `moments`
     `[..., L-1, K, 3]` = (`||dA||^2`, `||dc||^2`, `<dA, dc>`): `greedy_gradient_moments`,
     or `edr_fused.scores_with_gradient_moments` from the sampling-mode scoring pass. On trained
-    drafters these sizes leave 1.3-5x less variance than occupancy sizes at the same
+    drafters these sizes leave 1.35-5x less variance than occupancy sizes at the same
     budget (docs/training.md). The occupancy share keeps every row with a positive
     occupancy drawable, so the gradient estimate stays exactly unbiased even where the
     estimate is 0 but the true gradient is not."""

@@ -22,7 +22,7 @@ all of them), so the other rows are scored by a no-grad pass. `objective.anchor_
   "occupancy", less gradient variance (bench/edr_sampler.py, docs/training.md).
 - "uniform": draw `max_anchors` rows uniformly first, then score only the rows the
   gradient pass does not draft (each usable row once): a cheaper step, but on real
-  rollouts 1.2-18x more gradient noise per second of training than "occupancy"
+  rollouts 1.4-18x more gradient noise per second of training than "occupancy"
   (bench/edr_sampler.py, docs/training.md), so it is not the default.
 
 The no-grad pass runs `score_chunk` round starts per rollout at a time (default
