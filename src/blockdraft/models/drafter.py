@@ -19,9 +19,8 @@ Two ways to run it, which must agree exactly (tests/models/test_drafter.py):
   `extend_context` appends, `state.crop` cuts back, `draft_logits`/`sample_block` run one
   block against the cache (block K/V are never cached).
 
-Slot convention: slot 0 is the anchor (never predicted); outputs are slots 1..K,
-`K = block_size - 1`. Slot k of anchor index a has RoPE position a + k; context
-feature i has position i.
+Slot convention: slot 0 is the anchor (never predicted); outputs are slots 1..K, `K =
+block_size - 1`. Slot k of anchor index a has RoPE position a + k; context feature i, i.
 """
 
 from __future__ import annotations

@@ -57,6 +57,21 @@ def _p(
     return logp.exp(), logp
 
 
+def _acceptance_terms(
+    logq: Tensor, p: Tensor, logp: Tensor | None, idx: Tensor, tiny: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`(log q(x), p(x), A, a)` of one row chunk, `A = exp(min(0, log q_x - log p_x))` and
+    `a = A 1[log q_x <= log p_x]` (dJ/dlog q(x) per unit dJ/dA, autograd's clamp
+    convention), shared by the fused forward and the gradient sampler's scoring pass."""
+    logq_x = logq.gather(-1, idx).squeeze(-1)
+    p_x = p.gather(-1, idx).squeeze(-1)
+    logp_x = p_x.clamp_min(tiny).log() if logp is None else logp.gather(-1, idx).squeeze(-1)
+    diff = logq_x - logp_x
+    acc = torch.exp(diff.clamp(max=0.0))
+    zero = torch.zeros((), dtype=acc.dtype, device=acc.device)
+    return logq_x, p_x, acc, torch.where(diff <= 0, acc, zero)
+
+
 class _FusedSampling(torch.autograd.Function):
     """`(A, c)` (or `(A,)` when `want_cost` is False) for `[N, V]` logits and target."""
 
@@ -92,15 +107,8 @@ class _FusedSampling(torch.autograd.Function):
                 dtype,
                 None if q_all is None else q_all[lo:hi],
             )
-            logq_x = work.gather(-1, idx).squeeze(-1)  # work: log q until reused below
-            if logp is None:
-                logp_x = p.gather(-1, idx).squeeze(-1).clamp_min(tiny).log()
-            else:
-                logp_x = logp.gather(-1, idx).squeeze(-1)
-            diff = logq_x - logp_x
-            a = torch.exp(diff.clamp(max=0.0))
-            acc[lo:hi] = a
-            coef[lo:hi] = torch.where(diff <= 0, a, torch.zeros((), dtype=dtype, device=a.device))
+            # work: log q until reused below
+            _, _, acc[lo:hi], coef[lo:hi] = _acceptance_terms(work, p, logp, idx, tiny)
             if not want_cost:
                 continue
             assert cost is not None and masses is not None
@@ -231,12 +239,7 @@ def scores_with_gradient_moments(
         hi = min(lo + chunk_rows, rows)
         idx = ids[lo:hi].unsqueeze(-1)
         q, logq, p, logp = _q_and_p(logits[lo:hi], target[lo:hi], t, target_is_probs, dtype)
-        logq_x = logq.gather(-1, idx).squeeze(-1)
-        p_x = p.gather(-1, idx).squeeze(-1)
-        logp_x = p_x.clamp_min(tiny).log() if logp is None else logp.gather(-1, idx).squeeze(-1)
-        diff = logq_x - logp_x
-        acc[lo:hi] = torch.exp(diff.clamp(max=0.0))
-        a = torch.where(diff <= 0, acc[lo:hi], 0.0)
+        logq_x, p_x, acc[lo:hi], a = _acceptance_terms(logq, p, logp, idx, tiny)
         q_x = logq_x.exp()
         g_x = (p_x >= q_x).to(dtype)
         gap = torch.sub(p, q, out=logq)  # logq's memory is free now
