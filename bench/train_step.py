@@ -233,13 +233,38 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--response", type=int, default=96, help="response tokens per sequence")
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--anchors", type=int, default=64, help="num_anchors for block objectives")
+    ap.add_argument(
+        "--anchors",
+        type=int,
+        default=512,
+        help="objectives, library defaults: num_anchors = objective.max_anchors (512)",
+    )
+    ap.add_argument(
+        "--sampled-anchors",
+        type=int,
+        default=64,
+        help="objectives, sub-sampled: anchors / EDR round starts with gradient per sequence",
+    )
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument(
         "--heap",
         default="retain",
         choices=["retain", "default"],
         help="objectives: glibc keeps freed memory as in training (retain) or its defaults",
+    )
+    ap.add_argument("--objectives-shape", default="tiny", choices=["tiny", "gemma"])
+    ap.add_argument(
+        "--steps-per-turn",
+        type=int,
+        default=None,
+        help="objectives: consecutive steps per row and turn, the last one timed "
+        "(default 1 at the tiny shape, 2 at the Gemma one)",
+    )
+    ap.add_argument(
+        "--denormals",
+        default="flush",
+        choices=["flush", "keep"],
+        help="objectives: flush denormals to zero as `blockdraft train` does, or keep them",
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

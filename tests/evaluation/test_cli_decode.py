@@ -58,11 +58,11 @@ def test_threads_flag_rejects_non_positive_counts(bad, capsys) -> None:
 
 
 def test_default_threads_respects_the_environment(monkeypatch) -> None:
-    from blockdraft.threads import apply_threads, default_threads
+    from blockdraft.threads import configure_cpu, default_threads
 
     monkeypatch.setenv("BLOCKDRAFT_THREADS", "1")
     assert default_threads() == 1
-    assert apply_threads(None) == 1 and torch.get_num_threads() == 1
+    assert configure_cpu(None) == 1 and torch.get_num_threads() == 1
     monkeypatch.delenv("BLOCKDRAFT_THREADS")
     assert 1 <= default_threads() <= max(1, torch.get_num_threads())
 

@@ -83,3 +83,16 @@ def test_hf_targets_load_straight_onto_an_accelerator():
     assert _device_map("cpu") == {}
     pytest.importorskip("accelerate")
     assert _device_map("cuda:1") == {"device_map": {"": "cuda:1"}}
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_logits_to_keep_gives_the_last_positions_and_where_they_start(arch):
+    """Sampled E2E/EDR read only the response positions' logits: `logits_to_keep=k` gives
+    the full forward's last k rows, `logits_start` says which sequence index is row 0."""
+    target = make_random_target(arch=arch, num_layers=2)
+    ids = torch.randint(0, target.vocab_size, (2, 20), generator=torch.Generator().manual_seed(1))
+    full = target.forward(ids, with_logits=True)
+    part = target.forward(ids, with_logits=True, logits_to_keep=7)
+    assert full.logits_start == 0 and part.logits_start == 13
+    torch.testing.assert_close(part.logits, full.logits[:, 13:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(part.features, full.features, rtol=0, atol=0)

@@ -116,6 +116,7 @@ def test_scoring_of_wrapped_forward_equals_unwrapped(setup, mode: str) -> None:
     q(label)); a wrapped forward (here a subclass, as DDP/FSDP are not DraftForward) goes
     through `forward`: same acceptance and cost, and the target probabilities computed
     once per distinct position equal `target_probs_for`'s per-slot rows."""
+    from blockdraft.training.draft_space import sampling_targets
     from blockdraft.training.objective_step import label_positions, target_probs_for
 
     target, drafter, batch = setup
@@ -142,7 +143,7 @@ def test_scoring_of_wrapped_forward_equals_unwrapped(setup, mode: str) -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     positions = label_positions(anchors, 3, batch.input_ids.shape[1])
     torch.testing.assert_close(
-        edr_step._target_probs(tout.logits, positions, _Settings),
+        sampling_targets(tout, positions, _Settings, None, 7),
         target_probs_for(tout.logits, positions, _Settings),
         rtol=0,
         atol=0,

@@ -252,6 +252,11 @@ def test_sampled_e2e_and_edr_count_vocabulary_tensors():
         assert plan.parts["target_forward"] > base.parts["target_forward"] + logits - 1
         assert any("sampled rollouts" in n for n in plan.notes)
         assert plan.fits(80e9), plan.render(80)
+        # a reduced draft vocabulary: drafter logits and target probabilities in its
+        # columns + 2 (draft_space.py); the target's own logits and chunks unchanged
+        small = {"objective.name": name, "drafter.draft_vocab_size": 32000}
+        d = plan_memory(_dflash_recipe(8, **small), 8, "cuda", hf)
+        assert d.parts["cross_entropy"] == rows * 32002 * (2 + 2 + 4) + chunks + logits
         greedy = {"objective.name": name, "objective.mode": "greedy"}
         g = plan_memory(_dflash_recipe(8, **greedy), 8, "cuda", hf)
         assert g.parts["cross_entropy"] == base.parts["cross_entropy"]

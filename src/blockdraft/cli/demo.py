@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from blockdraft.demo import DemoSettings, run_demo
 from blockdraft.heap import retain_freed_memory
-from blockdraft.threads import add_threads_arg, apply_threads
+from blockdraft.threads import add_threads_arg, configure_cpu
 
 _HELP = {
     "target": "target model: tiny (embedded, default), gemma-3-270m, or an HF id/local path",
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    apply_threads(args.threads)
+    configure_cpu(args.threads)
     retain_freed_memory()  # training steps reuse their big buffers (heap.py)
     values = {
         f.name: getattr(args, f.name) for f in fields(DemoSettings) if f.name != "extra_overrides"

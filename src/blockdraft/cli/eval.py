@@ -29,7 +29,7 @@ from blockdraft.evaluation.runs import (  # noqa: F401
     write_json,
 )
 from blockdraft.models.drafter_spec import checkpoint_of
-from blockdraft.threads import add_threads_arg, apply_threads
+from blockdraft.threads import add_threads_arg, configure_cpu
 
 
 def add_rollouts_arg(p: argparse.ArgumentParser) -> None:
@@ -54,7 +54,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
 
 def setup_target(args: argparse.Namespace) -> Any:
     """The target on `--device` in `--dtype` (drafters follow it: `drafter_dtype_of`)."""
-    apply_threads(args.threads)
+    configure_cpu(args.threads)
     from blockdraft.models.registry import load_target
 
     device, dtype = device_and_dtype(args)

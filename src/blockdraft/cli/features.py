@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from blockdraft.devices import DTYPES
-from blockdraft.threads import add_threads_arg, apply_threads
+from blockdraft.threads import add_threads_arg, configure_cpu
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    apply_threads(args.threads)
+    configure_cpu(args.threads)
     from blockdraft.data.feature_store import FeatureError
     from blockdraft.data.features import plan_features, write_features
     from blockdraft.data.rollout_store import RolloutError

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from blockdraft.devices import add_device_args
-from blockdraft.threads import add_threads_arg, apply_threads
+from blockdraft.threads import add_threads_arg, configure_cpu
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -127,7 +127,7 @@ def _load(args: argparse.Namespace, device: Any) -> Any:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    apply_threads(args.threads)
+    configure_cpu(args.threads)
     from blockdraft.data.distributed_rollouts import init_from_env
     from blockdraft.data.prompts import PromptError, load_prompts
     from blockdraft.data.rollout_import import import_rollouts
@@ -170,7 +170,7 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    apply_threads(args.threads)
+    configure_cpu(args.threads)
     from blockdraft.data.generation import SamplingSettings
     from blockdraft.data.prompts import PromptError, load_prompts
 

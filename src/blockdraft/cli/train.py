@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from blockdraft.heap import retain_freed_memory
-from blockdraft.threads import add_threads_arg, apply_threads
+from blockdraft.threads import add_threads_arg, configure_cpu
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    apply_threads(args.threads)
+    configure_cpu(args.threads)
     retain_freed_memory()  # training steps reuse their big buffers (heap.py)
     from blockdraft.training.config import ConfigError, dump_yaml, load_config
 

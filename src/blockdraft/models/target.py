@@ -36,12 +36,14 @@ def default_layer_ids(num_layers: int, count: int = 5) -> list[int]:
 
 @dataclass
 class TargetOutput:
-    """One target forward: logits `[B,T,V]` (None when not asked for), features
+    """One target forward: logits `[B,T,V]` (None when not asked for; with
+    `logits_to_keep` only the last positions, the first at index `logits_start`), features
     `[B,T,len(layer_ids)*H]`, cache."""
 
     logits: torch.Tensor | None
     features: torch.Tensor
     cache: Any = None
+    logits_start: int = 0
 
 
 def _cache_kwarg(model: nn.Module) -> str:
@@ -181,8 +183,9 @@ class Target:
         features = torch.cat([hidden[i + 1] for i in self.layer_ids], dim=-1)
         if not with_logits:
             return TargetOutput(logits=None, features=features)
+        start = max(0, input_ids.shape[1] - logits_to_keep) if logits_to_keep else 0
         if not use_cache:
-            return TargetOutput(logits=out.logits, features=features)
+            return TargetOutput(logits=out.logits, features=features, logits_start=start)
         new_cache = out.get("cache", None) if hasattr(out, "get") else None
         if new_cache is None:  # transformers 4.x
             new_cache = getattr(out, "past_key_values", None)
@@ -190,7 +193,9 @@ class Target:
             # Sliding-window layers (Gemma 3) drop states beyond the window unless told to
             # keep them until the next crop; without this a rejected suffix can't be cut.
             new_cache.activate_past_recording()
-        return TargetOutput(logits=out.logits, features=features, cache=new_cache)
+        return TargetOutput(
+            logits=out.logits, features=features, cache=new_cache, logits_start=start
+        )
 
     def _features_only(
         self,

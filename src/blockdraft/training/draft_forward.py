@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from blockdraft.objectives.cross_entropy import target_logprobs, token_logprobs
+from blockdraft.training.draft_space import DraftSpace
 
 
 def map_to_draft_vocab(
@@ -59,9 +60,15 @@ class DraftForward(nn.Module):
         """Returns (hidden [B,A,K,H], logq [B,A,K] float32 (0 where label < 0), logits or None).
 
         `labels` are target ids (-1 = none); `logits` (only with `full_logits`) are in the
-        target vocabulary, -inf outside a reduced draft vocabulary.
+        target vocabulary, or, for a reduced draft vocabulary, in its `DraftSpace` columns
+        (`draft_space.py`: what the sampling objectives compare with the target in).
         """
         hidden = self.drafter.forward_blocks(features, input_ids, anchors)
+        space = DraftSpace.of(self.drafter) if full_logits else None
+        if space is not None:
+            logits = space.logits(self.drafter.compute_draft_logits(hidden, prev))
+            columns = torch.where(labels >= 0, space.labels(labels.clamp_min(0)), -1)
+            return hidden, chunked_token_logprobs(logits, columns, self.chunk_rows), logits
         if full_logits or not _is_plain_parallel(self.drafter):
             logits = self.drafter.compute_logits(hidden, prev)
             logq = chunked_token_logprobs(logits, labels, self.chunk_rows)

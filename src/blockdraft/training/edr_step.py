@@ -38,12 +38,14 @@ smooth "greedy EDR" relaxation `A = q(x)`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 from torch import nn
 
 from blockdraft.data.anchors import round_start_anchors
+from blockdraft.objectives.cross_entropy import default_chunk_rows
 from blockdraft.objectives.edr import (
     acceptance_and_cost,
     dense_row_weights,
@@ -63,13 +65,14 @@ from blockdraft.training.draft_forward import (
     chunked_token_logprobs,
     map_to_draft_vocab,
 )
+from blockdraft.training.draft_space import DraftSpace, sampling_targets
 from blockdraft.training.objective_step import (
     MicroOutput,
     block_stats,
     label_positions,
     labels_and_prev,
     pad_anchor_lists,
-    target_probs_for,
+    response_logits_to_keep,
 )
 
 
@@ -97,28 +100,36 @@ def _acceptance(
     ctx = torch.enable_grad() if with_grad else torch.no_grad()
     with ctx:
         sampling = mode == "sampling"
+        # sampling: compare in the draft vocabulary + 2 columns if the drafter has one
+        space = DraftSpace.of(drafter, target.stop_token_ids) if sampling else None
+        ids = labels.clamp_min(0) if space is None else space.labels(labels.clamp_min(0))
         if sampling and type(fwd) is DraftForward:
             # DraftForward's own steps, minus the autograd graph of its T = 1 log q(label):
             # the loss uses the logits, log q(label) only feeds the step's statistics
             # (detached), and the scoring pass needs none (a full-vocabulary log-softmax
             # saved). Only unwrapped: DDP/FSDP must see their module's forward.
             hidden = fwd.drafter.forward_blocks(tout.features, batch.input_ids, anchors)
-            logits, logq = fwd.drafter.compute_logits(hidden, prev), None
+            if space is None:
+                logits = fwd.drafter.compute_logits(hidden, prev)
+            else:
+                logits = space.logits(fwd.drafter.compute_draft_logits(hidden, prev))
+            logq = None
             if with_grad and want_logq:
                 with torch.no_grad():
-                    logq = chunked_token_logprobs(logits, labels, fwd.chunk_rows)
+                    columns = torch.where(labels >= 0, ids, -1)
+                    logq = chunked_token_logprobs(logits, columns, fwd.chunk_rows)
         else:
             hidden, logq, logits = fwd(
                 tout.features, batch.input_ids, anchors, labels, prev, sampling
             )
-        ids = labels.clamp_min(0)
         if sampling:
+            stops = target.stop_token_ids if space is None else space.stop_columns
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
-            p = _target_probs(tout.logits, positions, settings)
+            p = sampling_targets(
+                tout, positions, settings, space, default_chunk_rows(tout.logits.shape[-1])
+            )
             if moments:  # the gradient sampler's scoring pass: A, c and moments at once
-                acc, cost, grad_moments = _scores_and_moments(
-                    logits, p, ids, settings, target.stop_token_ids
-                )
+                acc, cost, grad_moments = _scores_and_moments(logits, p, ids, settings, stops)
             else:
                 acc, cost = acceptance_and_cost(
                     logits,
@@ -127,7 +138,7 @@ def _acceptance(
                     mode="sampling",
                     temperature=settings.temperature,
                     target_is_probs=True,
-                    stop_token_ids=target.stop_token_ids,
+                    stop_token_ids=stops,
                 )
         else:  # greedy EDR needs only q(x): no [.., K, V] logits (262k vocab = gigabytes)
             _, in_vocab = map_to_draft_vocab(drafter, labels)
@@ -157,22 +168,6 @@ def _scores_and_moments(logits, p, ids, settings, stop_token_ids):
     if stops is not None:
         cost = torch.where(torch.isin(ids, stops), torch.zeros((), dtype=cost.dtype), cost)
     return acc, cost, moments.view(*ids.shape, 3)
-
-
-def _target_probs(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
-    """`target_probs_for(logits, positions, settings)` `[B, A, K, V]`, with the sampling
-    distribution (temperature, top-k/top-p: a sort per row) computed once per distinct
-    position of each sequence and then copied into place. Why: consecutive round starts
-    share K-1 of their K label positions, so the block layout asks for each position up
-    to K times (the scoring pass: every position K times)."""
-    b, vocab = positions.shape[0], logits.shape[-1]
-    flat = positions.reshape(b, -1)
-    out = torch.empty((b, flat.shape[1], vocab), dtype=torch.float32, device=logits.device)
-    for i in range(b):
-        uniq, inverse = torch.unique(flat[i], return_inverse=True)
-        rows = target_probs_for(logits[i : i + 1], uniq.view(1, 1, -1), settings)[0, 0]
-        torch.index_select(rows, 0, inverse, out=out[i])
-    return out.view(*positions.shape, vocab)
 
 
 def score_round_starts(
@@ -261,7 +256,7 @@ def _draw_round_starts(
         scored = [torch.arange(usable[i]) for i in long_rows]
     sub = Batch(**{k: v[long_rows] for k, v in batch.__dict__.items()})
     logits = None if tout.logits is None else tout.logits[long_rows]
-    sub_out = type(tout)(logits=logits, features=tout.features[long_rows])
+    sub_out = dataclasses.replace(tout, logits=logits, features=tout.features[long_rows])
     anchors = pad_anchor_lists([starts[i][r] for i, r in zip(long_rows, scored, strict=True)])
     # the gradient sampler's sizes need the proposals' logit-gradient moments: sampling
     # mode gets them from the scoring pass (every usable row is scored), greedy from A
@@ -323,8 +318,12 @@ def edr_micro_step(
     `score_chunk`: round starts per rollout per pass of the no-grad scoring pass (None:
     `objective.max_anchors`)."""
     device = batch.input_ids.device
+    sampling = mode == "sampling"
     tout = target.forward(  # greedy EDR needs no target logits: skip the LM head
-        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=mode == "sampling"
+        batch.input_ids,
+        attention_mask=batch.attention_mask.long(),
+        with_logits=sampling,
+        logits_to_keep=response_logits_to_keep(batch) if sampling else 0,
     )
     starts = [
         round_start_anchors(int(p), int(n))

@@ -34,8 +34,11 @@ KEY = "data.features"
 class FeatureSource(Protocol):
     provides_logits: bool
 
-    def features(self, batch: Batch, *, with_logits: bool = False) -> TargetOutput:
-        """`TargetOutput(logits [B,T,V] | None, features [B,T,F])` for a padded batch."""
+    def features(
+        self, batch: Batch, *, with_logits: bool = False, logits_to_keep: int = 0
+    ) -> TargetOutput:
+        """`TargetOutput(logits [B,T,V] | None, features [B,T,F])` for a padded batch
+        (`logits_to_keep`: logits of the last positions only, as `Target.forward`)."""
         ...
 
     def bind(self, batch: Batch) -> BatchTarget: ...
@@ -48,11 +51,19 @@ class BatchTarget:
         self._source, self._target, self._batch = source, target, batch
 
     def forward(
-        self, input_ids: torch.Tensor, *, attention_mask=None, with_logits: bool = True, **kw
+        self,
+        input_ids: torch.Tensor,
+        *,
+        attention_mask=None,
+        with_logits: bool = True,
+        logits_to_keep: int = 0,
+        **kw,
     ) -> TargetOutput:
         if input_ids.shape != self._batch.input_ids.shape or kw:
             raise ValueError("BatchTarget answers only the training forward of its own batch")
-        return self._source.features(self._batch, with_logits=with_logits)
+        return self._source.features(
+            self._batch, with_logits=with_logits, logits_to_keep=logits_to_keep
+        )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._target, name)
@@ -66,9 +77,14 @@ class OnlineTargetFeatures:
     def __init__(self, target: Any) -> None:
         self.target = target
 
-    def features(self, batch: Batch, *, with_logits: bool = False) -> TargetOutput:
+    def features(
+        self, batch: Batch, *, with_logits: bool = False, logits_to_keep: int = 0
+    ) -> TargetOutput:
         return self.target.forward(
-            batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=with_logits
+            batch.input_ids,
+            attention_mask=batch.attention_mask.long(),
+            with_logits=with_logits,
+            logits_to_keep=logits_to_keep,
         )
 
     def bind(self, batch: Batch) -> BatchTarget:
@@ -159,7 +175,9 @@ class CachedFeatures:
             )
         return cls(store, rollouts, max_seq_len, target=target, dtype=target.dtype, device=device)
 
-    def features(self, batch: Batch, *, with_logits: bool = False) -> TargetOutput:
+    def features(
+        self, batch: Batch, *, with_logits: bool = False, logits_to_keep: int = 0
+    ) -> TargetOutput:
         if with_logits:
             raise TrainSetupError(
                 f"{KEY}: cached features hold no target logits (this objective needs them)"

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from blockdraft.data.anchors import block_labels, sample_anchors
+from blockdraft.objectives.cross_entropy import default_chunk_rows
 from blockdraft.objectives.dpace import dpace_weights
 from blockdraft.objectives.e2e import overlap_with_logits
 from blockdraft.training.batching import Batch, anchor_generator
@@ -29,6 +30,7 @@ from blockdraft.training.draft_forward import (
     slot_argmax,
     target_sampling_probs,
 )
+from blockdraft.training.draft_space import DraftSpace, sampling_targets
 
 
 @dataclass
@@ -117,6 +119,14 @@ def labels_and_prev(
     return labels, mask, prev
 
 
+def response_logits_to_keep(batch: Batch) -> int:
+    """How many trailing positions' target logits the sampling objectives read: labels
+    start after the shortest prompt (the first anchor is the first response token), so
+    the LM head (262k columns for Gemma) skips the prompts' other positions."""
+    seq_len = batch.input_ids.shape[1]
+    return max(1, seq_len - max(0, int(batch.prompt_lens.min()) - 1))
+
+
 def label_positions(anchors: torch.Tensor, k: int, seq_len: int) -> torch.Tensor:
     return (anchors.unsqueeze(-1) + torch.arange(1, k + 1, device=anchors.device)).clamp(
         0, seq_len - 1
@@ -198,7 +208,10 @@ def block_micro_step(
     greedy_overlap = bool(objective.needs_target_distribution) and settings.greedy
     need_full = bool(objective.needs_target_distribution) and not greedy_overlap
     tout = target.forward(
-        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=need_full
+        batch.input_ids,
+        attention_mask=batch.attention_mask.long(),
+        with_logits=need_full,
+        logits_to_keep=response_logits_to_keep(batch) if need_full else 0,
     )
     anchors = sampled_anchors(batch, num_anchors, block_size, seed, step).to(device)
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
@@ -215,7 +228,11 @@ def block_micro_step(
         # The overlap is computed over row chunks on the full tensors and only then
         # indexed: `logits[valid] / temp` would copy the [.., K, V] logits twice.
         temp = settings.temperature if settings.temperature > 0 else 1.0
-        p = target_probs_for(tout.logits, positions, settings)
+        # (in the drafter's vocabulary + 2 columns if it has one: draft_space.py)
+        p = sampling_targets(
+            tout, positions, settings, DraftSpace.of(drafter),
+            default_chunk_rows(tout.logits.shape[-1]),
+        )  # fmt: skip
         chunk = getattr(objective, "params", {}).get("chunk_rows")
         kwargs = {"overlap": overlap_with_logits(p, logits, chunk, temperature=temp)[valid]}
         del p

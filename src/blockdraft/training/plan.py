@@ -290,17 +290,19 @@ def plan_memory(
 
 def _sampled_distribution_bytes(cfg: Any, vocab: int, b: int, T: int, Kb: int, ab: int) -> int:
     """Vocabulary-sized memory of a sampled E2E/EDR step (`objective_step.py`,
-    `edr_step.py`, `objectives/row_chunks.py`): the drafter's `[rows, V]` logits (the
+    `edr_step.py`, `objectives/row_chunks.py`): the drafter's `[rows, W]` logits (the
     activation dtype) and the gradient autograd accumulates for them in backward, the
-    target's processed probabilities (fp32), and two per-chunk float32 temporaries
-    (`default_chunk_rows`: ~64 MB each; at most a few live at once, in the forward, the
-    recompute and the `gathered_rows` build). EDR's gradient pass has up to
-    `objective.max_anchors` round starts per rollout (its no-grad scoring pass, chunked
-    the same, runs before it)."""
+    target's processed probabilities (fp32), and two per-chunk float32 temporaries over
+    the target vocabulary (`default_chunk_rows`: ~64 MB each; at most a few live at once,
+    in the forward, the recompute and the per-position build of the probabilities). W is
+    the target vocabulary, or a reduced draft vocabulary + 2 (`draft_space.py`). EDR's
+    gradient pass has up to `objective.max_anchors` round starts per rollout (its no-grad
+    scoring pass, chunked the same, runs before it)."""
     anchors = cfg.num_anchors if cfg.objective.name == "e2e" else min(cfg.objective.max_anchors, T)
     rows = b * anchors * (Kb - 1)
+    width = cfg.drafter.draft_vocab_size + 2 if cfg.drafter.draft_vocab_size else vocab
     chunk = min(rows, default_chunk_rows(vocab)) * vocab * 4
-    return rows * vocab * (2 * ab + 4) + 2 * chunk
+    return rows * width * (2 * ab + 4) + 2 * chunk
 
 
 def _attention_bytes(

@@ -22,6 +22,7 @@ import torch
 
 from blockdraft import __version__
 from blockdraft.evaluation.scoring import FeatureMemo
+from blockdraft.threads import flush_denormals
 from blockdraft.training import state as ckpt
 from blockdraft.training.batching import total_steps
 from blockdraft.training.config import TrainConfig, dump_yaml
@@ -100,6 +101,7 @@ def train(
     """
     cfg = config
     ctx = init_distributed(cfg.device, cfg.distributed.backend, cfg.distributed.timeout_minutes)
+    flush_denormals()  # the objectives' gradients underflow; denormal math is ~100x slower
     try:
         final = _train(cfg, ctx, target, resume, overwrite)
         # every rank done before any leaves: a rank tearing gloo down while a peer still

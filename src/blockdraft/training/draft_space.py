@@ -1,0 +1,108 @@
+"""Sampling E2E/EDR in the drafter's own vocabulary: `[.., D + 2]` instead of `[.., V]`.
+
+Why: a drafter with a reduced vocabulary D (the Gemma recipe: 32,768 of 262,144 tokens)
+proposes nothing outside D (q = 0 there), so every vocabulary sum the sampling
+acceptance, the TV cost and E2E's overlap take splits into D's columns plus two numbers
+per row, the target's mass outside D off and on the stop set S:
+
+    sum_{v not in S} [p_v - q_v]_+ = sum_{v in D, not in S} [p_v - q_v]_+ + p(not D, not S)
+    p(S)                         = p(S in D) + p(S not in D)
+    sum_v min(p_v, q_v)          = sum_{v in D} min(p_v, q_v)
+
+Two extra columns hold those masses, with draft logit -inf (q = 0, as outside D in target
+space), the second one marked as a stop token. A label outside D points at one of them:
+its q is 0, so `A = min(1, q(x)/p(x)) = 0` as in target space. The fused kernels then run
+unchanged on `D + 2` columns (8x fewer at the Gemma recipe; the sampling EDR step there
+spent most of its time in `[rows, 262144]` passes), and the target distribution is built
+once per distinct position and reduced there, before the block layout copies each position
+up to K times. Values equal the target-space computation up to summation order (tested).
+A full-vocabulary drafter keeps target space (`DraftSpace.of` returns None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+
+
+class DraftSpace:
+    """Column layout `[draft vocabulary D; outside D off S; outside D on S]`."""
+
+    def __init__(self, draft_ids: Tensor, vocab_size: int, stop_token_ids: Sequence[int] = ()):
+        d = int(draft_ids.numel())
+        dev = draft_ids.device
+        stops = torch.as_tensor(sorted({int(s) for s in stop_token_ids}), dtype=torch.long)
+        stops = stops.to(dev)
+        self.draft_ids, self.width = draft_ids, d + 2
+        table = torch.full((vocab_size,), d, dtype=torch.long, device=dev)
+        table[stops] = d + 1
+        table[draft_ids] = torch.arange(d, device=dev)  # a stop inside D keeps its column
+        self.table = table  # target id -> column
+        outside = torch.ones(vocab_size, dtype=torch.bool, device=dev)
+        outside[draft_ids] = False
+        on_stop = torch.zeros(vocab_size, dtype=torch.bool, device=dev)
+        on_stop[stops] = True
+        # [V, 2]: p @ masses = (p(outside D, off S), p(outside D, on S)) in one product
+        self.masses = torch.stack([outside & ~on_stop, outside & on_stop], dim=1).float()
+        self.stop_columns = sorted(set(table[stops].tolist()))
+
+    @classmethod
+    def of(cls, drafter: nn.Module, stop_token_ids: Sequence[int] = ()) -> DraftSpace | None:
+        """The drafter's space, or None if it scores the whole target vocabulary."""
+        draft_ids = getattr(drafter, "draft_ids", None)
+        if draft_ids is None:
+            return None
+        return cls(draft_ids, int(drafter.config.vocab_size), stop_token_ids)
+
+    def logits(self, draft_logits: Tensor) -> Tensor:
+        """`[.., D]` draft-vocabulary logits -> `[.., D + 2]` (-inf in the two mass columns)."""
+        pad = draft_logits.new_full((*draft_logits.shape[:-1], 2), float("-inf"))
+        return torch.cat([draft_logits, pad], dim=-1)
+
+    def from_target_logits(self, logits: Tensor) -> Tensor:
+        """Target-space logits (-inf outside D) -> `[.., D + 2]`, differentiable."""
+        return self.logits(logits.index_select(-1, self.draft_ids.to(logits.device)))
+
+    def labels(self, target_ids: Tensor) -> Tensor:
+        """Target ids (>= 0) -> columns."""
+        return self.table.to(target_ids.device)[target_ids]
+
+    def probs(self, p: Tensor) -> Tensor:
+        """Target-space probabilities `[.., V]` -> `[.., D + 2]` float32 (the masses in
+        float32 even under autocast, which would run the product in bf16)."""
+        p = p.float()
+        inside = p.index_select(-1, self.draft_ids.to(p.device))
+        with torch.autocast(p.device.type, enabled=False):
+            masses = p @ self.masses.to(p.device)
+        return torch.cat([inside, masses], dim=-1)
+
+
+def sampling_targets(
+    tout, positions: Tensor, settings, space: DraftSpace | None, chunk_rows: int
+) -> Tensor:
+    """The target distribution each label was drawn from, `[B, A, K, W]` float32 (W = V,
+    or `space.width`): `target_probs_for` computed once per distinct position of each
+    sequence, `chunk_rows` positions at a time (consecutive round starts share K-1 of their
+    K label positions, so the block layout asks for each position up to K times), reduced
+    to the draft space, then copied into place. `tout`: the target's `TargetOutput`, whose
+    logits may start at `logits_start` (`response_logits_to_keep`)."""
+    from blockdraft.training.objective_step import target_probs_for  # (imports this module)
+
+    logits = tout.logits
+    b = positions.shape[0]
+    width = logits.shape[-1] if space is None else space.width
+    flat = positions.reshape(b, -1) - tout.logits_start  # (padding: clamped to row 0)
+    out = torch.empty((b, flat.shape[1], width), dtype=torch.float32, device=logits.device)
+    for i in range(b):
+        uniq, inverse = torch.unique(flat[i], return_inverse=True)
+        rows = torch.empty((uniq.numel(), width), dtype=torch.float32, device=logits.device)
+        for lo in range(0, uniq.numel(), chunk_rows):
+            part = target_probs_for(logits[i : i + 1], uniq[lo : lo + chunk_rows].view(1, 1, -1),
+                                    settings)[0, 0]  # fmt: skip
+            rows[lo : lo + chunk_rows] = part if space is None else space.probs(part)
+        torch.index_select(rows, 0, inverse, out=out[i])
+    return out.view(*positions.shape, width)
