@@ -63,10 +63,6 @@ class DraftSpace:
         pad = draft_logits.new_full((*draft_logits.shape[:-1], 2), float("-inf"))
         return torch.cat([draft_logits, pad], dim=-1)
 
-    def from_target_logits(self, logits: Tensor) -> Tensor:
-        """Target-space logits (-inf outside D) -> `[.., D + 2]`, differentiable."""
-        return self.logits(logits.index_select(-1, self.draft_ids.to(logits.device)))
-
     def labels(self, target_ids: Tensor) -> Tensor:
         """Target ids (>= 0) -> columns."""
         return self.table.to(target_ids.device)[target_ids]
