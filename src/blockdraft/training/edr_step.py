@@ -57,12 +57,9 @@ from blockdraft.objectives.edr import (
     sample_round_starts_uniformly,
     state_occupancy,
 )
-from blockdraft.objectives.edr_fused import scores_with_gradient_moments
-from blockdraft.objectives.row_chunks import fused_chunk_rows
 from blockdraft.training.batching import Batch, derived_seed
 from blockdraft.training.draft_forward import (
     DraftForward,
-    chunked_token_logprobs,
     map_to_draft_vocab,
 )
 from blockdraft.training.draft_space import DraftSpace, sampling_targets
@@ -74,6 +71,7 @@ from blockdraft.training.objective_step import (
     pad_anchor_lists,
     response_logits_to_keep,
 )
+from blockdraft.training.sampling_scores import head_chunked_scores, scores_and_moments
 
 
 def _acceptance(
@@ -103,33 +101,25 @@ def _acceptance(
         # sampling: compare in the draft vocabulary + 2 columns if the drafter has one
         space = DraftSpace.of(drafter, target.stop_token_ids) if sampling else None
         ids = labels.clamp_min(0) if space is None else space.labels(labels.clamp_min(0))
-        if sampling and type(fwd) is DraftForward:
-            # DraftForward's own steps, minus the autograd graph of its T = 1 log q(label):
-            # the loss uses the logits, log q(label) only feeds the step's statistics
-            # (detached), and the scoring pass needs none (a full-vocabulary log-softmax
-            # saved). Only unwrapped: DDP/FSDP must see their module's forward.
-            hidden = fwd.drafter.forward_blocks(tout.features, batch.input_ids, anchors)
-            if space is None:
-                logits = fwd.drafter.compute_logits(hidden, prev)
-            else:
-                logits = space.logits(fwd.drafter.compute_draft_logits(hidden, prev))
-            logq = None
-            if with_grad and want_logq:
-                with torch.no_grad():
-                    columns = torch.where(labels >= 0, ids, -1)
-                    logq = chunked_token_logprobs(logits, columns, fwd.chunk_rows)
-        else:
-            hidden, logq, logits = fwd(
-                tout.features, batch.input_ids, anchors, labels, prev, sampling
-            )
         if sampling:
             stops = target.stop_token_ids if space is None else space.stop_columns
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
             p = sampling_targets(
                 tout, positions, settings, space, default_chunk_rows(tout.logits.shape[-1])
             )
+        if sampling and type(fwd) is DraftForward:
+            # DraftForward's own steps with the LM head inside the row chunks: the
+            # `[blocks*K, V]` logits never exist whole (`sampling_scores.head_chunked_scores`). Only
+            # unwrapped: DDP/FSDP must see their module's forward.
+            hidden = fwd.drafter.forward_blocks(tout.features, batch.input_ids, anchors)
+            columns = torch.where(labels >= 0, ids, -1) if with_grad and want_logq else None
+            acc, cost, logq, grad_moments = head_chunked_scores(
+                fwd.drafter, space, hidden, prev, p, ids, columns, settings, stops, moments
+            )
+        elif sampling:
+            hidden, logq, logits = fwd(tout.features, batch.input_ids, anchors, labels, prev, True)
             if moments:  # the gradient sampler's scoring pass: A, c and moments at once
-                acc, cost, grad_moments = _scores_and_moments(logits, p, ids, settings, stops)
+                acc, cost, grad_moments = scores_and_moments(logits, p, ids, settings, stops)
             else:
                 acc, cost = acceptance_and_cost(
                     logits,
@@ -141,33 +131,11 @@ def _acceptance(
                     stop_token_ids=stops,
                 )
         else:  # greedy EDR needs only q(x): no [.., K, V] logits (262k vocab = gigabytes)
+            hidden, logq, _ = fwd(tout.features, batch.input_ids, anchors, labels, prev, False)
             _, in_vocab = map_to_draft_vocab(drafter, labels)
             logq_x = torch.where(in_vocab, logq, torch.full_like(logq, -math.inf))
             acc, cost = greedy_soft_from_logprobs(logq_x, ids, target.stop_token_ids)
     return acc, cost, hidden, logq, labels, mask, prev, grad_moments
-
-
-def _scores_and_moments(logits, p, ids, settings, stop_token_ids):
-    """`(A, c, moments [B, A, K, 3])` of every proposal: `acceptance_and_cost`'s sampling
-    values (c zeroed at stop tokens and clamped at 1, as it does) and the logit-gradient
-    moments of `scores_with_gradient_moments`, in one pass over the vocabulary."""
-    vocab = logits.shape[-1]
-    stops = None
-    if len(stop_token_ids):
-        stops = torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=logits.device)
-    acc, cost, moments = scores_with_gradient_moments(
-        logits.reshape(-1, vocab),
-        p.reshape(-1, vocab),
-        ids.reshape(-1),
-        temperature=settings.temperature,
-        target_is_probs=True,
-        stops=stops,
-        chunk_rows=fused_chunk_rows(None, vocab, logits.device),
-    )
-    acc, cost = acc.view(ids.shape), cost.view(ids.shape).clamp(max=1.0)
-    if stops is not None:
-        cost = torch.where(torch.isin(ids, stops), torch.zeros((), dtype=cost.dtype), cost)
-    return acc, cost, moments.view(*ids.shape, 3)
 
 
 def score_round_starts(
