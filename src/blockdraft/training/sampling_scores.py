@@ -19,7 +19,8 @@ def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings,
     """`(A, c, log q(label) or None, moments or None)` of every proposal, with the LM head
     run inside row chunks of `default_chunk_rows` (~64 MB of logits): under autograd each
     chunk is checkpointed (`row_chunks.by_row_chunks`), so its logits are recomputed in
-    backward, as `target_logprobs` does for the cross-entropy. Why: whole, the step held
+    backward, as `target_logprobs` does for the cross-entropy (rows that fit one chunk
+    run as one piece: no recompute where the memory is small). Why: whole, the step held
     the `[blocks*K, V]` logits, the q the fused kernel keeps for backward and their
     gradient, ~1 GB each at the Gemma shape, where `uniform` holds <= 256 MB.
     `columns` (logged steps): the labels' columns, -1 where none, for the detached T = 1
@@ -50,7 +51,10 @@ def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings,
         ids.reshape(-1),
         None if columns is None else columns.reshape(-1),
     ]
-    outs = by_row_chunks(rows_fn, flat, default_chunk_rows(width))
+    chunk = default_chunk_rows(width)
+    # logits of at most one chunk are kept (nothing recomputed); more go chunk by chunk
+    one_piece = flat[0].shape[0] <= chunk
+    outs = rows_fn(*flat) if one_piece else by_row_chunks(rows_fn, flat, chunk)
     acc, cost = (o.view(ids.shape) for o in outs[:2])
     extra = outs[2] if len(outs) > 2 else None
     if moments:
