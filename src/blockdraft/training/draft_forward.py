@@ -66,7 +66,7 @@ class DraftForward(nn.Module):
         hidden = self.drafter.forward_blocks(features, input_ids, anchors)
         space = DraftSpace.of(self.drafter) if full_logits else None
         if space is not None:
-            logits = space.logits(self.drafter.compute_draft_logits(hidden, prev))
+            logits = DraftSpace.drafter_logits(self.drafter, space, hidden, prev)
             columns = torch.where(labels >= 0, space.labels(labels.clamp_min(0)), -1)
             return hidden, chunked_token_logprobs(logits, columns, self.chunk_rows), logits
         if full_logits or not _is_plain_parallel(self.drafter):

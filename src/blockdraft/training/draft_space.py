@@ -58,6 +58,16 @@ class DraftSpace:
             return None
         return cls(draft_ids, int(drafter.config.vocab_size), stop_token_ids)
 
+    @staticmethod
+    def drafter_logits(
+        drafter: nn.Module, space: DraftSpace | None, hidden: Tensor, prev: Tensor
+    ) -> Tensor:
+        """The drafter's logits in `space` (target space when None): what the sampling
+        objectives compare with the target in."""
+        if space is None:
+            return drafter.compute_logits(hidden, prev)
+        return space.logits(drafter.compute_draft_logits(hidden, prev))
+
     def logits(self, draft_logits: Tensor) -> Tensor:
         """`[.., D]` draft-vocabulary logits -> `[.., D + 2]` (-inf in the two mass columns)."""
         pad = draft_logits.new_full((*draft_logits.shape[:-1], 2), float("-inf"))

@@ -13,6 +13,7 @@ from blockdraft.objectives.cross_entropy import default_chunk_rows, token_logpro
 from blockdraft.objectives.edr import acceptance_and_cost
 from blockdraft.objectives.edr_fused import scores_with_gradient_moments
 from blockdraft.objectives.row_chunks import by_row_chunks, fused_chunk_rows
+from blockdraft.training.draft_space import DraftSpace
 
 
 def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings, stops, moments):
@@ -28,11 +29,7 @@ def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings,
     width = p.shape[-1]
 
     def rows_fn(h, prv, pp, x, col):
-        z = (
-            drafter.compute_logits(h, prv)
-            if space is None
-            else space.logits(drafter.compute_draft_logits(h, prv))
-        )
+        z = DraftSpace.drafter_logits(drafter, space, h, prv)
         if moments:
             return scores_and_moments(z, pp, x, settings, stops)
         acc, cost = acceptance_and_cost(
