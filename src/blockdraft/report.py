@@ -292,3 +292,67 @@ def terminal_summary(report: dict[str, Any]) -> str:
             f"{f'[{lo:+.4f}, {hi:+.4f}]':>20} {100 * c['rel_gain']:>+7.2f}%"
         )
     return "\n".join(lines)
+
+
+def _pct(gain: dict[str, Any] | None) -> str:
+    """`+12.3% [+4.5, +20.1]` for a `{rel_gain, rel_gain_ci95}` dict (`–` when absent)."""
+    if not gain:
+        return "–"
+    lo, hi = (100 * v for v in gain["rel_gain_ci95"])
+    return f"{100 * gain['rel_gain']:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
+
+
+def suite_tables(result: dict[str, Any]) -> list[str]:
+    """The papers' tables for a `blockdraft suite` result: MAL [95% CI] per benchmark and on
+    the mean over benchmarks (baseline first), gains over the baseline, and between drafters."""
+    benches = result["benchmarks"]
+    names = [d["name"] for d in result["mean"]]
+    heads = [f"{b['name']} ({b['num_rollouts']})" for b in benches]
+    head = "| drafter | " + " | ".join(heads) + " | mean |"
+    rule = "|---|" + "---|" * (len(benches) + 1)
+    lines = [
+        f"Exact offline MAL [95% CI] per benchmark (rollouts in brackets), suite "
+        f"`{result['suite']}`, target `{result['target']}`, T = "
+        f"{result['sampling']['temperature']:g}, {result['sampling']['max_new_tokens']} "
+        "new tokens:",
+        "",
+        head,
+        rule,
+    ]
+    for d, name in enumerate(names):
+        cells = [
+            f"{_fmt(b['drafters'][d]['mal'])} {_ci(b['drafters'][d]['mal_ci95'])}" for b in benches
+        ]
+        m = result["mean"][d]
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {_fmt(m['mal'])} {_ci(m['mal_ci95'])} |"
+        )
+    if len(names) > 1:
+        lines += [
+            "",
+            f"Paired gain over `{result['baseline']}` (relative MAL, 95% CI):",
+            "",
+            head,
+            rule,
+        ]
+        for d, name in enumerate(names[1:], start=1):
+            cells = [_pct(b["drafters"][d].get("vs_baseline")) for b in benches]
+            lines.append(
+                f"| {name} | "
+                + " | ".join(cells)
+                + f" | {_pct(result['mean'][d].get('vs_baseline'))} |"
+            )
+    if result.get("pairs"):
+        lines += [
+            "",
+            "Paired gain between drafters (B vs A):",
+            "",
+            "| B vs A | " + " | ".join(heads) + " | mean |",
+            rule,
+        ]
+        for p in result["pairs"]:
+            cells = [_pct(p["benchmarks"].get(b["name"])) for b in benches]
+            lines.append(
+                f"| {p['b']} vs {p['a']} | " + " | ".join(cells) + f" | {_pct(p['mean'])} |"
+            )
+    return lines

@@ -163,3 +163,36 @@ def plot_weight_profiles(profiles: dict[str, list[tuple[int, list[float]]]], pat
         ax.set_title(f"D-PACE weights: {name}")
         fig.colorbar(im, ax=ax, label="mean weight")
     return _save(fig, path)
+
+
+def plot_suite(result: dict[str, Any], path: Path) -> Path:
+    """MAL with 95% CI per benchmark and on the mean, one bar per drafter (baseline first,
+    hatched), from a `blockdraft suite` result."""
+    groups = [(b["name"], b["drafters"]) for b in result["benchmarks"]]
+    groups.append(("mean", result["mean"]))
+    names = [d["name"] for d in result["mean"]]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) * max(1, len(names)) / 2), 4.0))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
+        mal = [float(rows[i]["mal"]) for _, rows in groups]
+        lo = [m - float(rows[i]["mal_ci95"][0]) for m, (_, rows) in zip(mal, groups, strict=True)]
+        hi = [float(rows[i]["mal_ci95"][1]) - m for m, (_, rows) in zip(mal, groups, strict=True)]
+        ax.bar(
+            xs,
+            mal,
+            width=width,
+            label=name,
+            hatch="//" if i == 0 else None,
+            yerr=[lo, hi],
+            capsize=3,
+        )
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([g for g, _ in groups])
+    ax.set_ylim(0, None)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")  # MAL 1 = no speculation
+    ax.set_ylabel("exact offline MAL (tokens per round)")
+    ax.set_title(f"suite {result['suite']}: {result['target']}")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -18,6 +18,7 @@ STAGES = [
     "train",
     "eval",
     "compare",
+    "suite",
     "decode",
     "report",
     "export",

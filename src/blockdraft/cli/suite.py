@@ -1,0 +1,117 @@
+"""`blockdraft suite --target NAME --suite FILE DRAFTER...`: every drafter on every benchmark.
+
+Generates each benchmark's rollouts when missing (cached per target, prompts and settings),
+scores the drafters with the exact offline evaluator and prints the papers' table: MAL
+with CI per benchmark and on the mean, the baseline (prompt lookup) first, paired gains
+over it and between drafters. `blockdraft.evaluation.suite.run_suite` is the Python API.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from blockdraft.cli.eval import add_target_args, drafter_dtype_of, setup_target
+from blockdraft.evaluation.runs import write_json
+from blockdraft.evaluation.suite import (
+    Suite,
+    SuiteError,
+    benchmark_arg,
+    load_suite,
+    run_suite,
+)
+from blockdraft.models.drafter_spec import checkpoint_of
+from blockdraft.report import suite_tables
+from blockdraft.report_plots import plot_suite
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "suite",
+        help="score drafters on a suite of held-out benchmarks, next to prompt lookup",
+        description="Exact offline MAL of each drafter on each benchmark of a suite (rollouts "
+        "generated and cached when missing), the mean over benchmarks, and paired gains over "
+        "the baseline (prompt lookup unless the suite says otherwise) and between drafters.",
+    )
+    add_target_args(p)
+    p.add_argument(
+        "--suite",
+        default=None,
+        help="suite YAML file (configs/suites/*.yaml; format in docs/results.md)",
+    )
+    p.add_argument(
+        "--benchmark",
+        action="append",
+        default=[],
+        metavar="NAME=SPEC",
+        help="add a benchmark from a prompt spec (any JSONL: `code=my.jsonl:prompt`); repeatable",
+    )
+    p.add_argument("--data-dir", default=None, help="replaces the suite's data_dir")
+    p.add_argument("--limit", type=int, default=None, help="at most N prompts per benchmark")
+    p.add_argument("--baseline", default=None, help="baseline drafter spec (default: ngram)")
+    p.add_argument(
+        "--rollouts-dir",
+        default=None,
+        help="where benchmark rollouts are kept (default: the user cache, <cache>/suites)",
+    )
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG bar chart here")
+    p.add_argument("--n-boot", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "drafters",
+        nargs="*",
+        help="checkpoint or run directories, `ngram[:...]`, `hybrid:PATH` (the baseline is "
+        "always scored, first)",
+    )
+    p.set_defaults(func=run)
+
+
+def suite_from_args(args: argparse.Namespace) -> Suite:
+    """The suite file with `--benchmark`, `--limit` and `--baseline` applied."""
+    if args.suite is None and not args.benchmark:
+        raise SuiteError("give --suite FILE or at least one --benchmark NAME=SPEC")
+    if args.limit is not None and args.limit < 1:
+        raise SuiteError(f"--limit must be >= 1, got {args.limit}")
+    if args.n_boot < 1:
+        raise SuiteError(f"--n-boot must be >= 1, got {args.n_boot}")
+    suite = (
+        load_suite(args.suite, data_dir=args.data_dir)
+        if args.suite
+        else Suite("cli", benchmarks=[])
+    )
+    extra = [benchmark_arg(b) for b in args.benchmark]
+    taken = {b.name for b in suite.benchmarks}
+    clash = next((b.name for b in extra if b.name in taken), None)
+    if clash is not None:
+        raise SuiteError(f"--benchmark {clash}: the suite already has a benchmark of that name")
+    benches = [*suite.benchmarks, *extra]
+    if args.limit is not None:
+        benches = [replace(b, limit=min(b.limit or args.limit, args.limit)) for b in benches]
+    return replace(suite, benchmarks=benches, baseline=args.baseline or suite.baseline)
+
+
+def run(args: argparse.Namespace) -> int:
+    suite = suite_from_args(args)
+    for d in args.drafters:
+        checkpoint_of(d)  # a missing checkpoint fails before any rollout is generated
+    target = setup_target(args)
+    result = run_suite(
+        target,
+        suite,
+        list(args.drafters),
+        rollouts_root=args.rollouts_dir,
+        cache_dir=args.cache_dir,
+        n_boot=args.n_boot,
+        seed=args.seed,
+        progress=not args.no_progress,
+        drafter_dtype=drafter_dtype_of(args, target),
+    )
+    print("\n".join(suite_tables(result)))
+    if args.json:
+        write_json(args.json, result)
+        print(f"wrote {args.json}")
+    if args.plot:
+        print(f"wrote {plot_suite(result, Path(args.plot))}")
+    return 0

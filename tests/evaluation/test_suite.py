@@ -1,0 +1,153 @@
+"""`blockdraft suite`: suite files, prompt selection, the baseline, and a run end to end on a
+small random local target (rollouts generated once and cached; per-benchmark numbers equal
+`blockdraft eval` on the same rollouts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from blockdraft.evaluation.suite import (
+    Suite,
+    SuiteError,
+    benchmark_arg,
+    load_suite,
+    select_prompts,
+    with_baseline,
+)
+from clikit import one_line_error, run_cli, save_local_model, save_random_drafter
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_shipped_suites_parse_and_name_their_benchmarks():
+    gemma = load_suite(REPO / "configs/suites/gemma-3-270m.yaml", data_dir="/data")
+    assert [b.name for b in gemma.benchmarks] == ["gsm8k", "humaneval", "mt-bench"]
+    assert gemma.benchmarks[0].prompts == "/data/gsm8k/test.jsonl:question"
+    assert gemma.sampling.temperature == 0 and gemma.sampling.max_new_tokens == 128
+    tiny = load_suite(REPO / "configs/suites/tiny.yaml")
+    assert tiny.benchmarks[0].prompts == "stdlib:eval"
+
+
+@pytest.mark.parametrize(
+    "body, key",
+    [
+        ("benchmarks: []\n", "benchmarks"),
+        ("benchmarkz: [{name: a, prompts: x}]\n", "benchmarkz"),
+        ("benchmarks: [{name: a, prompts: x, limit: 0}]\n", "benchmarks[0].limit"),
+        ("benchmarks: [{name: a, prompts: x, select: random}]\n", "benchmarks[0].select"),
+        ("benchmarks: [{name: a, prompts: x}, {name: a, prompts: y}]\n", "'a' is used twice"),
+        ("benchmarks: [{name: a, prompts: '{data_dir}/x.jsonl'}]\n", "{data_dir}"),
+        ("rollouts: {temperature: -1}\nbenchmarks: [{name: a, prompts: x}]\n", "temperature"),
+        ("rollouts: {beams: 2}\nbenchmarks: [{name: a, prompts: x}]\n", "beams"),
+        ("benchmarks: [{name: a, prompts: x}\n", "line"),
+    ],
+)
+def test_bad_suite_files_name_file_and_key(tmp_path, body, key):
+    path = _write(tmp_path / "s.yaml", body)
+    with pytest.raises(SuiteError) as exc:
+        load_suite(path)
+    msg = str(exc.value)
+    assert str(path) in msg and key in msg and "\n" not in msg
+
+
+def test_benchmark_argument():
+    assert benchmark_arg("code=my.jsonl:prompt").prompts == "my.jsonl:prompt"
+    for bad in ("code", "=x.jsonl", "a b=x.jsonl", "code="):
+        with pytest.raises(SuiteError, match="NAME=PROMPT_SPEC"):
+            benchmark_arg(bad)
+
+
+def test_spread_selection_covers_the_whole_file():
+    items = list(range(80))
+    assert select_prompts(items, 8, "first") == list(range(8))
+    spread = select_prompts(items, 8, "spread")
+    assert spread == [0, 10, 20, 30, 40, 50, 60, 70]
+    assert select_prompts(items, 100, "spread") == items
+    assert len(set(select_prompts(items, 79, "spread"))) == 79
+
+
+def test_ngram_baseline_matches_the_drafters_block(tmp_path):
+    from blockdraft.models.testing import make_random_target
+
+    target = make_random_target("qwen3", num_layers=2, seed=0)
+    d5 = save_random_drafter(target, tmp_path / "d5", block_size=5)
+    d8 = save_random_drafter(target, tmp_path / "d8", block_size=8)
+    suite = Suite("s", [])
+    assert with_baseline(suite, [str(d5)]) == ["ngram:k=4,max=3,min=1", str(d5)]
+    assert with_baseline(suite, [str(d8), "ngram"]) == ["ngram", str(d8)]  # K = 7 is the default
+    assert with_baseline(suite, [str(d5), str(d8)])[0] == "ngram"  # no common K: the default
+    explicit = Suite("s", [], baseline="ngram:k=2")
+    assert with_baseline(explicit, [str(d5), "ngram:k=2"]) == ["ngram:k=2", str(d5)]
+
+
+@pytest.mark.slow
+def test_suite_end_to_end_caches_rollouts_and_agrees_with_eval(tmp_path, capsys):
+    from blockdraft.models.registry import load_target
+
+    model = save_local_model(tmp_path / "model")
+    target = load_target(str(model), device="cpu", progress=False)
+    drafter = save_random_drafter(target, tmp_path / "drafter", block_size=4)
+    lines = [json.dumps({"id": f"q{i}", "prompt": f"# {i}\ndef f{i}(x):"}) for i in range(6)]
+    _write(tmp_path / "code.jsonl", "\n".join(lines) + "\n")
+    chat = [json.dumps({"question_id": i, "turns": [f"Say {i} twice.", "again"]}) for i in range(5)]
+    _write(tmp_path / "chat.jsonl", "\n".join(chat) + "\n")
+    suite = _write(
+        tmp_path / "suite.yaml",
+        "name: small\ndata_dir: .\nrollouts: {temperature: 0, max_new_tokens: 12, batch_size: 4}\n"
+        "benchmarks:\n  - {name: code, prompts: '{data_dir}/code.jsonl:prompt'}\n"
+        "  - {name: chat, prompts: '{data_dir}/chat.jsonl:turns', limit: 4, select: spread}\n",
+    )
+    args = [
+        "suite", "--target", model, "--suite", suite, "--rollouts-dir", tmp_path / "sets",
+        "--cache-dir", tmp_path / "cache", "--no-progress", "--n-boot", "200",
+        "--json", tmp_path / "suite.json", "--plot", tmp_path / "suite.png", drafter,
+    ]  # fmt: skip
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    assert out.count("generating rollouts") == 2
+    assert "| ngram:k=3,max=3,min=1 |" in out and "| drafter |" in out
+    assert (tmp_path / "suite.png").stat().st_size > 0
+    result = json.loads((tmp_path / "suite.json").read_text())
+    assert [b["name"] for b in result["benchmarks"]] == ["code", "chat"]
+    assert [b["num_rollouts"] for b in result["benchmarks"]] == [6, 4]
+    assert [d["name"] for d in result["mean"]] == ["ngram:k=3,max=3,min=1", "drafter"]
+    # a second run reuses the rollouts and prints the same table
+    code, out2, err = run_cli(capsys, *args)
+    assert code == 0 and "generating rollouts" not in out2 and out2.count("(cached)") == 2
+    table = out.split("Exact offline MAL", 1)[1]
+    assert out2.split("Exact offline MAL", 1)[1] == table
+    # per-benchmark numbers are those of `blockdraft eval` on the same rollouts
+    for bench in result["benchmarks"]:
+        code, _, err = run_cli(
+            capsys, "eval", "--target", model, "--rollouts", bench["rollouts"], "--no-progress",
+            "--cache-dir", tmp_path / "cache", "--n-boot", "200", "--json",
+            tmp_path / "eval.json", "ngram:k=3", drafter,
+        )  # fmt: skip
+        assert code == 0, err
+        ev = json.loads((tmp_path / "eval.json").read_text())["benchmarks"][0]["drafters"]
+        for mine, theirs in zip(bench["drafters"], ev, strict=True):
+            assert mine["mal"] == pytest.approx(theirs["mal"], rel=1e-12)
+            assert mine["mal_ci95"] == pytest.approx(theirs["mal_ci95"], rel=1e-12)
+    mean = result["mean"][1]["mal"]
+    per = [b["drafters"][1]["mal"] for b in result["benchmarks"]]
+    assert mean == pytest.approx(sum(per) / 2, rel=1e-12)
+
+
+def test_suite_cli_errors_are_one_line(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "suite", "--target", "tiny", "ngram")
+    assert code == 2 and "--suite" in one_line_error(err)
+    bad = _write(tmp_path / "s.yaml", "benchmarks: [{name: a}]\n")
+    code, _, err = run_cli(capsys, "suite", "--target", "tiny", "--suite", bad)
+    assert code == 2 and "benchmarks[0].prompts" in one_line_error(err)
+    code, _, err = run_cli(
+        capsys, "suite", "--target", "tiny", "--benchmark", "a=x.jsonl", tmp_path / "missing"
+    )
+    assert code == 2 and "missing" in one_line_error(err)
