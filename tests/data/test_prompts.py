@@ -213,3 +213,46 @@ def test_module_documents_spec_syntax():
     # the spec syntax in the error message and the docstring stay in step
     for token in ("stdlib:train", "humaneval", "hf:name[:config]:split:field"):
         assert token in prompts_mod.__doc__
+
+
+def test_pydoc_prompts_are_instructions_split_by_source():
+    from blockdraft.data.pydoc_prompts import TEMPLATES, pydoc_prompts, pydoc_split_of
+
+    train, held_out = load_prompts("pydoc:train"), load_prompts("pydoc:eval")
+    assert len(train) > 300 and len(held_out) > 5
+    source = {p.id.rsplit("/", 1)[0] for p in train}
+    assert source.isdisjoint({p.id.rsplit("/", 1)[0] for p in held_out})
+    for p in train:
+        key = p.id.removeprefix("pydoc/").rsplit("/", 1)[0]
+        expected = (
+            stdlib_split_of(key.removeprefix("module/"))
+            if key.startswith("module/")
+            else (pydoc_split_of(key))
+        )
+        assert expected == "train", p.id
+    # every phrasing is used, and each prompt is one of them around a prose paragraph
+    heads = [t.split("{")[0] for t in TEMPLATES if not t.startswith("{")]
+    assert all(any(p.text.startswith(h) for p in train) for h in heads)
+    assert any(p.text.rstrip().endswith("Answer:") for p in train)
+    # no indented code or grammar blocks: every line starts at the margin
+    assert not any(ln[:1].isspace() for p in train for ln in p.text.splitlines())
+    assert [p.id for p in pydoc_prompts("train", limit=5)] == [p.id for p in train[:5]]
+    with pytest.raises(PromptError, match="pydoc:train or pydoc:eval"):
+        load_prompts("pydoc:test")
+
+
+def test_prompt_mix_takes_each_source_in_turn(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question": f"q{i}?"}) + "\n" for i in range(5)))
+    mixed = load_prompts(f"{path}:question@2+pydoc:train@3+stdlib:train@1")
+    assert [p.source for p in mixed] == [f"{path}:question"] * 2 + ["pydoc:train"] * 3 + [
+        "stdlib:train"
+    ]
+    assert [p.text for p in mixed[:2]] == ["q0?", "q1?"]
+    assert len(load_prompts(f"{path}:question+pydoc:train@3", limit=4)) == 4
+    assert len(load_prompts(f"{path}:question+pydoc:train@3")) == 8  # no @N: the whole source
+    with pytest.raises(PromptError, match="empty source"):
+        load_prompts(f"{path}:question@2++stdlib:train")
+    plus = tmp_path / "a+b.jsonl"  # a file whose name has a '+' is still a file
+    plus.write_text(json.dumps({"question": "x?"}) + "\n")
+    assert [p.text for p in load_prompts(f"{plus}")] == ["x?"]

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--suite",
         default=None,
-        help="suite YAML file (configs/suites/*.yaml; format in docs/results.md)",
+        help="suite YAML file (configs/suites/*.yaml; format in docs/evaluation.md)",
     )
     p.add_argument(
         "--benchmark",

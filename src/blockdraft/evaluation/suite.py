@@ -4,8 +4,7 @@ A user serves a mix of domains, so one held-out set says little: the suite names
 (GSM8K, HumanEval, MT-Bench, `stdlib:eval`, any prompt file), generates each set's target
 rollouts once and caches them, scores every drafter on every set with the exact offline
 evaluator, and reports per set and on the mean over sets, always next to the baseline
-(prompt lookup by default). Suite files are YAML; the format is in docs/results.md
-("Benchmark suites") and `configs/suites/`.
+(prompt lookup by default). Suite files are YAML: docs/evaluation.md and `configs/suites/`.
 """
 
 from __future__ import annotations
