@@ -92,7 +92,8 @@ def drafters_from_eval(eval_json: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _offline_table(drafters: Sequence[dict[str, Any]]) -> list[str]:
+def offline_table(drafters: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown rows of offline results: MAL, CI, E[rounds] and every AR_k."""
     k_max = max((len(d.get("ar_k", [])) for d in drafters), default=0)
     shown = list(range(k_max))  # every proposal slot: AR_1..AR_K for the drafters' own K
     head = (
@@ -110,6 +111,11 @@ def _offline_table(drafters: Sequence[dict[str, Any]]) -> list[str]:
             f"{_fmt(d.get('expected_rounds'), 1)} | " + " | ".join(cells) + " |"
         )
     return lines
+
+
+def eval_markdown(result: dict[str, Any]) -> str:
+    """The table `blockdraft eval` prints, from its JSON-ready result."""
+    return "\n".join(offline_table(drafters_from_eval(result)))
 
 
 def comparison_table(comparisons: Sequence[dict[str, Any]]) -> list[str]:
@@ -205,7 +211,7 @@ def write_report(
             "CI: bootstrap over rollouts.",
             "",
         ]
-        md += _offline_table(drafters) + [
+        md += offline_table(drafters) + [
             "",
             "![per-position acceptance rates](acceptance_rates.png)",
             "",

@@ -13,13 +13,13 @@ import yaml
 
 from blockdraft import report_plots
 from blockdraft.models.registry import load_target
-from blockdraft.report import _offline_table, comparison_table, write_report
+from blockdraft.report import comparison_table, offline_table, write_report
 from clikit import make_rollouts, run_cli, save_local_model, save_random_drafter
 
 
 def test_offline_table_shows_every_proposal_slot():
     d = {"name": "a", "mal": 2.0, "mal_ci95": [1.9, 2.1], "expected_rounds": 10.0}
-    lines = _offline_table([{**d, "ar_k": [0.5] * 15}])
+    lines = offline_table([{**d, "ar_k": [0.5] * 15}])
     assert "AR_15 |" in lines[0] and lines[0].count("AR_") == 15
 
 

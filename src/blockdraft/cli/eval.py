@@ -22,13 +22,13 @@ from blockdraft.devices import add_device_args, device_and_dtype, drafter_dtype
 from blockdraft.evaluation.runs import (  # noqa: F401
     benchmark_name,
     drafter_names,
-    eval_markdown,
     evaluate,
     load_scored,
     resolve_checkpoint,
     write_json,
 )
 from blockdraft.models.drafter_spec import checkpoint_of
+from blockdraft.report import eval_markdown
 from blockdraft.threads import add_threads_arg, configure_cpu
 
 

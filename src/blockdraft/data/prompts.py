@@ -29,33 +29,17 @@ import gzip
 import itertools
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blockdraft.errors import BlockdraftError
+from blockdraft.data.prompt import Prompt, PromptError
+from blockdraft.data.pydoc_prompts import pydoc_prompts
+from blockdraft.data.stdlib_prompts import stdlib_prompts
 
 AUTO_FIELDS = ("turns", "messages", "prompt", "question", "instruction", "text", "input")
 ID_FIELDS = ("id", "question_id", "task_id", "idx")
 MIX_SEPARATOR = "+"
-
-
-class PromptError(BlockdraftError, ValueError):
-    """A prompt source could not be read; the message names the file/line or spec."""
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt: plain `text` or chat `messages` (exactly one is set)."""
-
-    id: str
-    text: str | None
-    messages: list[dict] | None
-    source: str
-
-    def __post_init__(self) -> None:
-        if (self.text is None) == (self.messages is None):
-            raise PromptError(f"prompt {self.id!r}: set exactly one of text / messages")
+__all__ = ["Prompt", "PromptError", "load_prompts", "mix_parts", "render_prompt"]
 
 
 # --- spec parsing ----------------------------------------------------------------------
@@ -69,13 +53,9 @@ def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
     if MIX_SEPARATOR in spec and not Path(spec).exists():
         prompts = [p for part in mix_parts(spec) for p in load_prompts(*part)]
     elif spec == "stdlib" or spec.startswith("stdlib:"):
-        from blockdraft.data.stdlib_prompts import stdlib_prompts
-
         split = spec.partition(":")[2] or "train"
         prompts = stdlib_prompts(split, limit=limit)
     elif spec == "pydoc" or spec.startswith("pydoc:"):
-        from blockdraft.data.pydoc_prompts import pydoc_prompts
-
         prompts = pydoc_prompts(spec.partition(":")[2] or "train", limit=limit)
     elif spec == "humaneval":
         prompts = _humaneval_prompts()

@@ -17,7 +17,7 @@ import functools
 import hashlib
 import re
 
-from blockdraft.data.prompts import Prompt, PromptError
+from blockdraft.data.prompt import Prompt, PromptError
 from blockdraft.data.stdlib_prompts import stdlib_files, stdlib_root, stdlib_split_of
 
 EVAL_FRACTION = 0.1

@@ -28,7 +28,6 @@ __all__ = [
     "benchmark_name",
     "compare",
     "drafter_names",
-    "eval_markdown",
     "evaluate",
     "load_scored",
     "resolve_checkpoint",
@@ -153,12 +152,6 @@ def evaluate(
             )
         result["benchmarks"].append(bench)
     return result
-
-
-def eval_markdown(result: dict[str, Any]) -> str:
-    from blockdraft.report import _offline_table, drafters_from_eval
-
-    return "\n".join(_offline_table(drafters_from_eval(result)))
 
 
 def _json_safe(obj: Any) -> Any:

@@ -20,6 +20,7 @@ import yaml
 
 from blockdraft.data.generation import SamplingSettings
 from blockdraft.data.prompts import load_prompts
+from blockdraft.data.rollout_store import read_manifest
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.errors import BlockdraftError
 from blockdraft.evaluation.offline import offline_stats
@@ -30,7 +31,6 @@ from blockdraft.models.checkpoint import read_config
 from blockdraft.models.drafter_spec import checkpoint_of
 from blockdraft.models.ngram import NgramDrafter
 from blockdraft.models.registry import target_fingerprint
-from blockdraft.stages import Stage
 
 SELECTIONS = ("first", "spread")
 _SUITE_KEYS = {"name", "data_dir", "baseline", "rollouts", "benchmarks"}
@@ -175,35 +175,36 @@ def benchmark_rollouts(
     """Each benchmark's rollout set, generated (resumably) only when missing.
 
     A set lives under `root` (default: the user cache) in a directory keyed by what it is
-    made of: the target's weights, the prompts chosen and the sampling settings."""
+    made of: the target's weights, the prompts chosen and the sampling settings; a set
+    whose generation was interrupted is resumed."""
 
     root = Path(root) if root is not None else default_rollouts_root()
     fp = target_fingerprint(target)
     out = {}
     for bench in suite.benchmarks:
         prompts = select_prompts(load_prompts(bench.prompts), bench.limit, bench.select)
-        inputs = {
+        key = {
             "target": fp,
             # what the prompts are, not where the file lies (a moved data dir keeps its cache)
             "prompts": stable_hash([[p.id, p.text, p.messages] for p in prompts]),
             "sampling": suite.sampling.to_dict(),
         }
-        stage = Stage(root / f"{bench.name}-{stable_hash(inputs)[:12]}", inputs)
-        if stage.is_done():
-            log(f"[suite] {bench.name}: {stage.outputs().get('count')} rollouts (cached)")
+        directory = root / f"{bench.name}-{stable_hash(key)[:12]}"
+        manifest = read_manifest(directory) or {}
+        if manifest.get("complete") and manifest.get("num_rollouts") == len(prompts):
+            log(f"[suite] {bench.name}: {len(prompts)} rollouts (cached)")
         else:
             log(f"[suite] {bench.name}: generating rollouts for {len(prompts)} prompts")
-            rs = generate_rollouts(
+            generate_rollouts(
                 target,
                 prompts,
-                stage.directory / "set",
+                directory,
                 suite.sampling,
                 batch_size=suite.batch_size,
                 progress=progress,
                 prompt_spec=bench.prompts,
             )
-            stage.finish({"count": len(rs)})
-        out[bench.name] = stage.directory / "set"
+        out[bench.name] = directory
     return out
 
 
