@@ -49,10 +49,6 @@ KNOWN = {
         for name in ("_check_finished", "_finish_manifest", "_header", "_open_or_create",
                      "_write_shard")
     ),
-    *(
-        ("private", f"blockdraft.evaluation.online -> blockdraft.evaluation.decode_steps.{name}")
-        for name in ("_Clock", "_is_ngram", "_num_proposals", "_one_hot", "_pick")
-    ),
 }  # fmt: skip
 
 

@@ -186,7 +186,7 @@ _SCREENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 # --- per-round helpers of the speculative loop (online.py) ------------------------------
-def _num_proposals(drafter: Any) -> int:
+def proposals_per_round(drafter: Any) -> int:
     cfg = getattr(drafter, "config", None)
     k = getattr(cfg, "num_proposals", None) if cfg is not None else None
     return int(k if k is not None else drafter.num_proposals)
@@ -247,14 +247,14 @@ def draft_block(
     return torch.stack(tokens), (torch.stack(qs) if qs else None)
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_p: float, top_k: int, gen) -> int:
+def pick_token(logits: torch.Tensor, temperature: float, top_p: float, top_k: int, gen) -> int:
     """One token from one row of logits: argmax at T = 0 (no distribution built)."""
     if temperature == 0:
         return int(logits.argmax())
     return int(sample(processed_probs(logits, temperature, top_p, top_k), gen))
 
 
-def _is_ngram(drafter: Any) -> bool:
+def is_ngram(drafter: Any) -> bool:
     return callable(getattr(drafter, "propose", None)) and not hasattr(drafter, "new_state")
 
 
@@ -277,12 +277,12 @@ class NgramIndex:
 
     def propose(self, tokens: list[int]) -> list[int]:
         if self.index is None:
-            return list(self.drafter.propose(tokens))[: _num_proposals(self.drafter)]
+            return list(self.drafter.propose(tokens))[: proposals_per_round(self.drafter)]
         self.index.advance(tokens, len(tokens))
         return self.index.propose(tokens, len(tokens))
 
 
-class _Clock:
+class DecodeClock:
     """Accumulates seconds per phase of a round (`lap(name)` charges time since last lap)."""
 
     def __init__(self, seconds: dict[str, float]) -> None:
@@ -295,7 +295,7 @@ class _Clock:
         self.t = now
 
 
-def _one_hot(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def one_hot_like(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """q of deterministic proposals `[k] -> [k, V]` (only for block verification)."""
     q = torch.zeros((tokens.shape[0], like.shape[-1]), dtype=like.dtype, device=like.device)
     return q.scatter_(-1, tokens.view(-1, 1), 1.0)

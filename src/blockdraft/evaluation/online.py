@@ -43,15 +43,15 @@ from blockdraft.evaluation.decode_result import (
     tau_and_ci,
 )
 from blockdraft.evaluation.decode_steps import (
+    DecodeClock,
     GreedyDraftHead,
     NgramIndex,
     TargetRunner,
-    _Clock,
-    _is_ngram,
-    _num_proposals,
-    _one_hot,
-    _pick,
     draft_block,
+    is_ngram,
+    one_hot_like,
+    pick_token,
+    proposals_per_round,
 )
 from blockdraft.evaluation.verify import verify_block, verify_onehot, verify_standard
 from blockdraft.models.lookup_inputs import lookup_rule
@@ -81,14 +81,14 @@ def ar_generate(
     t0 = time.perf_counter()
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)
     out = run.step(ids)
-    tok = _pick(out.logits[-1], temperature, top_p, top_k, generator)
+    tok = pick_token(out.logits[-1], temperature, top_p, top_k, generator)
     t1 = time.perf_counter()
     tokens = [tok]
     step = torch.empty((1, 1), dtype=torch.long, device=target.device)
     while tok not in stops and len(tokens) < max_new_tokens:
         step.fill_(tok)
         out = run.step(step, out.cache)
-        tok = _pick(out.logits[-1], temperature, top_p, top_k, generator)
+        tok = pick_token(out.logits[-1], temperature, top_p, top_k, generator)
         tokens.append(tok)
     if stats is not None:
         t2 = time.perf_counter()
@@ -148,15 +148,15 @@ def _speculative_loop(
     verifier: str,
 ) -> Trace:
     greedy = temperature == 0
-    ngram = _is_ngram(drafter)
+    ngram = is_ngram(drafter)
     verify = verify_standard if verifier == "standard" else verify_block
     stops = set(target.stop_token_ids)
     dev = target.device
     trace = Trace(list(prompt_ids))  # holds prompt + output while decoding; output at the end
-    clock = _Clock(trace.seconds)
+    clock = DecodeClock(trace.seconds)
     ids = torch.tensor([trace.tokens], dtype=torch.long, device=dev)
     out = run.step(ids, keep=1, features=not ngram, croppable=True)
-    first = _pick(out.logits[-1], temperature, top_p, top_k, generator)
+    first = pick_token(out.logits[-1], temperature, top_p, top_k, generator)
     trace.tokens.append(first)
     plen = len(prompt_ids)
     clock.lap("prefill")
@@ -223,7 +223,7 @@ def _speculative_loop(
                 verdict = (
                     verify_onehot(y, p, generator)
                     if verifier == "standard" or k == 0
-                    else verify(y, _one_hot(y, p), p, generator)
+                    else verify(y, one_hot_like(y, p), p, generator)
                 )
                 props = prop_list
             else:
@@ -354,7 +354,7 @@ def decode(
     if bar is not None:
         bar.close()
 
-    k = _num_proposals(drafter)
+    k = proposals_per_round(drafter)
     hist = [0] * (k + 2)
     phase: dict[str, float] = {}
     for t in traces:
