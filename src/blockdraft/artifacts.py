@@ -145,21 +145,26 @@ _VERIFIED: set[tuple[str, int, int, str]] = set()  # (file, size, mtime, sha256)
 
 
 def file_problem(
-    path: str | os.PathLike, record: dict[str, Any], *, sha256: bool | None = None
+    path: str | os.PathLike,
+    record: dict[str, Any],
+    *,
+    sha256: bool | None = None,
+    source: str = "the manifest",
 ) -> str | None:
     """What is wrong with `path` against `record` (`bytes`, `sha256`), or None if it matches.
 
     Size first (a stat); then, unless `sha256=False` (default: `verify_mode()`), the
-    SHA-256 of the content, computed once per process for an unchanged file.
+    SHA-256 of the content, computed once per process for an unchanged file. `source`
+    names where the record lives, for the message.
     """
     path = Path(path)
     try:
         st = path.stat()
     except FileNotFoundError:
-        return f"{path}: missing (listed in its manifest)"
+        return f"{path}: missing (listed in {source})"
     size = record.get("bytes")
     if size is not None and st.st_size != size:
-        return f"{path}: truncated or replaced ({st.st_size} bytes, the manifest says {size})"
+        return f"{path}: truncated or replaced ({st.st_size} bytes, {source} says {size})"
     want = record.get("sha256")
     if sha256 is None:
         sha256 = verify_mode() == "sha256"
@@ -169,7 +174,7 @@ def file_problem(
     if key in _VERIFIED:
         return None
     if file_digest(path)["sha256"] != want:
-        return f"{path}: corrupted (sha256 differs from the manifest)"
+        return f"{path}: corrupted (sha256 differs from {source})"
     _VERIFIED.add(key)
     return None
 
@@ -180,10 +185,11 @@ def check_file(
     error: type[BlockdraftError] = IntegrityError,
     *,
     sha256: bool | None = None,
+    source: str = "the manifest",
     hint: str = "",
 ) -> None:
     """Raise `error` (one line naming the file, plus `hint`) if `file_problem` finds one."""
-    problem = file_problem(path, record, sha256=sha256)
+    problem = file_problem(path, record, sha256=sha256, source=source)
     if problem is not None:
         raise error(problem + (f"; {hint}" if hint else ""))
 
