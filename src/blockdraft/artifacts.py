@@ -221,7 +221,8 @@ def safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str]) -> byte
     return len(text).to_bytes(8, "little") + text + data[8 + n :]
 
 
-def _name_the_file(exc: OSError, path: Path) -> OSError:
+def with_filename(exc: OSError, path: str | os.PathLike) -> OSError:
+    """`exc` naming `path` when it names no file (a failed `write()` or `flush()`)."""
     if exc.filename is None:
         return OSError(exc.errno, exc.strerror or str(exc), str(path))
     return exc
@@ -243,7 +244,7 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise _name_the_file(exc, path) from None
+        raise with_filename(exc, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
