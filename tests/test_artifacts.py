@@ -199,9 +199,7 @@ def test_features_refused_up_front_when_the_disk_is_too_small(
     assert not list(out.glob("*.safetensors*"))
 
 
-def test_rollouts_refused_up_front_when_the_disk_is_too_small(
-    random_target, tmp_path, monkeypatch
-):
+def test_rollouts_refused_up_front_when_the_disk_is_too_small(random_target, tmp_path, monkeypatch):
     _small_disk(monkeypatch)
     out = tmp_path / "r"
     with pytest.raises(RolloutError, match=rf"{out}: not enough free disk space .* needs"):
