@@ -69,7 +69,7 @@ def test_second_rollout_writer_is_refused_naming_the_holder(random_target, tmp_p
     out = tmp_path / "r"
     child = hold_lock(out, tmp_path / "locked")
     try:
-        with pytest.raises(RolloutError, match=rf"being written .* \(pid {child.pid} "):
+        with pytest.raises(RolloutError, match=rf"being written .* \(pid {child.pid}:"):
             _rollouts(random_target, out)
         assert not list(out.glob("shard-*")) and not (out / "manifest.json").exists()
     finally:
@@ -81,7 +81,7 @@ def test_second_feature_writer_is_refused_naming_the_holder(random_target, rollo
     plan = plan_features(random_target, rollout_dir, out, dtype="float32")
     child = hold_lock(out, tmp_path / "locked")
     try:
-        with pytest.raises(BlockdraftError, match=rf"{out}: .*\(pid {child.pid} "):
+        with pytest.raises(BlockdraftError, match=rf"{out}: .*\(pid {child.pid}:"):
             write_features(random_target, plan, progress=False)
         assert not (out / "manifest.json").exists()
     finally:
@@ -112,7 +112,7 @@ def test_export_target_is_locked(random_target, tmp_path, capsys):
     child = hold_lock(out, tmp_path / "locked")
     try:
         code, _, err = run_cli(capsys, "export", ckpt, "--out", out)
-        assert code == 2 and f"(pid {child.pid} " in one_line_error(err)
+        assert code == 2 and f"(pid {child.pid}:" in one_line_error(err)
         assert not (out / "model.safetensors").exists()
     finally:
         kill(child)

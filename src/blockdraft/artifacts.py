@@ -64,7 +64,7 @@ def _holder(path: Path) -> str:
             text = ""
         if text:
             pid, _, command = text.partition("\n")
-            return f"pid {pid}" + (f" ({command})" if command else "")
+            return f"pid {pid}" + (f": {command}" if command else "")
         time.sleep(0.05)
     return "a pid not yet recorded"
 

@@ -27,9 +27,9 @@ def test_second_train_into_a_run_dir_is_refused_naming_the_first(target, rollout
     cfg = make_config(run, rollout_dirs, optim={"max_steps": 2})
     first = hold_lock(run, tmp_path / "locked")  # a `train` still running there
     try:
-        with pytest.raises(ckpt.RunDirError, match=rf"{run}: .*\(pid {first.pid} "):
+        with pytest.raises(ckpt.RunDirError, match=rf"{run}: .*\(pid {first.pid}:"):
             train(cfg, target=target)
-        with pytest.raises(ckpt.RunDirError, match=rf"\(pid {first.pid} "):
+        with pytest.raises(ckpt.RunDirError, match=rf"\(pid {first.pid}:"):
             train(cfg, target=target, overwrite=True)  # --overwrite does not break in either
         assert [p.name for p in run.iterdir()] == [".blockdraft.lock"]  # nothing written
     finally:
