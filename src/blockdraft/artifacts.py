@@ -74,12 +74,14 @@ def writer_lock(directory: str | os.PathLike, what: str = "directory") -> Iterat
     """Hold the one-writer lock of `directory` (created if missing) for the `with` body.
 
     Raises `DirectoryInUseError` naming the holder's pid when another process holds it.
-    The lock file is removed on release; a file left by a killed holder carries no lock
+    The lock file is removed on release (and the directory, if the lock created it and
+    nothing else was written there); a file left by a killed holder carries no lock
     (the kernel released it) and is taken over, its pid text rewritten. After taking the
     lock the file is checked to still be the one at the path (a releasing holder may have
     just removed it), so two processes can never both believe they hold it.
     """
     directory = Path(directory)
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
     while True:
@@ -115,6 +117,9 @@ def writer_lock(directory: str | os.PathLike, what: str = "directory") -> Iterat
             if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
                 os.unlink(path)  # still ours (an export swap may have moved it away)
         os.close(fd)  # releases the flock
+        if created:  # a run refused or failed before writing anything leaves no trace
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only if empty
 
 
 # --- files checked against their records -------------------------------------------------

@@ -46,7 +46,7 @@ def test_a_run_never_writes_into_a_rollout_set(target, rollout_dirs, tmp_path):
         cfg = make_config(run, rollout_dirs, optim={"max_steps": 2})
         with pytest.raises(ckpt.RunDirError, match="a rollout set, not a run directory"):
             train(cfg, target=target, overwrite=overwrite)
-    assert _tree(r) == before
+    assert _tree(r) == before and not (r / "run").exists()
 
 
 def test_checkpoint_refused_when_the_disk_is_too_small(target, rollout_dirs, tmp_path, monkeypatch):

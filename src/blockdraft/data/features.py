@@ -228,10 +228,15 @@ def _drop_damaged(out: Path, manifest: dict[str, Any]) -> None:
 def _write_locked(target: Any, plan: FeaturePlan, batch_size: int, progress: bool) -> FeatureStore:
     out, h = plan.out, plan.header
     out.mkdir(parents=True, exist_ok=True)
-    if (out / MANIFEST).exists():
-        manifest = read_manifest(out, "--out")
+    for stale in out.glob(".*.tmp"):  # a shard write killed before its rename
+        stale.unlink()
+    manifest = read_manifest(out, "--out") if (out / MANIFEST).exists() else None
+    if manifest is not None:
         _drop_damaged(out, manifest)
-    else:
+    done = sum(s["rows"] for s in manifest["shards"]) if manifest is not None else 0
+    left = sum(n for _, n in plan.spans[done:]) * plan.bytes_per_token
+    ensure_free_space(out, left, "the features")  # before anything is written
+    if manifest is None:
         manifest = dict(
             h,
             created_by=f"blockdraft {__version__}",
@@ -241,11 +246,6 @@ def _write_locked(target: Any, plan: FeaturePlan, batch_size: int, progress: boo
             shards=[],
         )
         write_manifest(out, manifest)
-    for stale in out.glob(".*.tmp"):  # a shard write killed before its rename
-        stale.unlink()
-    done = sum(s["rows"] for s in manifest["shards"])
-    left = sum(n for _, n in plan.spans[done:]) * plan.bytes_per_token
-    ensure_free_space(out, left, "the features")
     bar = tqdm(
         total=plan.num_tokens,
         initial=sum(n for _, n in plan.spans[:done]),

@@ -24,6 +24,7 @@ import platform
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,9 @@ def _generate_into(
     if ctx.rank == 0:
         try:
             held.enter_context(writer_lock(out, "a rollout set"))
+            if not (out / MANIFEST).exists():  # a new set: refused before anything is written
+                need = rollout_bytes(range(len(ids)), tokens, settings.max_new_tokens, store_topk)
+                ensure_free_space(out, need, "the rollouts")
             manifest = _open_or_create(out, header, batch_size, shard_size)
             pool = finished_beyond_prefix(out, manifest)
             repair_damaged_shards(out, manifest, pool)
@@ -161,7 +165,8 @@ def _generate_into(
             manifest["prompts"]["requested"] = max(len(prompts), manifest["prompts"]["requested"])
             write_manifest(out, manifest)
             tasks = plan_tasks(manifest, pool, len(prompts), shard_size)
-            need = rollout_bytes(tasks, tokens, settings.max_new_tokens, store_topk)
+            rows = [r for t in tasks for r in range(t.first_row, t.first_row + t.rows)]
+            need = rollout_bytes(rows, tokens, settings.max_new_tokens, store_topk)
             ensure_free_space(out, need, "the rollouts")
             plan = {"tasks": tasks, "digest": manifest_digest(out)}
         except BlockdraftError as exc:  # also another writer's lock, or too little disk
@@ -212,16 +217,12 @@ def _generate_into(
 
 
 def rollout_bytes(
-    tasks: list[ShardTask], tokens: list[list[int]], max_new_tokens: int, store_topk: int
+    rows: Iterable[int], tokens: list[list[int]], max_new_tokens: int, store_topk: int
 ) -> int:
-    """Upper bound of the shard bytes `tasks` write: int32 prompt tokens, and per response
+    """Upper bound of the shard bytes of `rows`: int32 prompt tokens, and per response
     token an int32 id, a float32 log-prob and `store_topk` (int32, float32) pairs."""
     per_response_token = 8 + 8 * store_topk
-    total = 0
-    for task in tasks:
-        for row in range(task.first_row, task.first_row + task.rows):
-            total += 4 * len(tokens[row]) + per_response_token * max_new_tokens + 64
-    return total
+    return sum(4 * len(tokens[r]) + per_response_token * max_new_tokens + 64 for r in rows)
 
 
 def repair_damaged_shards(

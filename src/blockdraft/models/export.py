@@ -262,15 +262,9 @@ def export_drafter(
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"--out {out_dir}: exists and is not a directory")
     _refuse_to_replace(out_dir, overwrite)
-    made = not out_dir.exists()
-    try:
-        with writer_lock(out_dir, "an export"):
-            _refuse_to_replace(out_dir, overwrite)  # as seen now that we hold the lock
-            return _export_locked(ckpt, out_dir, dtype, target)
-    except BaseException:
-        if made and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()  # only the lock's directory: leave nothing behind
-        raise
+    with writer_lock(out_dir, "an export"):
+        _refuse_to_replace(out_dir, overwrite)  # as seen now that we hold the lock
+        return _export_locked(ckpt, out_dir, dtype, target)
 
 
 EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, MODELING_FILE}

@@ -126,8 +126,9 @@ def _run_dir_lock(run_dir: Path, ctx: DistContext) -> Iterator[None]:
         refused = None
         if ctx.is_main:
             try:
+                ckpt.refuse_foreign_run_dir(run_dir)  # before the lock creates anything
                 held.enter_context(writer_lock(run_dir, "a training run"))
-            except DirectoryInUseError as exc:
+            except (DirectoryInUseError, ckpt.RunDirError) as exc:
                 refused = str(exc)
             except OSError as exc:  # cannot even create it: every rank must stop, not wait
                 refused = f"run_dir: {os_error_message(exc)}"
