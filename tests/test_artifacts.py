@@ -139,7 +139,7 @@ def test_damaged_feature_shard_is_computed_again(random_target, rollout_dir, fea
     _flip(feature_dir / "shard-00001.safetensors")
     plan = plan_features(random_target, rollout_dir, feature_dir, dtype="float32", shard_size=2)
     write_features(random_target, plan, batch_size=2, progress=False)
-    assert "shard-00001.safetensors: corrupted" in capsys.readouterr().out
+    assert "shard-00001.safetensors: corrupted" in capsys.readouterr().err
     assert _tree(feature_dir) == before
 
 
@@ -163,6 +163,44 @@ def test_damaged_rollout_shard_is_regenerated_by_a_rerun(
     assert "shard-00001.safetensors: corrupted" in err and "regenerating rows 2..3" in err
     assert made == ["p2", "p3"]  # only that shard; the intact ones after it are kept
     assert _tree(out) == before  # same rollouts, same bytes, same manifest
+
+
+def test_damaged_shard_beyond_the_request_says_which_rerun_repairs_it(random_target, tmp_path):
+    out = tmp_path / "r"
+    _rollouts(random_target, out, 8, 2)
+    before = _tree(out)
+    _flip(out / "shard-00003.safetensors")  # rows 6..7
+    with pytest.raises(RolloutError, match=r"shard-00003.* re-run with the 8 prompts"):
+        _rollouts(random_target, out, 4, 2)  # asks for rows 0..3 only: cannot remake it
+    _rollouts(random_target, out, 8, 2)
+    assert _tree(out) == before
+
+
+def test_damaged_imported_shard_is_imported_again(random_target, tmp_path, capsys):
+    from blockdraft.data.rollout_import import import_rollouts
+
+    ref = _rollouts(random_target, tmp_path / "ref", 4, 1)
+    lines = [
+        {
+            "id": r.prompt_id,
+            "prompt_token_ids": r.prompt_ids.tolist(),
+            "response_token_ids": r.response_ids.tolist(),
+        }
+        for r in ref
+    ]
+    engine = tmp_path / "engine.jsonl"
+    engine.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    flags = {"temperature": 1.0, "top_k": 20, "max_new_tokens": 4}
+
+    def run():
+        import_rollouts(random_target, engine, tmp_path / "i", flags, shard_size=2, progress=False)
+
+    run()
+    before = _tree(tmp_path / "i")
+    _flip(tmp_path / "i" / "shard-00000.safetensors")
+    run()
+    assert "shard-00000.safetensors: corrupted" in capsys.readouterr().err
+    assert _tree(tmp_path / "i") == before
 
 
 # --- byte-reproducible sets --------------------------------------------------------------

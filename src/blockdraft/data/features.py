@@ -15,6 +15,7 @@ Storage layout and the disk formula: `blockdraft.data.feature_store`.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,7 +217,11 @@ def _drop_damaged(out: Path, manifest: dict[str, Any]) -> None:
         if problem is None:
             continue
         dropped = manifest["shards"][i:]
-        print(f"warning: {problem}; computing rows {shard['first_row']}.. again", flush=True)
+        print(
+            f"warning: {problem}; computing rows {shard['first_row']}.. again",
+            file=sys.stderr,
+            flush=True,
+        )
         manifest["shards"] = manifest["shards"][:i]
         manifest["num_rows"] -= sum(s["rows"] for s in dropped)
         manifest["num_tokens"] -= sum(s["tokens"] for s in dropped)

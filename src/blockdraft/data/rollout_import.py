@@ -290,7 +290,7 @@ def _write(
     ids = [r.prompt_id for r in rows]
     tokens = [r.prompt_ids.tolist() for r in rows]
     pool: dict[int, dict[str, Any]] = {}
-    repair_damaged_shards(out, manifest, pool)  # a damaged shard is imported again
+    repair_damaged_shards(out, manifest, pool, len(rows))  # a damaged shard: imported again
     _check_finished(out, manifest["shards"] + list(pool.values()), ids, tokens)
     manifest["import"] = {
         "file": str(path),

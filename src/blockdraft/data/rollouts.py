@@ -159,7 +159,7 @@ def _generate_into(
                 ensure_free_space(out, need, "the rollouts")
             manifest = _open_or_create(out, header, batch_size, shard_size)
             pool = finished_beyond_prefix(out, manifest)
-            repair_damaged_shards(out, manifest, pool)
+            repair_damaged_shards(out, manifest, pool, len(ids))
             _check_finished(out, manifest["shards"] + list(pool.values()), ids, tokens)
             extend_prefix(manifest, pool)
             manifest["prompts"]["requested"] = max(len(prompts), manifest["prompts"]["requested"])
@@ -226,7 +226,7 @@ def rollout_bytes(
 
 
 def repair_damaged_shards(
-    out: Path, manifest: dict[str, Any], pool: dict[int, dict[str, Any]]
+    out: Path, manifest: dict[str, Any], pool: dict[int, dict[str, Any]], num_rows: int
 ) -> None:
     """Unlist every finished shard that no longer matches its entry, so it is made again.
 
@@ -234,13 +234,23 @@ def repair_damaged_shards(
     shards after it move to the pool (and rank 0's part file, so a kill keeps them), as
     shards finished beyond the prefix by another rank would be. Damaged pool entries are
     forgotten. Rows are a function of prompt, seed and target, so the regenerated shard
-    holds the same rollouts.
+    holds the same rollouts. A damaged shard beyond the `num_rows` this run asks for
+    cannot be made again by it: refused, saying which rerun repairs it.
     """
     from blockdraft.data.distributed_rollouts import record_part
 
+    def problem_of(entry: dict[str, Any]) -> str | None:
+        problem = file_problem(out / entry["file"], entry, sha256=True)
+        if problem is not None and entry["first_row"] + entry["rows"] > num_rows:
+            total = manifest["prompts"].get("requested", "all")
+            raise RolloutError(
+                f"{problem}; re-run with the {total} prompts that made the set to regenerate it"
+            )
+        return problem
+
     damaged = []
     for i, shard in enumerate(manifest["shards"]):
-        problem = file_problem(out / shard["file"], shard, sha256=True)
+        problem = problem_of(shard)
         if problem is not None:
             damaged.append((shard, problem))
             later = manifest["shards"][i + 1 :]
@@ -249,7 +259,7 @@ def repair_damaged_shards(
             manifest["num_response_tokens"] = sum(s["response_tokens"] for s in manifest["shards"])
             manifest["complete"] = False
             for entry in later:
-                problem = file_problem(out / entry["file"], entry, sha256=True)
+                problem = problem_of(entry)
                 if problem is None:
                     pool[entry["first_row"]] = entry
                     record_part(out, 0, entry)
@@ -257,7 +267,7 @@ def repair_damaged_shards(
                     damaged.append((entry, problem))
             break
     for first_row, entry in list(pool.items()):
-        problem = file_problem(out / entry["file"], entry, sha256=True)
+        problem = problem_of(entry)
         if problem is not None:
             damaged.append((pool.pop(first_row), problem))
     if not damaged:
