@@ -104,7 +104,7 @@ def write_checkpoint_dir(
         except RuntimeError as exc:  # torch reports a full disk as "unexpected pos ..."
             raise disk_write_error(path / STATE_PT, exc) from None
         (tmp / "run.yaml").write_text(run_yaml)
-        files = {n: _digest(tmp / n) for n in CHECKED_FILES if (tmp / n).is_file()}
+        files = {n: file_digest(tmp / n) for n in CHECKED_FILES if (tmp / n).is_file()}
         body = {**asdict(progress), "files": files}
         (tmp / STATE_JSON).write_text(json.dumps(body, indent=2))  # written last
     except OSError as exc:
@@ -125,10 +125,6 @@ def write_checkpoint_dir(
     else:
         tmp.rename(path)
     return path
-
-
-def _digest(path: Path) -> dict[str, Any]:
-    return file_digest(path)
 
 
 def _tensor_bytes(obj: Any) -> int:
