@@ -173,12 +173,6 @@ def test_resume_after_kill_equals_uninterrupted_run(random_target, tmp_path):
             proc.kill()
             pytest.fail(f"child did not reach the pause point:\n{proc.stdout.read().decode()}")
         time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert [s["rows"] for s in manifest["shards"]] == [3, 3]  # shard 2 was in progress
-    finished = {s["file"]: (out / s["file"]).read_bytes() for s in manifest["shards"]}
-
     kwargs = dict(
         batch_size=child.BATCH_SIZE,
         shard_size=child.SHARD_SIZE,
@@ -186,6 +180,14 @@ def test_resume_after_kill_equals_uninterrupted_run(random_target, tmp_path):
         progress=False,
     )
     settings = SamplingSettings(**child.SETTINGS)
+    # a second writer while the first is alive is refused naming it (issue 29), not mixed in
+    with pytest.raises(RolloutError, match=rf"another blockdraft process \(pid {proc.pid}:"):
+        generate_rollouts(random_target, child.make_prompts(), out, settings, **kwargs)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [s["rows"] for s in manifest["shards"]] == [3, 3]  # shard 2 was in progress
+    finished = {s["file"]: (out / s["file"]).read_bytes() for s in manifest["shards"]}
     resumed = generate_rollouts(random_target, child.make_prompts(), out, settings, **kwargs)
     fresh = generate_rollouts(
         random_target, child.make_prompts(), tmp_path / "fresh", settings, **kwargs
