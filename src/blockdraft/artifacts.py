@@ -56,7 +56,7 @@ class IntegrityError(BlockdraftError, ValueError):
 
 
 def _holder(path: Path) -> str:
-    """`pid N (command)` from a lock file, waiting briefly for a holder still writing it."""
+    """`pid N: command` from a lock file, waiting briefly for a holder still writing it."""
     for _ in range(20):
         try:
             text = path.read_text().strip()
