@@ -118,9 +118,14 @@ def test_export_never_replaces_an_existing_directory_unasked(setup, tmp_path, ca
     code, _, err = run_cli(capsys, "export", ckpt, "--out", out)
     assert code != 0 and "--overwrite" in one_line_error(err)
     assert (out / "manifest.json").read_text() == "{}"  # untouched
-    code, _, _ = run_cli(capsys, "export", ckpt, "--out", out, "--overwrite")
-    assert code == 0 and not (out / "manifest.json").exists()
-    assert (out / "model.safetensors").is_file()
+    # --overwrite replaces only a previous export (issue 29): not this unknown directory
+    code, _, err = run_cli(capsys, "export", ckpt, "--out", out, "--overwrite")
+    assert code != 0 and "replaces only a previous export" in one_line_error(err)
+    assert (out / "manifest.json").read_text() == "{}"
+    export = tmp_path / "export"
+    assert run_cli(capsys, "export", ckpt, "--out", export)[0] == 0
+    code, _, _ = run_cli(capsys, "export", ckpt, "--out", export, "--overwrite")
+    assert code == 0 and (export / "model.safetensors").is_file()
 
 
 def test_export_takes_a_run_dir_checks_its_final_and_prints_serve_commands(

@@ -164,6 +164,24 @@ def test_train_refuses_features_of_other_rollouts(target, rollout_dirs, feature_
         train(cfg, target=target)
 
 
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_train_refuses_damaged_feature_shards(target, rollout_dirs, feature_dirs, tmp_path, damage):
+    import shutil
+
+    d = tmp_path / "features"
+    shutil.copytree(feature_dirs["float32"], d)
+    shard = d / "shard-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    shard.write_bytes(
+        bytes(data[:300]) if damage == "truncate" else data[:-4] + b"\x7f\x7f\x7f\x7f"
+    )
+    cfg = make_config(tmp_path / "run", rollout_dirs, optim={"max_steps": 2})
+    cfg.data.features = str(d)
+    word = "truncated" if damage == "truncate" else "corrupted"
+    with pytest.raises(TrainSetupError, match=rf"{shard}: {word}"):  # not trained on, no traceback
+        train(cfg, target=target)
+
+
 def test_objectives_needing_target_distributions_fall_back_online(target, rollout_dirs, tmp_path):
     plan = plan_features(target, rollout_dirs["sampled"], tmp_path / "f", dtype="bfloat16")
     write_features(target, plan, progress=False)

@@ -32,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--check", action="store_true", help="only validate CKPT, write nothing")
     p.add_argument(
-        "--overwrite", action="store_true", help="replace the contents of an existing --out dir"
+        "--overwrite",
+        action="store_true",
+        help="replace a previous export in --out (never a run, rollout set or checkpoint)",
     )
     p.set_defaults(func=run)
 

@@ -146,6 +146,16 @@ def record_part(out: Path, rank: int, entry: dict[str, Any]) -> None:
     write_atomic(path, (json.dumps(data, indent=1) + "\n").encode())
 
 
+def drop_part_entries(out: Path, first_rows: set[int]) -> None:
+    """Forget recorded shards starting at `first_rows` (damaged files, to be made again)."""
+    for path in part_files(out):
+        shards = read_part(path)
+        kept = [s for s in shards if s["first_row"] not in first_rows]
+        if len(kept) != len(shards):
+            data = json.loads(path.read_text())
+            write_atomic(path, (json.dumps({**data, "shards": kept}, indent=1) + "\n").encode())
+
+
 def remove_parts(out: Path) -> None:
     for path in part_files(out):
         path.unlink(missing_ok=True)

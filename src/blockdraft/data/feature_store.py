@@ -34,7 +34,9 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save
+
+from blockdraft.artifacts import check_file, safetensors_bytes, verify_mode
+from blockdraft.errors import BlockdraftError
 
 FORMAT = "blockdraft-features"
 VERSION = 1
@@ -42,7 +44,7 @@ MANIFEST = "manifest.json"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-class FeatureError(ValueError):
+class FeatureError(BlockdraftError, ValueError):
     """A features directory is unusable or does not match; the message names file or key."""
 
 
@@ -101,19 +103,33 @@ def encode_shard(
         "offsets": offsets,
         "prompt_cut": torch.tensor(cuts, dtype=torch.int64),
     }
-    # one metadata key: safetensors writes a multi-key map in varying order, and a resumed
-    # shard should be byte-identical to an uninterrupted one
+    # a resumed shard is byte-identical to an uninterrupted one (sorted metadata)
     meta = {"rows": json.dumps({"first_row": first_row, "prompt_id": prompt_ids})}
-    return save(tensors, metadata=meta)
+    return safetensors_bytes(tensors, meta)
 
 
 class FeatureStore:
-    """Random access to the rows of a finished features directory (memory-mapped shards)."""
+    """Random access to the rows of a features directory (memory-mapped shards).
+
+    Opening checks every listed shard against the size and SHA-256 its manifest records
+    (`artifacts.check_file`, like rollout shards and checkpoints; `BLOCKDRAFT_VERIFY=size`
+    for size only), so a truncated or altered shard is one line naming it, never a
+    safetensors traceback or training on wrong features.
+    """
 
     def __init__(self, directory: str | Path, key: str = "features") -> None:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory, key)
         self._shards = self.manifest["shards"]
+        sha256 = verify_mode() == "sha256"
+        for shard in self._shards:
+            check_file(
+                self.directory / shard["file"],
+                shard,
+                FeatureError,
+                sha256=sha256,
+                hint="re-run the same `blockdraft features` command to compute it again",
+            )
         self._starts = [s["first_row"] for s in self._shards]
         self._handles: dict[int, Any] = {}
         self._index: dict[int, tuple[list[int], list[int], list[str]]] = {}
@@ -131,13 +147,18 @@ class FeatureStore:
             path = self.directory / self._shards[s]["file"]
             if not path.is_file():
                 raise FeatureError(f"{path}: shard listed in the manifest is missing")
-            handle = safe_open(str(path), framework="pt")
-            meta = handle.metadata()
-            self._index[s] = (
-                handle.get_tensor("offsets").tolist(),
-                handle.get_tensor("prompt_cut").tolist(),
-                json.loads(meta["rows"])["prompt_id"],
-            )
+            try:
+                handle = safe_open(str(path), framework="pt")
+                meta = handle.metadata()
+                self._index[s] = (
+                    handle.get_tensor("offsets").tolist(),
+                    handle.get_tensor("prompt_cut").tolist(),
+                    json.loads(meta["rows"])["prompt_id"],
+                )
+            except OSError:
+                raise
+            except Exception as exc:  # SafetensorError is not a ValueError
+                raise FeatureError(f"{path}: cannot read shard ({exc})") from None
             self._handles[s] = handle
         return self._handles[s]
 

@@ -15,6 +15,7 @@ Storage layout and the disk formula: `blockdraft.data.feature_store`.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from blockdraft import __version__
+from blockdraft.artifacts import LOCK_NAME, ensure_free_space, file_problem, writer_lock
 from blockdraft.data.feature_store import (
     DTYPES,
     FORMAT,
@@ -155,7 +157,7 @@ def plan_features(
                     f"{_get(manifest, key)!r}, requested {_get(header, key)!r}); use another --out"
                 )
         done = sum(s["rows"] for s in manifest["shards"])
-    elif out.exists() and any(p.name != MANIFEST for p in out.iterdir()):
+    elif out.exists() and any(p.name not in (MANIFEST, LOCK_NAME) for p in out.iterdir()):
         raise FeatureError(
             f"--out: {out} is not empty and has no {MANIFEST}; choose a new directory"
         )
@@ -195,14 +197,51 @@ def _shard_rows(target: Any, plan: FeaturePlan, lo: int, hi: int, batch_size: in
 def write_features(
     target: Any, plan: FeaturePlan, *, batch_size: int = 8, progress: bool = True
 ) -> FeatureStore:
-    """Compute the planned features (resuming at the first unlisted shard); returns the store."""
+    """Compute the planned features (resuming at the first unlisted shard); returns the store.
+
+    Holds the directory's writer lock throughout (a second writer is refused naming this
+    one's pid) and refuses to start when the disk cannot hold what is left to write. A
+    listed shard that no longer matches its manifest entry is computed again, with the
+    shards after it.
+    """
     if batch_size < 1:
         raise FeatureError("--batch-size must be >= 1")
+    with writer_lock(plan.out, "a feature set"):
+        return _write_locked(target, plan, batch_size, progress)
+
+
+def _drop_damaged(out: Path, manifest: dict[str, Any]) -> None:
+    """Unlist the first listed shard that fails its size/SHA-256 check and all after it."""
+    for i, shard in enumerate(manifest["shards"]):
+        problem = file_problem(out / shard["file"], shard)
+        if problem is None:
+            continue
+        dropped = manifest["shards"][i:]
+        print(
+            f"warning: {problem}; computing rows {shard['first_row']}.. again",
+            file=sys.stderr,
+            flush=True,
+        )
+        manifest["shards"] = manifest["shards"][:i]
+        manifest["num_rows"] -= sum(s["rows"] for s in dropped)
+        manifest["num_tokens"] -= sum(s["tokens"] for s in dropped)
+        manifest["complete"] = False
+        write_manifest(out, manifest)
+        return
+
+
+def _write_locked(target: Any, plan: FeaturePlan, batch_size: int, progress: bool) -> FeatureStore:
     out, h = plan.out, plan.header
     out.mkdir(parents=True, exist_ok=True)
-    if (out / MANIFEST).exists():
-        manifest = read_manifest(out, "--out")
-    else:
+    for stale in out.glob(".*.tmp"):  # a shard write killed before its rename
+        stale.unlink()
+    manifest = read_manifest(out, "--out") if (out / MANIFEST).exists() else None
+    if manifest is not None:
+        _drop_damaged(out, manifest)
+    done = sum(s["rows"] for s in manifest["shards"]) if manifest is not None else 0
+    left = sum(n for _, n in plan.spans[done:]) * plan.bytes_per_token
+    ensure_free_space(out, left, "the features")  # before anything is written
+    if manifest is None:
         manifest = dict(
             h,
             created_by=f"blockdraft {__version__}",
@@ -212,9 +251,6 @@ def write_features(
             shards=[],
         )
         write_manifest(out, manifest)
-    for stale in out.glob(".*.tmp"):  # a shard write killed before its rename
-        stale.unlink()
-    done = sum(s["rows"] for s in manifest["shards"])
     bar = tqdm(
         total=plan.num_tokens,
         initial=sum(n for _, n in plan.spans[:done]),

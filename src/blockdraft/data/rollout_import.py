@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from blockdraft.data.distributed_rollouts import extend_prefix, plan_tasks
+from blockdraft.artifacts import writer_lock
+from blockdraft.data.distributed_rollouts import extend_prefix, plan_tasks, remove_parts
 from blockdraft.data.generation import SamplingSettings
 from blockdraft.data.import_records import EngineRecord, read_records
 from blockdraft.data.prompts import Prompt, PromptError, render_prompt
@@ -50,6 +51,7 @@ from blockdraft.data.rollouts import (
     _header,
     _open_or_create,
     _write_shard,
+    repair_damaged_shards,
 )
 from blockdraft.data.teacher_forcing import score_responses
 from blockdraft.models.target import Target
@@ -147,7 +149,8 @@ def import_rollouts(
         kept.append(Rollout(rec.id, torch.tensor(p_ids), torch.tensor(r_ids), lp, tk_ids, tk_lps))
     if not kept:
         raise RolloutError(f"{path}: every response was dropped ({_reasons(dropped)})")
-    rs = _write(target, path, out_dir, settings, kept, store_topk, shard_size, dropped)
+    with writer_lock(out_dir, "a rollout set"):  # one writer; a second is refused by pid
+        rs = _write(target, path, out_dir, settings, kept, store_topk, shard_size, dropped)
     return ImportReport(len(records), rs, dict(dropped), greedy_bad)
 
 
@@ -286,7 +289,9 @@ def _write(
         )
     ids = [r.prompt_id for r in rows]
     tokens = [r.prompt_ids.tolist() for r in rows]
-    _check_finished(out, manifest["shards"], ids, tokens)
+    pool: dict[int, dict[str, Any]] = {}
+    repair_damaged_shards(out, manifest, pool, len(rows))  # a damaged shard: imported again
+    _check_finished(out, manifest["shards"] + list(pool.values()), ids, tokens)
     manifest["import"] = {
         "file": str(path),
         "sha256": digest,
@@ -297,10 +302,13 @@ def _write(
     }
     manifest["prompts"]["requested"] = max(len(rows), manifest["prompts"]["requested"])
     write_manifest(out, manifest)
-    for task in plan_tasks(manifest, {}, len(rows), shard_size):
+    for task in plan_tasks(manifest, pool, len(rows), shard_size):
         a, b = task.first_row, task.first_row + task.rows
-        entry = _write_shard(out, task, rows[a:b], ids[a:b], tokens[a:b], store_topk)
-        extend_prefix(manifest, {entry["first_row"]: entry})
+        pool[task.first_row] = _write_shard(out, task, rows[a:b], ids[a:b], tokens[a:b], store_topk)
+        extend_prefix(manifest, pool)
         _finish_manifest(out, manifest)
+    extend_prefix(manifest, pool)
     _finish_manifest(out, manifest)
+    if manifest["complete"]:
+        remove_parts(out)
     return RolloutSet(out, manifest)

@@ -6,18 +6,20 @@ int32 `[sum L]` + `response_offsets`, `logprobs` float32 `[sum L]` (log-prob of 
 realised response token under the sampling distribution; see `generation.py`), and
 with top-k storage `topk_ids` int32 `[sum L, N]`, `topk_logprobs` float32 `[sum L, N]`
 (the N most likely tokens of that same distribution). The safetensors metadata holds
-the prompt ids (`prompt_id`, a JSON list) and `first_row`.
+the prompt ids (`prompt_id`, a JSON list) and `first_row`, in sorted key order, so the
+same rollouts always give the same bytes (`artifacts.safetensors_bytes`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from safetensors.torch import load, save
+from safetensors.torch import load
+
+from blockdraft.artifacts import safetensors_bytes, sha256_bytes  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -70,7 +72,7 @@ def encode_shard(first_row: int, rows: Sequence[Rollout], store_topk: int) -> by
         tensors["topk_ids"] = torch.cat([r.topk_ids for r in rows]).to(torch.int32)
         tensors["topk_logprobs"] = torch.cat([r.topk_logprobs for r in rows]).to(torch.float32)
     meta = {"prompt_id": json.dumps([r.prompt_id for r in rows]), "first_row": str(first_row)}
-    return save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
+    return safetensors_bytes({k: v.contiguous() for k, v in tensors.items()}, meta)
 
 
 def decode_shard(data: bytes) -> list[Rollout]:
@@ -99,7 +101,3 @@ def decode_shard(data: bytes) -> list[Rollout]:
 def _metadata(data: bytes) -> dict[str, str]:
     n = int.from_bytes(data[:8], "little")
     return json.loads(data[8 : 8 + n]).get("__metadata__", {})
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -24,12 +24,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from blockdraft.artifacts import (  # noqa: F401  (write_atomic, sha256_bytes re-exported)
+    canonical_json,
+    check_file,
+    file_problem,
+    sha256_bytes,
+    verify_mode,
+    write_atomic,
+)
 from blockdraft.data.generation import SamplingSettings
 from blockdraft.data.rollout_shards import (  # noqa: F401  (re-exported: the public names)
     Rollout,
     decode_shard,
     encode_shard,
-    sha256_bytes,
 )
 from blockdraft.errors import BlockdraftError
 
@@ -42,7 +49,11 @@ class RolloutError(BlockdraftError, ValueError):
     """A rollout directory is unusable or incompatible; the message names file and key."""
 
 
-# --- hashing and atomic files -----------------------------------------------------------
+# what to do about a damaged shard: `generate_rollouts` regenerates it on a rerun
+REPAIR_HINT = "re-run the `blockdraft rollout` command that made the set to regenerate it"
+
+
+# --- hashing and manifests ---------------------------------------------------------------
 
 
 def tokenizer_hash(tokenizer: Any) -> str:
@@ -66,24 +77,6 @@ def target_fingerprint(target: Any) -> str:
     return str(registry_fingerprint(target))
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temp file, fsync and rename: readers see old or new."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:  # directories cannot be fsynced on every platform
-        pass
-
-
 def read_manifest(directory: Path) -> dict[str, Any] | None:
     path = Path(directory) / MANIFEST
     if not path.exists():
@@ -102,7 +95,8 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    write_atomic(Path(directory) / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    """Sorted keys: the same rollouts give the same manifest bytes (and set id)."""
+    write_atomic(Path(directory) / MANIFEST, canonical_json(manifest))
 
 
 def ids_hash(prompt_ids: Sequence[str], prompt_tokens: Sequence[Sequence[int]]) -> str:
@@ -181,7 +175,7 @@ class RolloutSet(Sequence):
                 "command to finish it, or pass --allow-incomplete (train: "
                 "data.allow_incomplete=true) to use the finished rows"
             )
-        mode = verify or os.environ.get("BLOCKDRAFT_VERIFY", "sha256")
+        mode = verify or verify_mode()
         if mode not in ("sha256", "size"):
             raise ValueError(f"verify must be 'sha256' or 'size', got {mode!r}")
         rs.check_files(sha256=mode == "sha256")
@@ -190,21 +184,9 @@ class RolloutSet(Sequence):
     def check_files(self, sha256: bool = True) -> None:
         """Every listed shard exists with its recorded size (and SHA-256): one-line errors."""
         for shard in self._shards:
-            path = self.directory / shard["file"]
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                raise RolloutError(f"{path}: shard listed in the manifest is missing") from None
-            if "bytes" in shard and st.st_size != shard["bytes"]:
-                raise RolloutError(
-                    f"{path}: shard is truncated or replaced ({st.st_size} bytes, the manifest "
-                    f"says {shard['bytes']}); re-generate it by removing it from the manifest"
-                    " or use another rollout directory"
-                )
-            key = (str(path.resolve()), st.st_size, st.st_mtime_ns, shard.get("sha256"))
-            if sha256 and shard.get("sha256") and key not in _VERIFIED:
-                verify_shard(self.directory, shard)
-                _VERIFIED.add(key)
+            check_file(
+                self.directory / shard["file"], shard, RolloutError, sha256=sha256, hint=REPAIR_HINT
+            )
 
     @property
     def settings(self) -> SamplingSettings:
@@ -271,9 +253,6 @@ class RolloutSet(Sequence):
         return self._cache[1]
 
 
-_VERIFIED: set[tuple[str, int, int, str | None]] = set()  # shards hashed in this process
-
-
 def fingerprint_matches(stored: str | None, target: Any) -> bool:
     """Whether a manifest's recorded fingerprint names `target`: the current fingerprint,
     or the older weight-sample one (sets written before every weight was hashed)."""
@@ -322,9 +301,5 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
 
 
 def verify_shard(directory: Path, shard: dict[str, Any]) -> None:
-    path = Path(directory) / shard["file"]
-    if not path.exists():
-        raise RolloutError(f"{path}: shard listed in the manifest is missing")
-    data = path.read_bytes()
-    if len(data) != shard["bytes"] or sha256_bytes(data) != shard["sha256"]:
-        raise RolloutError(f"{path}: shard is corrupted (size or sha256 differs from the manifest)")
+    """The shard's size and SHA-256 against its manifest entry (one line naming it)."""
+    check_file(Path(directory) / shard["file"], shard, RolloutError, sha256=True, hint=REPAIR_HINT)

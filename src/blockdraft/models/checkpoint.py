@@ -28,7 +28,6 @@ silently wrong weights. Files are written with the usual permissions (0644 under
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -39,6 +38,7 @@ from typing import Any
 
 import torch
 
+from blockdraft.artifacts import check_file, ensure_free_space, file_digest
 from blockdraft.errors import CheckpointError
 from blockdraft.models.drafter import BlockDrafter, DrafterConfig, check_target_compatible
 
@@ -122,6 +122,7 @@ def write_checkpoint_dir(
         raise OSError(exc.errno, f"cannot write here ({exc.strerror})", str(path)) from None
     try:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+        ensure_free_space(path.parent, sum(t.nbytes for t in tensors.values()), "the weights")
         weights = tmp / WEIGHTS_NAME
         try:
             save_file(tensors, str(weights), metadata={"format": "pt"})
@@ -149,7 +150,7 @@ def write_checkpoint_dir(
             os.replace(tmp, path)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if exc.filename is not None and str(tmp) in str(exc.filename):
+        if exc.filename is None or str(tmp) in str(exc.filename):  # name what we write
             raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     except BaseException:
@@ -163,15 +164,6 @@ def _file_mode() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask
-
-
-def file_digest(path: str | Path) -> dict[str, Any]:
-    """`{"bytes", "sha256"}` of a file (streamed; 0.46 s for 200 MB on a busy 2-core CPU)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return {"bytes": Path(path).stat().st_size, "sha256": h.hexdigest()}
 
 
 def verify_weights(path: str | Path, cfg: dict[str, Any] | None = None) -> Path:
@@ -188,15 +180,8 @@ def verify_weights(path: str | Path, cfg: dict[str, Any] | None = None) -> Path:
     if not file.is_file():
         raise FileNotFoundError(f"no {WEIGHTS_NAME} in checkpoint directory {path}")
     recorded = (cfg.get(NAMESPACE) or {}).get("weights") if isinstance(cfg, dict) else None
-    if recorded:
-        size = file.stat().st_size
-        if size != recorded.get("bytes"):
-            raise CheckpointError(
-                f"{file}: truncated or replaced ({size} bytes, config.json records "
-                f"{recorded.get('bytes')})"
-            )
-        if file_digest(file)["sha256"] != recorded.get("sha256"):
-            raise CheckpointError(f"{file}: corrupted (sha256 differs from config.json)")
+    if recorded:  # the check rollout and feature shards get (artifacts.check_file)
+        check_file(file, recorded, CheckpointError, sha256=True, source="config.json")
     try:
         with safe_open(str(file), framework="pt") as f:
             list(f.keys())

@@ -35,6 +35,13 @@ from typing import Any
 
 import torch
 
+from blockdraft.artifacts import (
+    LOCK_NAME,
+    describe_artifact,
+    enclosing_artifact,
+    stored_artifact,
+    writer_lock,
+)
 from blockdraft.errors import CheckpointError
 from blockdraft.models.checkpoint import (
     CONFIG_NAME,
@@ -245,20 +252,60 @@ def export_drafter(
     copy gets `auto_map` + `modeling_dflash.py` (so `AutoModel.from_pretrained(out_dir,
     trust_remote_code=True)` builds the DFlash drafter) and `dflash_config.mask_token`;
     it is validated before it is moved into place. An existing, non-empty `out_dir` is
-    refused unless `overwrite` (nothing is ever deleted without being asked).
+    refused unless `overwrite`, and `overwrite` replaces only a previous export: never a
+    run, rollout set, feature set or checkpoint, nor anything inside one (`out_dir`'s
+    writer lock is held meanwhile, so two exports never interleave).
     """
-    from safetensors.torch import load_file
-
     ckpt, out_dir = resolve_checkpoint(ckpt), Path(out_dir)
     if out_dir.resolve() == ckpt.resolve():
         raise ExportError(f"--out {out_dir}: is the checkpoint itself; choose another directory")
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"--out {out_dir}: exists and is not a directory")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+    _refuse_to_replace(out_dir, overwrite)
+    with writer_lock(out_dir, "an export"):
+        _refuse_to_replace(out_dir, overwrite)  # as seen now that we hold the lock
+        return _export_locked(ckpt, out_dir, dtype, target)
+
+
+EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, MODELING_FILE}
+
+
+def _refuse_to_replace(out_dir: Path, overwrite: bool) -> None:
+    """`--out` must be new, empty, or (with `overwrite`) a previous export and nothing more."""
+    inside = enclosing_artifact(out_dir)
+    if inside is not None and inside[1] != "run":
+        raise ExportError(
+            f"--out {out_dir}: lies inside {inside[0]}, which is {describe_artifact(inside[1])}; "
+            "choose a directory outside it"
+        )
+    if not out_dir.is_dir():
+        return
+    present = sorted(p.name for p in out_dir.iterdir() if p.name != LOCK_NAME)
+    if not present:
+        return
+    if not overwrite:
         raise ExportError(
             f"--out {out_dir}: directory exists and is not empty; pass --overwrite to replace "
-            "its contents or choose another directory"
+            "a previous export or choose another directory"
         )
+    kind = stored_artifact(out_dir)
+    if kind != "export":
+        what = describe_artifact(kind) if kind else f"files that are not an export ({present[0]})"
+        raise ExportError(
+            f"--out {out_dir}: holds {what}; --overwrite replaces only a previous export, "
+            "so choose another directory"
+        )
+    extra = [n for n in present if n not in EXPORT_FILES]
+    if extra:
+        raise ExportError(
+            f"--out {out_dir}: the previous export also holds {extra[0]}, which --overwrite "
+            "would delete; move it away or choose another directory"
+        )
+
+
+def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target: Any) -> Path:
+    from safetensors.torch import load_file
+
     cfg = read_config(ckpt)
     if (cfg.get("blockdraft") or {}).get("drafter_config", {}).get("lookup_inputs"):
         raise ExportError(

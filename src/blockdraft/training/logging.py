@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from blockdraft.artifacts import with_filename
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -99,8 +101,11 @@ class MetricsLogger:
         # seconds since this logger started: learning curves against compute, not only steps
         elapsed = round(time.perf_counter() - self._t0, 2)
         record = {"step": int(step), "event": event, "elapsed_s": elapsed, **_jsonable(metrics)}
-        self._fh.write(json.dumps(record) + "\n")
-        self._fh.flush()
+        try:
+            self._fh.write(json.dumps(record) + "\n")
+            self._fh.flush()
+        except OSError as exc:  # a full disk: name the file (write() names none)
+            raise with_filename(exc, self.run_dir / METRICS_FILE) from None
         scalars = self._flatten(metrics, prefix=f"{event}/")
         if self._tb is not None:
             for key, val in scalars.items():

@@ -33,6 +33,14 @@ from typing import Any
 
 import torch
 
+from blockdraft.artifacts import (
+    describe_artifact,
+    enclosing_artifact,
+    ensure_free_space,
+    file_digest,
+    file_problem,
+    stored_artifact,
+)
 from blockdraft.errors import CheckpointError, disk_write_error
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -88,6 +96,7 @@ def write_checkpoint_dir(
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
+        ensure_free_space(path.parent, _tensor_bytes(trainer_tensors), "the trainer state")
         write_model(tmp)  # save_drafter creates the directory (itself atomically)
         tmp.mkdir(exist_ok=True)
         try:
@@ -95,9 +104,14 @@ def write_checkpoint_dir(
         except RuntimeError as exc:  # torch reports a full disk as "unexpected pos ..."
             raise disk_write_error(path / STATE_PT, exc) from None
         (tmp / "run.yaml").write_text(run_yaml)
-        files = {n: _digest(tmp / n) for n in CHECKED_FILES if (tmp / n).is_file()}
+        files = {n: file_digest(tmp / n) for n in CHECKED_FILES if (tmp / n).is_file()}
         body = {**asdict(progress), "files": files}
         (tmp / STATE_JSON).write_text(json.dumps(body, indent=2))  # written last
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.filename is None:  # a failed write() names no file: name the checkpoint
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
         raise
@@ -113,10 +127,15 @@ def write_checkpoint_dir(
     return path
 
 
-def _digest(path: Path) -> dict[str, Any]:
-    from blockdraft.models.checkpoint import file_digest
-
-    return file_digest(path)
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a nested state (what `torch.save` will write, roughly)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def recover_interrupted_swaps(run_dir: Path) -> None:
@@ -186,15 +205,11 @@ def checkpoint_problem(path: Path) -> str | None:
     except (OSError, ValueError) as exc:
         return f"{path / STATE_JSON}: unreadable ({exc})"
     files = data.get("files") if isinstance(data, dict) else None
-    if files:
+    if files:  # the check rollout and feature shards get (artifacts.file_problem)
         for name, rec in files.items():
-            f = path / name
-            if not f.is_file():
-                return f"{f}: missing"
-            if f.stat().st_size != rec.get("bytes"):
-                return f"{f}: truncated ({f.stat().st_size} bytes, recorded {rec.get('bytes')})"
-            if _digest(f)["sha256"] != rec.get("sha256"):
-                return f"{f}: corrupted (sha256 differs from {STATE_JSON})"
+            problem = file_problem(path / name, rec, sha256=True, source=STATE_JSON)
+            if problem is not None:
+                return problem
         return None
     try:
         from blockdraft.models.checkpoint import verify_weights
@@ -263,6 +278,22 @@ class RunDirError(CheckpointError):
     """A run directory that cannot be started or resumed as asked (names the fix)."""
 
 
+def refuse_foreign_run_dir(run_dir: Path) -> None:
+    """A run never writes (or `--overwrite`s) into a rollout set, feature set, checkpoint
+    or export, nor inside one: its outputs would mix with, or delete, that artefact."""
+    kind = stored_artifact(run_dir)
+    where = run_dir
+    if kind in (None, "run"):
+        found = enclosing_artifact(run_dir)
+        kind, where = (found[1], found[0]) if found and found[1] != "run" else (None, run_dir)
+    if kind is not None:
+        inside = "" if where == run_dir else f"lies inside {where}, which is "
+        raise RunDirError(
+            f"run_dir: {run_dir} {inside or 'is '}{describe_artifact(kind)}, not a run "
+            "directory; choose another run_dir"
+        )
+
+
 def prepare_run_dir(
     run_dir: Path,
     *,
@@ -284,6 +315,7 @@ def prepare_run_dir(
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite contradict each other: pass one")
     if is_main:
+        refuse_foreign_run_dir(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         recover_interrupted_swaps(run_dir)
         if overwrite:

@@ -14,13 +14,17 @@ Only rank 0 writes files; every rank runs the same steps on its share of each ba
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from blockdraft import __version__
+from blockdraft.artifacts import DirectoryInUseError, writer_lock
+from blockdraft.errors import os_error_message
 from blockdraft.evaluation.scoring import FeatureMemo
 from blockdraft.threads import flush_denormals
 from blockdraft.training import state as ckpt
@@ -103,13 +107,35 @@ def train(
     ctx = init_distributed(cfg.device, cfg.distributed.backend, cfg.distributed.timeout_minutes)
     flush_denormals()  # the objectives' gradients underflow; denormal math is ~100x slower
     try:
-        final = _train(cfg, ctx, target, resume, overwrite)
-        # every rank done before any leaves: a rank tearing gloo down while a peer still
-        # has work in flight can abort the peer (not on errors: a failed rank must exit)
-        barrier(ctx)
+        with _run_dir_lock(Path(cfg.run_dir), ctx):
+            final = _train(cfg, ctx, target, resume, overwrite)
+            # every rank done before any leaves: a rank tearing gloo down while a peer still
+            # has work in flight can abort the peer (not on errors: a failed rank must exit)
+            barrier(ctx)
         return final
     finally:
         shutdown(ctx)
+
+
+@contextlib.contextmanager
+def _run_dir_lock(run_dir: Path, ctx: DistContext) -> Iterator[None]:
+    """Rank 0 holds `run_dir`'s writer lock for the whole run (only rank 0 writes there);
+    every rank learns whether it got it, so a second run is refused on all of them with
+    the same line naming the holder's pid."""
+    with contextlib.ExitStack() as held:
+        refused = None
+        if ctx.is_main:
+            try:
+                ckpt.refuse_foreign_run_dir(run_dir)  # before the lock creates anything
+                held.enter_context(writer_lock(run_dir, "a training run"))
+            except (DirectoryInUseError, ckpt.RunDirError) as exc:
+                refused = str(exc)
+            except OSError as exc:  # cannot even create it: every rank must stop, not wait
+                refused = f"run_dir: {os_error_message(exc)}"
+        refused = broadcast_object(refused, ctx)
+        if refused is not None:
+            raise ckpt.RunDirError(refused)
+        yield
 
 
 def _train(

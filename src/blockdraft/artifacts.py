@@ -1,0 +1,346 @@
+"""Stored artefacts: one writer per directory, every file checked against its record.
+
+Rollout sets, feature sets, run directories and exports are written by different stages
+but go wrong in the same few ways: two writers interleave in one directory, a byte flips
+or a file is cut short, a rerun writes other bytes for the same inputs, the disk fills up
+half way. Every stage uses the functions here, so each of these fails the same way
+everywhere, as one line naming the file:
+
+- `writer_lock(directory)`: an advisory `fcntl.flock` on `directory/.blockdraft.lock`
+  (pid and command inside), held for the whole run; a second writer is refused naming
+  the holder's pid. The kernel drops the lock when its holder dies (even `kill -9`), so a
+  lock file left behind is simply taken over.
+- `file_problem` / `check_file`: size first (cheap), then a streamed SHA-256 against the
+  `{"bytes", "sha256"}` record a manifest or config keeps, each file hashed once per
+  process (`BLOCKDRAFT_VERIFY=size` skips the hash).
+- `write_atomic`, `canonical_json`, `safetensors_bytes`: temp file + fsync + rename (the
+  temp file removed on failure, a full disk naming the file), and bytes that depend only
+  on the content (sorted keys), so identical inputs give identical files and set ids.
+- `ensure_free_space`: refuse a long stage up front when the disk cannot hold its output.
+- `stored_artifact` / `enclosing_artifact`: what a directory holds (run, rollout set,
+  feature set, checkpoint, export), so nothing deletes what it does not own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from blockdraft.errors import BlockdraftError
+
+LOCK_NAME = ".blockdraft.lock"
+
+
+class DirectoryInUseError(BlockdraftError):
+    """Another live process is writing the directory (the message names its pid)."""
+
+
+class DiskSpaceError(BlockdraftError):
+    """Not enough free disk for what a stage is about to write (need vs free, and where)."""
+
+
+class IntegrityError(BlockdraftError, ValueError):
+    """A stored file does not match the size or SHA-256 its manifest records."""
+
+
+# --- one writer per directory ------------------------------------------------------------
+
+
+def _holder(path: Path) -> str:
+    """`pid N: command` from a lock file, waiting briefly for a holder still writing it."""
+    for _ in range(20):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            text = ""
+        if text:
+            pid, _, command = text.partition("\n")
+            return f"pid {pid}" + (f": {command}" if command else "")
+        time.sleep(0.05)
+    return "a pid not yet recorded"
+
+
+@contextlib.contextmanager
+def writer_lock(directory: str | os.PathLike, what: str = "directory") -> Iterator[Path]:
+    """Hold the one-writer lock of `directory` (created if missing) for the `with` body.
+
+    Raises `DirectoryInUseError` naming the holder's pid when another process holds it.
+    The lock file is removed on release (and the directory, if the lock created it and
+    nothing else was written there); a file left by a killed holder carries no lock
+    (the kernel released it) and is taken over, its pid text rewritten. After taking the
+    lock the file is checked to still be the one at the path (a releasing holder may have
+    just removed it), so two processes can never both believe they hold it.
+    """
+    directory = Path(directory)
+    created = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DirectoryInUseError(
+                f"{directory}: {what} is being written by another blockdraft process "
+                f"({_holder(path)}); wait for it to finish or use another directory"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        mine = os.fstat(fd)
+        try:
+            there = os.stat(path)
+        except FileNotFoundError:
+            there = None
+        if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            break
+        os.close(fd)  # the previous holder removed the file between our open and flock
+    try:
+        command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
+        text = f"{os.getpid()}\n{command[:300]}\n".encode()
+        os.pwrite(fd, text, 0)  # then cut: a reader sees the old holder or us, never nothing
+        os.ftruncate(fd, len(text))
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            there = os.stat(path)
+            if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+                os.unlink(path)  # still ours (an export swap may have moved it away)
+        os.close(fd)  # releases the flock
+        if created:  # a run refused or failed before writing anything leaves no trace
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only if empty
+
+
+# --- files checked against their records -------------------------------------------------
+
+
+def verify_mode() -> str:
+    """`sha256` (default) or `size`, from `BLOCKDRAFT_VERIFY`."""
+    mode = os.environ.get("BLOCKDRAFT_VERIFY", "sha256")
+    if mode not in ("sha256", "size"):
+        raise BlockdraftError(f"BLOCKDRAFT_VERIFY: must be 'sha256' or 'size', got {mode!r}")
+    return mode
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_digest(path: str | os.PathLike) -> dict[str, Any]:
+    """`{"bytes", "sha256"}` of a file, streamed (the record `check_file` compares with)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return {"bytes": Path(path).stat().st_size, "sha256": h.hexdigest()}
+
+
+_VERIFIED: set[tuple[str, int, int, str]] = set()  # (file, size, mtime, sha256) hashed here
+
+
+def file_problem(
+    path: str | os.PathLike,
+    record: dict[str, Any],
+    *,
+    sha256: bool | None = None,
+    source: str = "the manifest",
+) -> str | None:
+    """What is wrong with `path` against `record` (`bytes`, `sha256`), or None if it matches.
+
+    Size first (a stat); then, unless `sha256=False` (default: `verify_mode()`), the
+    SHA-256 of the content, computed once per process for an unchanged file. `source`
+    names where the record lives, for the message.
+    """
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return f"{path}: missing (listed in {source})"
+    size = record.get("bytes")
+    if size is not None and st.st_size != size:
+        return f"{path}: truncated or replaced ({st.st_size} bytes, {source} says {size})"
+    want = record.get("sha256")
+    if sha256 is None:
+        sha256 = verify_mode() == "sha256"
+    if not (sha256 and want):
+        return None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, want)
+    if key in _VERIFIED:
+        return None
+    if file_digest(path)["sha256"] != want:
+        return f"{path}: corrupted (sha256 differs from {source})"
+    _VERIFIED.add(key)
+    return None
+
+
+def check_file(
+    path: str | os.PathLike,
+    record: dict[str, Any],
+    error: type[BlockdraftError] = IntegrityError,
+    *,
+    sha256: bool | None = None,
+    source: str = "the manifest",
+    hint: str = "",
+) -> None:
+    """Raise `error` (one line naming the file, plus `hint`) if `file_problem` finds one."""
+    problem = file_problem(path, record, sha256=sha256, source=source)
+    if problem is not None:
+        raise error(problem + (f"; {hint}" if hint else ""))
+
+
+# --- reproducible bytes, written atomically ----------------------------------------------
+
+
+def canonical_json(obj: Any) -> bytes:
+    """JSON with sorted keys: the same content gives the same bytes."""
+    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+
+
+def safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str]) -> bytes:
+    """`safetensors.torch.save` with the metadata keys in sorted order.
+
+    safetensors keeps metadata in a hash map whose order changes from call to call, so
+    two saves of the same tensors give different bytes; the header is rewritten here with
+    sorted metadata (same tensors, same offsets, padded to 8 bytes as safetensors does).
+    """
+    from safetensors.torch import save
+
+    data = save(tensors, metadata=metadata)
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    if "__metadata__" in header:
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + n :]
+
+
+def with_filename(exc: OSError, path: str | os.PathLike) -> OSError:
+    """`exc` naming `path` when it names no file (a failed `write()` or `flush()`)."""
+    if exc.filename is None:
+        return OSError(exc.errno, exc.strerror or str(exc), str(path))
+    return exc
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` via a temp file, fsync and rename: readers see old or new.
+
+    The temp file never outlives a failure (a full disk must not stay full), and a failed
+    write names `path` (Python's write errors carry no file name).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise with_filename(exc, path) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # directories cannot be fsynced on every platform
+        pass
+
+
+# --- disk space ------------------------------------------------------------------------
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.3g} GB" if n >= 1e7 else f"{n / 1e6:.3g} MB"
+
+
+def ensure_free_space(directory: str | os.PathLike, need_bytes: int, what: str) -> None:
+    """Refuse (one line: need vs free, and where) to start writing `need_bytes` of `what`
+    into `directory` when its file system has less free space (plus 1% and 16 MB to spare)."""
+    where = Path(directory)
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return  # no answer (some network file systems): the write itself will tell
+    need = int(need_bytes)
+    if need > 0 and free < need + need // 100 + (16 << 20):
+        raise DiskSpaceError(
+            f"{where}: not enough free disk space for {what}: needs {_gb(need)}, "
+            f"{_gb(free)} free; free some space or choose another directory"
+        )
+
+
+# --- what a directory holds ------------------------------------------------------------
+
+_RUN_MARKERS = ("run.yaml", "metrics.jsonl", "checkpoints", "final", "best")
+
+
+def stored_artifact(directory: str | os.PathLike) -> str | None:
+    """What blockdraft artefact `directory` is: `export`, `checkpoint`, `run`, a manifest's
+    `format` (`blockdraft-rollouts`, `blockdraft-features`), or None (not one of ours)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return None
+    manifest = d / "manifest.json"
+    if manifest.is_file():
+        try:
+            fmt = json.loads(manifest.read_text()).get("format")
+        except (OSError, ValueError, AttributeError):
+            fmt = None
+        if isinstance(fmt, str) and fmt.startswith("blockdraft-"):
+            return fmt
+    config = d / "config.json"
+    if config.is_file():
+        try:
+            ours = json.loads(config.read_text()).get("blockdraft")
+        except (OSError, ValueError, AttributeError):
+            ours = None
+        if isinstance(ours, dict):
+            return "export" if "exported_from" in ours else "checkpoint"
+    if (d / "trainer_state.json").is_file():
+        return "checkpoint"
+    if any((d / m).exists() for m in _RUN_MARKERS):
+        return "run"
+    return None
+
+
+ARTIFACT_NAMES = {
+    "blockdraft-rollouts": "a rollout set",
+    "blockdraft-features": "a feature set",
+    "run": "a training run",
+    "checkpoint": "a drafter checkpoint",
+    "export": "an export",
+}
+
+
+def describe_artifact(kind: str) -> str:
+    return ARTIFACT_NAMES.get(kind, f"a {kind} directory")
+
+
+def enclosing_artifact(directory: str | os.PathLike) -> tuple[Path, str] | None:
+    """The nearest strict ancestor of `directory` that is a blockdraft artefact, and its kind."""
+    d = Path(directory).resolve()
+    for parent in d.parents:
+        kind = stored_artifact(parent)
+        if kind is not None:
+            return parent, kind
+    return None
