@@ -44,11 +44,6 @@ KNOWN = {
     ("upward", "blockdraft.models.drafter -> blockdraft.sampling"),
     ("upward", "blockdraft.models.hybrid -> blockdraft.sampling"),
     ("upward", "blockdraft.sampling -> blockdraft.data.generation"),
-    *(
-        ("private", f"blockdraft.data.rollout_import -> blockdraft.data.rollouts.{name}")
-        for name in ("_check_finished", "_finish_manifest", "_header", "_open_or_create",
-                     "_write_shard")
-    ),
 }  # fmt: skip
 
 

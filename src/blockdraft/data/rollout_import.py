@@ -46,12 +46,12 @@ from blockdraft.data.rollout_store import (
     write_manifest,
 )
 from blockdraft.data.rollouts import (
-    _check_finished,
-    _finish_manifest,
-    _header,
-    _open_or_create,
-    _write_shard,
+    check_finished_rows,
+    finish_manifest,
+    open_or_create_set,
     repair_damaged_shards,
+    set_header,
+    write_shard,
 )
 from blockdraft.data.teacher_forcing import score_responses
 from blockdraft.models.target import Target
@@ -279,8 +279,8 @@ def _write(
     """Shards + manifest exactly as `generate_rollouts` writes them (resumable)."""
     out = Path(out_dir)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    header = _header(target, settings, store_topk, f"import:{path.name}")
-    manifest = _open_or_create(out, header, batch_size=0, shard_size=shard_size)
+    header = set_header(target, settings, store_topk, f"import:{path.name}")
+    manifest = open_or_create_set(out, header, batch_size=0, shard_size=shard_size)
     previous = manifest.get("import", {}).get("sha256")
     if previous not in (None, digest) or (previous is None and manifest["shards"]):
         raise RolloutError(
@@ -291,7 +291,7 @@ def _write(
     tokens = [r.prompt_ids.tolist() for r in rows]
     pool: dict[int, dict[str, Any]] = {}
     repair_damaged_shards(out, manifest, pool, len(rows))  # a damaged shard: imported again
-    _check_finished(out, manifest["shards"] + list(pool.values()), ids, tokens)
+    check_finished_rows(out, manifest["shards"] + list(pool.values()), ids, tokens)
     manifest["import"] = {
         "file": str(path),
         "sha256": digest,
@@ -304,11 +304,11 @@ def _write(
     write_manifest(out, manifest)
     for task in plan_tasks(manifest, pool, len(rows), shard_size):
         a, b = task.first_row, task.first_row + task.rows
-        pool[task.first_row] = _write_shard(out, task, rows[a:b], ids[a:b], tokens[a:b], store_topk)
+        pool[task.first_row] = write_shard(out, task, rows[a:b], ids[a:b], tokens[a:b], store_topk)
         extend_prefix(manifest, pool)
-        _finish_manifest(out, manifest)
+        finish_manifest(out, manifest)
     extend_prefix(manifest, pool)
-    _finish_manifest(out, manifest)
+    finish_manifest(out, manifest)
     if manifest["complete"]:
         remove_parts(out)
     return RolloutSet(out, manifest)

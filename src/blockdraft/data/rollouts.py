@@ -113,7 +113,7 @@ def generate_rollouts(
     ctx = rank_context()
     out = Path(out_dir)
     spec = prompt_spec or ",".join(sorted({p.source for p in prompts}))
-    header = _header(target, settings, store_topk, spec)
+    header = set_header(target, settings, store_topk, spec)
     tokens = [render_prompt(target.tokenizer, p) for p in prompts]
     with contextlib.ExitStack() as held:  # rank 0's writer lock, for the whole run
         return _generate_into(
@@ -157,10 +157,10 @@ def _generate_into(
             if not (out / MANIFEST).exists():  # a new set: refused before anything is written
                 need = rollout_bytes(range(len(ids)), tokens, settings.max_new_tokens, store_topk)
                 ensure_free_space(out, need, "the rollouts")
-            manifest = _open_or_create(out, header, batch_size, shard_size)
+            manifest = open_or_create_set(out, header, batch_size, shard_size)
             pool = finished_beyond_prefix(out, manifest)
             repair_damaged_shards(out, manifest, pool, len(ids))
-            _check_finished(out, manifest["shards"] + list(pool.values()), ids, tokens)
+            check_finished_rows(out, manifest["shards"] + list(pool.values()), ids, tokens)
             extend_prefix(manifest, pool)
             manifest["prompts"]["requested"] = max(len(prompts), manifest["prompts"]["requested"])
             write_manifest(out, manifest)
@@ -195,21 +195,21 @@ def _generate_into(
             rows = _generate_shard(
                 target, ids[a:b], tokens[a:b], settings, batch_size, store_topk, meter
             )
-            entry = _write_shard(out, task, rows, ids[a:b], tokens[a:b], store_topk)
+            entry = write_shard(out, task, rows, ids[a:b], tokens[a:b], store_topk)
             if ctx.distributed:
                 record_part(out, ctx.rank, entry)
             if ctx.rank == 0:
                 pool[entry["first_row"]] = entry
                 pool.update(finished_beyond_prefix(out, manifest) if ctx.distributed else {})
                 if extend_prefix(manifest, pool):
-                    _finish_manifest(out, manifest)
+                    finish_manifest(out, manifest)
     finally:
         bar.close()
     ctx.barrier()
     if ctx.rank == 0:
         pool.update(finished_beyond_prefix(out, manifest))
         extend_prefix(manifest, pool)
-        _finish_manifest(out, manifest)
+        finish_manifest(out, manifest)
         if manifest["num_rollouts"] >= len(prompts):
             remove_parts(out)
     ctx.barrier()
@@ -279,7 +279,7 @@ def repair_damaged_shards(
         print(f"warning: {problem}; regenerating rows {a}..{b}", file=sys.stderr, flush=True)
 
 
-def _finish_manifest(out: Path, manifest: dict[str, Any]) -> None:
+def finish_manifest(out: Path, manifest: dict[str, Any]) -> None:
     manifest["complete"] = manifest["num_rollouts"] >= manifest["prompts"]["requested"]
     write_manifest(out, manifest)
 
@@ -297,7 +297,7 @@ class _Meter:
         self.bar.update(rows)
 
 
-def _header(
+def set_header(
     target: Target, settings: SamplingSettings, store_topk: int, spec: str
 ) -> dict[str, Any]:
     return {
@@ -328,7 +328,7 @@ def _compat_items(manifest: dict[str, Any]) -> dict[str, Any]:
     return items
 
 
-def _open_or_create(
+def open_or_create_set(
     out: Path, header: dict[str, Any], batch_size: int, shard_size: int
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
@@ -385,7 +385,7 @@ def _mismatch(out: Path, key: str, stored: Any, new: Any) -> None:
     )
 
 
-def _check_finished(
+def check_finished_rows(
     out: Path, shards: list[dict[str, Any]], ids: list[str], tokens: list[list[int]]
 ) -> None:
     """Finished shards must be intact and hold the same prompts, in order, as requested now."""
@@ -431,7 +431,7 @@ def _generate_shard(
     return rows  # type: ignore[return-value]
 
 
-def _write_shard(
+def write_shard(
     out: Path,
     task: ShardTask,
     rows: list[Rollout],
