@@ -38,8 +38,6 @@ LAYERS = [
     {"cli", "__main__"},
 ]
 KNOWN = {
-    ("cycle", "blockdraft.training.draft_forward -> blockdraft.training.draft_space -> "
-     "blockdraft.training.objective_step"),
     ("upward", "blockdraft.models.drafter_spec -> blockdraft.evaluation.scoring"),
     ("upward", "blockdraft.models.drafter -> blockdraft.sampling"),
     ("upward", "blockdraft.models.hybrid -> blockdraft.sampling"),

@@ -14,8 +14,8 @@ from blockdraft.data.generation import SamplingSettings, sampling_logprobs
 from blockdraft.objectives.cross_entropy import token_logprobs
 from blockdraft.objectives.e2e import overlap, overlap_with_logits
 from blockdraft.objectives.edr_acceptance import acceptance_and_cost
-from blockdraft.training.draft_forward import chunked_token_logprobs, target_sampling_probs
-from blockdraft.training.objective_step import target_probs_for
+from blockdraft.training.draft_forward import chunked_token_logprobs
+from blockdraft.training.target_distributions import target_probs_for, target_sampling_probs
 
 N, K, V = 5, 3, 11
 STOPS = [2, 7]

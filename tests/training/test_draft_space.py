@@ -15,7 +15,8 @@ from blockdraft.objectives.registry import make_objective
 from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.draft_space import DraftSpace, sampling_targets
-from blockdraft.training.objective_step import block_micro_step, label_positions, target_probs_for
+from blockdraft.training.objective_step import block_micro_step, label_positions
+from blockdraft.training.target_distributions import target_probs_for
 
 VOCAB, STOPS = 40, [1, 2]
 DRAFT = torch.tensor([1, 3, 4, 6, 7, 9, 12, 15, 20, 21, 22, 30, 33, 39])  # stop 1 in, 2 out

@@ -117,7 +117,8 @@ def test_scoring_of_wrapped_forward_equals_unwrapped(setup, mode: str) -> None:
     through `forward`: same acceptance and cost, and the target probabilities computed
     once per distinct position equal `target_probs_for`'s per-slot rows."""
     from blockdraft.training.draft_space import sampling_targets
-    from blockdraft.training.objective_step import label_positions, target_probs_for
+    from blockdraft.training.objective_step import label_positions
+    from blockdraft.training.target_distributions import target_probs_for
 
     target, drafter, batch = setup
 

@@ -141,7 +141,8 @@ def _measured_sampled_e2e_peak(*, hidden, drafter_layers, block, batch, seq, anc
     probabilities and the row-chunked overlap (objective_step.block_micro_step's path)."""
     from blockdraft.data.generation import SamplingSettings
     from blockdraft.objectives.e2e import e2e_from_overlap, overlap_with_logits
-    from blockdraft.training.objective_step import label_positions, target_probs_for
+    from blockdraft.training.objective_step import label_positions
+    from blockdraft.training.target_distributions import target_probs_for
 
     settings = SamplingSettings(temperature=0.8)
     with LiveBytes() as m:

@@ -122,35 +122,3 @@ def slot_argmax(
     if draft_ids is not None:
         out = draft_ids.to(out.device)[out]
     return out.reshape(hidden.shape[:-1])
-
-
-def target_sampling_probs(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
-    """Target distribution for the token at each sequence index in `positions [B,A,K]`.
-
-    The token at index i is predicted by the target's logits at i - 1, processed exactly as
-    the rollouts were sampled (temperature, top-k, top-p) so E2E/EDR compare the drafter
-    with the distribution the data came from. Returns `[B,A,K,V]` float32, the only full
-    vocabulary-sized tensor made: rows are processed `default_chunk_rows` at a time.
-    """
-    from blockdraft.data.rollouts import sampling_logprobs
-
-    return gathered_rows(logits, positions, lambda rows: sampling_logprobs(rows, settings).exp())
-
-
-@torch.no_grad()
-def gathered_rows(logits: torch.Tensor, positions: torch.Tensor, fn) -> torch.Tensor:
-    """`fn(logits[b, positions - 1])` `[B,A,K,V]` float32, a bounded number of rows at a time.
-
-    Why: gathering all rows first and then processing them makes a copy of the rows in
-    the target's dtype plus one float32 tensor per step of `fn`, each `[B*A*K, V]`."""
-    from blockdraft.objectives.cross_entropy import default_chunk_rows
-
-    b, vocab = logits.shape[0], logits.shape[-1]
-    src = (positions - 1).clamp_min(0).reshape(b, -1)
-    out = torch.empty((b, src.shape[1], vocab), dtype=torch.float32, device=logits.device)
-    step = default_chunk_rows(vocab)
-    for i in range(b):
-        for lo in range(0, src.shape[1], step):
-            idx = src[i, lo : lo + step]
-            out[i, lo : lo + step] = fn(logits[i].index_select(0, idx))
-    return out.reshape(*positions.shape, vocab)

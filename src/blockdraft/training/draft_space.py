@@ -26,6 +26,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from blockdraft.training.target_distributions import target_probs_for
+
 Tensor = torch.Tensor
 
 
@@ -96,8 +98,6 @@ def sampling_targets(
     K label positions, so the block layout asks for each position up to K times), reduced
     to the draft space, then copied into place. `tout`: the target's `TargetOutput`, whose
     logits may start at `logits_start` (`response_logits_to_keep`)."""
-    from blockdraft.training.objective_step import target_probs_for  # (imports this module)
-
     logits = tout.logits
     b = positions.shape[0]
     width = logits.shape[-1] if space is None else space.width

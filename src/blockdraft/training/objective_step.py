@@ -25,10 +25,8 @@ from blockdraft.objectives.dpace import dpace_weights
 from blockdraft.objectives.e2e import overlap_with_logits
 from blockdraft.training.batching import Batch, anchor_generator
 from blockdraft.training.draft_forward import (
-    gathered_rows,
     map_to_draft_vocab,
     slot_argmax,
-    target_sampling_probs,
 )
 from blockdraft.training.draft_space import DraftSpace, sampling_targets
 
@@ -131,19 +129,6 @@ def label_positions(anchors: torch.Tensor, k: int, seq_len: int) -> torch.Tensor
     return (anchors.unsqueeze(-1) + torch.arange(1, k + 1, device=anchors.device)).clamp(
         0, seq_len - 1
     )
-
-
-def target_probs_for(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
-    """The target distribution each label was drawn from (one-hot argmax when greedy),
-    `[B,A,K,V]` float32, built a bounded number of rows at a time (`gathered_rows`)."""
-    if settings.greedy:
-        return gathered_rows(logits, positions, _one_hot_argmax)
-    return target_sampling_probs(logits, positions, settings)
-
-
-def _one_hot_argmax(rows: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(rows.shape, dtype=torch.float32, device=rows.device)
-    return out.scatter_(-1, rows.argmax(-1, keepdim=True), 1.0)
 
 
 def block_stats(

@@ -1,0 +1,55 @@
+"""The target's distribution at each label position, as the training step needs it.
+
+E2E and sampled EDR compare the drafter with the distribution each label was drawn from
+(the rollouts' temperature, top-k and top-p; a one-hot argmax when greedy). The rows are
+gathered from the target's logits a bounded number at a time, because the result is the
+one full-vocabulary tensor the step makes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from blockdraft.data.generation import sampling_logprobs
+from blockdraft.objectives.cross_entropy import default_chunk_rows
+
+
+def target_probs_for(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
+    """The target distribution each label was drawn from (one-hot argmax when greedy),
+    `[B,A,K,V]` float32, built a bounded number of rows at a time (`gathered_rows`)."""
+    if settings.greedy:
+        return gathered_rows(logits, positions, _one_hot_argmax)
+    return target_sampling_probs(logits, positions, settings)
+
+
+def _one_hot_argmax(rows: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(rows.shape, dtype=torch.float32, device=rows.device)
+    return out.scatter_(-1, rows.argmax(-1, keepdim=True), 1.0)
+
+
+def target_sampling_probs(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
+    """Target distribution for the token at each sequence index in `positions [B,A,K]`.
+
+    The token at index i is predicted by the target's logits at i - 1, processed exactly as
+    the rollouts were sampled (temperature, top-k, top-p) so E2E/EDR compare the drafter
+    with the distribution the data came from. Returns `[B,A,K,V]` float32, the only full
+    vocabulary-sized tensor made: rows are processed `default_chunk_rows` at a time.
+    """
+    return gathered_rows(logits, positions, lambda rows: sampling_logprobs(rows, settings).exp())
+
+
+@torch.no_grad()
+def gathered_rows(logits: torch.Tensor, positions: torch.Tensor, fn) -> torch.Tensor:
+    """`fn(logits[b, positions - 1])` `[B,A,K,V]` float32, a bounded number of rows at a time.
+
+    Why: gathering all rows first and then processing them makes a copy of the rows in
+    the target's dtype plus one float32 tensor per step of `fn`, each `[B*A*K, V]`."""
+    b, vocab = logits.shape[0], logits.shape[-1]
+    src = (positions - 1).clamp_min(0).reshape(b, -1)
+    out = torch.empty((b, src.shape[1], vocab), dtype=torch.float32, device=logits.device)
+    step = default_chunk_rows(vocab)
+    for i in range(b):
+        for lo in range(0, src.shape[1], step):
+            idx = src[i, lo : lo + step]
+            out[i, lo : lo + step] = fn(logits[i].index_select(0, idx))
+    return out.reshape(*positions.shape, vocab)
