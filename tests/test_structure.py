@@ -38,7 +38,6 @@ LAYERS = [
     {"cli", "__main__"},
 ]
 KNOWN = {
-    ("upward", "blockdraft.models.drafter_spec -> blockdraft.evaluation.scoring"),
     ("upward", "blockdraft.models.drafter -> blockdraft.sampling"),
     ("upward", "blockdraft.models.hybrid -> blockdraft.sampling"),
     ("upward", "blockdraft.sampling -> blockdraft.data.generation"),

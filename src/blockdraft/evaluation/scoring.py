@@ -208,22 +208,6 @@ def tensor_state_hash(module: Any) -> str:
     return h.hexdigest()
 
 
-def checkpoint_hash(path: str | os.PathLike) -> str:
-    """sha256 of a checkpoint directory's files (config + weights), streamed."""
-    h = hashlib.sha256()
-    files = sorted(
-        p for p in Path(path).iterdir() if p.is_file() and p.suffix in (".json", ".safetensors")
-    )
-    if not files:
-        raise FileNotFoundError(f"{path}: no config.json / model.safetensors to hash")
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
 def rollouts_hash(rollouts: Iterable[Any]) -> str:
     """sha256 over every rollout's prompt, response and log-probs (order matters)."""
     h = hashlib.sha256()

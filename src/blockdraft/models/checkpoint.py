@@ -28,6 +28,7 @@ silently wrong weights. Files are written with the usual permissions (0644 under
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -206,6 +207,22 @@ def save_drafter(
     }
     json.dumps(config_json)  # fail before touching the disk if extra is not serialisable
     return write_checkpoint_dir(path, config_json, drafter.state_dict())
+
+
+def checkpoint_hash(path: str | os.PathLike) -> str:
+    """sha256 of a checkpoint directory's files (config + weights), streamed."""
+    h = hashlib.sha256()
+    files = sorted(
+        p for p in Path(path).iterdir() if p.is_file() and p.suffix in (".json", ".safetensors")
+    )
+    if not files:
+        raise FileNotFoundError(f"{path}: no config.json / model.safetensors to hash")
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

@@ -38,8 +38,7 @@ def load_drafter_spec(
     shares its embedding and head), cast to `dtype` if given (else the checkpoint's).
     Checkpoints adopt their own target layer ids (a drafter trained on `[0,1,2,3]` is
     scored on those layers); load each drafter right before using it."""
-    from blockdraft.evaluation.scoring import checkpoint_hash
-    from blockdraft.models.checkpoint import load_drafter
+    from blockdraft.models.checkpoint import checkpoint_hash, load_drafter
 
     ngram = parse_drafter_spec(spec)
     if ngram is not None:
