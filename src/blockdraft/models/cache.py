@@ -109,10 +109,3 @@ def purge_stale_builds(final: Path) -> None:
         pid = parts[1] if len(parts) == 3 else ""
         if not pid.isdigit() or not _pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def complete_entries(parent: Path) -> list[Path]:
-    """Finished cache entries under `parent` (temporary build directories excluded)."""
-    if not parent.is_dir():
-        return []
-    return sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX))

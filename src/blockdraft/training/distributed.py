@@ -209,11 +209,6 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
 # `best/` / `final/` are servable as they are. Gathering is collective: every rank calls.
 
 
-def is_sharded(module: nn.Module) -> bool:
-    """True when `module`'s parameters are FSDP2 DTensor shards."""
-    return any(hasattr(p, "full_tensor") for p in module.parameters())
-
-
 def _trainable_names(model: nn.Module) -> list[str]:
     """Parameter names in the order the trainer hands parameters to the optimizer."""
     return [name for name, p in model.named_parameters() if p.requires_grad]

@@ -32,8 +32,6 @@ KEY = "data.features"
 
 
 class FeatureSource(Protocol):
-    provides_logits: bool
-
     def features(
         self, batch: Batch, *, with_logits: bool = False, logits_to_keep: int = 0
     ) -> TargetOutput:
@@ -72,8 +70,6 @@ class BatchTarget:
 class OnlineTargetFeatures:
     """Features (and logits when asked) from a forward of the frozen target."""
 
-    provides_logits = True
-
     def __init__(self, target: Any) -> None:
         self.target = target
 
@@ -98,8 +94,6 @@ class CachedFeatures:
     matched to stored rows by prompt id (unique within a rollout set), so a held-out
     split of the set works. `dtype`/`device` are what the online target would return.
     """
-
-    provides_logits = False
 
     def __init__(
         self,

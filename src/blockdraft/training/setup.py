@@ -74,11 +74,6 @@ def _materialise(rs, key: str, limit: int | None = None) -> RolloutData:
     return RolloutData(rows, rs.settings, str(rs.directory))
 
 
-def load_rollouts(directory: str, key: str, target, limit: int | None = None) -> RolloutData:
-    """A whole rollout directory, checked against the target, in memory."""
-    return _materialise(_open_checked(directory, key, target), key, limit)
-
-
 def load_train_eval(cfg: TrainConfig, target) -> tuple[RolloutData, RolloutData | None]:
     """Training rollouts and the held-out set (its own directory or a split by prompt id)."""
     d = cfg.data
