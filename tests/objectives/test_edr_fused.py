@@ -124,11 +124,20 @@ def test_fused_float32_and_no_grad() -> None:
 def test_target_with_gradient_uses_reference() -> None:
     """The fused path gives the target no gradient, so a target that requires grad goes
     through the autograd formula and still gets its gradient."""
-    draft, target, ids, _ = _inputs(5)
-    target = target.clone().requires_grad_(True)
-    acc, cost = acceptance_and_cost(draft, target, ids, temperature=0.9, stop_token_ids=STOPS)
-    (acc.sum() + cost.sum()).backward()
-    assert target.grad is not None and target.grad.abs().sum() > 0
+    draft, target, ids, grads = _inputs(5)
+    results = []
+    for fn in (
+        lambda d, t: acceptance_and_cost(d, t, ids, temperature=0.9, stop_token_ids=STOPS),
+        lambda d, t: _inline(d, t, ids, 0.9, False, STOPS, realised=False),
+    ):
+        d, t = draft.clone().requires_grad_(True), target.clone().requires_grad_(True)
+        acc, cost = fn(d, t)
+        ((acc * grads[0]).sum() + (cost * grads[1]).sum()).backward()
+        assert t.grad is not None
+        results.append((acc.detach(), cost.detach(), d.grad, t.grad))
+    for ours, ref in zip(*results, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+    assert results[0][3].abs().sum() > 0
 
 
 @pytest.mark.parametrize("target_is_probs", [False, True])
