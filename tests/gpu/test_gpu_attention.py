@@ -3,7 +3,7 @@ gradients, fp32 and bf16, padding anchors, GQA, and whole drafters (DFlash and s
 
 Tolerances are relative norms against the dense reference computed in float64 on the
 CPU (`||got - ref|| / ||ref||`): fp32 within 1e-4 (fp32 arithmetic lands near 1e-6; a
-kernel silently using TF32 lands near 1e-3 and fails), bf16 within 2e-2 (bf16 operands
+kernel silently using TF32 lands near 1e-3 and fails), bf16 within 3e-2 (bf16 operands
 land between 1e-3 and 1e-2).
 """
 
@@ -17,7 +17,7 @@ from blockdraft.models.drafter import BlockDrafter, DrafterConfig
 from blockdraft.models.semi_ar import SemiARDrafter
 from blockdraft.models.testing import make_random_target
 
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 BLOCK = 16
 # Sorted anchors (as training samples them), anchor 0 (no context), a repeat, and
 # padding anchors (-1) at the end of the shorter row; lengths off the 128-tile grid.

