@@ -4,7 +4,9 @@ The verifiers (standard and block verification) run on the device with the decod
 loop's generators (seeded on the CPU per prompt, as `evaluation/online.py` does) and
 with a generator on the device itself; each draws (accepted, token) from the exact
 per-draft outcome distribution that tests/evaluation/test_verify.py enumerates
-(`Instance`, `outcome_dist`), checked by a chi-square test at significance 1e-4.
+(`Instance`, `outcome_dist`), checked by a chi-square test at significance 1e-4. That
+enumeration is exactly lossless (test_verify.py checks it against the target's joint in
+float64); here the rules' arithmetic on the device in float32 must equal it to 1e-6.
 """
 
 from __future__ import annotations
@@ -14,9 +16,29 @@ import torch
 from fake_drafter import chi2_pvalue
 from test_verify import ALPHA, Instance, K, V, outcome_dist
 
-from blockdraft.evaluation.verify import verify_block, verify_standard
+from blockdraft.evaluation.verify import (
+    block_stop_probs,
+    block_weights,
+    standard_accept_probs,
+    verify_block,
+    verify_standard,
+)
 
 DRAWS = 3000
+
+
+def test_rules_arithmetic_on_device_equals_float64(device):
+    for seed, zeros in [(0, False), (2, True)]:
+        inst = Instance(seed, zeros=zeros)
+        for draft in [(0, 1, 2), (2, 2, 0), (1, 1, 1)]:
+            exact = inst.rows(draft)
+            here = [
+                t.to(device, torch.float32) if t.is_floating_point() else t.to(device)
+                for t in exact
+            ]
+            for fn in (standard_accept_probs, block_weights, block_stop_probs):
+                got, ref = fn(*here), fn(*exact)
+                torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("rule", ["standard", "block"])
