@@ -5,7 +5,7 @@
 # the project runs from src/ (PYTHONPATH); python is $PYTHON or python3.
 #   bash scripts/gpu_check.sh              # on a CUDA machine: under 8 minutes
 #   bash scripts/gpu_check.sh --cpu-smoke  # the same parts at tiny shapes on the CPU
-#   TARGET_LAYERS=8 BUDGET_S=450 PARTS="dpace edr" bash scripts/gpu_check.sh  # (defaults)
+#   TARGET_LAYERS=8 BUDGET_S=450 PARTS="dpace edr" LIMIT_edr=90 bash scripts/gpu_check.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 SMOKE=""
@@ -21,7 +21,10 @@ START=$SECONDS
 BUDGET=${BUDGET_S:-450}            # seconds for all parts; the summary follows
 LAYERS=${TARGET_LAYERS:-8}         # decoder layers of the Qwen3-8B-shaped target (of 36)
 PARTS=${PARTS:-"tests matmul dpace edr e2e rollout decode"}
-declare -A LIMIT=([tests]=140 [matmul]=20 [dpace]=60 [edr]=65 [e2e]=50 [rollout]=50 [decode]=50)
+# seconds per part (LIMIT_<part> overrides; each is cut to what the budget has left)
+declare -A LIMIT=([tests]=${LIMIT_tests:-140} [matmul]=${LIMIT_matmul:-20}
+    [dpace]=${LIMIT_dpace:-70} [edr]=${LIMIT_edr:-75} [e2e]=${LIMIT_e2e:-55}
+    [rollout]=${LIMIT_rollout:-45} [decode]=${LIMIT_decode:-45})
 
 "$PY" bench/gpu_check.py --part preflight --work "$WORK" $SMOKE || exit 2
 echo "gpu_check: $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")')"
@@ -46,7 +49,7 @@ run_part() {  # name limit command...: the limit shrinks to what the budget has 
 for part in $PARTS; do
     if [ "$part" = tests ]; then
         if [ -n "$SMOKE" ]; then export BLOCKDRAFT_GPU_TESTS_ON_CPU=1; fi
-        run_part tests "${LIMIT[tests]}" "$PY" -m pytest -q -p no:cacheprovider tests/gpu \
+        run_part tests "${LIMIT[tests]}" "$PY" -m pytest -v -p no:cacheprovider tests/gpu \
             -rfEs --junitxml="$WORK/tests.xml"
         unset BLOCKDRAFT_GPU_TESTS_ON_CPU
     else
