@@ -231,6 +231,15 @@ def part_train(
         amp=str(parts.amp_dtype),
         attention="flex" if device.type == "cuda" else "tiled",
     )
+    plan = plan_memory(cfg, 1, device.type, hf_config=hf)
+    part.record(plan_gib=plan.peak / GiB)
+    if not smoke:
+        from transformers import Qwen3Config
+
+        from blockdraft.models.testing import SHAPES
+
+        full = plan_memory(cfg, 1, "cuda", hf_config=Qwen3Config(**SHAPES["qwen3-8b"][1]))
+        part.record(plan_full_target_gib=full.peak / GiB)
     warm, reps = (1, 1) if smoke else (2, 3)
     times: list[float] = []
     first_s = None
@@ -244,22 +253,13 @@ def part_train(
         if step >= warm:
             times.append(dt)
         part.record(first_step_s=first_s, step_times_s=times)
+        if device.type == "cuda":  # after each step: a part killed later still has it
+            part.record(peak_gib=torch.cuda.max_memory_allocated(device) / GiB)
     step_s = statistics.median(times)
     tokens = metrics["tokens"]
     part.record(
         step_s=step_s, tokens_per_step=tokens, tokens_per_s=tokens / step_s, loss=metrics["loss"]
     )
-    if device.type == "cuda":
-        part.record(peak_gib=torch.cuda.max_memory_allocated(device) / GiB)
-    plan = plan_memory(cfg, 1, device.type, hf_config=hf)
-    part.record(plan_gib=plan.peak / GiB)
-    if not smoke:
-        from transformers import Qwen3Config
-
-        from blockdraft.models.testing import SHAPES
-
-        full = plan_memory(cfg, 1, "cuda", hf_config=Qwen3Config(**SHAPES["qwen3-8b"][1]))
-        part.record(plan_full_target_gib=full.peak / GiB)
     # the target forward alone, as the step runs it (logits of the response when sampled)
     ids = collate(rollouts, [0], parts.pad_id, T).to(device).input_ids
     keep = T - prompt if sampled else 0
