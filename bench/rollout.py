@@ -62,7 +62,11 @@ def make_prompts(n: int) -> list[Prompt]:
 
 
 def _clock() -> float:
-    """CPU seconds of this process (all threads): robust to other processes' load."""
+    """CPU seconds of this process (all threads): robust to other processes' load. On a
+    GPU the work is the device's: wall seconds after a synchronize (bench/gpu_check.py)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        return time.perf_counter()
     return time.process_time()
 
 
@@ -93,8 +97,8 @@ def run_hf(target: Target, prompts: list[Prompt], s: SamplingSettings, batch: in
     for start in range(0, len(order), batch):
         rows = [rendered[i] for i in order[start : start + batch]]
         width = max(map(len, rows))
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=target.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows]).to(ids.device)
         out = target.model.generate(
             input_ids=ids,
             attention_mask=mask,

@@ -261,3 +261,41 @@ def test_sampled_e2e_and_edr_count_vocabulary_tensors():
         greedy = {"objective.name": name, "objective.mode": "greedy"}
         g = plan_memory(_dflash_recipe(8, **greedy), 8, "cuda", hf)
         assert g.parts["cross_entropy"] == base.parts["cross_entropy"]
+
+
+def _measured_sampled_edr_peak(hidden, block, seq, max_anchors) -> tuple[int, object, object]:
+    """Peak live bytes of two real sampling-EDR training steps (`loop.train_step` on
+    `training/synthetic.py`'s run) at the library's `num_anchors` (512), which EDR does
+    not use: it drafts up to `objective.max_anchors` round starts."""
+    from blockdraft.data.generation import SamplingSettings
+    from blockdraft.models.testing import make_random_target
+    from blockdraft.training.loop import train_step
+    from blockdraft.training.synthetic import random_rollouts, synthetic_run
+
+    cfg = _cfg(
+        **{
+            "objective.name": "edr",
+            "objective.max_anchors": max_anchors,
+            "optim.batch_size": 1,
+            "data.max_seq_len": seq,
+            "drafter.num_layers": 2,
+            "drafter.block_size": block,
+        }
+    )
+    with LiveBytes() as m:
+        target = make_random_target(hidden_size=hidden, num_layers=6, num_heads=4, num_kv_heads=2)
+        rollouts = random_rollouts(1, seq // 8, seq - seq // 8, target.vocab_size, seed=1)
+        parts = synthetic_run(cfg, target, rollouts, SamplingSettings(1.0), torch.device("cpu"))
+        for step in range(2):
+            train_step(parts, step, want_acc=False)
+        del parts
+    return m.peak, cfg, target.model.config
+
+
+def test_sampled_edr_estimate_within_20_percent_of_measured_peak():
+    """EDR's blocks are `objective.max_anchors` round starts, not `num_anchors` (the plan
+    counted 512 blocks here: 8x the measured peak), and one process holds no whole
+    [rows, V] drafter logits (training/sampling_scores.py)."""
+    measured, cfg, hf = _measured_sampled_edr_peak(hidden=128, block=16, seq=256, max_anchors=32)
+    ratio = plan_memory(cfg, 1, "cpu", hf_config=hf).peak / measured
+    assert 0.8 <= ratio <= 1.2, ratio

@@ -77,7 +77,7 @@ def make_random_target(
 
 
 # Published shapes of the targets the benches time (models/tiny.py TinyConfig; Gemma 3
-# 270M's config), so every bench measures the same model without a download.
+# 270M's and Qwen3-8B's configs), so every bench measures the same model without a download.
 SHAPES: dict[str, tuple[str, dict]] = {
     "tiny": (
         "qwen3",
@@ -95,27 +95,52 @@ SHAPES: dict[str, tuple[str, dict]] = {
             query_pre_attn_scalar=256, max_position_embeddings=32768, rope_theta=1e6,
         ),
     ),
+    "qwen3-8b": (  # tests/training/fixtures/qwen3_8b_config.json
+        "qwen3",
+        dict(
+            vocab_size=151_936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+            max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6,
+            tie_word_embeddings=False,
+        ),
+    ),
 }  # fmt: skip
 
 
-def make_shaped_target(shape: str, seed: int = 0) -> Target:
+def make_shaped_target(
+    shape: str,
+    seed: int = 0,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    **overrides: int,
+) -> Target:
     """Random weights at a real target's shape (`SHAPES`), with the small test tokenizer.
 
     For timing only: the tokenizer covers a few hundred ids of the large vocabulary, so
-    prompts are token ids or short texts; the model's compute is the real one's."""
+    prompts are token ids or short texts; the model's compute is the real one's.
+    `overrides` replace config fields (`num_hidden_layers=8`: an 8B shape's width with
+    fewer layers, to fit a time budget); `device`/`dtype` build the weights there directly
+    (an 8B shape is initialised on the GPU in seconds, on the CPU in minutes)."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}: use one of {sorted(SHAPES)}")
     arch, fields = SHAPES[shape]
+    unknown = set(overrides) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown fields {sorted(unknown)} for shape {shape!r}")
+    fields = {**fields, **overrides}
     tok = make_random_target(arch).tokenizer
     ids = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
     torch.manual_seed(seed)
     if arch == "qwen3":
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
-        model = Qwen3ForCausalLM(Qwen3Config(**fields, **ids))
+        cls, config = Qwen3ForCausalLM, Qwen3Config(**fields, **ids)
     else:
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-        model = Gemma3ForCausalLM(Gemma3TextConfig(**fields, **ids))
+        cls, config = Gemma3ForCausalLM, Gemma3TextConfig(**fields, **ids)
+    with torch.device(device or "cpu"):
+        model = cls._from_config(config, dtype=dtype or torch.float32)
     mask = tok.convert_tokens_to_ids(MASK_TOKEN)
     return Target(model.eval(), tok, name=f"{shape}-shaped", mask_token_id=mask)

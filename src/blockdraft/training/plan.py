@@ -237,7 +237,10 @@ def plan_memory(
 
     # --- drafter step ----------------------------------------------------------------------
     Kb = cfg.drafter.block_size
-    A = cfg.num_anchors
+    # blocks with gradient per sequence: EDR drafts up to `objective.max_anchors` round
+    # starts (its no-grad scoring pass runs before, in chunks of that size), the block
+    # objectives `num_anchors`; neither more than the sequence has positions
+    A = min(cfg.objective.max_anchors if cfg.objective.name == "edr" else cfg.num_anchors, T)
     N = b * A * Kb  # block query rows
     # What autograd keeps (read from layers.py; temporaries feeding an add are freed).
     # RMSNorm keeps its normalised copy and output (fp32 under autocast, plus the fp32
@@ -260,10 +263,15 @@ def plan_memory(
     rows_ce = b * A * (Kb - 1)
     cb = 4 if tb == 4 else tb
     if sampled:  # objectives/row_chunks.py: full drafter logits + target probabilities
-        ce = _sampled_distribution_bytes(cfg, s.vocab, b, T, Kb, ab) + target_logits
+        ce = _sampled_distribution_bytes(cfg, s.vocab, b, T, Kb, ab, world_size) + target_logits
+        held = (
+            "target logits and probabilities; the drafter's logits per row chunk only"
+            if cfg.objective.name == "edr" and world_size == 1
+            else "target logits, [blocks, K, V] drafter logits, their gradient and target "
+            "probabilities"
+        )
         plan.notes.append(
-            f"objective {cfg.objective.name}: counted for sampled rollouts (target logits, "
-            "[blocks, K, V] drafter logits, their gradient and target probabilities); "
+            f"objective {cfg.objective.name}: counted for sampled rollouts ({held}); "
             "greedy rollouts need none of it (objective.mode=greedy)"
         )
     elif rows_ce * s.vocab * cb <= MAX_KEPT_PROBS_BYTES:
@@ -288,7 +296,9 @@ def plan_memory(
     return plan
 
 
-def _sampled_distribution_bytes(cfg: Any, vocab: int, b: int, T: int, Kb: int, ab: int) -> int:
+def _sampled_distribution_bytes(
+    cfg: Any, vocab: int, b: int, T: int, Kb: int, ab: int, world_size: int = 1
+) -> int:
     """Vocabulary-sized memory of a sampled E2E/EDR step (`objective_step.py`,
     `edr_step.py`, `objectives/row_chunks.py`): the drafter's `[rows, W]` logits (the
     activation dtype) and the gradient autograd accumulates for them in backward, the
@@ -297,12 +307,16 @@ def _sampled_distribution_bytes(cfg: Any, vocab: int, b: int, T: int, Kb: int, a
     in the forward, the recompute and the per-position build of the probabilities). W is
     the target vocabulary, or a reduced draft vocabulary + 2 (`draft_space.py`). EDR's
     gradient pass has up to `objective.max_anchors` round starts per rollout (its no-grad
-    scoring pass, chunked the same, runs before it)."""
-    anchors = cfg.num_anchors if cfg.objective.name == "e2e" else min(cfg.objective.max_anchors, T)
+    scoring pass, chunked the same, runs before it). Sampling EDR in one process runs its
+    LM head inside checkpointed row chunks (`training/sampling_scores.py`): of these it
+    holds only the target probabilities whole."""
+    edr = cfg.objective.name == "edr"
+    anchors = min(cfg.objective.max_anchors if edr else cfg.num_anchors, T)
     rows = b * anchors * (Kb - 1)
     width = cfg.drafter.draft_vocab_size + 2 if cfg.drafter.draft_vocab_size else vocab
     chunk = min(rows, default_chunk_rows(vocab)) * vocab * 4
-    return rows * width * (2 * ab + 4) + 2 * chunk
+    per_entry = 4 if edr and world_size == 1 else 2 * ab + 4
+    return rows * width * per_entry + 2 * chunk
 
 
 def _attention_bytes(

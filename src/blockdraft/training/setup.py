@@ -205,6 +205,43 @@ def build_optimizer(cfg: TrainConfig, params, total: int):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+# The largest values the CPU configs in configs/ use; a config above one of them was sized
+# for a GPU (configs/dflash-qwen3-*.yaml): a CPU run of it is named in one line.
+CPU_SIZED = {"data.max_seq_len": 1024, "drafter.num_layers": 2, "optim.batch_size": 16}
+CPU_BLOCK_QUERIES = 4096  # blocks x block_size per sequence (tiny.yaml: 512 x 8)
+
+
+def gpu_sized_settings(cfg: TrainConfig) -> list[str]:
+    """`key=value` of each setting above what the CPU configs use (`CPU_SIZED`)."""
+    values = {
+        "data.max_seq_len": cfg.data.max_seq_len,
+        "drafter.num_layers": cfg.drafter.num_layers,
+        "optim.batch_size": cfg.optim.batch_size,
+    }
+    out = [f"{k}={v}" for k, v in values.items() if v > CPU_SIZED[k]]
+    edr = cfg.objective.name == "edr"
+    key = "objective.max_anchors" if edr else "num_anchors"
+    blocks = min(cfg.objective.max_anchors if edr else cfg.num_anchors, cfg.data.max_seq_len)
+    if blocks * cfg.drafter.block_size > CPU_BLOCK_QUERIES:
+        out.insert(1, f"{key}={blocks} x drafter.block_size={cfg.drafter.block_size}")
+    return out
+
+
+def cpu_fallback_note(cfg: TrainConfig, device: torch.device) -> str | None:
+    """The one line a GPU-sized config prints when `device: auto` found no GPU.
+
+    Why: `auto` falls back to the CPU silently, and a recipe sized for a GPU then runs in
+    float32 for days; the line says so and names what to override."""
+    sized = gpu_sized_settings(cfg)
+    if cfg.device != "auto" or device.type != "cpu" or not sized:
+        return None
+    return (
+        "note: device auto found no CUDA device: training on the CPU in float32 (amp and "
+        f"target.dtype auto mean bf16 on a GPU) with GPU-sized settings {', '.join(sized)}; "
+        "expect it to be slow, or override them for a CPU run"
+    )
+
+
 def amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
     """bf16 autocast on CUDA (when asked or auto), never on CPU (fp32 there)."""
     if cfg.amp == "off" or device.type != "cuda":

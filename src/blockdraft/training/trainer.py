@@ -54,6 +54,7 @@ from blockdraft.training.setup import (
     build_drafter,
     build_objective,
     build_optimizer,
+    cpu_fallback_note,
     dpace_profile_args,
     load_target_for,
     load_train_eval,
@@ -84,6 +85,7 @@ def run_yaml(cfg: TrainConfig, ctx: DistContext) -> str:
                 "git_sha": git_sha(),
                 "torch_version": str(torch.__version__),
                 "world_size": ctx.world_size,
+                "device": str(ctx.device),  # what `device: auto` resolved to
             }
         },
     )
@@ -142,6 +144,9 @@ def _train(
     cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool, overwrite: bool = False
 ) -> Path:
     run_dir = Path(cfg.run_dir)
+    note = cpu_fallback_note(cfg, ctx.device)
+    if note and ctx.is_main:
+        print(note)
     resume_from = _prepare_run_dir(run_dir, ctx, resume, overwrite)
     if target is None:
         target = load_target_for(cfg, ctx.device)

@@ -1,0 +1,85 @@
+"""The step `blockdraft train` runs, on random rollouts and without files.
+
+Why: the GPU check (`bench/gpu_check.py`, `tests/gpu/`) must test and time the step a
+user's run takes, not a look-alike. `synthetic_run` builds the objective, drafter,
+optimizer, feature source and autocast from a `TrainConfig` with the same functions
+`trainer.py` uses (`training/setup.py`), for one process on one device; `loop.train_step`
+then runs one real optimizer step on it (micro-batches, global normalisation, clipping,
+AdamW). Random token ids are fine for costs and for comparing precisions; they say
+nothing about quality.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from blockdraft.data.rollout_shards import Rollout
+from blockdraft.training.batching import total_steps
+from blockdraft.training.distributed import DistContext
+from blockdraft.training.draft_forward import DraftForward
+from blockdraft.training.features import OnlineTargetFeatures
+from blockdraft.training.loop import LoopParts
+from blockdraft.training.setup import (
+    RolloutData,
+    amp_dtype,
+    build_drafter,
+    build_objective,
+    build_optimizer,
+    dpace_profile_args,
+    resolve_mode,
+)
+
+
+def random_rollouts(
+    num: int,
+    prompt_len: int,
+    response_len: int,
+    vocab_size: int,
+    seed: int = 0,
+    first_id: int = 3,
+) -> list[Rollout]:
+    """`num` rollouts of uniformly random ids in `[first_id, vocab_size)` (the first
+    few ids of the test tokenizers are special tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(num):
+        prompt = torch.randint(first_id, vocab_size, (prompt_len,), generator=g)
+        response = torch.randint(first_id, vocab_size, (response_len,), generator=g)
+        out.append(Rollout(f"r{i}", prompt, response, torch.zeros(response_len)))
+    return out
+
+
+def synthetic_run(
+    cfg: Any, target: Any, rollouts: list[Rollout], settings: Any, device: torch.device
+) -> LoopParts:
+    """`LoopParts` of a one-process run of `cfg` on `rollouts` (sampled with `settings`),
+    the target already on `device`; pass it to `loop.train_step(parts, step, want_acc)`."""
+    data = RolloutData(rollouts, settings, "synthetic rollouts")
+    mode = resolve_mode(cfg, data, None)
+    objective = build_objective(cfg, mode)
+    drafter = build_drafter(cfg, target, data, device)
+    steps = total_steps(len(rollouts), cfg.optim.batch_size, cfg.optim.epochs, cfg.optim.max_steps)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer, scheduler = build_optimizer(cfg, params, steps)
+    alpha, variant = dpace_profile_args(cfg)
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    return LoopParts(
+        cfg=cfg,
+        ctx=DistContext(0, 1, 0, device),
+        features=OnlineTargetFeatures(target),
+        drafter=drafter,
+        fwd=DraftForward(drafter),
+        objective=objective,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        rollouts=rollouts,
+        settings=settings,
+        mode=mode,
+        pad_id=int(pad if pad is not None else (target.stop_token_ids or [0])[0]),
+        total_steps=steps,
+        amp_dtype=amp_dtype(cfg, device),
+        profile_alpha=alpha,
+        profile_variant=variant,
+    )
