@@ -15,6 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from blockdraft.cli.arguments import (
+    nonnegative_float,
+    nonnegative_int,
+    positive_int,
+    probability,
+    seed_int,
+)
 from blockdraft.cli.eval import (
     add_target_args,
     drafter_dtype_of,
@@ -46,14 +53,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rollout dir: use its prompts and sampling settings, and "
         "report the drafter's offline MAL on it for comparison",
     )
-    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--limit", type=positive_int, default=None, help="only the first N prompts")
     p.add_argument(
-        "--temperature", type=float, default=None, help="0 = greedy (default 0, or the rollouts')"
+        "--temperature",
+        type=nonnegative_float,
+        default=None,
+        help="0 = greedy (default 0, or the rollouts')",
     )
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128, or the rollouts'")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-p", type=probability, default=None)
+    p.add_argument("--top-k", type=nonnegative_int, default=None)
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, default=None, help="default 128, or the rollouts'"
+    )
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument(
         "--verifier",
         choices=["standard", "block"],
@@ -70,7 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and report the speedup over HF generate",
     )
     p.add_argument("--json", default=None, help="write the results as JSON here")
-    p.add_argument("--show", type=int, default=1, help="print the first N decoded outputs")
+    p.add_argument(
+        "--show", type=nonnegative_int, default=1, help="print the first N decoded outputs"
+    )
     p.set_defaults(func=run)
 
 

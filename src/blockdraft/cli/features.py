@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from blockdraft.cli.arguments import int_at_least_2, nonnegative_int, positive_float, positive_int
 from blockdraft.devices import DTYPES
 from blockdraft.threads import add_threads_arg, configure_cpu
 
@@ -36,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--layer-ids",
-        type=int,
+        type=nonnegative_int,
         nargs="+",
         default=None,
         help="target layers feeding the drafter (default: the target's; must match training's "
@@ -44,15 +45,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-seq-len",
-        type=int,
+        type=int_at_least_2,
         default=None,
         help="truncate like training's data.max_seq_len (default: keep whole sequences)",
     )
     p.add_argument(
-        "--max-gb", type=float, default=20.0, help="refuse sets larger than this (default 20)"
+        "--max-gb",
+        type=positive_float,
+        default=20.0,
+        help="refuse sets larger than this (default 20)",
     )
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per target forward")
-    p.add_argument("--shard-size", type=int, default=32, help="rollouts per shard file")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=8, help="sequences per target forward"
+    )
+    p.add_argument("--shard-size", type=positive_int, default=32, help="rollouts per shard file")
     p.add_argument(
         "--device",
         default="auto",

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from blockdraft.cli.arguments import positive_float, positive_int
 from blockdraft.heap import retain_freed_memory
 from blockdraft.threads import add_threads_arg, configure_cpu
 
@@ -50,12 +51,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--nproc",
-        type=int,
+        type=positive_int,
         default=None,
         help="--plan: world size (default: $WORLD_SIZE or 1)",
     )
     p.add_argument(
-        "--device-gb", type=float, default=80.0, help="--plan: device memory to fit in (GB)"
+        "--device-gb",
+        type=positive_float,
+        default=80.0,
+        help="--plan: device memory to fit in (GB)",
     )
     p.add_argument(
         "--plan-device",
