@@ -37,6 +37,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="continue from the newest checkpoint in run_dir (exactly where it stopped)",
     )
     p.add_argument(
+        "--allow-changed",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="with --resume: let this objective/target key differ from the checkpoint's "
+        "(refused otherwise; repeat or comma-separate for several, e.g. objective.name)",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an earlier run in run_dir (deletes its final/, best/, checkpoints/, "
@@ -76,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
     retain_freed_memory()  # training steps reuse their big buffers (heap.py)
     from blockdraft.training.config import ConfigError, dump_yaml, load_config
 
+    allow_changed = [k.strip() for v in args.allow_changed for k in v.split(",") if k.strip()]
     try:
         cfg = load_config(args.config, args.overrides)
+        if allow_changed and not args.resume:
+            raise ConfigError("--allow-changed: only means something with --resume")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -101,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.training.trainer import train
 
     try:
-        final = train(cfg, resume=args.resume, overwrite=args.overwrite)
+        final = train(
+            cfg, resume=args.resume, overwrite=args.overwrite, allow_changed=allow_changed
+        )
     except (ConfigError, TrainSetupError, RolloutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
