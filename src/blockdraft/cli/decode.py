@@ -94,9 +94,10 @@ def _prompts_and_settings(
     settings: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 128}
     rollouts = None
     if args.rollouts:
-        from blockdraft.data.rollout_store import RolloutSet
+        from blockdraft.data.rollout_store import RolloutSet, check_target
 
         rollouts = RolloutSet.open(args.rollouts)
+        check_target(rollouts, target, "--rollouts")  # as `eval` does: same target only
         if args.limit:
             rollouts = rollouts.subset(range(min(args.limit, len(rollouts))))
         s = rollouts.settings
@@ -104,12 +105,13 @@ def _prompts_and_settings(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
         )
         prompts = [r.prompt_ids.tolist() for r in rollouts]
+        prompt_ids = [str(r.prompt_id) for r in rollouts]
     else:
         from blockdraft.data.prompts import load_prompts, render_prompt
 
-        prompts = [
-            render_prompt(target.tokenizer, p) for p in load_prompts(args.prompts, limit=args.limit)
-        ]
+        loaded = load_prompts(args.prompts, limit=args.limit)
+        prompts = [render_prompt(target.tokenizer, p) for p in loaded]
+        prompt_ids = [p.id for p in loaded]
     for key in ("temperature", "top_p", "top_k", "max_new_tokens"):
         value = getattr(args, key)
         if value is not None:
@@ -119,6 +121,9 @@ def _prompts_and_settings(
                     f"{settings[key]}: the offline comparison needs the same settings"
                 )
             settings[key] = value
+    from blockdraft.data.prompts import check_fits_context
+
+    check_fits_context(prompt_ids, prompts, target.context_length, settings["max_new_tokens"])
     return prompts, settings, rollouts
 
 

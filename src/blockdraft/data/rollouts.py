@@ -37,7 +37,7 @@ from blockdraft.data.distributed_rollouts import (
     remove_parts,
 )
 from blockdraft.data.generation import SamplingSettings, generate_batch, sampling_logprobs
-from blockdraft.data.prompts import Prompt, PromptError, render_prompt
+from blockdraft.data.prompts import Prompt, PromptError, check_fits_context, render_prompt
 from blockdraft.data.rollout_store import (
     FORMAT,
     MANIFEST,
@@ -106,6 +106,7 @@ def generate_rollouts(
     spec = prompt_spec or ",".join(sorted({p.source for p in prompts}))
     header = _header(target, settings, store_topk, spec)
     tokens = [render_prompt(target.tokenizer, p) for p in prompts]
+    check_fits_context(ids, tokens, target.context_length, settings.max_new_tokens)
     manifest: dict[str, Any] = {}
     pool: dict[int, dict[str, Any]] = {}
     plan: dict[str, Any]
@@ -131,6 +132,9 @@ def generate_rollouts(
             "need the same --out directory (a shared filesystem across nodes)"
         )
     mine = plan["tasks"][ctx.rank :: ctx.world_size]
+    done = len(prompts) - sum(t.rows for t in plan["tasks"])
+    if ctx.rank == 0 and done > 0:  # say so: the set was not started from scratch
+        print(f"resuming: {done} of {len(prompts)} prompts already done ({out})", flush=True)
     bar = tqdm(
         total=sum(t.rows for t in mine),
         unit="rollout",
