@@ -8,10 +8,12 @@ unset, so nothing is ever downloaded behind the user's back.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +74,54 @@ def load_target(
 
     `layer_ids` picks the feature layers explicitly; otherwise `num_feature_layers` are
     spread evenly over [1, N-3]. `mask_token` overrides the mask token of any target.
+    `progress=False` also silences transformers' own bars and notes while loading.
     """
+    with transformers_quiet(not progress):
+        return _load_target(
+            name_or_path,
+            device=device,
+            dtype=dtype,
+            layer_ids=layer_ids,
+            num_feature_layers=num_feature_layers,
+            mask_token=mask_token,
+            allow_download=allow_download,
+            trust_remote_code=trust_remote_code,
+            progress=progress,
+        )
+
+
+@contextlib.contextmanager
+def transformers_quiet(quiet: bool = True) -> Iterator[None]:
+    """transformers' progress bars (`Loading weights`) and info/warning logging off inside
+    the block when `quiet` (a `--no-progress` run prints none), restored after it."""
+    if not quiet:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _load_target(
+    name_or_path: str,
+    *,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    layer_ids: list[int] | None,
+    num_feature_layers: int,
+    mask_token: str | None,
+    allow_download: bool,
+    trust_remote_code: bool,
+    progress: bool,
+) -> Target:
     if name_or_path == TINY:
         from blockdraft.models.tiny import load_tiny_target
 
