@@ -86,6 +86,14 @@ def test_decode_refuses_another_targets_rollouts(local, capsys):
     assert code == 2 and "--rollouts:" in line and "other weights" in line, line
 
 
+class _SigtermReachedTheCaller(Exception):
+    pass
+
+
+def _caller_handler(signum, frame):
+    raise _SigtermReachedTheCaller()
+
+
 def test_sigterm_during_rollout_keeps_finished_shards_and_resumes(
     local, tmp_path, capsys, monkeypatch
 ):
@@ -104,7 +112,11 @@ def test_sigterm_during_rollout_keeps_finished_shards_and_resumes(
     monkeypatch.setattr(rollouts_mod, "_finish_manifest", record_then_sigterm)
     out = tmp_path / "r"
     args = ("--shard-size", "2", "--batch-size", "2")
-    code, _, err = _rollout(capsys, local, spec, out, *args)
+    before = signal.signal(signal.SIGTERM, _caller_handler)  # reached only if the CLI has none
+    try:
+        code, _, err = _rollout(capsys, local, spec, out, *args)
+    finally:
+        signal.signal(signal.SIGTERM, before)
     assert code == 143 and "terminated (SIGTERM); finished work is kept" in err, err
     assert "Traceback" not in err
     monkeypatch.setattr(rollouts_mod, "_finish_manifest", record)
