@@ -195,3 +195,23 @@ def test_every_stage_exits_2_on_a_user_error(local, tmp_path, capsys):
         code, _, err = run_cli(capsys, *argv)
         assert code == 2, (argv, code, err)
         one_line_error(err)
+
+
+def test_target_shaped_flags_name_the_flag(local, tmp_path, capsys):
+    from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
+
+    rollouts = tmp_path / "r"
+    generate_rollouts(
+        local["target"], prompts(2), rollouts, SamplingSettings(0.0, max_new_tokens=4),
+        progress=False,
+    )  # fmt: skip
+    code, _, err = run_cli(
+        capsys, "features", "--target", local["model"], "--rollouts", rollouts,
+        "--out", tmp_path / "f", "--layer-ids", "1", "99", "--no-progress",
+    )  # fmt: skip
+    assert code == 2 and one_line_error(err).startswith("error: --layer-ids: [99] out of range")
+    assert not (tmp_path / "f").exists()
+    code, _, err = run_cli(
+        capsys, "target", "sample", local["model"], "--max-new-tokens", "2000"
+    )  # was a transformers "friendly reminder" and 2,000 tokens past the context
+    assert code == 2 and "lower --max-new-tokens to" in one_line_error(err)

@@ -86,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.devices import resolve_flags
     from blockdraft.models.registry import load_target
 
-    kwargs = {"layer_ids": args.layer_ids} if args.layer_ids is not None else {}
     device, dtype = resolve_flags(args.device, args.target_dtype)  # one-line error if bad
     try:
         target = load_target(
@@ -95,11 +94,20 @@ def run(args: argparse.Namespace) -> int:
             dtype=dtype,
             allow_download=args.allow_download,
             progress=not args.no_progress,
-            **kwargs,
         )
     except (ValueError, OSError) as exc:
         print(f"error: cannot load target {args.target!r}: {exc}", file=sys.stderr)
         return 2
+    if args.layer_ids is not None:  # checked once the layer count is known
+        bad = [i for i in args.layer_ids if i >= target.num_layers]
+        if bad:
+            print(
+                f"error: --layer-ids: {bad} out of range for the {target.num_layers}-layer "
+                f"target {args.target!r} (valid: 0..{target.num_layers - 1})",
+                file=sys.stderr,
+            )
+            return 2
+        target.layer_ids = list(args.layer_ids)
     try:
         plan = plan_features(
             target,

@@ -154,6 +154,9 @@ def _sample(args: argparse.Namespace) -> int:
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     else:
         ids = tok(args.prompt)["input_ids"]
+    from blockdraft.data.prompts import check_fits_context
+
+    check_fits_context(["--prompt"], [list(ids)], target.context_length, args.max_new_tokens)
     print(_generate_text(target, list(ids), args.max_new_tokens, args.temperature, args.seed))
     return 0
 
