@@ -104,3 +104,11 @@ def test_resume_refuses_a_config_that_changes_the_checkpoint(local, tmp_path, ca
     )  # fmt: skip
     assert code == 0, err
     assert "name: uniform" in (run_dir / "run.yaml").read_text()
+
+
+def test_default_max_seq_len_is_lowered_to_a_short_context(local, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code, out, err = _train(capsys, local, run_dir, "optim.max_steps=1", "data.max_seq_len=2048")
+    assert code == 0, err  # the built-in default fits any target: noted, not refused
+    assert "data.max_seq_len 2048 (the default) is longer than the context" in out
+    assert "max_seq_len: 1024" in (run_dir / "run.yaml").read_text()

@@ -75,9 +75,23 @@ def check_batch_split(cfg: TrainConfig, world_size: int) -> None:
         )
 
 
-def check_against_target(cfg: TrainConfig, target) -> None:
-    """Settings that must fit the target's shapes, checked before anything is written."""
+def check_against_target(cfg: TrainConfig, target, say=print) -> None:
+    """Settings that must fit the target's shapes, checked before anything is written.
+
+    A `data.max_seq_len` longer than the target's context is refused, except the
+    built-in default, which is lowered to the context with a note (a 1,024-token target
+    must not need an override just to train with the defaults).
+    """
+    from blockdraft.training.config import DataConfig
+
     context = target.context_length
+    default = DataConfig().max_seq_len
+    if context is not None and cfg.data.max_seq_len == default and default > context:
+        say(
+            f"note: data.max_seq_len {default} (the default) is longer than the context of "
+            f"target {cfg.target.name!r}; using its {context} tokens"
+        )
+        cfg.data.max_seq_len = context
     if context is not None and cfg.data.max_seq_len > context:
         raise ConfigError(
             f"data.max_seq_len: {cfg.data.max_seq_len} is longer than the context of target "

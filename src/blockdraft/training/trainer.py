@@ -14,6 +14,7 @@ Only rank 0 writes files; every rank runs the same steps on its share of each ba
 
 from __future__ import annotations
 
+import copy
 import subprocess
 from collections.abc import Collection
 from pathlib import Path
@@ -111,7 +112,7 @@ def train(
     a config that changes what that checkpoint means is refused (`training/resume.py`)
     unless its keys are in `allow_changed`.
     """
-    cfg = config
+    cfg = copy.deepcopy(config)  # setup may resolve defaults in it (the caller's stays)
     check_device(cfg)  # a one-line ConfigError, not torch's RuntimeError
     ctx = init_distributed(cfg.device, cfg.distributed.backend, cfg.distributed.timeout_minutes)
     flush_denormals()  # the objectives' gradients underflow; denormal math is ~100x slower
@@ -141,7 +142,7 @@ def _train(
     if target is None:
         target = load_target_for(cfg, ctx.device)
     target.model.to(ctx.device)
-    check_against_target(cfg, target)
+    check_against_target(cfg, target, say=print if ctx.is_main else _quiet)
     train_data, eval_data = load_train_eval(cfg, target)
     mode = resolve_mode(cfg, train_data, eval_data)
     objective = build_objective(cfg, mode)
