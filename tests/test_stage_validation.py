@@ -100,9 +100,7 @@ def test_sigterm_during_rollout_keeps_finished_shards_and_resumes(
     import blockdraft.data.rollouts as rollouts_mod
     from blockdraft.data.rollout_store import RolloutSet
 
-    spec = _prompt_file(
-        tmp_path / "p.jsonl", [{"id": p.id, "prompt": p.text} for p in prompts(6)]
-    )
+    spec = _prompt_file(tmp_path / "p.jsonl", [{"id": p.id, "prompt": p.text} for p in prompts(6)])
     record = rollouts_mod._finish_manifest
 
     def record_then_sigterm(*args, **kwargs):  # a scheduler stopping the job mid-run
