@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from blockdraft.errors import BlockdraftError
-from blockdraft.training.config import ConfigError, TrainConfig
+from blockdraft.training.config import ConfigError, DataConfig, TrainConfig
 
 
 class TrainSetupError(BlockdraftError, ValueError):
@@ -82,8 +82,6 @@ def check_against_target(cfg: TrainConfig, target, say=print) -> None:
     built-in default, which is lowered to the context with a note (a 1,024-token target
     must not need an override just to train with the defaults).
     """
-    from blockdraft.training.config import DataConfig
-
     context = target.context_length
     default = DataConfig().max_seq_len
     if context is not None and cfg.data.max_seq_len == default and default > context:
