@@ -40,6 +40,11 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     device = torch.device(spec)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device {spec!r} requested but CUDA is not available")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise RuntimeError(
+            f"device {spec!r} requested but this machine has {torch.cuda.device_count()} "
+            "CUDA device(s)"
+        )
     return device
 
 

@@ -179,6 +179,6 @@ def test_cli_export(random_target, tmp_path, capsys):
     assert main(["export", str(path), "--out", str(tmp_path / "o"), "--dtype", "bfloat16"]) == 0
     assert validate_for_serving(tmp_path / "o") == []
     _break(path, drop="norm.weight")
-    assert main(["export", str(path), "--out", str(tmp_path / "o2")]) == 1
+    assert main(["export", str(path), "--out", str(tmp_path / "o2")]) == 2  # a user error
     assert "missing weight norm.weight" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()

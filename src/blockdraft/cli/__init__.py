@@ -3,6 +3,12 @@
 Each stage lives in its own module `blockdraft.cli.<stage>` exposing
 `register(subparsers)`, which adds its parser and sets `func` to a callable taking the
 parsed `argparse.Namespace` and returning an exit code.
+
+Exit codes, the same for every sub-command: 0 done; 2 a user or file error (a bad flag,
+key, path or file: one `error: ...` line, as argparse does for a bad command line); 130
+interrupted by Ctrl-C (SIGINT) and 143 stopped by SIGTERM, both after keeping finished
+work so the same command resumes; 1 a check that ran and said no (`export --check`
+found problems, `train --plan` does not fit); 3 training stopped on a non-finite loss.
 """
 
 from __future__ import annotations
@@ -10,7 +16,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+
+from blockdraft.cli.arguments import OneLineParser
 
 STAGES = [
     "rollout",
@@ -28,7 +37,7 @@ STAGES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="blockdraft",
         description="Train and evaluate parallel block draft models for speculative decoding.",
     )
@@ -44,6 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, `kill PID`, `timeout`), raised like Ctrl-C's
+    KeyboardInterrupt so the same cleanup runs: finished shards and checkpoints stay and
+    half-written ones are never left in place."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+KEPT = "finished work is kept and the run can be resumed"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one sub-command; user and file errors print one line (`error: ...`), exit 2.
 
@@ -52,11 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     from blockdraft.errors import BlockdraftError, os_error_message
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a bad command line: one line, SystemExit(2)
+    previous = _install_sigterm()
     try:
         return int(args.func(args) or 0)
+    except Terminated:
+        print(f"terminated (SIGTERM); {KEPT}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print("interrupted; finished work is kept and the run can be resumed", file=sys.stderr)
+        print(f"interrupted; {KEPT}", file=sys.stderr)
         return 130
     except (BlockdraftError, OSError) as exc:
         if os.environ.get("BLOCKDRAFT_TRACEBACK"):
@@ -64,6 +90,21 @@ def main(argv: list[str] | None = None) -> int:
         msg = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
         print(f"error: {msg.splitlines()[0] if msg else type(exc).__name__}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not _NOT_SET:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+_NOT_SET = object()
+
+
+def _install_sigterm() -> object:
+    """Turn SIGTERM into `Terminated` for this command; the old handler (to restore), or
+    `_NOT_SET` where signals cannot be set (not the main thread)."""
+    try:
+        return signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # signal.signal works in the main thread only
+        return _NOT_SET
 
 
 if __name__ == "__main__":

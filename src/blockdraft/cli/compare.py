@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from blockdraft.cli.arguments import positive_int, seed_int
 from blockdraft.cli.eval import (
     add_allow_incomplete,
     add_rollouts_arg,
@@ -41,8 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--all-pairs", action="store_true", help="compare every pair, not just each vs the first"
     )
     p.add_argument("--json", default=None, help="write the comparisons as JSON here")
-    p.add_argument("--n-boot", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-boot", type=positive_int, default=2000)
+    p.add_argument("--seed", type=seed_int, default=0)
     add_allow_incomplete(p)
     p.set_defaults(func=run)
 

@@ -15,6 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from blockdraft.cli.arguments import (
+    nonnegative_float,
+    nonnegative_int,
+    positive_int,
+    probability,
+    seed_int,
+)
 from blockdraft.cli.eval import (
     add_target_args,
     drafter_dtype_of,
@@ -46,14 +53,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rollout dir: use its prompts and sampling settings, and "
         "report the drafter's offline MAL on it for comparison",
     )
-    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--limit", type=positive_int, default=None, help="only the first N prompts")
     p.add_argument(
-        "--temperature", type=float, default=None, help="0 = greedy (default 0, or the rollouts')"
+        "--temperature",
+        type=nonnegative_float,
+        default=None,
+        help="0 = greedy (default 0, or the rollouts')",
     )
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128, or the rollouts'")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-p", type=probability, default=None)
+    p.add_argument("--top-k", type=nonnegative_int, default=None)
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, default=None, help="default 128, or the rollouts'"
+    )
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument(
         "--verifier",
         choices=["standard", "block"],
@@ -70,7 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and report the speedup over HF generate",
     )
     p.add_argument("--json", default=None, help="write the results as JSON here")
-    p.add_argument("--show", type=int, default=1, help="print the first N decoded outputs")
+    p.add_argument(
+        "--show", type=nonnegative_int, default=1, help="print the first N decoded outputs"
+    )
     p.set_defaults(func=run)
 
 
@@ -80,9 +94,10 @@ def _prompts_and_settings(
     settings: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 128}
     rollouts = None
     if args.rollouts:
-        from blockdraft.data.rollout_store import RolloutSet
+        from blockdraft.data.rollout_store import RolloutSet, check_target
 
         rollouts = RolloutSet.open(args.rollouts)
+        check_target(rollouts, target, "--rollouts")  # as `eval` does: same target only
         if args.limit:
             rollouts = rollouts.subset(range(min(args.limit, len(rollouts))))
         s = rollouts.settings
@@ -90,12 +105,13 @@ def _prompts_and_settings(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
         )
         prompts = [r.prompt_ids.tolist() for r in rollouts]
+        prompt_ids = [str(r.prompt_id) for r in rollouts]
     else:
         from blockdraft.data.prompts import load_prompts, render_prompt
 
-        prompts = [
-            render_prompt(target.tokenizer, p) for p in load_prompts(args.prompts, limit=args.limit)
-        ]
+        loaded = load_prompts(args.prompts, limit=args.limit)
+        prompts = [render_prompt(target.tokenizer, p) for p in loaded]
+        prompt_ids = [p.id for p in loaded]
     for key in ("temperature", "top_p", "top_k", "max_new_tokens"):
         value = getattr(args, key)
         if value is not None:
@@ -105,6 +121,9 @@ def _prompts_and_settings(
                     f"{settings[key]}: the offline comparison needs the same settings"
                 )
             settings[key] = value
+    from blockdraft.data.prompts import check_fits_context
+
+    check_fits_context(prompt_ids, prompts, target.context_length, settings["max_new_tokens"])
     return prompts, settings, rollouts
 
 

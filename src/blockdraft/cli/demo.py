@@ -5,6 +5,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
+from blockdraft.cli.arguments import (
+    int_at_least_2,
+    nonnegative_float,
+    positive_float,
+    positive_int,
+    seed_int,
+)
 from blockdraft.demo import DemoSettings, run_demo
 from blockdraft.heap import retain_freed_memory
 from blockdraft.threads import add_threads_arg, configure_cpu
@@ -19,6 +26,17 @@ _HELP = {
     "float32, bfloat16, float16",
 }
 
+# the checked flag type of each numeric setting (the others are checked by name below)
+_TYPES = {"temperature": nonnegative_float, "block_size": int_at_least_2, "seed": seed_int}
+
+
+def _flag_type(name: str, value: object):
+    if name in _TYPES:
+        return _TYPES[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return type(value)
+    return positive_int if isinstance(value, int) else positive_float
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -31,7 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         flag = "--" + f.name.replace("_", "-")
         value = getattr(defaults, f.name)
         p.add_argument(
-            flag, type=type(value), default=value, help=_HELP.get(f.name, f"(default: {value})")
+            flag,
+            type=_flag_type(f.name, value),
+            default=value,
+            help=_HELP.get(f.name, f"(default: {value})"),
         )
     p.add_argument(
         "overrides",

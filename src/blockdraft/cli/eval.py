@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from blockdraft.cli.arguments import positive_int, seed_int
 from blockdraft.devices import add_device_args, device_and_dtype, drafter_dtype
 
 # the Python API lives in the library; re-exported here for older imports
@@ -83,8 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "`ngram:k=7,max=3,min=1` for the prompt-lookup baseline",
     )
     p.add_argument("--json", default=None, help="write the results as JSON here")
-    p.add_argument("--n-boot", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-boot", type=positive_int, default=2000)
+    p.add_argument("--seed", type=seed_int, default=0)
     add_allow_incomplete(p)
     p.set_defaults(func=run)
 

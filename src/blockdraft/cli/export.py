@@ -69,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
             target=target,
             overwrite=args.overwrite,
         )
-    except ValueError as exc:  # not servable (or another user error): one line, status 1
+    except ValueError as exc:  # not servable (or another user error): one line, status 2
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     print(f"exported {ckpt} -> {out} (validated for SGLang / vLLM / z-lab dflash)")
     print("serve it (target first, then the drafter):")
     print(serve_commands(out, args.target))

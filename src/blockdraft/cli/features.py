@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from blockdraft.cli.arguments import int_at_least_2, nonnegative_int, positive_float, positive_int
 from blockdraft.devices import DTYPES
 from blockdraft.threads import add_threads_arg, configure_cpu
 
@@ -36,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--layer-ids",
-        type=int,
+        type=nonnegative_int,
         nargs="+",
         default=None,
         help="target layers feeding the drafter (default: the target's; must match training's "
@@ -44,15 +45,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-seq-len",
-        type=int,
+        type=int_at_least_2,
         default=None,
         help="truncate like training's data.max_seq_len (default: keep whole sequences)",
     )
     p.add_argument(
-        "--max-gb", type=float, default=20.0, help="refuse sets larger than this (default 20)"
+        "--max-gb",
+        type=positive_float,
+        default=20.0,
+        help="refuse sets larger than this (default 20)",
     )
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per target forward")
-    p.add_argument("--shard-size", type=int, default=32, help="rollouts per shard file")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=8, help="sequences per target forward"
+    )
+    p.add_argument("--shard-size", type=positive_int, default=32, help="rollouts per shard file")
     p.add_argument(
         "--device",
         default="auto",
@@ -80,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.devices import resolve_flags
     from blockdraft.models.registry import load_target
 
-    kwargs = {"layer_ids": args.layer_ids} if args.layer_ids is not None else {}
     device, dtype = resolve_flags(args.device, args.target_dtype)  # one-line error if bad
     try:
         target = load_target(
@@ -89,11 +94,20 @@ def run(args: argparse.Namespace) -> int:
             dtype=dtype,
             allow_download=args.allow_download,
             progress=not args.no_progress,
-            **kwargs,
         )
     except (ValueError, OSError) as exc:
         print(f"error: cannot load target {args.target!r}: {exc}", file=sys.stderr)
         return 2
+    if args.layer_ids is not None:  # checked once the layer count is known
+        bad = [i for i in args.layer_ids if i >= target.num_layers]
+        if bad:
+            print(
+                f"error: --layer-ids: {bad} out of range for the {target.num_layers}-layer "
+                f"target {args.target!r} (valid: 0..{target.num_layers - 1})",
+                file=sys.stderr,
+            )
+            return 2
+        target.layer_ids = list(args.layer_ids)
     try:
         plan = plan_features(
             target,

@@ -13,6 +13,14 @@ import argparse
 import sys
 from typing import Any
 
+from blockdraft.cli.arguments import (
+    nonnegative_float,
+    nonnegative_int,
+    positive_int,
+    probability,
+    seed_int,
+    top_k_or_minus_one,
+)
 from blockdraft.devices import add_device_args
 from blockdraft.threads import add_threads_arg, configure_cpu
 
@@ -34,17 +42,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "hf:name[:config]:split:field",
     )
     p.add_argument("--out", required=True, help="rollout directory (created; resumed if it exists)")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0, help="0 = no top-k filter")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--shard-size", type=int, default=64, help="rollouts per shard file")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument(
+        "--temperature", type=nonnegative_float, default=1.0, help="0 = greedy (default 1.0)"
+    )
+    p.add_argument("--top-p", type=probability, default=1.0)
+    p.add_argument("--top-k", type=nonnegative_int, default=0, help="0 = no top-k filter")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--shard-size", type=positive_int, default=64, help="rollouts per shard file")
+    p.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts")
     p.add_argument(
         "--store-topk",
-        type=int,
+        type=nonnegative_int,
         default=0,
         help="also store the target's top-N distribution per response token",
     )
@@ -82,17 +92,29 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
         help="prompt spec to join by id, for records that carry no prompt (e.g. OpenAI batch "
         "output lines, joined on custom_id)",
     )
-    p.add_argument("--temperature", type=float, default=None, help="as sampled (0 = greedy)")
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None, help="0 or -1 = no top-k filter")
     p.add_argument(
-        "--max-new-tokens", type=int, default=None, help="default: as stated, else the longest"
+        "--temperature", type=nonnegative_float, default=None, help="as sampled (0 = greedy)"
     )
-    p.add_argument("--seed", type=int, default=None, help="recorded only")
-    p.add_argument("--store-topk", type=int, default=0, help="also store the top-N distribution")
-    p.add_argument("--shard-size", type=int, default=64, help="rollouts per shard file")
+    p.add_argument("--top-p", type=probability, default=None)
     p.add_argument(
-        "--batch-tokens", type=int, default=8192, help="padded tokens per teacher-forced batch"
+        "--top-k", type=top_k_or_minus_one, default=None, help="0 or -1 = no top-k filter"
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        help="default: as stated, else the longest",
+    )
+    p.add_argument("--seed", type=seed_int, default=None, help="recorded only")
+    p.add_argument(
+        "--store-topk", type=nonnegative_int, default=0, help="also store the top-N distribution"
+    )
+    p.add_argument("--shard-size", type=positive_int, default=64, help="rollouts per shard file")
+    p.add_argument(
+        "--batch-tokens",
+        type=positive_int,
+        default=8192,
+        help="padded tokens per teacher-forced batch",
     )
     p.add_argument(
         "--eos",
@@ -101,7 +123,9 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
         help="auto: append the end-of-sequence token when the engine says it stopped on one "
         "but left it out of the response",
     )
-    p.add_argument("--limit", type=int, default=None, help="import only the first N responses")
+    p.add_argument(
+        "--limit", type=positive_int, default=None, help="import only the first N responses"
+    )
     _target_args(p)
     p.set_defaults(func=run_import)
 

@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from blockdraft.cli.arguments import nonnegative_float, positive_int, seed_int
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("target", help="build, inspect and sample targets")
@@ -21,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     build = sub.add_parser("build", help="build/convert a named target into the cache")
     build.add_argument("name", help="tiny | gemma-3-270m")
-    build.add_argument("--seed", type=int, default=None, help="seed of the tiny build (default 0)")
+    build.add_argument(
+        "--seed", type=seed_int, default=None, help="seed of the tiny build (default 0)"
+    )
     build.set_defaults(func=_build)
 
     info = sub.add_parser("info", help="show a target's shapes, tokens, fingerprint and manifest")
@@ -31,9 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sample = sub.add_parser("sample", help="generate text from a prompt")
     _common(sample)
     sample.add_argument("--prompt", default="def ", help="prompt text (default 'def ')")
-    sample.add_argument("--max-new-tokens", type=int, default=64)
-    sample.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--max-new-tokens", type=positive_int, default=64)
+    sample.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 = greedy")
+    sample.add_argument("--seed", type=seed_int, default=0)
     sample.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     sample.set_defaults(func=_sample)
 
@@ -150,6 +154,9 @@ def _sample(args: argparse.Namespace) -> int:
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     else:
         ids = tok(args.prompt)["input_ids"]
+    from blockdraft.data.prompts import check_fits_context
+
+    check_fits_context(["--prompt"], [list(ids)], target.context_length, args.max_new_tokens)
     print(_generate_text(target, list(ids), args.max_new_tokens, args.temperature, args.seed))
     return 0
 

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from blockdraft.cli.arguments import positive_float, positive_int
 from blockdraft.heap import retain_freed_memory
 from blockdraft.threads import add_threads_arg, configure_cpu
 
@@ -36,6 +37,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="continue from the newest checkpoint in run_dir (exactly where it stopped)",
     )
     p.add_argument(
+        "--allow-changed",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="with --resume: let this objective/target key differ from the checkpoint's "
+        "(refused otherwise; repeat or comma-separate for several, e.g. objective.name)",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an earlier run in run_dir (deletes its final/, best/, checkpoints/, "
@@ -50,12 +59,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--nproc",
-        type=int,
+        type=positive_int,
         default=None,
         help="--plan: world size (default: $WORLD_SIZE or 1)",
     )
     p.add_argument(
-        "--device-gb", type=float, default=80.0, help="--plan: device memory to fit in (GB)"
+        "--device-gb",
+        type=positive_float,
+        default=80.0,
+        help="--plan: device memory to fit in (GB)",
     )
     p.add_argument(
         "--plan-device",
@@ -72,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
     retain_freed_memory()  # training steps reuse their big buffers (heap.py)
     from blockdraft.training.config import ConfigError, dump_yaml, load_config
 
+    allow_changed = [k.strip() for v in args.allow_changed for k in v.split(",") if k.strip()]
     try:
         cfg = load_config(args.config, args.overrides)
+        if allow_changed and not args.resume:
+            raise ConfigError("--allow-changed: only means something with --resume")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -97,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.training.trainer import train
 
     try:
-        final = train(cfg, resume=args.resume, overwrite=args.overwrite)
+        final = train(
+            cfg, resume=args.resume, overwrite=args.overwrite, allow_changed=allow_changed
+        )
     except (ConfigError, TrainSetupError, RolloutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -67,6 +67,7 @@ class EngineRecord:
     stop_token: int | None = None  # the stop token it names, if any
     settings: dict[str, Any] | None = None
     error: str | None = None
+    no_response: bool = False  # an engine answer whose choice holds nothing (dropped)
 
 
 def read_records(path: Path) -> Iterator[EngineRecord]:
@@ -90,7 +91,8 @@ def read_records(path: Path) -> Iterator[EngineRecord]:
             yield extract(obj, n, path)
 
 
-def _choice(obj: dict[str, Any]) -> dict[str, Any]:
+def _choice(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The first choice; None for an engine answer with an empty `choices`/`outputs` list."""
     for holder in (obj, _get(obj, "response"), _get(obj, "response", "body")):
         if not isinstance(holder, dict):
             continue
@@ -98,6 +100,8 @@ def _choice(obj: dict[str, Any]) -> dict[str, Any]:
             seq = holder.get(key)
             if isinstance(seq, list) and seq and isinstance(seq[0], dict):
                 return seq[0]
+            if isinstance(seq, list) and not seq:
+                return None
     return obj
 
 
@@ -120,8 +124,14 @@ def _ids(value: Any, path: Path, line: int, key: str) -> list[int] | None:
 
 
 def extract(obj: dict[str, Any], line: int, path: Path) -> EngineRecord:
-    """Find id, prompt, response, finish and settings in one record (see module docstring)."""
-    choice = _choice(obj)
+    """Find id, prompt, response, finish and settings in one record (see module docstring).
+
+    An engine answer (it has `choices`/`outputs`) without a response in its choice (an
+    empty list, `content: null`) is a record to drop and count, like an empty response;
+    a record with no engine answer and no response is a format error naming the line.
+    """
+    answered = _choice(obj)
+    choice = answered if answered is not None else {}
     meta = obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else {}
     rid = next((obj[k] for k in ID_KEYS if obj.get(k) is not None), None)
     rid = rid if rid is not None else meta.get("id")
@@ -160,7 +170,9 @@ def extract(obj: dict[str, Any], line: int, path: Path) -> EngineRecord:
     texts = [content] + [choice.get(k) for k in ("text", "generated_text")]
     texts += [obj.get(k) for k in RESPONSE_TEXT_KEYS]
     rec.response_text = next((t for t in texts if isinstance(t, str)), None)
-    if rec.response_ids is None and rec.response_text is None and rec.error is None:
+    if rec.response_ids is None and rec.response_text is None and choice is not obj:
+        rec.no_response = True  # the engine answered with an empty choice
+    elif rec.response_ids is None and rec.response_text is None and rec.error is None:
         raise RolloutError(
             f"{path}:{line}: no response found (looked for token ids in "
             f"{', '.join(RESPONSE_ID_KEYS)} and text in message.content, "

@@ -298,3 +298,30 @@ def render_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
     if not ids:
         raise PromptError(f"prompt {prompt.id!r} renders to no tokens")
     return ids
+
+
+def check_fits_context(
+    prompt_ids: list[str], tokens: list[list[int]], context: int | None, max_new_tokens: int
+) -> None:
+    """Refuse a prompt that leaves no room in the target's context for its response.
+
+    Why refuse rather than skip: a target runs past `max_position_embeddings` without
+    an error but its output there is meaningless (a 2,000-token prompt at a 1,024-token
+    context gave rollouts that scored MAL 1.000), and a silently shorter set would skew
+    every later comparison. The message names the first such prompt (its position and
+    id), its length and the context, before anything is generated or written.
+    """
+    if context is None:
+        return
+    for i, (pid, ids) in enumerate(zip(prompt_ids, tokens, strict=True)):
+        if len(ids) + max_new_tokens > context:
+            fix = (
+                f"lower --max-new-tokens to {context - len(ids)} or shorten it"
+                if len(ids) < context
+                else "shorten it or leave it out"
+            )
+            raise PromptError(
+                f"prompt {pid!r} (prompt {i + 1} of {len(tokens)}): {len(ids)} tokens + "
+                f"max_new_tokens {max_new_tokens} exceed the target's context of {context} "
+                f"tokens (max_position_embeddings); {fix}"
+            )

@@ -201,6 +201,9 @@ def _tokenise(
         if rec.error is not None:
             drop(ENGINE_ERROR)
             continue
+        if rec.no_response:  # e.g. `choices: []` or `content: null`
+            drop(EMPTY)
+            continue
         own = {k: v for k, v in (rec.settings or {}).items() if k not in ("seed", "max_new_tokens")}
         if any(stated.get(k, default.get(k)) != v for k, v in own.items()):
             drop(OTHER_SETTINGS)

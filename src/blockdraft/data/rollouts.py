@@ -45,7 +45,7 @@ from blockdraft.data.distributed_rollouts import (
     remove_parts,
 )
 from blockdraft.data.generation import SamplingSettings, generate_batch, sampling_logprobs
-from blockdraft.data.prompts import Prompt, PromptError, render_prompt
+from blockdraft.data.prompts import Prompt, PromptError, check_fits_context, render_prompt
 from blockdraft.data.rollout_store import (
     FORMAT,
     MANIFEST,
@@ -115,6 +115,7 @@ def generate_rollouts(
     spec = prompt_spec or ",".join(sorted({p.source for p in prompts}))
     header = set_header(target, settings, store_topk, spec)
     tokens = [render_prompt(target.tokenizer, p) for p in prompts]
+    check_fits_context(ids, tokens, target.context_length, settings.max_new_tokens)
     with contextlib.ExitStack() as held:  # rank 0's writer lock, for the whole run
         return _generate_into(
             held,
@@ -181,6 +182,9 @@ def _generate_into(
             "need the same --out directory (a shared filesystem across nodes)"
         )
     mine = plan["tasks"][ctx.rank :: ctx.world_size]
+    done = len(prompts) - sum(t.rows for t in plan["tasks"])
+    if ctx.rank == 0 and done > 0:  # say so: the set was not started from scratch
+        print(f"resuming: {done} of {len(prompts)} prompts already done ({out})", flush=True)
     bar = tqdm(
         total=sum(t.rows for t in mine),
         unit="rollout",

@@ -8,10 +8,12 @@ unset, so nothing is ever downloaded behind the user's back.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +74,54 @@ def load_target(
 
     `layer_ids` picks the feature layers explicitly; otherwise `num_feature_layers` are
     spread evenly over [1, N-3]. `mask_token` overrides the mask token of any target.
+    `progress=False` also silences transformers' own bars and notes while loading.
     """
+    with transformers_quiet(not progress):
+        return _load_target(
+            name_or_path,
+            device=device,
+            dtype=dtype,
+            layer_ids=layer_ids,
+            num_feature_layers=num_feature_layers,
+            mask_token=mask_token,
+            allow_download=allow_download,
+            trust_remote_code=trust_remote_code,
+            progress=progress,
+        )
+
+
+@contextlib.contextmanager
+def transformers_quiet(quiet: bool = True) -> Iterator[None]:
+    """transformers' progress bars (`Loading weights`) and info/warning logging off inside
+    the block when `quiet` (a `--no-progress` run prints none), restored after it."""
+    if not quiet:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _load_target(
+    name_or_path: str,
+    *,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    layer_ids: list[int] | None,
+    num_feature_layers: int,
+    mask_token: str | None,
+    allow_download: bool,
+    trust_remote_code: bool,
+    progress: bool,
+) -> Target:
     if name_or_path == TINY:
         from blockdraft.models.tiny import load_tiny_target
 
@@ -259,8 +308,11 @@ def target_fingerprint(target: Target) -> str:
     Rollouts, acceptance caches and checkpoints record it to refuse mixing targets, so it
     must change when any weight does (one MLP matrix scaled by 1.5 gives another target).
     Each tensor is rounded to bf16 before hashing, so fp32 and bf16 loads of one model
-    agree; tied tensors are hashed once. Cost: 2.5 s for Gemma 3 270M on a busy 2-core
-    CPU (1.7 s of it the weights; docs/export.md), computed once per loaded target.
+    agree; tied tensors are hashed once. A tensor loaded in another dtype than its file
+    holds (an fp32 checkpoint loaded in fp16) is hashed from the file when it equals the
+    file's tensor cast to its dtype, so every load dtype of the same weights gives one
+    fingerprint (fp16 rounding then bf16 rounding is not bf16 rounding), while a tensor
+    changed after loading still changes it. Computed once per loaded target.
     """
     cached = getattr(target, "_fingerprint", None)
     if cached is not None:
@@ -272,20 +324,85 @@ def target_fingerprint(target: Target) -> str:
         json.dumps(_clean_config(target.config.to_dict()), sort_keys=True, default=str).encode()
     )
     seen: set[int] = set()
+    stored = _StoredWeights(target.model)
+    state = target.model.state_dict()
+    names_of: dict[int, list[str]] = {}  # tied tensors: the file holds one of their names
+    for name, tensor in state.items():
+        names_of.setdefault(tensor.data_ptr(), []).append(name)
     with torch.no_grad():
-        for name, tensor in sorted(target.model.state_dict().items()):
+        for name, tensor in sorted(state.items()):
             key = tensor.data_ptr()
             if key in seen and tensor.numel():
                 continue
             seen.add(key)
             h.update(f"{name}:{tuple(tensor.shape)}:".encode())
-            t = tensor.detach().reshape(-1)
+            t = stored.as_stored(names_of[key], tensor.detach()).reshape(-1)
             for chunk in t.split(1 << 24):  # bounded extra memory for large targets
                 if chunk.is_floating_point():
                     chunk = chunk.to(torch.bfloat16).view(torch.int16)
                 h.update(chunk.cpu().contiguous().numpy())  # buffer protocol: no copy
     target._fingerprint = h.hexdigest()[:32]
     return target._fingerprint
+
+
+class _StoredWeights:
+    """The safetensors files a model was loaded from (its local directory or HF cache
+    snapshot), opened only when a tensor's dtype differs from its file's."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self._index = model, None
+
+    def _files(self) -> dict[str, Any]:
+        if self._index is None:
+            self._index = {}
+            directory = _model_directory(self.model)
+            if directory is not None:
+                from safetensors import safe_open
+
+                for file in sorted(directory.glob("*.safetensors")):
+                    try:
+                        handle = safe_open(str(file), framework="pt")
+                    except Exception:  # unreadable: hash what is in memory instead
+                        continue
+                    for key in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+                        self._index[key] = handle
+        return self._index
+
+    def as_stored(self, names: list[str], tensor: torch.Tensor) -> torch.Tensor:
+        """The file's tensor (under any of `names`) when `tensor` is exactly it cast to
+        another dtype, else `tensor` (same dtype, not in the files, or changed in memory)."""
+        if not tensor.is_floating_point():
+            return tensor
+        files = self._files()
+        name = next((n for n in names if n in files), None)
+        if name is None:
+            return tensor
+        handle = files[name]
+        slice_ = handle.get_slice(name)
+        if tuple(slice_.get_shape()) != tuple(tensor.shape):
+            return tensor
+        stored = handle.get_tensor(name)
+        if stored.dtype == tensor.dtype or not stored.is_floating_point():
+            return tensor
+        if torch.equal(stored.to(tensor.device, tensor.dtype), tensor):
+            return stored
+        return tensor
+
+
+def _model_directory(model: Any) -> Path | None:
+    """The local directory holding `model`'s weights, if there is one."""
+    source = getattr(getattr(model, "config", None), "_name_or_path", None) or ""
+    if not source:
+        return None
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, local_files_only=True))
+    except Exception:  # not an HF id, or not in the local cache
+        return None
 
 
 def legacy_target_fingerprint(target: Target) -> str:

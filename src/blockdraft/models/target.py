@@ -117,6 +117,13 @@ class Target:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     @property
+    def context_length(self) -> int | None:
+        """Longest sequence (prompt + response) the target was built for
+        (`max_position_embeddings`), or None when its config does not say."""
+        n = getattr(self.config, "max_position_embeddings", None)
+        return int(n) if n else None
+
+    @property
     def feature_size(self) -> int:
         return self.hidden_size * len(self.layer_ids)
 

@@ -9,6 +9,7 @@ field below; anything else is a `ConfigError` that names the offending dotted ke
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -266,10 +267,53 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.logging.every >= 1, "logging.every: must be >= 1"),
         (cfg.distributed.timeout_minutes > 0, "distributed.timeout_minutes: must be > 0"),
         (bool(cfg.data.train_rollouts), "data.train_rollouts: required (a rollout directory)"),
+        (cfg.seed >= 0, "seed: must be >= 0"),
+        (
+            cfg.optim.batch_size % max(1, cfg.optim.grad_accum) == 0,
+            f"optim.batch_size: {cfg.optim.batch_size} is not divisible by optim.grad_accum="
+            f"{cfg.optim.grad_accum} (each optimizer step splits the batch into equal "
+            "micro-batches)",
+        ),
+        (cfg.optim.weight_decay >= 0, "optim.weight_decay: must be >= 0"),
+        (0.0 <= cfg.optim.min_lr_ratio <= 1.0, "optim.min_lr_ratio: must be in [0, 1]"),
+        (
+            cfg.optim.warmup_steps is None or cfg.optim.warmup_steps >= 0,
+            "optim.warmup_steps: must be >= 0",
+        ),
+        (all(0.0 <= b < 1.0 for b in cfg.optim.betas), "optim.betas: each must be in [0, 1)"),
+        (cfg.drafter.markov_rank >= 1, "drafter.markov_rank: must be >= 1"),
+        (
+            cfg.drafter.draft_vocab_size is None or cfg.drafter.draft_vocab_size >= 1,
+            "drafter.draft_vocab_size: must be >= 1 (or null for the full vocabulary)",
+        ),
+        (
+            cfg.target.layer_ids is None
+            or (len(cfg.target.layer_ids) > 0 and min(cfg.target.layer_ids) >= 0),
+            "target.layer_ids: must be a non-empty list of layer indices >= 0 (or null)",
+        ),
+        (cfg.eval.every >= 0, "eval.every: must be >= 0 (0 = only at the end)"),
+        (cfg.eval.max_rollouts >= 1, "eval.max_rollouts: must be >= 1"),
+        (cfg.checkpoint.save_every >= 0, "checkpoint.save_every: must be >= 0 (0 = only final)"),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    for key, value in _numbers(cfg):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}: must be a finite number, got {value}")
+
+
+def _numbers(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of every number in the config, lists' items included."""
+    if dataclasses.is_dataclass(node):
+        return [
+            item
+            for f in dataclasses.fields(node)
+            for item in _numbers(getattr(node, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+        ]
+    if isinstance(node, list):
+        return [item for i, v in enumerate(node) for item in _numbers(v, f"{prefix}[{i}]")]
+    return [(prefix, node)] if isinstance(node, (int, float)) else []
 
 
 def config_from_dict(data: dict[str, Any] | None, overrides: list[str] = ()) -> TrainConfig:

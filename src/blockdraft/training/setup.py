@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from blockdraft.errors import BlockdraftError
-from blockdraft.training.config import ConfigError, TrainConfig
+from blockdraft.training.config import ConfigError, DataConfig, TrainConfig
 
 
 class TrainSetupError(BlockdraftError, ValueError):
@@ -40,10 +40,67 @@ def load_target_for(cfg: TrainConfig, device: torch.device):
     from blockdraft.models.registry import load_target
 
     kwargs: dict[str, Any] = {"device": device, "progress": cfg.logging.progress}
-    if cfg.target.layer_ids is not None:
-        kwargs["layer_ids"] = cfg.target.layer_ids
     kwargs["dtype"] = resolve_dtype(cfg.target.dtype, device)
-    return load_target(cfg.target.name, **kwargs)
+    target = load_target(cfg.target.name, **kwargs)
+    if cfg.target.layer_ids is not None:  # checked here: the layer count is known now
+        bad = [i for i in cfg.target.layer_ids if not 0 <= i < target.num_layers]
+        if bad:
+            raise ConfigError(
+                f"target.layer_ids: {bad} out of range for the {target.num_layers}-layer "
+                f"target {cfg.target.name!r} (valid: 0..{target.num_layers - 1})"
+            )
+        target.layer_ids = list(cfg.target.layer_ids)
+    return target
+
+
+def check_device(cfg: TrainConfig) -> None:
+    """`device` names a device this machine has (before any process group or file)."""
+    import os
+
+    from blockdraft.devices import resolve_device
+
+    try:
+        resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"device: {str(exc).splitlines()[0].removeprefix('device ')}") from None
+
+
+def check_batch_split(cfg: TrainConfig, world_size: int) -> None:
+    """The global batch splits into equal micro-batches on every process."""
+    parts = world_size * cfg.optim.grad_accum
+    if cfg.optim.batch_size % parts:
+        raise ConfigError(
+            f"optim.batch_size: {cfg.optim.batch_size} is not divisible by world size "
+            f"{world_size} x optim.grad_accum {cfg.optim.grad_accum} = {parts}"
+        )
+
+
+def check_against_target(cfg: TrainConfig, target, say=print) -> None:
+    """Settings that must fit the target's shapes, checked before anything is written.
+
+    A `data.max_seq_len` longer than the target's context is refused, except the
+    built-in default, which is lowered to the context with a note (a 1,024-token target
+    must not need an override just to train with the defaults).
+    """
+    context = target.context_length
+    default = DataConfig().max_seq_len
+    if context is not None and cfg.data.max_seq_len == default and default > context:
+        say(
+            f"note: data.max_seq_len {default} (the default) is longer than the context of "
+            f"target {cfg.target.name!r}; using its {context} tokens"
+        )
+        cfg.data.max_seq_len = context
+    if context is not None and cfg.data.max_seq_len > context:
+        raise ConfigError(
+            f"data.max_seq_len: {cfg.data.max_seq_len} is longer than the context of target "
+            f"{cfg.target.name!r} ({context} tokens, max_position_embeddings)"
+        )
+    vocab = cfg.drafter.draft_vocab_size
+    if vocab is not None and vocab > target.vocab_size:
+        raise ConfigError(
+            f"drafter.draft_vocab_size: {vocab} is larger than the vocabulary of target "
+            f"{cfg.target.name!r} ({target.vocab_size} tokens)"
+        )
 
 
 def _open_checked(directory: str, key: str, target, allow_incomplete: bool = False):

@@ -15,8 +15,9 @@ Only rank 0 writes files; every rank runs the same steps on its share of each ba
 from __future__ import annotations
 
 import contextlib
+import copy
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,16 @@ from blockdraft.training.evaluate import evaluate_mal
 from blockdraft.training.features import build_feature_source
 from blockdraft.training.logging import MetricsLogger, truncate_metrics
 from blockdraft.training.loop import LoopParts, NonFiniteLossError, run_loop
+from blockdraft.training.resume import check_resumed_config
 from blockdraft.training.setup import (
     TrainSetupError,
     amp_dtype,
     build_drafter,
     build_objective,
     build_optimizer,
+    check_against_target,
+    check_batch_split,
+    check_device,
     cpu_fallback_note,
     dpace_profile_args,
     load_target_for,
@@ -97,20 +102,28 @@ def _pad_id(target) -> int:
 
 
 def train(
-    config: TrainConfig, *, target: Any = None, resume: bool = False, overwrite: bool = False
+    config: TrainConfig,
+    *,
+    target: Any = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    allow_changed: Collection[str] = (),
 ) -> Path:
     """Train a drafter as configured; returns the `final/` checkpoint directory.
 
     `target` lets callers (tests, notebooks) pass an already loaded `Target` instead of
     `config.target.name`. `resume=True` continues from the newest complete step
-    checkpoint in `run_dir` exactly (same data order, anchors, optimizer and RNG state).
+    checkpoint in `run_dir` exactly (same data order, anchors, optimizer and RNG state);
+    a config that changes what that checkpoint means is refused (`training/resume.py`)
+    unless its keys are in `allow_changed`.
     """
-    cfg = config
+    cfg = copy.deepcopy(config)  # setup may resolve defaults in it (the caller's stays)
+    check_device(cfg)  # a one-line ConfigError, not torch's RuntimeError
     ctx = init_distributed(cfg.device, cfg.distributed.backend, cfg.distributed.timeout_minutes)
     flush_denormals()  # the objectives' gradients underflow; denormal math is ~100x slower
     try:
         with _run_dir_lock(Path(cfg.run_dir), ctx):
-            final = _train(cfg, ctx, target, resume, overwrite)
+            final = _train(cfg, ctx, target, resume, overwrite, allow_changed)
             # every rank done before any leaves: a rank tearing gloo down while a peer still
             # has work in flight can abort the peer (not on errors: a failed rank must exit)
             barrier(ctx)
@@ -141,16 +154,25 @@ def _run_dir_lock(run_dir: Path, ctx: DistContext) -> Iterator[None]:
 
 
 def _train(
-    cfg: TrainConfig, ctx: DistContext, target: Any, resume: bool, overwrite: bool = False
+    cfg: TrainConfig,
+    ctx: DistContext,
+    target: Any,
+    resume: bool,
+    overwrite: bool = False,
+    allow_changed: Collection[str] = (),
 ) -> Path:
     run_dir = Path(cfg.run_dir)
+    check_batch_split(cfg, ctx.world_size)  # every check before anything is written
     note = cpu_fallback_note(cfg, ctx.device)
     if note and ctx.is_main:
         print(note)
     resume_from = _prepare_run_dir(run_dir, ctx, resume, overwrite)
+    if resume_from is not None:
+        check_resumed_config(cfg, Path(resume_from), allow_changed)
     if target is None:
         target = load_target_for(cfg, ctx.device)
     target.model.to(ctx.device)
+    check_against_target(cfg, target, say=print if ctx.is_main else _quiet)
     train_data, eval_data = load_train_eval(cfg, target)
     mode = resolve_mode(cfg, train_data, eval_data)
     objective = build_objective(cfg, mode)

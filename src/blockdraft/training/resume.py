@@ -1,0 +1,104 @@
+"""What a resumed run may change: a `--resume` with another objective or drafter shape is refused.
+
+Why: `train --resume` continues a checkpoint exactly where it stopped, so the config must
+still describe the run that made it. Another `objective.name` used to continue without a
+word (and rewrite `run.yaml`, so the run's record no longer said what made its first
+steps); another `drafter.num_layers` ended in a state_dict traceback. The checkpoint's own
+`run.yaml` is compared with the new config before the target loads:
+
+- shape keys (the drafter's weights would not fit) are always refused;
+- meaning keys (objective, target) are refused unless named in `allow_changed`
+  (`blockdraft train --resume --allow-changed objective.name`), e.g. for a deliberate
+  switch of objective in the middle of a run;
+- everything else (steps, learning rate, logging, evaluation) may change freely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from blockdraft.training.config import ConfigError, TrainConfig
+
+SHAPE_KEYS = (
+    "drafter.arch",
+    "drafter.num_layers",
+    "drafter.block_size",
+    "drafter.markov_rank",
+    "drafter.lookup_inputs",
+    "drafter.draft_vocab_size",
+    "target.layer_ids",
+)
+MEANING_KEYS = (
+    "objective.name",
+    "objective.gamma",
+    "objective.alpha",
+    "objective.variant",
+    "objective.mode",
+    "objective.max_anchors",
+    "objective.anchor_sampler",
+    "target.name",
+)
+
+
+def check_allowed_keys(allow_changed: Collection[str]) -> None:
+    """`allow_changed` names only keys a resumed run may be allowed to change."""
+    for key in allow_changed:
+        if key in SHAPE_KEYS:
+            raise ConfigError(
+                f"--allow-changed {key}: the drafter's shape cannot change on resume (its "
+                "weights would not fit); start a new run instead"
+            )
+        if key not in MEANING_KEYS:
+            raise ConfigError(
+                f"--allow-changed {key}: not a key a resume refuses (choose from "
+                f"{', '.join(MEANING_KEYS)}; other keys may change without it)"
+            )
+
+
+def _lookup(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def check_resumed_config(
+    cfg: TrainConfig, checkpoint: Path, allow_changed: Collection[str] = ()
+) -> None:
+    """Refuse `cfg` when it changes what `checkpoint` means; one line naming every key."""
+    check_allowed_keys(allow_changed)
+    try:
+        stored = yaml.safe_load((Path(checkpoint) / "run.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return  # an older checkpoint without a readable run.yaml: nothing to compare
+    if not isinstance(stored, dict):
+        return
+    now = cfg.to_dict()
+    shape, meaning = [], []
+    for key in SHAPE_KEYS + MEANING_KEYS:
+        found, before = _lookup(stored, key)
+        after = _lookup(now, key)[1]
+        if not found or before == after:
+            continue
+        change = f"{key} {before!r} -> {after!r}"
+        if key in SHAPE_KEYS:
+            shape.append(change)
+        elif key not in allow_changed:
+            meaning.append(change)
+    if shape:
+        raise ConfigError(
+            f"--resume: {', '.join(shape)} differs from {checkpoint}: its weights do not fit "
+            "another drafter shape; resume with the checkpoint's settings or start a new run"
+        )
+    if meaning:
+        keys = " ".join(f"--allow-changed {c.split(' ', 1)[0]}" for c in meaning)
+        raise ConfigError(
+            f"--resume: {', '.join(meaning)} differs from {checkpoint}, which was trained "
+            f"with the first; resume with its settings, or pass {keys} to change it mid-run"
+        )
