@@ -101,13 +101,13 @@ def test_sigterm_during_rollout_keeps_finished_shards_and_resumes(
     from blockdraft.data.rollout_store import RolloutSet
 
     spec = _prompt_file(tmp_path / "p.jsonl", [{"id": p.id, "prompt": p.text} for p in prompts(6)])
-    record = rollouts_mod._finish_manifest
+    record = rollouts_mod.finish_manifest
 
     def record_then_sigterm(*args, **kwargs):  # a scheduler stopping the job mid-run
         record(*args, **kwargs)  # the first shard is finished and in the manifest
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(rollouts_mod, "_finish_manifest", record_then_sigterm)
+    monkeypatch.setattr(rollouts_mod, "finish_manifest", record_then_sigterm)
     out = tmp_path / "r"
     args = ("--shard-size", "2", "--batch-size", "2")
     before = signal.signal(signal.SIGTERM, _caller_handler)  # reached only if the CLI has none
@@ -117,7 +117,7 @@ def test_sigterm_during_rollout_keeps_finished_shards_and_resumes(
         signal.signal(signal.SIGTERM, before)
     assert code == 143 and "terminated (SIGTERM); finished work is kept" in err, err
     assert "Traceback" not in err
-    monkeypatch.setattr(rollouts_mod, "_finish_manifest", record)
+    monkeypatch.setattr(rollouts_mod, "finish_manifest", record)
     code, printed, err = _rollout(capsys, local, spec, out, *args)
     assert code == 0, err
     assert "resuming: 2 of 6 prompts already done" in printed
