@@ -22,6 +22,7 @@ EVAL = ["eval", "--target", "m", "--rollouts", "r", "ngram"]
 COMPARE = ["compare", "--target", "m", "--rollouts", "r", "ngram", "ngram:k=3"]
 DECODE = ["decode", "--target", "m", "--drafter", "ngram", "--prompts", "p.jsonl"]
 SAMPLE = ["target", "sample", "m"]
+SUITE = ["suite", "--target", "m", "--benchmark", "a=p.jsonl", "ngram"]
 
 # (command line, bad flag and value, the flag the one-line error must name)
 BAD_FLAGS = [
@@ -55,6 +56,9 @@ BAD_FLAGS = [
     (EVAL, ["--n-boot", "0"], "--n-boot"),
     (EVAL, ["--seed", "-1"], "--seed"),
     (COMPARE, ["--n-boot", "0"], "--n-boot"),
+    (SUITE, ["--limit", "0"], "--limit"),
+    (SUITE, ["--n-boot", "0"], "--n-boot"),
+    (SUITE, ["--seed", "-1"], "--seed"),
     (DECODE, ["--temperature", "-1"], "--temperature"),
     (DECODE, ["--top-p", "0"], "--top-p"),
     (DECODE, ["--top-k", "-1"], "--top-k"),

@@ -12,6 +12,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from blockdraft.cli.arguments import positive_int, seed_int
 from blockdraft.cli.eval import add_target_args, drafter_dtype_of, setup_target
 from blockdraft.evaluation.runs import write_json
 from blockdraft.evaluation.suite import (
@@ -48,7 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="add a benchmark from a prompt spec (any JSONL: `code=my.jsonl:prompt`); repeatable",
     )
     p.add_argument("--data-dir", default=None, help="replaces the suite's data_dir")
-    p.add_argument("--limit", type=int, default=None, help="at most N prompts per benchmark")
+    p.add_argument(
+        "--limit", type=positive_int, default=None, help="at most N prompts per benchmark"
+    )
     p.add_argument("--baseline", default=None, help="baseline drafter spec (default: ngram)")
     p.add_argument(
         "--rollouts-dir",
@@ -57,8 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
-    p.add_argument("--n-boot", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-boot", type=positive_int, default=2000)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument(
         "drafters",
         nargs="*",
@@ -72,10 +75,6 @@ def suite_from_args(args: argparse.Namespace) -> Suite:
     """The suite file with `--benchmark`, `--limit` and `--baseline` applied."""
     if args.suite is None and not args.benchmark:
         raise SuiteError("give --suite FILE or at least one --benchmark NAME=SPEC")
-    if args.limit is not None and args.limit < 1:
-        raise SuiteError(f"--limit must be >= 1, got {args.limit}")
-    if args.n_boot < 1:
-        raise SuiteError(f"--n-boot must be >= 1, got {args.n_boot}")
     suite = (
         load_suite(args.suite, data_dir=args.data_dir)
         if args.suite
