@@ -3,9 +3,9 @@
 Lossless speculative sampling is lossless with respect to *some* distribution p, and the
 offline evaluator only agrees with the online decoder if both use the same p as the
 rollouts were drawn from. So there is exactly one implementation of the logits
-processing (temperature, then top-k, then top-p, HF order):
-`blockdraft.data.generation.sampling_logprobs`, which the rollout sampler uses. This
-module adapts it for decoding and verification:
+processing (temperature, then top-k, then top-p, HF order), `sampling_logprobs` here,
+which the rollout sampler uses, and one `SamplingSettings`. For decoding and
+verification:
 
 - `temperature == 0` means greedy: p is one-hot on the first argmax (what `torch.argmax`
   picks), so the greedy rule is the T -> 0 limit of speculative sampling. (Rollouts store
@@ -15,9 +15,71 @@ module adapts it for decoding and verification:
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
 import torch
 
-from blockdraft.data.generation import SamplingSettings, sampling_logprobs
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How the target samples. `temperature=0` is greedy; `top_k=0`/`top_p=1` disable filters."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SamplingSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling setting(s): {', '.join(unknown)}")
+        return cls(**data)
+
+
+def sampling_logprobs(logits: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
+    """Log-probs (float32, last dim) of the distribution the sampler draws from.
+
+    Order as in HF: divide by temperature, keep the top-k logits (ties at the k-th value
+    kept), then keep the smallest set of most likely tokens whose mass reaches top_p.
+    Removed tokens get -inf. Greedy returns the T=1 log-softmax (see module docstring).
+    """
+    logits = logits.float()
+    if settings.greedy:
+        return torch.log_softmax(logits, dim=-1)
+    logits = logits / settings.temperature
+    if 0 < settings.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, settings.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if settings.top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        remove_sorted = mass_before >= settings.top_p
+        remove_sorted[..., 0] = False
+        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
 
 
 def settings_of(temperature: float, top_p: float = 1.0, top_k: int = 0) -> SamplingSettings:

@@ -195,8 +195,8 @@ def run_import(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads)
-    from blockdraft.data.generation import SamplingSettings
     from blockdraft.data.prompts import PromptError, load_prompts
+    from blockdraft.sampling import SamplingSettings
 
     try:
         settings = SamplingSettings(

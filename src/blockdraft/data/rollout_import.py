@@ -35,7 +35,6 @@ import torch
 
 from blockdraft.artifacts import writer_lock
 from blockdraft.data.distributed_rollouts import extend_prefix, plan_tasks, remove_parts
-from blockdraft.data.generation import SamplingSettings
 from blockdraft.data.import_records import EngineRecord, read_records
 from blockdraft.data.prompts import Prompt, PromptError, render_prompt
 from blockdraft.data.rollout_store import (
@@ -55,6 +54,7 @@ from blockdraft.data.rollouts import (
 )
 from blockdraft.data.teacher_forcing import score_responses
 from blockdraft.models.target import Target
+from blockdraft.sampling import SamplingSettings
 
 ENGINE_ERROR = "the engine reported an error"
 NO_ROUND_TRIP = "text does not round-trip through the tokenizer"

@@ -32,13 +32,13 @@ from blockdraft.artifacts import (  # noqa: F401  (write_atomic, sha256_bytes re
     verify_mode,
     write_atomic,
 )
-from blockdraft.data.generation import SamplingSettings
 from blockdraft.data.rollout_shards import (  # noqa: F401  (re-exported: the public names)
     Rollout,
     decode_shard,
     encode_shard,
 )
 from blockdraft.errors import BlockdraftError
+from blockdraft.sampling import SamplingSettings
 
 FORMAT = "blockdraft-rollouts"
 VERSION = 1

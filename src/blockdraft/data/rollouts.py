@@ -44,7 +44,7 @@ from blockdraft.data.distributed_rollouts import (
     record_part,
     remove_parts,
 )
-from blockdraft.data.generation import SamplingSettings, generate_batch, sampling_logprobs
+from blockdraft.data.generation import generate_batch
 from blockdraft.data.prompts import Prompt, PromptError, check_fits_context, render_prompt
 from blockdraft.data.rollout_store import (
     FORMAT,
@@ -66,6 +66,7 @@ from blockdraft.data.rollout_store import (
 )
 from blockdraft.errors import BlockdraftError
 from blockdraft.models.target import Target
+from blockdraft.sampling import SamplingSettings, sampling_logprobs
 
 __all__ = [
     "Rollout",

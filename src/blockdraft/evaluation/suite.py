@@ -18,7 +18,6 @@ from typing import Any
 import torch
 import yaml
 
-from blockdraft.data.generation import SamplingSettings
 from blockdraft.data.prompts import load_prompts
 from blockdraft.data.rollout_store import read_manifest
 from blockdraft.data.rollouts import generate_rollouts
@@ -31,6 +30,7 @@ from blockdraft.models.checkpoint import read_config
 from blockdraft.models.drafter_spec import checkpoint_of
 from blockdraft.models.ngram import NgramDrafter
 from blockdraft.models.registry import target_fingerprint
+from blockdraft.sampling import SamplingSettings
 
 SELECTIONS = ("first", "spread")
 _SUITE_KEYS = {"name", "data_dir", "baseline", "rollouts", "benchmarks"}

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from blockdraft.data.generation import sampling_logprobs
 from blockdraft.objectives.cross_entropy import default_chunk_rows
+from blockdraft.sampling import sampling_logprobs
 
 
 def target_probs_for(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
