@@ -57,3 +57,26 @@ def test_checkpoint_refused_when_the_disk_is_too_small(target, rollout_dirs, tmp
     with pytest.raises(BlockdraftError, match=r"not enough free disk space .* needs .* free"):
         train(cfg, target=target)
     assert not list((run / "checkpoints").glob("*")) and not (run / "final").exists()
+
+
+def test_full_disk_while_writing_run_yaml_names_the_file(
+    target, rollout_dirs, tmp_path, monkeypatch
+):
+    import errno
+    import os
+
+    from blockdraft.errors import os_error_message
+
+    real = os.fsync
+
+    def full_for_run_yaml(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".run.yaml.tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(os, "fsync", full_for_run_yaml)
+    with pytest.raises(OSError) as info:
+        train(make_config(run, rollout_dirs, optim={"max_steps": 2}), target=target)
+    assert os_error_message(info.value) == f"{run / 'run.yaml'}: the disk is full"
+    assert not list(run.glob(".*.tmp"))

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from blockdraft import __version__
-from blockdraft.artifacts import DirectoryInUseError, writer_lock
+from blockdraft.artifacts import DirectoryInUseError, write_atomic, writer_lock
 from blockdraft.errors import os_error_message
 from blockdraft.evaluation.scoring import FeatureMemo
 from blockdraft.threads import flush_denormals
@@ -203,7 +203,7 @@ def _train(
         config=cfg.to_dict(),
     )
     if ctx.is_main:
-        (run_dir / "run.yaml").write_text(run_yaml(cfg, ctx))
+        write_atomic(run_dir / "run.yaml", run_yaml(cfg, ctx).encode())
     io = _RunIO(
         cfg, ctx, target, drafter, optimizer, scheduler, progress, logger, eval_data, mode, sharded
     )
