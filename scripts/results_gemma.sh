@@ -14,6 +14,7 @@
 #   select    the hybrid's confidence threshold, on the validation rollouts only
 #   compare   exact offline MAL on the 64 held-out rollouts: ngram first (the baseline),
 #             then the drafters and each drafter with prompt lookup as fallback (hybrid)
+#   suite     (only when asked) `blockdraft suite`: the drafters on GSM8K, HumanEval, MT-Bench
 #   decode    (only when asked) bench/decode.py: wall-clock next to HF generate
 # The recipe follows the tiny study (docs/results.md): top target layers feed the drafter,
 # a high lr held over a long cosine, many steps from cached features.
@@ -117,6 +118,15 @@ compare)
   $BD eval $ev --json "$OUT/json/eval.json" ngram "${runs[@]}" "${hybrids[@]}" \
       | tee "$OUT/json/eval.txt"
   log "compare done" ;;
+suite)  # every trained drafter on GSM8K, HumanEval and MT-Bench (not in the default sections)
+  runs=(); for s in $SEEDS; do for obj in $OBJS; do
+    runs+=("$OUT/runs/$obj-s$s")
+    [ -d "$OUT/runs/lookup-$obj-s$s/final" ] && runs+=("$OUT/runs/lookup-$obj-s$s")
+  done; done
+  $BD suite $TGT --suite configs/suites/gemma-3-270m.yaml --data-dir "$DATA" \
+      --rollouts-dir "${SUITE_ROLLOUTS:-results_runs/suite-gemma/rollouts}" \
+      --cache-dir "$OUT/cache" --threads 2 --no-progress --json "$OUT/json/suite.json" \
+      --plot "$OUT/json/suite.png" "${runs[@]}" | tee "$OUT/json/suite.txt" ;;
 decode)  # wall-clock next to HF generate / HF prompt lookup (not in the default sections)
   s=${SEEDS%% *}; r=$OUT/runs
   .venv/bin/python bench/decode.py --target gemma-3-270m \

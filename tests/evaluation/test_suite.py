@@ -27,11 +27,20 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def test_shipped_suites_parse_and_name_their_benchmarks():
+def test_shipped_suites_parse_and_name_their_benchmarks(tmp_path, monkeypatch):
     gemma = load_suite(REPO / "configs/suites/gemma-3-270m.yaml", data_dir="/data")
     assert [b.name for b in gemma.benchmarks] == ["gsm8k", "humaneval", "mt-bench"]
     assert gemma.benchmarks[0].prompts == "/data/gsm8k/test.jsonl:question"
     assert gemma.sampling.temperature == 0 and gemma.sampling.max_new_tokens == 128
+    shipped = load_suite(REPO / "configs/suites/gemma-3-270m.yaml")  # relative to the file
+    assert (
+        shipped.benchmarks[0].prompts
+        == str((REPO / "configs/suites/../../../shared/data").resolve() / "gsm8k/test.jsonl")
+        + ":question"
+    )
+    monkeypatch.chdir(tmp_path)  # --data-dir is relative to where it was typed
+    typed = load_suite(REPO / "configs/suites/gemma-3-270m.yaml", data_dir="data")
+    assert typed.benchmarks[0].prompts == f"{tmp_path / 'data'}/gsm8k/test.jsonl:question"
     tiny = load_suite(REPO / "configs/suites/tiny.yaml")
     assert tiny.benchmarks[0].prompts == "stdlib:eval"
 

@@ -95,15 +95,20 @@ def _benchmark(raw: Any, where: str, data_dir: Path | None) -> Benchmark:
 
 
 def parse_suite(raw: Any, source: str, base_dir: Path, data_dir: str | Path | None = None) -> Suite:
-    """A `Suite` from a parsed YAML mapping; `source` names it in errors, relative paths in
-    `data_dir` resolve against `base_dir` (the suite file's folder)."""
+    """A `Suite` from a parsed YAML mapping; `source` names it in errors. A relative
+    `data_dir` in the file resolves against `base_dir` (the file's folder), one given as the
+    `data_dir` argument against the working directory."""
     if not isinstance(raw, dict):
         raise SuiteError(f"{source}: a suite file is a YAML mapping")
     unknown = sorted(set(raw) - _SUITE_KEYS)
     if unknown:
         raise SuiteError(f"{source}: unknown key(s) {', '.join(unknown)}")
-    chosen = data_dir if data_dir is not None else raw.get("data_dir")
-    data = None if chosen is None else (base_dir / Path(chosen).expanduser()).resolve()
+    if data_dir is not None:  # from the command line: relative to where it was typed
+        data = Path(data_dir).expanduser().resolve()
+    elif raw.get("data_dir") is not None:  # in the file: relative to the file
+        data = (base_dir / Path(str(raw["data_dir"])).expanduser()).resolve()
+    else:
+        data = None
     rollouts = raw.get("rollouts") or {}
     if not isinstance(rollouts, dict):
         raise SuiteError(f"{source}: rollouts: a mapping of rollout settings")
