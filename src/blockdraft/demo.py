@@ -21,7 +21,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blockdraft.data.prompts import load_prompts
+from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
+from blockdraft.devices import drafter_dtype, resolve_flags
+from blockdraft.evaluation.hf_generate import ar_vs_hf, has_hf_generate
+from blockdraft.evaluation.offline import mal_ci
+from blockdraft.evaluation.online import decode
+from blockdraft.evaluation.runs import compare, evaluate, write_json
+from blockdraft.evaluation.scoring import score_rollout_set
+from blockdraft.models.drafter_spec import load_drafter_spec
+from blockdraft.models.ngram import NgramDrafter
+from blockdraft.models.registry import load_target, target_fingerprint
+from blockdraft.report import terminal_summary, write_report
 from blockdraft.stages import Stage, fingerprint, portable, recorded_key
+from blockdraft.training import train
+from blockdraft.training.config import config_from_dict
 
 
 @dataclass
@@ -76,8 +91,6 @@ BASELINE = "ngram"  # prompt lookup with K = block_size - 1: the free drafter to
 
 def baseline_spec(s: DemoSettings) -> str:
     """The prompt-lookup drafter at the demo's K (a spec every stage accepts as a drafter)."""
-    from blockdraft.models.ngram import NgramDrafter
-
     return NgramDrafter(num_proposals=s.block_size - 1).name
 
 
@@ -87,10 +100,6 @@ def _log(msg: str) -> None:
 
 def make_rollouts(target: Any, s: DemoSettings, out: Path) -> dict[str, Path]:
     """Train and held-out rollouts (resumable; skipped when already complete)."""
-    from blockdraft.data.prompts import load_prompts
-    from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
-    from blockdraft.models.registry import target_fingerprint
-
     sampling = SamplingSettings(
         temperature=s.temperature, max_new_tokens=s.max_new_tokens, seed=s.seed
     )
@@ -134,8 +143,6 @@ def _train_config(
     overrides: list[str],
     finetune_from: Path | None,
 ) -> Any:
-    from blockdraft.training.config import config_from_dict
-
     base = [
         f"run_dir={run_dir}",
         f"seed={s.seed}",
@@ -170,8 +177,6 @@ def train_drafters(
     target: Any, s: DemoSettings, out: Path, rollouts: dict[str, Path]
 ) -> dict[str, Path]:
     """Train decay and D-PACE from scratch, then E2E and EDR fine-tunes of the D-PACE one."""
-    from blockdraft.training import train
-
     finals: dict[str, Path] = {}
     plan = [(n, o, None) for n, o in SCRATCH] + [(n, o, "dpace") for n, o in FINETUNE]
     for name, overrides, start in plan:
@@ -198,15 +203,11 @@ def train_drafters(
 
 def eval_prompt_spec(rollouts: dict[str, Path]) -> str:
     """The prompt source of the held-out rollouts (for plot titles and tables)."""
-    from blockdraft.data.rollout_store import RolloutSet
-
     manifest = RolloutSet.open(rollouts["eval"]).manifest
     return str(manifest.get("prompts", {}).get("spec", "prompts"))
 
 
 def drafter_dtype_of(s: DemoSettings, target: Any) -> Any:
-    from blockdraft.devices import drafter_dtype
-
     return drafter_dtype(s.dtype, target.device)
 
 
@@ -214,8 +215,6 @@ def evaluate_offline(
     target: Any, s: DemoSettings, finals: dict[str, Path], rollouts: dict[str, Path], out: Path
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Exact offline MAL/AR_k of each drafter and the paired comparisons, on eval rollouts."""
-    from blockdraft.evaluation.runs import compare, evaluate
-
     names = list(finals)
     _log("offline evaluation on held-out rollouts")
     cache = out / "scores"
@@ -254,13 +253,6 @@ def evaluate_online(
     HF generate, and each drafter's offline MAL on the same prompts at the same length
     (the first `online_prompts` eval rollouts cut to `online_max_new_tokens`), so online
     and offline measure the same text: at T = 0 they must be equal."""
-    from blockdraft.data.rollout_store import RolloutSet
-    from blockdraft.evaluation.hf_generate import ar_vs_hf, has_hf_generate
-    from blockdraft.evaluation.offline import mal_ci
-    from blockdraft.evaluation.online import decode
-    from blockdraft.evaluation.scoring import score_rollout_set
-    from blockdraft.models.drafter_spec import load_drafter_spec
-
     rs = RolloutSet.open(rollouts["eval"])
     same = rs.subset(range(min(s.online_prompts, len(rs))))
     prompts = [r.prompt_ids.tolist() for r in same]
@@ -309,8 +301,6 @@ def build_report_json(
     online: dict[str, Any],
 ) -> dict[str, Any]:
     """The machine-readable summary other tools read (`DIR/report.json`)."""
-    from blockdraft.data.rollout_store import RolloutSet
-
     objective = {n: n for n, _ in SCRATCH + FINETUNE} | {BASELINE: "none"}
     drafters = []
     for d in offline["benchmarks"][0]["drafters"]:
@@ -363,11 +353,6 @@ def _settings_key(s: DemoSettings, out: Path) -> dict[str, Any]:
 
 def run_demo(s: DemoSettings) -> dict[str, Any]:
     """Run (or resume) every stage; write report.md, PNGs and report.json; return the JSON."""
-    from blockdraft.devices import resolve_flags
-    from blockdraft.evaluation.runs import write_json
-    from blockdraft.models.registry import load_target
-    from blockdraft.report import terminal_summary, write_report
-
     out = Path(s.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     device, dtype = resolve_flags(s.device, s.dtype)
@@ -390,7 +375,6 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         _log("online decoding: reused")
         online = online_stage.outputs()["online"]
     else:
-
         online = evaluate_online(target, s, finals, rollouts, out)
         online_stage.finish({"online": online})
     drafters = [

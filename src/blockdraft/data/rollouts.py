@@ -242,7 +242,6 @@ def repair_damaged_shards(
     holds the same rollouts. A damaged shard beyond the `num_rows` this run asks for
     cannot be made again by it: refused, saying which rerun repairs it.
     """
-    from blockdraft.data.distributed_rollouts import record_part
 
     def problem_of(entry: dict[str, Any]) -> str | None:
         problem = file_problem(out / entry["file"], entry, sha256=True)
