@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from blockdraft.data.rollout_store import MANIFEST, RolloutError, write_atomic
+from blockdraft.devices import resolve_device
 
 PART_PREFIX = "manifest.rank-"
 # Ranks finish at different times and the last barrier waits for the slowest one; a rank
@@ -85,7 +86,6 @@ def init_from_env(device: str = "auto") -> tuple[RankContext, torch.device, bool
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    from blockdraft.devices import resolve_device
 
     dev = resolve_device(device, local_rank)
     if dev.type == "cuda":

@@ -20,6 +20,7 @@ import bisect
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ from blockdraft.data.rollout_shards import (  # noqa: F401  (re-exported: the pu
     encode_shard,
 )
 from blockdraft.errors import BlockdraftError
+from blockdraft.models.registry import legacy_target_fingerprint
+from blockdraft.models.registry import target_fingerprint as registry_fingerprint
 from blockdraft.sampling import SamplingSettings
 
 FORMAT = "blockdraft-rollouts"
@@ -72,7 +75,6 @@ def target_fingerprint(target: Any) -> str:
     Re-exported here so every consumer of rollout manifests (training, scoring) compares
     fingerprints made by one function.
     """
-    from blockdraft.models.registry import target_fingerprint as registry_fingerprint
 
     return str(registry_fingerprint(target))
 
@@ -259,7 +261,6 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
     Sets written before fingerprints covered every weight are accepted when their
     (weaker) legacy fingerprint matches, with a warning on stderr.
     """
-    import sys
 
     stored = rollouts.manifest.get("target", {})
     where = f"{what}: " if what else ""
@@ -275,7 +276,6 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
     made_with = stored.get("fingerprint")
     if not made_with or made_with == target_fingerprint(target):
         return
-    from blockdraft.models.registry import legacy_target_fingerprint
 
     if made_with == legacy_target_fingerprint(target):
         print(

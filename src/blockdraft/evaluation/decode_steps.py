@@ -36,6 +36,8 @@ import torch
 from torch import nn
 
 from blockdraft.evaluation.argmax_screen import ScreenedArgmaxHead
+from blockdraft.models.drafter import BlockDrafter
+from blockdraft.models.ngram import NgramTable
 from blockdraft.models.packed_linear import pack_weight
 from blockdraft.sampling import processed_probs, sample
 
@@ -167,7 +169,6 @@ class GreedyDraftHead:
     @staticmethod
     def applies(drafter: Any) -> bool:
         """True for a parallel BlockDrafter (a semi-AR one drafts slot by slot)."""
-        from blockdraft.models.drafter import BlockDrafter
 
         return isinstance(drafter, BlockDrafter) and getattr(drafter, "markov_head", None) is None
 
@@ -269,8 +270,6 @@ class NgramIndex:
     def __init__(self, drafter: Any) -> None:
         self.drafter = drafter
         try:
-            from blockdraft.models.ngram import NgramTable
-
             self.index = NgramTable(drafter.config)
         except (ImportError, AttributeError):
             self.index = None

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from blockdraft.evaluation.bench import alternate_timed
+from blockdraft.evaluation.online import ar_generate
 
 
 def hf_generate_job(
@@ -70,7 +71,6 @@ def ar_vs_hf(
 ) -> dict[str, float]:
     """HF generate and our AR loop on the same prompts, alternately (HF, AR per prompt,
     after one warm-up each) -> tokens/s of both and `ar_vs_hf` (AR tok/s / HF tok/s)."""
-    from blockdraft.evaluation.online import ar_generate
 
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
 

@@ -21,6 +21,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from blockdraft.data.rollout_store import RolloutSet, check_target
+from blockdraft.evaluation.offline import mal_ci, offline_stats, paired_comparison
+from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
 from blockdraft.models.checkpoint import resolve_checkpoint
 from blockdraft.models.drafter_spec import display_name, load_drafter_spec
 
@@ -84,8 +87,6 @@ def load_scored(
     """Acceptance tensors of every drafter on one rollout set -> (rollout set, [per drafter]).
 
     Drafters are placed on the target's device, cast to `drafter_dtype` if given."""
-    from blockdraft.data.rollout_store import RolloutSet, check_target
-    from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
 
     rollouts = RolloutSet.open(rollout_dir, allow_incomplete=allow_incomplete)
     if len(rollouts) == 0:
@@ -120,7 +121,6 @@ def evaluate(
     drafter_dtype: Any = None,
 ) -> dict[str, Any]:
     """Offline statistics of each drafter on each rollout set, as a JSON-ready dict."""
-    from blockdraft.evaluation.offline import mal_ci, offline_stats
 
     names = drafter_names(drafter_paths)
     result: dict[str, Any] = {"target": getattr(target, "name", ""), "benchmarks": []}
@@ -187,7 +187,6 @@ def compare(
     drafter_dtype: Any = None,
 ) -> list[dict[str, Any]]:
     """Paired comparisons (B vs A) per benchmark, as JSON-ready dicts."""
-    from blockdraft.evaluation.offline import paired_comparison
 
     if len(drafter_paths) < 2:
         raise ValueError("compare needs at least two drafters")

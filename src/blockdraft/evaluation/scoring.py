@@ -39,8 +39,11 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+from tqdm import tqdm
 
 from blockdraft.data.anchors import round_start_anchors
+from blockdraft.data.rollout_store import target_fingerprint
+from blockdraft.models.cache import cache_root
 from blockdraft.models.draft_vocab import target_to_draft
 from blockdraft.models.hybrid import HybridDrafter
 from blockdraft.models.ngram import NgramDrafter, future_tokens
@@ -221,8 +224,6 @@ def rollouts_hash(rollouts: Iterable[Any]) -> str:
 
 def _target_id(target: Any) -> str:
     try:
-        from blockdraft.data.rollout_store import target_fingerprint
-
         return str(target_fingerprint(target))
     except Exception:  # fake targets in tests have no HF config
         return str(getattr(target, "name", type(target).__name__))
@@ -240,7 +241,6 @@ def _precision_key(drafter: Any, target: Any) -> list[str]:
 
 
 def default_cache_dir() -> Path:
-    from blockdraft.models.cache import cache_root
 
     return cache_root() / "acceptance"
 
@@ -299,8 +299,6 @@ def score_rollouts(
                 pass
     iterator: Iterable[Any] = rollouts
     if progress:
-        from tqdm import tqdm
-
         desc = progress if isinstance(progress, str) else "scoring"
         iterator = tqdm(rollouts, desc=desc, unit="rollout", dynamic_ncols=True)
     out = [
