@@ -5,7 +5,6 @@ previous export. Each test fails on the code before the shared `artifacts` modul
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from blockdraft.data.features import plan_features, write_features
 from blockdraft.data.rollouts import RolloutError, SamplingSettings, generate_rollouts
 from blockdraft.errors import BlockdraftError, os_error_message
 from clikit import one_line_error, prompts, run_cli, save_random_drafter
+from diskkit import full_disk_for
 from lockkit import hold_lock, kill
 
 SETTINGS = SamplingSettings(temperature=1.0, top_k=20, max_new_tokens=4, seed=3)
@@ -248,16 +248,9 @@ def test_rollouts_refused_up_front_when_the_disk_is_too_small(random_target, tmp
 def test_full_disk_names_the_shard_and_leaves_no_temporary_file(
     random_target, rollout_dir, tmp_path, monkeypatch
 ):
-    real = os.fsync
-
-    def full_for_shards(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(".safetensors.tmp"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd)
-
     out = tmp_path / "f"
     plan = plan_features(random_target, rollout_dir, out, dtype="float32", shard_size=2)
-    monkeypatch.setattr(os, "fsync", full_for_shards)
+    full_disk_for(monkeypatch, ".safetensors.tmp")
     with pytest.raises(OSError) as info:
         write_features(random_target, plan, progress=False)
     assert os_error_message(info.value) == f"{out / 'shard-00000.safetensors'}: the disk is full"

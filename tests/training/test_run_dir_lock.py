@@ -13,6 +13,7 @@ from trainkit import make_config
 from blockdraft.errors import BlockdraftError
 from blockdraft.training import state as ckpt
 from blockdraft.training.trainer import train
+from diskkit import full_disk_for
 from lockkit import hold_lock, kill
 
 
@@ -62,20 +63,10 @@ def test_checkpoint_refused_when_the_disk_is_too_small(target, rollout_dirs, tmp
 def test_full_disk_while_writing_run_yaml_names_the_file(
     target, rollout_dirs, tmp_path, monkeypatch
 ):
-    import errno
-    import os
-
     from blockdraft.errors import os_error_message
 
-    real = os.fsync
-
-    def full_for_run_yaml(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(".run.yaml.tmp"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd)
-
     run = tmp_path / "run"
-    monkeypatch.setattr(os, "fsync", full_for_run_yaml)
+    full_disk_for(monkeypatch, ".run.yaml.tmp")
     with pytest.raises(OSError) as info:
         train(make_config(run, rollout_dirs, optim={"max_steps": 2}), target=target)
     assert os_error_message(info.value) == f"{run / 'run.yaml'}: the disk is full"
