@@ -84,6 +84,20 @@ def _positive_int(key: str) -> Callable[[Any], int]:
     return check
 
 
+def _positive_number(key: str) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError(f"{key} must be a positive finite number, got {value!r}")
+        return float(value)
+
+    return check
+
+
 def _edr_mode(value: Any) -> str:
     if value not in EDR_MODES:
         hint = (
@@ -115,6 +129,7 @@ _PARAM_SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], Any]]]] = {
         "mode": ("sampling", _edr_mode),
         "max_anchors": (512, _positive_int("max_anchors")),
         "anchor_sampler": ("gradient", _anchor_sampler),
+        "greedy_temperature": (1.0, _positive_number("greedy_temperature")),
     },
 }
 
@@ -171,7 +186,8 @@ def make_objective(name: str, **params: Any) -> Objective:
     vocabulary chunk, None = ~64 MB chunks); edr `mode` ("sampling" | "greedy") and
     `max_anchors` (round starts sampled per rollout, default 512) and `anchor_sampler` (how
     they are drawn beyond that: "gradient" (the default) | "occupancy" | "uniform", see
-    `training/edr_step.py`).
+    `training/edr_step.py`) and `greedy_temperature` (greedy mode: beta of the relaxation
+    `A = softmax(z / beta)(x)`, default 1.0).
     """
     _check_name(name)
     resolved = _resolve_params(name, params)

@@ -69,6 +69,10 @@ class ObjectiveConfig:
     # the same pass, PPS on round-start occupancy (noisier); uniform = drawn first:
     # cheaper steps, far more gradient noise per second (docs/training.md)
     anchor_sampler: Literal["gradient", "occupancy", "uniform"] = "gradient"
+    # edr on greedy rollouts: the drafter temperature beta of the relaxation
+    # A = softmax(z / beta)(x), the exact acceptance of a drafter sampling at beta; -> the
+    # true 0/1 argmax acceptance as beta -> 0 (docs/methods.md, "Greedy EDR")
+    greedy_temperature: float = 1.0
 
 
 @dataclass
@@ -251,6 +255,7 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.drafter.num_layers >= 1, "drafter.num_layers: must be >= 1"),
         (cfg.num_anchors >= 1, "num_anchors: must be >= 1"),
         (cfg.objective.max_anchors >= 1, "objective.max_anchors: must be >= 1"),
+        (cfg.objective.greedy_temperature > 0, "objective.greedy_temperature: must be > 0"),
         (0.0 <= cfg.objective.alpha <= 1.0, "objective.alpha: must be in [0, 1]"),
         (cfg.objective.gamma is None or cfg.objective.gamma > 0, "objective.gamma: must be > 0"),
         (cfg.optim.lr > 0, "optim.lr: must be > 0"),

@@ -179,7 +179,12 @@ def build_objective(cfg: TrainConfig, mode: str):
         "uniform": {},
         "decay": {"gamma": o.gamma},
         "e2e": {},
-        "edr": {"mode": mode, "max_anchors": o.max_anchors, "anchor_sampler": o.anchor_sampler},
+        "edr": {
+            "mode": mode,
+            "max_anchors": o.max_anchors,
+            "anchor_sampler": o.anchor_sampler,
+            "greedy_temperature": o.greedy_temperature,
+        },
     }.get(o.name, {"alpha": o.alpha})
     name = o.name
     if name == "dpace" and o.variant != "full":
