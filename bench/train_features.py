@@ -151,7 +151,7 @@ def bench_shape(shape: Shape, rounds: int, root: Path) -> None:
         out = block_micro_step(
             fwd,
             drafter,
-            sources[name].bind(batch),
+            sources[name],
             objective,
             batch,
             num_anchors=shape.anchors,

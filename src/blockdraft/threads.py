@@ -64,15 +64,28 @@ def default_threads(cap: int = DEFAULT_CAP) -> int:
     return max(1, min(n, idle)) if idle is not None else max(1, n)
 
 
-def configure_cpu(threads: int | None = None) -> int:
-    """Set torch's intra-op thread count (`None` = `default_threads()`) and flush denormals
-    (`flush_denormals`); return the thread count."""
+def configure_cpu(threads: int | None = None, device: str = "cpu") -> int:
+    """Set torch's intra-op thread count (`None` = `default_threads()`) and, when the work
+    runs on a CPU (`device`), flush denormals (`flush_denormals`); return the thread count."""
     import torch
 
     n = default_threads() if threads is None else _positive(threads, "--threads")
     torch.set_num_threads(n)
-    flush_denormals()
+    if runs_on_cpu(device):
+        flush_denormals()
     return n
+
+
+def runs_on_cpu(device: str) -> bool:
+    """True for `cpu`, and for `auto` on a machine without CUDA (what `devices` resolves)."""
+    import torch
+
+    if device == "auto":
+        return not torch.cuda.is_available()
+    try:
+        return torch.device(device).type == "cpu"
+    except RuntimeError:  # not a device name: the caller's own check reports it
+        return False
 
 
 def flush_denormals() -> bool:

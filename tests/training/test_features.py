@@ -77,16 +77,23 @@ def _step(source, target, rollouts, settings, objective_name: str):
     idx = [3, 0, 11, 7, 20]
     batch = collate([rollouts[i] for i in idx], idx, 0, 64)
     common = dict(seed=0, step=2, want_acc=True, alpha=0.5, variant="full")
-    bound = source.bind(batch)
     if objective_name == "edr":
         obj = make_objective("edr", mode="greedy", max_anchors=8)  # long rows are PPS-sampled
         out = edr_micro_step(
-            fwd, drafter, bound, obj, batch, settings=settings, mode="greedy", **common
+            fwd,
+            drafter,
+            source,
+            target.stop_token_ids,
+            obj,
+            batch,
+            settings=settings,
+            mode="greedy",
+            **common,
         )
     else:
         obj = make_objective(objective_name, alpha=0.5)
         out = block_micro_step(
-            fwd, drafter, bound, obj, batch, num_anchors=8, settings=settings, **common
+            fwd, drafter, source, obj, batch, num_anchors=8, settings=settings, **common
         )
     out.numerator.backward()
     grads = {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}

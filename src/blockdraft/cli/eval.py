@@ -55,7 +55,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
 
 def setup_target(args: argparse.Namespace) -> Any:
     """The target on `--device` in `--dtype` (drafters follow it: `drafter_dtype_of`)."""
-    configure_cpu(args.threads)
+    configure_cpu(args.threads, args.device)
     from blockdraft.targets.registry import load_target
 
     device, dtype = device_and_dtype(args)

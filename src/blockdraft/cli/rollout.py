@@ -151,7 +151,7 @@ def _load(args: argparse.Namespace, device: Any) -> Any:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    configure_cpu(args.threads)
+    configure_cpu(args.threads, args.device)
     from blockdraft.data.distributed_rollouts import init_from_env
     from blockdraft.data.prompts import PromptError, load_prompts
     from blockdraft.data.rollout_import import import_rollouts
@@ -194,7 +194,7 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_cpu(args.threads)
+    configure_cpu(args.threads, args.device)
     from blockdraft.data.prompts import PromptError, load_prompts
     from blockdraft.sampling import SamplingSettings
 

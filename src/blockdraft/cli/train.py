@@ -14,7 +14,7 @@ from pathlib import Path
 
 from blockdraft.cli.arguments import positive_float, positive_int
 from blockdraft.heap import retain_freed_memory
-from blockdraft.threads import add_threads_arg, configure_cpu
+from blockdraft.threads import add_threads_arg, configure_cpu, runs_on_cpu
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,8 +80,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_cpu(args.threads)
-    retain_freed_memory()  # training steps reuse their big buffers (heap.py)
     from blockdraft.training.config import ConfigError, dump_yaml, load_config
 
     allow_changed = [k.strip() for v in args.allow_changed for k in v.split(",") if k.strip()]
@@ -106,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(plan.render(args.device_gb))
         return 0 if plan.fits(args.device_gb * 1e9) else 1
+    # process-wide CPU settings only for work on a CPU (a GPU run keeps the defaults)
+    configure_cpu(args.threads, cfg.device)
+    if runs_on_cpu(cfg.device):
+        retain_freed_memory()  # training steps reuse their big buffers (heap.py)
     from blockdraft.data.rollout_store import RolloutError
     from blockdraft.training.loop import NonFiniteLossError
     from blockdraft.training.setup import TrainSetupError

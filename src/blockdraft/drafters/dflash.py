@@ -179,6 +179,11 @@ class BlockDrafter(nn.Module):
         return draft_ids_from_d2t(self.d2t) if self.config.draft_vocab_size is not None else None
 
     @property
+    def shared_head_weight(self) -> torch.Tensor:
+        """The target's full `[V, H]` LM-head weight the drafter shares (never saved)."""
+        return self._need_target().head.weight
+
+    @property
     def head_weight(self) -> torch.Tensor:
         """`[V_draft, H]` LM-head rows the drafter scores (target ids -> rows via draft_ids)."""
         weight = self._need_target().head.weight

@@ -43,6 +43,14 @@ EDR_MODES = ("sampling", "greedy")
 ANCHOR_SAMPLERS = ("gradient", "occupancy", "uniform")  # edr round starts beyond max_anchors
 
 
+class ObjectiveParamError(ValueError):
+    """A bad objective name or parameter; `key` names it ("name", "alpha", ...)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 def _alpha(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise ValueError(f"alpha must be a number in [0, 1], got {value!r}")
@@ -142,7 +150,9 @@ def objective_params(name: str) -> dict[str, Any]:
 
 def _check_name(name: Any) -> None:
     if name not in _PARAM_SPECS:
-        raise ValueError(f"unknown objective {name!r}; valid: {', '.join(OBJECTIVE_NAMES)}")
+        raise ObjectiveParamError(
+            "name", f"unknown objective {name!r}; valid: {', '.join(OBJECTIVE_NAMES)}"
+        )
 
 
 def _resolve_params(name: str, given: dict[str, Any]) -> dict[str, Any]:
@@ -150,10 +160,27 @@ def _resolve_params(name: str, given: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(given) - set(spec))
     if unknown:
         valid = ", ".join(spec) if spec else "none"
-        raise ValueError(
-            f"unknown parameter(s) {', '.join(unknown)} for objective {name!r}; valid: {valid}"
+        raise ObjectiveParamError(
+            unknown[0],
+            f"unknown parameter(s) {', '.join(unknown)} for objective {name!r}; valid: {valid}",
         )
-    return {key: check(given.get(key, default)) for key, (default, check) in spec.items()}
+    resolved = {}
+    for key, (default, check) in spec.items():
+        try:
+            resolved[key] = check(given.get(key, default))
+        except ObjectiveParamError:
+            raise
+        except ValueError as exc:
+            raise ObjectiveParamError(key, str(exc)) from None
+    return resolved
+
+
+def check_objective(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """`params` resolved for objective `name` (defaults filled in), or an
+    `ObjectiveParamError` naming the bad key: the one validation configs and
+    `make_objective` share."""
+    _check_name(name)
+    return _resolve_params(name, params)
 
 
 def _decay_weight_fn(gamma: float | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -189,8 +216,7 @@ def make_objective(name: str, **params: Any) -> Objective:
     `training/edr_step.py`) and `greedy_temperature` (greedy mode: beta of the relaxation
     `A = softmax(z / beta)(x)`, default 1.0).
     """
-    _check_name(name)
-    resolved = _resolve_params(name, params)
+    resolved = check_objective(name, params)
     if name == "uniform":
         return WeightedCEObjective(name, resolved, _uniform_weight_fn)
     if name == "decay":

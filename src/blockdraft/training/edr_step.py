@@ -77,7 +77,7 @@ from blockdraft.training.objective_step import (
 
 def _acceptance(
     fwd,
-    target,
+    stop_ids,
     tout,
     batch,
     anchors,
@@ -102,10 +102,10 @@ def _acceptance(
     with ctx:
         sampling = mode == "sampling"
         # sampling: compare in the draft vocabulary + 2 columns if the drafter has one
-        space = DraftSpace.of(drafter, target.stop_token_ids) if sampling else None
+        space = DraftSpace.of(drafter, stop_ids) if sampling else None
         ids = labels.clamp_min(0) if space is None else space.labels(labels.clamp_min(0))
         if sampling:
-            stops = target.stop_token_ids if space is None else space.stop_columns
+            stops = stop_ids if space is None else space.stop_columns
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
             p = sampling_targets(
                 tout, positions, settings, space, default_chunk_rows(tout.logits.shape[-1])
@@ -140,13 +140,13 @@ def _acceptance(
             )
             _, in_vocab = map_to_draft_vocab(drafter, labels)
             logq_x = torch.where(in_vocab, logq, torch.full_like(logq, -math.inf))
-            acc, cost = greedy_soft_from_logprobs(logq_x, ids, target.stop_token_ids)
+            acc, cost = greedy_soft_from_logprobs(logq_x, ids, stop_ids)
     return acc, cost, hidden, logq, labels, mask, prev, grad_moments
 
 
 def score_round_starts(
     fwd,
-    target,
+    stop_ids,
     tout,
     batch,
     anchors: torch.Tensor,
@@ -173,7 +173,7 @@ def score_round_starts(
     with no_autograd():
         for lo in range(0, anchors.shape[1], chunk):
             acc, cost, *_, m = _acceptance(
-                fwd, target, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False,
+                fwd, stop_ids, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False,
                 moments=moments, greedy_beta=greedy_beta,
             )  # fmt: skip
             accs.append(acc)
@@ -194,7 +194,7 @@ def _with_dead_row(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _draw_round_starts(
     fwd,
-    target,
+    stop_ids,
     tout,
     batch,
     objective,
@@ -237,7 +237,7 @@ def _draw_round_starts(
     # mode gets them from the scoring pass (every usable row is scored), greedy from A
     want_moments = objective.anchor_sampler == "gradient" and mode == "sampling"
     acc, cost, *moments = score_round_starts(
-        fwd, target, sub_out, sub, anchors.to(batch.input_ids.device), settings, mode, chunk,
+        fwd, stop_ids, sub_out, sub, anchors.to(batch.input_ids.device), settings, mode, chunk,
         moments=want_moments, greedy_beta=objective.greedy_temperature,
     )  # fmt: skip
     full = []
@@ -275,7 +275,8 @@ def _draw_round_starts(
 def edr_micro_step(
     fwd: nn.Module,
     drafter: nn.Module,
-    target,
+    features,
+    stop_ids,
     objective,
     batch: Batch,
     *,
@@ -294,9 +295,8 @@ def edr_micro_step(
     `objective.max_anchors`)."""
     device = batch.input_ids.device
     sampling = mode == "sampling"
-    tout = target.forward(  # greedy EDR needs no target logits: skip the LM head
-        batch.input_ids,
-        attention_mask=batch.attention_mask.long(),
+    tout = features.features(  # greedy EDR needs no target logits: skip the LM head
+        batch,
         with_logits=sampling,
         logits_to_keep=response_logits_to_keep(batch) if sampling else 0,
     )
@@ -318,14 +318,14 @@ def edr_micro_step(
     long_rows = [i for i, u in enumerate(usable) if u > limit]
     if long_rows:
         drawn = _draw_round_starts(
-            fwd, target, tout, batch, objective, starts, long_rows, usable,
+            fwd, stop_ids, tout, batch, objective, starts, long_rows, usable,
             settings=settings, mode=mode, seed=seed, step=step, chunk=score_chunk or limit,
         )  # fmt: skip
         for i, (idx, w, acc_i, cost_i) in zip(long_rows, drawn, strict=True):
             chosen[i], weights[i], full_acc[i], full_cost[i] = idx, w, acc_i, cost_i
     anchors = pad_anchor_lists([starts[i][chosen[i]] for i in range(len(rows))]).to(device)
     acc, cost, hidden, logq, labels, mask, prev, _ = _acceptance(
-        fwd, target, tout, batch, anchors, settings, mode, with_grad=True, want_logq=want_acc,
+        fwd, stop_ids, tout, batch, anchors, settings, mode, with_grad=True, want_logq=want_acc,
         greedy_beta=objective.greedy_temperature,
     )  # fmt: skip
     acc_list, cost_list, keep = [], [], []

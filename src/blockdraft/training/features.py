@@ -9,11 +9,9 @@ branches on where they come from:
   (`data.features=DIR`), so the target never runs during training. At Gemma 3 270M's
   shape the target forward is most of a step (see `bench/train_features.py`).
 
-Step functions (`block_micro_step`, `edr_micro_step`) take a `target` and call
-`target.forward(input_ids, attention_mask=..., with_logits=...)`. `FeatureSource.bind(batch)`
-returns a `BatchTarget` whose `forward` answers that call from the source (other
-attributes, e.g. `stop_token_ids`, are the real target's), so the step functions, the
-benchmarks that call them with a real target and the objective code stay unchanged.
+Step functions (`block_micro_step`, `edr_micro_step`) are handed the source itself and
+call `features(batch, with_logits=..., logits_to_keep=...)`: each step decides whether it
+needs the target's logits (only sampling E2E/EDR do), so it asks for exactly that.
 """
 
 from __future__ import annotations
@@ -39,33 +37,6 @@ class FeatureSource(Protocol):
         (`logits_to_keep`: logits of the last positions only, as `Target.forward`)."""
         ...
 
-    def bind(self, batch: Batch) -> BatchTarget: ...
-
-
-class BatchTarget:
-    """The target as one micro-batch's step function sees it (see the module docstring)."""
-
-    def __init__(self, source: FeatureSource, target: Any, batch: Batch) -> None:
-        self._source, self._target, self._batch = source, target, batch
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        attention_mask=None,
-        with_logits: bool = True,
-        logits_to_keep: int = 0,
-        **kw,
-    ) -> TargetOutput:
-        if input_ids.shape != self._batch.input_ids.shape or kw:
-            raise ValueError("BatchTarget answers only the training forward of its own batch")
-        return self._source.features(
-            self._batch, with_logits=with_logits, logits_to_keep=logits_to_keep
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._target, name)
-
 
 class OnlineTargetFeatures:
     """Features (and logits when asked) from a forward of the frozen target."""
@@ -82,9 +53,6 @@ class OnlineTargetFeatures:
             with_logits=with_logits,
             logits_to_keep=logits_to_keep,
         )
-
-    def bind(self, batch: Batch) -> BatchTarget:
-        return BatchTarget(self, self.target, batch)
 
 
 class CachedFeatures:
@@ -183,9 +151,6 @@ class CachedFeatures:
             n = int(lengths[i])
             out[i, :n] = self.store.row(self._rows[idx], n).to(self.dtype)
         return TargetOutput(logits=None, features=out.to(self.device))
-
-    def bind(self, batch: Batch) -> BatchTarget:
-        return BatchTarget(self, self.target, batch)
 
 
 def needs_target_logits(objective: Any, mode: str) -> bool:

@@ -172,7 +172,7 @@ def block_stats(
 def block_micro_step(
     fwd: nn.Module,
     drafter: nn.Module,
-    target,
+    features,
     objective,
     batch: Batch,
     *,
@@ -192,9 +192,8 @@ def block_micro_step(
     # and no [B, A, K, V] distributions are needed (gigabytes at a 262k vocabulary).
     greedy_overlap = bool(objective.needs_target_distribution) and settings.greedy
     need_full = bool(objective.needs_target_distribution) and not greedy_overlap
-    tout = target.forward(
-        batch.input_ids,
-        attention_mask=batch.attention_mask.long(),
+    tout = features.features(
+        batch,
         with_logits=need_full,
         logits_to_keep=response_logits_to_keep(batch) if need_full else 0,
     )

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from blockdraft.errors import BlockdraftError
-from blockdraft.training.config import ConfigError, DataConfig, TrainConfig
+from blockdraft.objectives.registry import make_objective
+from blockdraft.training.config import ConfigError, DataConfig, TrainConfig, objective_spec
 
 
 class TrainSetupError(BlockdraftError, ValueError):
@@ -172,27 +173,10 @@ def resolve_mode(cfg: TrainConfig, train: RolloutData, evaluation: RolloutData |
 
 
 def build_objective(cfg: TrainConfig, mode: str):
-    from blockdraft.objectives.registry import make_objective
-
-    o = cfg.objective
-    params: dict[str, Any] = {
-        "uniform": {},
-        "decay": {"gamma": o.gamma},
-        "e2e": {},
-        "edr": {
-            "mode": mode,
-            "max_anchors": o.max_anchors,
-            "anchor_sampler": o.anchor_sampler,
-            "greedy_temperature": o.greedy_temperature,
-        },
-    }.get(o.name, {"alpha": o.alpha})
-    name = o.name
-    if name == "dpace" and o.variant != "full":
-        name = f"dpace-{o.variant}"
-    try:
-        return make_objective(name, **params)
-    except ValueError as exc:
-        raise ConfigError(f"objective: {exc}") from None
+    """The configured objective for rollouts of `mode` (its config was validated by
+    `config.validate`, which shares `objective_spec` and the registry's checks)."""
+    name, params = objective_spec(cfg.objective, mode)
+    return make_objective(name, **params)
 
 
 def dpace_profile_args(cfg: TrainConfig) -> tuple[float, str]:

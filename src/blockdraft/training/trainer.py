@@ -120,7 +120,8 @@ def train(
     cfg = copy.deepcopy(config)  # setup may resolve defaults in it (the caller's stays)
     check_device(cfg)  # a one-line ConfigError, not torch's RuntimeError
     ctx = init_distributed(cfg.device, cfg.distributed.backend, cfg.distributed.timeout_minutes)
-    flush_denormals()  # the objectives' gradients underflow; denormal math is ~100x slower
+    if ctx.device.type == "cpu":  # the objectives' gradients underflow; CPU denormal math is slow
+        flush_denormals()
     try:
         with _run_dir_lock(Path(cfg.run_dir), ctx):
             final = _train(cfg, ctx, target, resume, overwrite, allow_changed)
@@ -212,6 +213,7 @@ def _train(
         cfg=cfg,
         ctx=ctx,
         features=features,
+        stop_token_ids=list(target.stop_token_ids),
         drafter=drafter,
         fwd=fwd,
         objective=objective,
