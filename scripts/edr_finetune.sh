@@ -20,8 +20,8 @@ mkdir -p "$R" "$OUT/json" "$OUT/prompts"
 SECTIONS=${SECTIONS:-${*:-rollouts base sweep finetune compare}}
 SETTINGS=${SETTINGS:-t1 t07 t0}
 SEEDS=${SEEDS:-0 1}
-BASE_STEPS=${BASE_STEPS:-800}     # D-PACE from scratch (lr 3e-3, cosine): plateau by ~700
-SWEEP_LRS=${SWEEP_LRS:-1e-5 3e-5 1e-4 3e-4 1e-3}
+BASE_STEPS=${BASE_STEPS:-600}     # D-PACE from scratch at T > 0 (lr 3e-3, cosine to 0)
+SWEEP_LRS=${SWEEP_LRS:-3e-5 3e-4 1e-3}
 PAPER_LR=3e-5
 
 sampling() {  # rollout flags of a setting
@@ -116,5 +116,40 @@ compare)  # test rollouts: every fine-tune vs its start, and vs the continued-D-
     esac; done
     $BD eval $ev --json "$OUT/json/eval_$s-s$seed.json" ngram "$R/base-$s-s$seed" "${runs[@]}"
   done; done ;;
+greedy)  # T = 0: why greedy EDR fine-tunes hurt (checkpoints every 8 steps for the curves)
+  for seed in $SEEDS; do
+    g() { finetune "g-s$seed-$1" t0 "$seed" "$2" "$3" checkpoint.save_every=8 checkpoint.keep_last=8 "${@:4}"; }
+    g dpace-3e-4 dpace 3e-4
+    g e2e-3e-4 e2e 3e-4
+    for lr in 3e-4 3e-5 1e-5; do g "edr-b1-$lr" edr "$lr"; done
+    for b in ${BETAS:-0.5 0.25 0.1}; do g "edr-b$b-3e-4" edr 3e-4 objective.greedy_temperature="$b"; done
+    g edr-b1-3e-4-m32 edr 3e-4 objective.max_anchors=32
+    # a weaker start: the base's half-way checkpoint
+    mid=$(ls -d "$R/base-t0-s$seed"/checkpoints/step-* | sort -t- -k2 -n | sed -n 2p)
+    g half-dpace-3e-4 dpace 3e-4 drafter.init_from="$mid"
+    g half-edr-b1-3e-4 edr 3e-4 drafter.init_from="$mid"
+  done ;;
+greedy-fix)  # T = 0, every seed: the tempered relaxation picked on validation (beta 0.5)
+  for seed in $SEEDS; do
+    g() { finetune "g-s$seed-$1" t0 "$seed" "$2" "$3" "${@:4}"; }
+    g dpace-3e-4 dpace 3e-4
+    g e2e-3e-4 e2e 3e-4
+    g e2e-3e-5 e2e 3e-5
+    g edr-b1-3e-4 edr 3e-4
+    g edr-b0.5-3e-4 edr 3e-4 objective.greedy_temperature=0.5
+    runs=("$R/g-s$seed-dpace-3e-4" "$R/g-s$seed-e2e-3e-4" "$R/g-s$seed-e2e-3e-5" \
+          "$R/g-s$seed-edr-b1-3e-4" "$R/g-s$seed-edr-b0.5-3e-4")
+    ev="--target tiny --rollouts $OUT/rollouts/test-t0 --cache-dir $OUT/cache --no-progress"
+    $BD compare $ev --json "$OUT/json/compare_t0-s$seed.json" "$R/base-t0-s$seed" "${runs[@]}"
+    $BD compare $ev --json "$OUT/json/compare_t0-s$seed.vs-control.json" "${runs[@]}"
+    $BD eval $ev --json "$OUT/json/eval_t0-s$seed.json" ngram "$R/base-t0-s$seed" "${runs[@]}"
+  done ;;
+relax)  # relaxed vs true expected rounds per checkpoint (validation rollouts)
+  for seed in $SEEDS; do
+    $PY scripts/edr_relaxation.py --target tiny --rollouts "$OUT/rollouts/val-t0" \
+        --limit 24 --steps 0,16,32,48 --betas 1,0.5,0.25 --json "$OUT/json/relax_t0-s$seed.json" \
+        "$R/g-s$seed-edr-b1-3e-4" "$R/g-s$seed-edr-b0.5-3e-4" "$R/g-s$seed-dpace-3e-4" \
+        | tee "$OUT/json/relax_t0-s$seed.md"
+  done ;;
 *) echo "unknown section $section" >&2; exit 2 ;;
 esac; done

@@ -9,7 +9,7 @@ one at each beta, so one can see whether the relaxed objective improves while th
 one gets worse; plus the true acceptance per slot (AR_k over all round starts).
 
     python scripts/edr_relaxation.py --target tiny --rollouts DIR [--limit 64] \
-        --betas 1,0.25 RUN_DIR... [--json OUT.json]
+        --betas 1,0.25 [--steps 0,16,32,48] RUN_DIR... [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ def checkpoints(run: Path) -> list[tuple[int, Path]]:
     m = re.search(r"init_from:\s*(\S+)", spec)
     if m and m.group(1) not in ("null", "None"):
         out.append((0, Path(m.group(1))))
-    for d in sorted((run / "checkpoints").glob("step-*")):
-        out.append((int(d.name.split("-")[1]), d))
+    steps = [(int(d.name.split("-")[1]), d) for d in (run / "checkpoints").glob("step-*")]
+    out.extend(sorted(steps))
     if (run / "final").is_dir():
         step = max([s for s, _ in out] + [0]) + 1  # after the last checkpoint
         meta = run / "final" / "trainer_state.json"
         if meta.exists():
             step = int(json.loads(meta.read_text()).get("step", step))
-        if not out or out[-1][0] != step:
+        if not steps or max(steps)[0] != step:  # else final/ = the last step checkpoint
             out.append((step, run / "final"))
     return out
 
@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=64)
     ap.add_argument("--betas", default="1,0.25")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--steps", default=None, help="only these steps, e.g. 0,16,32,48")
     args = ap.parse_args()
     betas = [float(b) for b in args.betas.split(",")]
     target = load_target(args.target)
@@ -114,7 +115,10 @@ def main() -> None:
     print(f"| run | step | J_true (1/MAL) | {head} | true acceptance per slot |")
     print("|---|---|---|" + "---|" * len(betas) + "---|")
     for run in args.runs:
+        wanted = None if args.steps is None else {int(x) for x in args.steps.split(",")}
         for step, ckpt in checkpoints(run):
+            if wanted is not None and step not in wanted:
+                continue
             drafter, _ = load_drafter_spec(ckpt, target)
             logq, hard = score(drafter, target, rollouts, memo, betas)
             soft = [rounds_per_token([lq[i].exp() for lq in logq]) for i in range(len(betas))]
