@@ -20,8 +20,8 @@ mkdir -p "$R" "$OUT/json" "$OUT/prompts"
 SECTIONS=${SECTIONS:-${*:-rollouts base sweep finetune compare}}
 SETTINGS=${SETTINGS:-t1 t07 t0}
 SEEDS=${SEEDS:-0 1}
-BASE_STEPS=${BASE_STEPS:-600}     # D-PACE from scratch at T > 0 (lr 3e-3, cosine to 0)
-SWEEP_LRS=${SWEEP_LRS:-3e-5 3e-4 1e-3}
+BASE_STEPS=${BASE_STEPS:-500}     # D-PACE from scratch at T > 0 (lr 3e-3, cosine to 0)
+SWEEP_LRS=${SWEEP_LRS:-3e-5 3e-4}
 PAPER_LR=3e-5
 
 sampling() {  # rollout flags of a setting
@@ -130,6 +130,7 @@ greedy)  # T = 0: why greedy EDR fine-tunes hurt (checkpoints every 8 steps for 
     g half-edr-b1-3e-4 edr 3e-4 drafter.init_from="$mid"
   done ;;
 greedy-fix)  # T = 0, every seed: the tempered relaxation picked on validation (beta 0.5)
+  # for EDR, and the same relaxation for E2E's greedy overlap
   for seed in $SEEDS; do
     g() { finetune "g-s$seed-$1" t0 "$seed" "$2" "$3" "${@:4}"; }
     g dpace-3e-4 dpace 3e-4
@@ -137,8 +138,9 @@ greedy-fix)  # T = 0, every seed: the tempered relaxation picked on validation (
     g e2e-3e-5 e2e 3e-5
     g edr-b1-3e-4 edr 3e-4
     g edr-b0.5-3e-4 edr 3e-4 objective.greedy_temperature=0.5
+    g e2e-b0.5-3e-4 e2e 3e-4 objective.greedy_temperature=0.5
     runs=("$R/g-s$seed-dpace-3e-4" "$R/g-s$seed-e2e-3e-4" "$R/g-s$seed-e2e-3e-5" \
-          "$R/g-s$seed-edr-b1-3e-4" "$R/g-s$seed-edr-b0.5-3e-4")
+          "$R/g-s$seed-e2e-b0.5-3e-4" "$R/g-s$seed-edr-b1-3e-4" "$R/g-s$seed-edr-b0.5-3e-4")
     ev="--target tiny --rollouts $OUT/rollouts/test-t0 --cache-dir $OUT/cache --no-progress"
     $BD compare $ev --json "$OUT/json/compare_t0-s$seed.json" "$R/base-t0-s$seed" "${runs[@]}"
     $BD compare $ev --json "$OUT/json/compare_t0-s$seed.vs-control.json" "${runs[@]}"

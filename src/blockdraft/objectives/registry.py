@@ -132,7 +132,10 @@ _PARAM_SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], Any]]]] = {
     "dpace": {"alpha": (0.5, _alpha)},
     "dpace-cumulative": {"alpha": (0.5, _alpha)},
     "dpace-continuation": {"alpha": (0.5, _alpha)},
-    "e2e": {"chunk_rows": (None, _optional_positive_int("chunk_rows"))},
+    "e2e": {
+        "chunk_rows": (None, _optional_positive_int("chunk_rows")),
+        "greedy_temperature": (1.0, _positive_number("greedy_temperature")),
+    },
     "edr": {
         "mode": ("sampling", _edr_mode),
         "max_anchors": (512, _positive_int("max_anchors")),
@@ -210,7 +213,8 @@ def make_objective(name: str, **params: Any) -> Objective:
 
     Parameters: decay `gamma` (None = DFlash default for the block size, resolved from K
     at loss time); dpace* `alpha` (smoothing, default 0.5); e2e `chunk_rows` (rows per
-    vocabulary chunk, None = ~64 MB chunks); edr `mode` ("sampling" | "greedy") and
+    vocabulary chunk, None = ~64 MB chunks) and `greedy_temperature` (greedy rollouts: the
+    overlap is `softmax(z / beta)(x)`, as greedy EDR's acceptance); edr `mode` ("sampling" | "greedy") and
     `max_anchors` (round starts sampled per rollout, default 512) and `anchor_sampler` (how
     they are drawn beyond that: "gradient" (the default) | "occupancy" | "uniform", see
     `training/edr_step.py`) and `greedy_temperature` (greedy mode: beta of the relaxation

@@ -69,7 +69,7 @@ class ObjectiveConfig:
     # the same pass, PPS on round-start occupancy (noisier); uniform = drawn first:
     # cheaper steps, far more gradient noise per second (docs/training.md)
     anchor_sampler: Literal["gradient", "occupancy", "uniform"] = "gradient"
-    # edr on greedy rollouts: the drafter temperature beta of the relaxation
+    # edr / e2e on greedy rollouts: the drafter temperature beta of the relaxation
     # A = softmax(z / beta)(x), the exact acceptance of a drafter sampling at beta; -> the
     # true 0/1 argmax acceptance as beta -> 0 (docs/methods.md, "Greedy EDR")
     greedy_temperature: float = 1.0
@@ -250,7 +250,7 @@ def objective_spec(objective: ObjectiveConfig, mode: str) -> tuple[str, dict[str
     params: dict[str, Any] = {
         "uniform": {},
         "decay": {"gamma": o.gamma},
-        "e2e": {},
+        "e2e": {"greedy_temperature": o.greedy_temperature},
         "edr": {
             "mode": mode,
             "max_anchors": o.max_anchors,
