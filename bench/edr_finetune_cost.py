@@ -18,8 +18,6 @@ import argparse
 import statistics
 import time
 
-import torch
-
 from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.objectives.registry import make_objective
 from blockdraft.serialization.drafter_spec import load_drafter_spec

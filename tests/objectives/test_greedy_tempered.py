@@ -71,7 +71,9 @@ def test_tempered_acceptance_is_a_sampling_drafter_by_enumeration(beta, length, 
     logits = 2.0 * torch.randn(length - 1, k, v, dtype=torch.float64)
     x = torch.randint(0, v, (length,))
     # the proposal of row n-1, slot h is x_{n+h}: 0-based x[n + h]
-    ids = torch.stack([x[torch.arange(n + 1, n + 1 + k).clamp_max(length - 1)] for n in range(length - 1)])
+    ids = torch.stack(
+        [x[torch.arange(n + 1, n + 1 + k).clamp_max(length - 1)] for n in range(length - 1)]
+    )
     acc, _ = acceptance_and_cost(logits, None, ids, mode="greedy_soft", temperature=beta)
     want = brute_force_rounds(logits, x, beta)
     assert float(expected_rounds(acc)) == pytest.approx(want, rel=1e-10)
@@ -82,7 +84,9 @@ def test_tempered_rounds_tend_to_the_argmax_drafter():
     length, k, v = 6, 3, 3
     logits = 2.0 * torch.randn(length - 1, k, v, dtype=torch.float64)
     x = torch.randint(0, v, (length,))
-    ids = torch.stack([x[torch.arange(n + 1, n + 1 + k).clamp_max(length - 1)] for n in range(length - 1)])
+    ids = torch.stack(
+        [x[torch.arange(n + 1, n + 1 + k).clamp_max(length - 1)] for n in range(length - 1)]
+    )
     hard, _ = acceptance_and_cost(logits, None, ids, mode="greedy_hard")
     truth = brute_force_rounds(logits, x, None)
     assert float(expected_rounds(hard.double())) == pytest.approx(truth, rel=1e-12)

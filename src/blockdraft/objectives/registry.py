@@ -214,9 +214,9 @@ def make_objective(name: str, **params: Any) -> Objective:
     Parameters: decay `gamma` (None = DFlash default for the block size, resolved from K
     at loss time); dpace* `alpha` (smoothing, default 0.5); e2e `chunk_rows` (rows per
     vocabulary chunk, None = ~64 MB chunks) and `greedy_temperature` (greedy rollouts: the
-    overlap is `softmax(z / beta)(x)`, as greedy EDR's acceptance; default 0.5); edr `mode` ("sampling" | "greedy") and
-    `max_anchors` (round starts sampled per rollout, default 512) and `anchor_sampler` (how
-    they are drawn beyond that: "gradient" (the default) | "occupancy" | "uniform", see
+    overlap is `softmax(z / beta)(x)`, as greedy EDR's acceptance; default 0.5); edr
+    `mode` ("sampling" | "greedy") and `max_anchors` (round starts sampled per rollout,
+    default 512) and `anchor_sampler` (how they are drawn beyond that: "gradient" (the default) | "occupancy" | "uniform", see
     `training/edr_step.py`) and `greedy_temperature` (greedy mode: beta of the relaxation
     `A = softmax(z / beta)(x)`, default 0.5; 1.0 is the old `A = q(x)`).
     """

@@ -384,9 +384,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     online_stage = Stage(
         out / "online",
         {
-            "drafters": {
-                n: recorded_key(p.parent) for n, p in trained.items() if n != CONTROL
-            },
+            "drafters": {n: recorded_key(p.parent) for n, p in trained.items() if n != CONTROL},
             "settings": fingerprint(portable(_settings_key(s, out), out)),
             "version": 2,  # 2: offline MAL on the same prompts and length, HF generate row
         },

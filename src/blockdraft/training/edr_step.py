@@ -33,7 +33,7 @@ Acceptance follows the rollouts: sampling rollouts use lossless speculative samp
 (`A = min(1, q(x)/p(x))`, TV-form cost, p = the rollout's processed sampling
 distribution from the same target forward that gave the features, q = softmax(logits / T)
 as the decoder samples proposals at the rollout temperature T); greedy rollouts use the
-smooth "greedy EDR" relaxation `A = q(x)`.
+"greedy EDR" relaxation `A = softmax(z / beta)(x)` (beta = objective.greedy_temperature).
 """
 
 from __future__ import annotations
