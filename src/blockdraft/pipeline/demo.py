@@ -184,6 +184,8 @@ def _train_config(
             f"optim.epochs={s.finetune_epochs}",
             f"optim.lr={s.finetune_lr}",
             "optim.warmup_ratio=0.0",
+            # constant, as in the study that chose these settings (docs/results.md s. 6)
+            "optim.schedule=constant",
         ]
     return config_from_dict({}, base + overrides + list(s.extra_overrides))
 
