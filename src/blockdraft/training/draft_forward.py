@@ -99,11 +99,17 @@ def chunked_token_logprobs(
 
 
 def _is_plain_parallel(drafter: nn.Module) -> bool:
-    """A drafter whose logits are just `hidden @ head_weight.T` (no Markov head, no softcap),
-    so `log q(label)` can be chunked over the vocabulary."""
+    """A drafter whose logits are just `hidden @ head_weight.T` (no Markov head or
+    selector, no softcap or multiplier), so `log q(label)` can be chunked over the vocabulary."""
     from blockdraft.drafters.semi_ar import SemiARDrafter
 
-    return not isinstance(drafter, SemiARDrafter) and not drafter.config.final_logit_softcapping
+    c = drafter.config
+    return (
+        not isinstance(drafter, SemiARDrafter)
+        and not getattr(drafter, "sequential", False)
+        and not c.final_logit_softcapping
+        and c.output_multiplier == 1.0
+    )
 
 
 @torch.no_grad()
