@@ -211,7 +211,7 @@ def test_config_validation(target):
         ({"conv_group_size": 7}, "divide"),
         ({"selector_top_k": 0}, "selector"),
         ({"conv_kernel_size": 0}, "conv_kernel_size"),
-        ({"sliding_window": 0}, "sliding_window"),
+        ({"layer_types": ["sliding_attention"], "sliding_window": 0}, "sliding_window"),
         ({"layer_types": ["full_attention"] * 3}, "entries"),
         ({"draft_vocab_size": 10}, "full target vocabulary"),
     ]:

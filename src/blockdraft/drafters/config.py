@@ -106,6 +106,8 @@ class DrafterConfig:
             bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
             if bad:
                 raise ValueError(f"unknown layer_types {bad}: use {LAYER_TYPES}")
+        if "sliding_attention" not in (self.layer_types or []):
+            self.sliding_window = None  # meaningless without sliding layers: one spelling
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
         if not self.output_multiplier > 0:

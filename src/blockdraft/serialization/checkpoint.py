@@ -306,6 +306,8 @@ def config_from_serving(cfg: dict[str, Any], target: Any) -> DrafterConfig:
         for i in range(layers)
     ]  # fmt: skip
     causal = cfg.get("is_causal", dflash.get("causal"))
+    if causal is not None and all(bool(causal) == (t == "sliding_attention") for t in layer_types):
+        causal = None  # what the per-layer rule gives anyway: one spelling per model
     extra: dict[str, Any] = {}
     if dflash2:
         extra = {key: int(get(key)) for key in DFLASH2_KEYS if get(key) is not None}
