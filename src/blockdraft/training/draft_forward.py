@@ -10,6 +10,13 @@ Pieces the objectives need but should not know about:
 Large vocabularies: for the parallel drafter `log q(label)` goes through the chunked
 `target_logprobs` with `drafter.head_weight`, never materialising `[N, K, V]` logits
 unless an objective needs the full distribution (E2E, sampling EDR).
+
+DFlash2 (a candidate selector): the proposal distribution is the selector's over the
+top-k unary candidates, teacher-forced (`prev`), so every objective scores it; the unary
+logits, which decide the candidates, get the same objective's per-position weights
+through `with_unary_gradient` (value of the selector's term, gradient of both). A label
+outside the candidates has selector probability 0: its `log q` is `LOGQ_FLOOR` (its
+cross-entropy then trains only the unary logits).
 """
 
 from __future__ import annotations
@@ -40,6 +47,26 @@ def map_to_draft_vocab(
     return mapped, mapped >= 0
 
 
+LOGQ_FLOOR = -30.0  # log q of a label the selector cannot propose (q = 1e-13)
+
+
+def has_selector(drafter: nn.Module) -> bool:
+    """True for a DFlash2 drafter (proposals re-ranked by a candidate selector)."""
+    return hasattr(drafter, "candidate_selector")
+
+
+def with_unary_gradient(selector_term: torch.Tensor, unary_term: torch.Tensor) -> torch.Tensor:
+    """The selector's value, and the gradients of both: what the objective sees for a
+    DFlash2 drafter, so its per-position weights (computed from the value) also weight the
+    unary logits' term."""
+    return selector_term + (unary_term - unary_term.detach())
+
+
+def floored_logq(logq: torch.Tensor) -> torch.Tensor:
+    """`log q` with -inf (label not a candidate) replaced by `LOGQ_FLOOR` (no gradient)."""
+    return torch.where(torch.isfinite(logq), logq, torch.full_like(logq, LOGQ_FLOOR))
+
+
 class DraftForward(nn.Module):
     """Runs the drafter on anchored blocks and scores the labels (what DDP wraps)."""
 
@@ -56,14 +83,29 @@ class DraftForward(nn.Module):
         labels: torch.Tensor,
         prev: torch.Tensor,
         full_logits: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        unary: bool = False,
+    ):
         """Returns (hidden [B,A,K,H], logq [B,A,K] float32 (0 where label < 0), logits or None).
 
         `labels` are target ids (-1 = none); `logits` (only with `full_logits`) are in the
         target vocabulary, or, for a reduced draft vocabulary, in its `DraftSpace` columns
         (`draft_space.py`: what the sampling objectives compare with the target in).
+
+        DFlash2: logq and logits are the selector's (logq floored); `logq` carries the
+        unary cross-entropy's gradient too unless `unary=True`, which returns the
+        selector's terms alone plus a fourth element `(unary logits, unary logq)` for the
+        caller to weight (`with_unary_gradient`).
         """
         hidden = self.drafter.forward_blocks(features, input_ids, anchors)
+        if has_selector(self.drafter):
+            u = self.drafter.unary_logits(hidden)
+            sel = self.drafter.selector_logits(hidden, prev, u)
+            logq = floored_logq(chunked_token_logprobs(sel, labels, self.chunk_rows))
+            logq_u = chunked_token_logprobs(u, labels, self.chunk_rows)
+            logits = sel if full_logits else None
+            if unary:
+                return hidden, logq, logits, (u, logq_u)
+            return hidden, with_unary_gradient(logq, logq_u), logits
         space = DraftSpace.of(self.drafter) if full_logits else None
         if space is not None:
             logits = DraftSpace.drafter_logits(self.drafter, space, hidden, prev)
