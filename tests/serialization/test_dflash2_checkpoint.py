@@ -166,3 +166,45 @@ def test_round_trip_and_serving_keys_alone(target, tmp_path, layers):
     again = load_drafter(served, target)
     assert again.config == drafter.config
     assert torch.equal(_logits(again, target), _logits(drafter, target))
+
+
+def test_automodel_builds_the_dflash2_export(target, tmp_path):
+    """`modeling_dflash.py` (self-contained) computes our drafter: hidden states of a block
+    and its greedy proposals, sliding + causal layers, multiplier and softcap included."""
+    from transformers import AutoModel
+
+    from blockdraft.decoding.steps import draft_block
+
+    cfg = DrafterConfig.for_target(target, num_layers=2, block_size=5, arch="dflash2",
+                                   selector_rank=8, selector_top_k=6)  # fmt: skip
+    cfg = DrafterConfig.from_dict({**cfg.to_dict(), "sliding_window": 3, "output_multiplier": 0.6,
+                                   "layer_types": ["sliding_attention", "full_attention"],
+                                   "final_logit_softcapping": 4.0})  # fmt: skip
+    torch.manual_seed(2)
+    drafter = DFlash2Drafter(cfg).bind_target(target).eval()
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if "conv" in name or "hidden_projection" in name:
+                p.normal_(std=0.4)
+    served = export_drafter(save_drafter(drafter, tmp_path / "c"), tmp_path / "served")
+    config = json.loads((served / "config.json").read_text())
+    assert config["auto_map"] == {"AutoModel": "modeling_dflash.DFlash2DraftModel"}
+    model = AutoModel.from_pretrained(str(served), trust_remote_code=True).eval()
+    assert type(model).__name__ == "DFlash2DraftModel"
+    ids = torch.randint(3, target.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    a, kb = 8, cfg.block_size
+    with torch.no_grad():
+        feats = target.forward(ids).features
+        state = drafter.new_state()
+        drafter.extend_context(state, feats[:, :a], 0)
+        ours = drafter.draft_hidden(state, int(ids[0, a]), a)
+        block = torch.full((1, kb), cfg.mask_token_id)
+        block[0, 0] = ids[0, a]
+        hidden = model(noise_embedding=drafter.embed(block), target_hidden=feats[:, :a],
+                       position_ids=torch.arange(a + kb)[None])  # fmt: skip
+        torch.testing.assert_close(hidden[0, 1:], ours, rtol=1e-5, atol=1e-5)
+        tokens = model.propose(hidden[:, 1:], ids[:, a], target.lm_head.weight)
+        mine, _ = draft_block(drafter, state, int(ids[0, a]), a, 0.0, 1.0, 0, None)
+    assert torch.equal(tokens[0], mine)
+    assert torch.equal(model.candidate_selector.successor_codebook,
+                       drafter.candidate_selector.successor_codebook)  # fmt: skip
