@@ -138,12 +138,16 @@ def test_selector_scores_by_hand(target):
         for i in range(3):
             for k in range(BLOCK - 1):
                 cand = unary[i, k].topk(6).indices
-                assert set(logits[i, k].isfinite().nonzero().flatten().tolist()) == set(cand.tolist())
+                finite = logits[i, k].isfinite().nonzero().flatten()
+                assert set(finite.tolist()) == set(cand.tolist())
                 w = sel.hidden_projection.weight @ hidden[i, k]
                 for c in cand.tolist():
-                    want = unary[i, k, c] + (
-                        sel.predecessor_codebook[prev[i, k]] * w * sel.successor_codebook[c]
-                    ).sum()
+                    want = (
+                        unary[i, k, c]
+                        + (
+                            sel.predecessor_codebook[prev[i, k]] * w * sel.successor_codebook[c]
+                        ).sum()
+                    )
                     torch.testing.assert_close(logits[i, k, c], want, rtol=1e-5, atol=1e-5)
 
 
@@ -176,8 +180,9 @@ def test_attention_impls_agree_with_masks(causal, window):
     bk, bv = torch.randn(B, 2, A * Kb, d, generator=g), torch.randn(B, 2, A * Kb, d, generator=g)
     ck, cv = torch.randn(B, 2, T, d, generator=g), torch.randn(B, 2, T, d, generator=g)
     outs = {
-        impl: BlockAttention(anchors, T, Kb, impl, causal=causal, window=window,
-                             tile_queries=2 * Kb).attend(q, bk, bv, ck, cv)  # fmt: skip
+        impl: BlockAttention(
+            anchors, T, Kb, impl, causal=causal, window=window, tile_queries=2 * Kb
+        ).attend(q, bk, bv, ck, cv)  # fmt: skip
         for impl in ("dense", "tiled", "flex")
     }
     torch.testing.assert_close(outs["tiled"], outs["dense"], rtol=1e-5, atol=1e-5)

@@ -83,7 +83,8 @@ def test_fixture_config_is_read_as_zlab_reads_it(target):
     cfg = json.loads((FIXTURE / "config.json").read_text())
     c = config_from_serving(cfg, target)
     assert c.arch == "dflash2" and c.block_size == 5 and c.num_hidden_layers == 2
-    assert (c.conv_kernel_size, c.conv_group_size, c.selector_rank, c.selector_top_k) == (2, 16, 8, 6)
+    selector = (c.conv_kernel_size, c.conv_group_size, c.selector_rank, c.selector_top_k)
+    assert selector == (2, 16, 8, 6)
     assert c.layer_types == ["sliding_attention"] * 2 and c.sliding_window == 4
     assert [c.layer_attention(i) for i in range(2)] == [(False, 4)] * 2  # is_causal: false
     assert (c.output_multiplier, c.final_logit_softcapping) == (0.5, 20.0)

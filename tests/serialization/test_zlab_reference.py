@@ -53,14 +53,21 @@ def target():
 
 VARIANTS = {
     "dflash-full": dict(arch="dflash"),
-    "dflash-sliding": dict(arch="dflash", layer_types=["sliding_attention", "full_attention"],
-                           sliding_window=4),  # fmt: skip
-    "dflash2-sliding": dict(arch="dflash2", layer_types=["sliding_attention"] * 2,
-                            sliding_window=4, is_causal=False, output_multiplier=0.7,
-                            final_logit_softcapping=5.0),  # fmt: skip
+    "dflash-sliding": dict(
+        arch="dflash", layer_types=["sliding_attention", "full_attention"], sliding_window=4
+    ),  # fmt: skip
+    "dflash2-sliding": dict(
+        arch="dflash2",
+        layer_types=["sliding_attention"] * 2,
+        sliding_window=4,
+        is_causal=False,
+        output_multiplier=0.7,
+        final_logit_softcapping=5.0,
+    ),  # fmt: skip
     "dflash2-full": dict(arch="dflash2"),
-    "dflash2-causal": dict(arch="dflash2", layer_types=["sliding_attention"] * 2,
-                           sliding_window=3),  # fmt: skip
+    "dflash2-causal": dict(
+        arch="dflash2", layer_types=["sliding_attention"] * 2, sliding_window=3
+    ),  # fmt: skip
 }
 
 

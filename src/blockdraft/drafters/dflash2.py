@@ -84,8 +84,9 @@ class ConvDecoderLayer(DecoderLayer):
             c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
             c.head_dim, c.rms_norm_eps, c.qk_norm, c.attention_bias,
         )  # fmt: skip
-        self.attention_conv = GroupedDynamicConv(c.hidden_size, c.conv_kernel_size, c.conv_group_size)
-        self.mlp_conv = GroupedDynamicConv(c.hidden_size, c.conv_kernel_size, c.conv_group_size)
+        taps, group = c.conv_kernel_size, c.conv_group_size
+        self.attention_conv = GroupedDynamicConv(c.hidden_size, taps, group)
+        self.mlp_conv = GroupedDynamicConv(c.hidden_size, taps, group)
         self.attention_conv.block_size = self.mlp_conv.block_size = c.block_size
 
     def forward(self, x, ctx_k, ctx_v, cos, sin, mask):  # type: ignore[no-untyped-def]

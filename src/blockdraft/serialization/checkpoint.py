@@ -297,7 +297,9 @@ def config_from_serving(cfg: dict[str, Any], target: Any) -> DrafterConfig:
         raise ValueError("a DFlashDraftModel config with DFlash2 keys: name it DFlash2DraftModel")
     if dflash2 and not all(get(key) for key in ("conv_kernel_size", "selector_rank",
                                                  "selector_top_k")):  # fmt: skip
-        raise ValueError("a DFlash2 config needs conv_kernel_size, selector_rank and selector_top_k")
+        raise ValueError(
+            "a DFlash2 config needs conv_kernel_size, selector_rank and selector_top_k"
+        )
     layers = int(cfg["num_hidden_layers"])
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
     layer_types = cfg.get("layer_types") or [

@@ -54,8 +54,8 @@ from blockdraft.artifacts import (
 from blockdraft.errors import CheckpointError
 from blockdraft.serialization.checkpoint import (
     CONFIG_NAME,
-    NAMESPACE,
     DFLASH2_ARCHITECTURE,
+    NAMESPACE,
     SERVING_ARCHITECTURE,
     WEIGHTS_NAME,
     read_config,
