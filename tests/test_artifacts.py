@@ -15,7 +15,7 @@ import pytest
 
 import blockdraft.data.rollouts as rollouts_mod
 from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_set_id
-from blockdraft.data.features import plan_features, write_features
+from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollouts import RolloutError, SamplingSettings, generate_rollouts
 from blockdraft.errors import BlockdraftError, os_error_message
 from clikit import one_line_error, prompts, run_cli, save_random_drafter

@@ -81,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
     from blockdraft.data.feature_store import FeatureError
-    from blockdraft.data.features import plan_features, write_features
+    from blockdraft.data.feature_writer import plan_features, write_features
     from blockdraft.data.rollout_store import RolloutError
     from blockdraft.devices import resolve_flags
     from blockdraft.targets.registry import load_target

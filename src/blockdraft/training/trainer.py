@@ -46,7 +46,7 @@ from blockdraft.training.distributed import (
 )
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.evaluate import evaluate_mal
-from blockdraft.training.features import build_feature_source
+from blockdraft.training.feature_sources import build_feature_source
 from blockdraft.training.logging import MetricsLogger, truncate_metrics
 from blockdraft.training.loop import LoopParts, NonFiniteLossError, run_loop
 from blockdraft.training.resume import check_resumed_config
@@ -205,7 +205,7 @@ def _train(
     )
     if ctx.is_main:
         write_atomic(run_dir / "run.yaml", run_yaml(cfg, ctx).encode())
-    io = _RunIO(
+    run = _TrainingRun(
         cfg, ctx, target, drafter, optimizer, scheduler, progress, logger, eval_data, mode, sharded
     )
     alpha, variant = dpace_profile_args(cfg)
@@ -227,10 +227,10 @@ def _train(
         amp_dtype=amp_dtype(cfg, ctx.device),
         profile_alpha=alpha,
         profile_variant=variant,
-        hooks={"log": logger.log, "evaluate": io.evaluate, "save": io.save},
+        hooks={"log": logger.log, "evaluate": run.evaluate, "save": run.save},
     )
     try:
-        return io.run(parts)
+        return run.run(parts)
     finally:
         logger.close()
 
@@ -295,8 +295,9 @@ def _start_progress(
     return progress
 
 
-class _RunIO:
-    """Held-out evaluation and checkpoint writing of one run (the loop's hooks).
+class _TrainingRun:
+    """One training run around the loop: evaluation at the start, the loop, the final
+    evaluation and checkpoints; `evaluate` and `save` are also the loop's hooks.
 
     Every rank calls `evaluate` and `save`: with FSDP gathering the full state is
     collective; only rank 0 scores, logs and writes.

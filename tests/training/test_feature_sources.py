@@ -9,9 +9,9 @@ import pytest
 import torch
 from trainkit import make_config
 
-import blockdraft.data.features as features_mod
+import blockdraft.data.feature_writer as features_mod
 from blockdraft.data.feature_store import FeatureError, FeatureStore
-from blockdraft.data.features import plan_features, write_features
+from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollouts import RolloutSet
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
@@ -20,7 +20,7 @@ from blockdraft.training import train
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
-from blockdraft.training.features import (
+from blockdraft.training.feature_sources import (
     CachedFeatures,
     OnlineTargetFeatures,
     build_feature_source,
