@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save
+
 from blockdraft.errors import BlockdraftError
 
 LOCK_NAME = ".blockdraft.lock"
@@ -214,8 +216,6 @@ def safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str]) -> byte
     two saves of the same tensors give different bytes; the header is rewritten here with
     sorted metadata (same tensors, same offsets, padded to 8 bytes as safetensors does).
     """
-    from safetensors.torch import save
-
     data = save(tensors, metadata=metadata)
     n = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + n])

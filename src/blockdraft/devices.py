@@ -19,20 +19,16 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
+
+import torch
 
 from blockdraft.errors import UserError
-
-if TYPE_CHECKING:  # torch is imported lazily: CLI modules import this file to register
-    import torch
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     """`auto` picks CUDA when present; under torchrun, plain `cuda` means this rank's GPU."""
-    import torch
-
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cuda":
@@ -50,8 +46,6 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
 
 def resolve_dtype(spec: str | None, device: torch.device | str) -> torch.dtype:
     """`auto` (or None): bfloat16 on CUDA, float32 elsewhere; else the named dtype."""
-    import torch
-
     if spec in (None, "auto"):
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if spec not in DTYPES:
@@ -100,8 +94,6 @@ def drafter_dtype(spec: str | None, device: torch.device | str) -> torch.dtype |
     checkpoint's own dtype, so CPU evaluation of a bf16 checkpoint (public DFlash
     drafters) gives the numbers it always gave.
     """
-    import torch
-
     if spec in (None, "auto") and torch.device(device).type != "cuda":
         return None
     return resolve_dtype(spec, device)

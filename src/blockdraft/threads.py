@@ -29,6 +29,8 @@ import os
 import time
 from pathlib import Path
 
+import torch
+
 ENV = "BLOCKDRAFT_THREADS"
 DEFAULT_CAP = 8  # batch-1 decoding of small models gains nothing beyond a few threads
 
@@ -54,8 +56,6 @@ def idle_cores(window_s: float = 0.3) -> int | None:
 
 def default_threads(cap: int = DEFAULT_CAP) -> int:
     """`$BLOCKDRAFT_THREADS`, else the idle cores now, capped at torch's count and `cap`."""
-    import torch  # lazily: CLI modules import this file at registration (`--help` stays fast)
-
     env = os.environ.get(ENV)
     if env:
         return _positive(env, ENV)
@@ -67,8 +67,6 @@ def default_threads(cap: int = DEFAULT_CAP) -> int:
 def configure_cpu(threads: int | None = None) -> int:
     """Set torch's intra-op thread count (`None` = `default_threads()`) and flush denormals
     (`flush_denormals`); return the thread count."""
-    import torch
-
     n = default_threads() if threads is None else _positive(threads, "--threads")
     torch.set_num_threads(n)
     flush_denormals()
@@ -79,8 +77,6 @@ def flush_denormals() -> bool:
     """Treat denormal floats as zero on this CPU (FTZ/DAZ; see the module docstring for
     why). Process-wide: torch's worker threads follow it. False where the CPU has no such
     mode (then nothing changes)."""
-    import torch
-
     return bool(torch.set_flush_denormal(True))
 
 

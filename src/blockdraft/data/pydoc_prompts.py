@@ -16,6 +16,7 @@ import ast
 import functools
 import hashlib
 import re
+from pydoc_data.topics import topics
 
 from blockdraft.data.prompt import Prompt, PromptError
 from blockdraft.data.stdlib_prompts import stdlib_files, stdlib_root, stdlib_split_of
@@ -83,8 +84,6 @@ def _module_docstring(relpath: str) -> str | None:
 @functools.lru_cache(maxsize=2)
 def pydoc_prompts_of_split(split: str) -> tuple[Prompt, ...]:
     """The language reference's topics (sorted), then stdlib module docstrings (by path)."""
-    from pydoc_data.topics import topics
-
     out = []
     for topic in sorted(topics):
         if pydoc_split_of(topic) == split:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from blockdraft.decoding.cpu.packed_linear import packed_linears
 from blockdraft.decoding.result import (
@@ -303,8 +304,6 @@ def decode(
 
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=len(prompts_ids), desc="decoding", unit="prompt", leave=False)
     traces: list[Trace] = []
     ar_outputs: list[list[int]] = []

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 ATTENTION_IMPLS = ("dense", "tiled", "flex")
 
@@ -68,8 +69,6 @@ def _flex_attention() -> Any:
     """Compiled `flex_attention` (compiled once per process; eager flex is a slow reference)."""
     global _COMPILED_FLEX
     if _COMPILED_FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
         _COMPILED_FLEX = torch.compile(flex_attention)
     return _COMPILED_FLEX
 
@@ -145,8 +144,6 @@ class BlockAttention:
 
     # --- flex -------------------------------------------------------------------------------
     def _block_mask(self) -> Any:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         anchors, Kb, T = self.anchors, self.block_size, self.seq_len
         B, A = anchors.shape
         query_anchor = anchors.repeat_interleave(Kb, dim=1)  # [B, A*Kb]
@@ -174,8 +171,6 @@ class BlockAttention:
                 "attention='flex' has no backward on CPU in this torch; "
                 "use 'tiled' (the CPU default) to train"
             )
-        from torch.nn.attention.flex_attention import flex_attention
-
         return flex_attention(q, k, v, block_mask=self.block_mask, enable_gqa=gqa)
 
     # --- entry point ------------------------------------------------------------------------

@@ -38,9 +38,10 @@ from blockdraft.drafters.block_attention import (
     default_attention_impl,
 )
 from blockdraft.drafters.config import ARCHS, DrafterConfig, check_target_compatible
-from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
+from blockdraft.drafters.draft_vocab import d2t_offsets, draft_ids_from_d2t
 from blockdraft.drafters.layers import DecoderLayer, RMSNorm, rope_cos_sin, rope_inverse_frequencies
 from blockdraft.drafters.lookup_inputs import lookup_block_inputs
+from blockdraft.sampling import sample  # inverse CDF, generator on any device
 
 __all__ = [
     "ARCHS",
@@ -69,7 +70,6 @@ def sample_from_logits(
         tokens = logits.argmax(-1)
         q = torch.zeros_like(logits).scatter_(-1, tokens.unsqueeze(-1), 1.0)
         return tokens, q
-    from blockdraft.sampling import sample  # inverse CDF, generator on any device
 
     q = torch.softmax(logits / temperature, dim=-1)
     return sample(q, generator), q
@@ -161,8 +161,6 @@ class BlockDrafter(nn.Module):
 
     def set_draft_vocab(self, draft_ids: torch.Tensor) -> None:
         """Install the reduced vocabulary (target ids, see draft_vocab.most_frequent_tokens)."""
-        from blockdraft.drafters.draft_vocab import d2t_offsets
-
         if (
             self.config.draft_vocab_size is None
             or draft_ids.numel() != self.config.draft_vocab_size

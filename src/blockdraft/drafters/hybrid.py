@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.sampling import processed_probs, sample
 
 DEFAULT_MIN_CONFIDENCE = 0.3
 
@@ -82,8 +83,6 @@ class HybridDrafter:
         """(tokens [K], q' [K, V] they were drawn from; None at T = 0) of one round.
 
         `looked_up` is the prompt-lookup proposal over the verified text (0..K tokens)."""
-        from blockdraft.sampling import processed_probs, sample
-
         logits = self.drafter.draft_logits(state, anchor_id, anchor_position)  # [K, V]
         use = self.use_lookup(logits, len(looked_up))
         lookup = torch.full((logits.shape[0],), -1, dtype=torch.long, device=logits.device)

@@ -62,6 +62,7 @@ def rope_inverse_frequencies(
         raise ValueError(
             f"rope type {rope_type!r} is sequence-length dependent; not supported by the drafter"
         )
+    # lazy: transformers takes seconds to import; only non-default RoPE needs it
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if rope_type not in ROPE_INIT_FUNCTIONS or hf_config is None:

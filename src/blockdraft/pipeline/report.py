@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from blockdraft.pipeline.report_plots import (
     plot_acceptance_rates,
     plot_accepted_histogram,
@@ -177,8 +179,6 @@ def _baseline_line(online: dict[str, dict[str, Any]]) -> str:
 def _trained_with_dpace(metrics_path: str | Path) -> bool:
     """Whether the run whose metrics.jsonl this is used a D-PACE objective (from its
     run.yaml; True when that cannot be read, so nothing is hidden by mistake)."""
-    import yaml
-
     try:
         run_dir = Path(metrics_path) if Path(metrics_path).is_dir() else Path(metrics_path).parent
         cfg = yaml.safe_load((run_dir / "run.yaml").read_text()) or {}

@@ -38,10 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from blockdraft.artifacts import check_file, ensure_free_space, file_digest
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig, check_target_compatible
-from blockdraft.errors import CheckpointError
+from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
+from blockdraft.drafters.semi_ar import SemiARDrafter
+from blockdraft.errors import CheckpointError, disk_write_error
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -112,8 +116,6 @@ def write_checkpoint_dir(
     `extra_files` (name -> bytes) are written alongside; `check(tmp_dir)` may raise to
     abort before anything at `path` is touched.
     """
-    from safetensors.torch import save_file
-
     path = Path(path)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
@@ -130,8 +132,6 @@ def write_checkpoint_dir(
         except OSError:
             raise
         except Exception as exc:  # safetensors reports a full disk as SafetensorError
-            from blockdraft.errors import disk_write_error
-
             raise disk_write_error(path / WEIGHTS_NAME, exc) from None
         os.chmod(weights, _file_mode())
         if NAMESPACE in config_json:
@@ -174,8 +174,6 @@ def verify_weights(path: str | Path, cfg: dict[str, Any] | None = None) -> Path:
     this version), and always a parse of the safetensors header. Returns the file path;
     raises `CheckpointError` naming the file and what is wrong.
     """
-    from safetensors import safe_open
-
     cfg = read_config(path) if cfg is None else cfg
     file = Path(path) / WEIGHTS_NAME
     if not file.is_file():
@@ -345,10 +343,6 @@ def load_drafter(
     trained with non-default `target.layer_ids`. Callers scoring several drafters load
     each right before using it.
     """
-    from safetensors.torch import load_file
-
-    from blockdraft.drafters.semi_ar import SemiARDrafter
-
     config = load_drafter_config(path, target)
     wanted = list(config.target_layer_ids)
     adoptable = config.num_target_layers == target.num_layers and all(
@@ -392,7 +386,6 @@ def _drop_target_head_rows(state: dict[str, torch.Tensor], target: Any, file: Pa
         if head is not None:
             raise ValueError(f"{file} ships an lm_head.weight; the drafter uses the target's head")
         return
-    from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 
     rows = (
         target.lm_head.weight.detach().to("cpu").index_select(0, draft_ids_from_d2t(state["d2t"]))

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from blockdraft.artifacts import (
     LOCK_NAME,
@@ -42,6 +44,7 @@ from blockdraft.artifacts import (
     stored_artifact,
     writer_lock,
 )
+from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 from blockdraft.errors import CheckpointError
 from blockdraft.serialization.checkpoint import (
     CONFIG_NAME,
@@ -53,6 +56,7 @@ from blockdraft.serialization.checkpoint import (
     verify_weights,
     write_checkpoint_dir,
 )
+from blockdraft.targets.registry import load_tokenizer
 
 _FLOATS = {torch.float32, torch.bfloat16, torch.float16}
 MODELING_FILE = "modeling_dflash.py"
@@ -178,8 +182,6 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
 
 def validate_for_serving(path: str | Path) -> list[str]:
     """Problems that would stop SGLang / vLLM / z-lab dflash loading `path` as a DFlash drafter."""
-    from safetensors import safe_open
-
     path = Path(path)
     try:
         cfg = read_config(path)
@@ -304,8 +306,6 @@ def _refuse_to_replace(out_dir: Path, overwrite: bool) -> None:
 
 
 def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target: Any) -> Path:
-    from safetensors.torch import load_file
-
     cfg = read_config(ckpt)
     if (cfg.get("blockdraft") or {}).get("drafter_config", {}).get("lookup_inputs"):
         raise ExportError(
@@ -321,8 +321,6 @@ def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
         cfg["dtype"] = str(dtype).removeprefix("torch.")
     if "d2t" in tensors and "lm_head.weight" not in tensors and target is not None:
-        from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
-
         head = target.lm_head.weight.detach().to("cpu")
         if head.shape[0] != int(cfg["vocab_size"]) or head.shape[1] != int(cfg["hidden_size"]):
             raise ValueError(
@@ -363,8 +361,6 @@ def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:
     if tokenizer is None:
         name = ((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name")
         if name:
-            from blockdraft.targets.registry import load_tokenizer
-
             tokenizer = load_tokenizer(name)
     if tokenizer is None:
         return None

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel, Qwen3Config
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 class DFlashRMSNorm(nn.Module):
@@ -57,8 +58,6 @@ def _inverse_frequencies(config: Qwen3Config, head_dim: int) -> tuple[torch.Tens
     if rope_type == "default":
         exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
         return (1.0 / float(params["rope_theta"]) ** exponent).float(), 1.0
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
     inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
     return inv_freq.float(), float(scale)
 

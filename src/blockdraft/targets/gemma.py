@@ -60,10 +60,12 @@ class GemmaNotInstalledError(ImportError):
 def _package() -> Any:
     """The GGUF package; a clear error naming the extra to install if it (or gguf) is missing."""
     try:
-        import gguf  # noqa: F401  (transformers needs it to read GGUF)
+        # lazy: optional extra (blockdraft[gemma]); transformers needs gguf to read GGUF
+        import gguf  # noqa: F401
 
         module = __import__(_PACKAGE)
-        import accelerate  # noqa: F401  (transformers requires it for gguf_file=)
+        # lazy: optional extra too; transformers requires accelerate for gguf_file=
+        import accelerate  # noqa: F401
     except ImportError as exc:
         raise GemmaNotInstalledError(
             f"target {NAME!r} needs the optional Gemma packages ({exc.name} is missing): "
@@ -106,6 +108,7 @@ def convert_gemma(cache_dir: str | Path | None = None, progress: bool = True) ->
         return final
     if final.exists():
         shutil.rmtree(final)
+    # lazy: transformers takes seconds to import; only the conversion needs it
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -171,6 +174,7 @@ def load_gemma_target(
     progress: bool = True,
 ) -> Target:
     """Load Gemma 3 270M (converting it on first use) as a `Target`."""
+    # lazy: transformers takes seconds to import; only loading Gemma needs it
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = convert_gemma(cache_dir, progress=progress)

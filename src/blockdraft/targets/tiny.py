@@ -159,6 +159,7 @@ def load_tiny_target(
     progress: bool = True,
 ) -> Target:
     """Load the cached `tiny` target, building it first if it is missing."""
+    # lazy: transformers takes seconds to import; `targets.registry` imports this module
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = build_tiny_target(config, cache_dir=cache_dir, progress=progress)
@@ -200,6 +201,7 @@ def resolve_precision(precision: str) -> str:
 
 
 def _make_model(c: TinyConfig, tokenizer) -> torch.nn.Module:
+    # lazy: transformers takes seconds to import; only a build needs it
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
@@ -346,6 +348,7 @@ def _build_into(
         torch.set_num_threads(threads)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    # lazy: transformers takes seconds to import; only a build needs it
     import transformers
 
     write_json(

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from blockdraft.evaluation.offline import offline_stats
+from blockdraft.evaluation.scoring import score_rollouts, shared_target_features
 from blockdraft.training.distributed import DistContext, all_gather_objects
 
 
@@ -50,9 +52,6 @@ def evaluate_mal(
     scoring under autocast on the drafter's device, like the training step. `memo` (a
     `scoring.FeatureMemo`) keeps the target's features across calls: the trainer passes
     one per run, so later evaluations skip the target forward."""
-    from blockdraft.evaluation.offline import offline_stats
-    from blockdraft.evaluation.scoring import score_rollouts, shared_target_features
-
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     mine = shard_indices(len(rollouts), rank, world)
     device = next(drafter.parameters()).device

@@ -27,6 +27,7 @@ from blockdraft.training.distributed import (
     clip_grad_norm,
     no_grad_sync,
 )
+from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.features import FeatureSource
 from blockdraft.training.objective_step import StepStats, block_micro_step
 
@@ -64,8 +65,6 @@ def _micro_step(parts: LoopParts, batch, step: int, want_acc: bool):
     cfg = parts.cfg
     target = parts.features.bind(batch)  # its forward() returns this batch's features
     if parts.objective.is_rounds_objective:
-        from blockdraft.training.edr_step import edr_micro_step
-
         return edr_micro_step(
             parts.fwd,
             parts.drafter,

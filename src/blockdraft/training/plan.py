@@ -35,6 +35,7 @@ from typing import Any
 from blockdraft.drafters.block_attention import TILE_QUERIES
 from blockdraft.objectives.cross_entropy import MAX_KEPT_PROBS_BYTES, default_chunk_rows
 from blockdraft.targets.target import default_layer_ids
+from blockdraft.targets.tiny import TinyConfig
 
 GiB = 1 << 30
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -143,9 +144,8 @@ def _layer_params(s: _Shapes, qk_norm: bool) -> int:
 def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
     """The target's HF config without its weights (`tiny`: built from `TinyConfig`)."""
     if name == "tiny":
+        # lazy: transformers takes seconds to import; only `--plan` needs it
         from transformers import Qwen3Config
-
-        from blockdraft.targets.tiny import TinyConfig
 
         c = TinyConfig()
         return Qwen3Config(
@@ -158,6 +158,7 @@ def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
             head_dim=c.hidden_size // c.num_heads,
             tie_word_embeddings=True,
         )
+    # lazy: transformers takes seconds to import; only `--plan` needs it
     from transformers import AutoConfig
 
     try:

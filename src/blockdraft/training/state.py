@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from blockdraft.artifacts import (
     stored_artifact,
 )
 from blockdraft.errors import CheckpointError, disk_write_error
+from blockdraft.serialization.checkpoint import verify_weights
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_PT = "trainer_state.pt"
@@ -197,8 +199,6 @@ def checkpoint_problem(path: Path) -> str | None:
     Checks the recorded size and SHA-256 of each file (checkpoints of this version) and,
     for older ones, that the state JSON, the weights header and the state zip parse.
     """
-    import zipfile
-
     path = Path(path)
     try:
         data = json.loads((path / STATE_JSON).read_text())
@@ -212,8 +212,6 @@ def checkpoint_problem(path: Path) -> str | None:
                 return problem
         return None
     try:
-        from blockdraft.serialization.checkpoint import verify_weights
-
         verify_weights(path)
         with zipfile.ZipFile(path / STATE_PT) as z:
             bad = z.testzip()

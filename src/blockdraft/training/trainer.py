@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from blockdraft import __version__
 from blockdraft.artifacts import DirectoryInUseError, write_atomic, writer_lock
 from blockdraft.errors import os_error_message
 from blockdraft.evaluation.scoring import FeatureMemo
+from blockdraft.serialization.checkpoint import save_drafter
 from blockdraft.threads import flush_denormals
 from blockdraft.training import state as ckpt
 from blockdraft.training.batching import total_steps
@@ -385,8 +387,6 @@ class _RunIO:
         barrier(self.ctx)
 
     def _write(self, step: int, kind: str, model, optim_state: dict | None) -> None:
-        from blockdraft.serialization.checkpoint import save_drafter
-
         cfg, run_dir = self.cfg, self.run_dir
         path = {
             "step": run_dir / "checkpoints" / f"step-{step}",
@@ -423,8 +423,6 @@ def _restore(
 
     Checkpoints are full-state whatever wrote them; with FSDP each rank keeps its shard.
     """
-    from safetensors.torch import load_file
-
     state = load_file(str(path / "model.safetensors"))
     tensors = ckpt.read_trainer_tensors(path)
     if sharded:

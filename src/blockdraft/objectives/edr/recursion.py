@@ -160,8 +160,7 @@ def _kernels(backend: str):
         return None
     if _KERNELS is None:
         try:
-            # lazy: importing the module compiles numba kernels (seconds), which the torch
-            # backend and pure-tensor callers never need
+            # lazy: importing it loads numba and its kernels (seconds); "torch" never needs it
             from blockdraft.objectives.edr import kernels as edr_kernels
         except ImportError as err:  # pragma: no cover - numba is a declared dependency
             warnings.warn(
