@@ -1,18 +1,12 @@
 """`--device` / `--dtype` for every CLI stage that runs a model, resolved in one place.
 
-Why one module: each stage used to pick its own device (most of them: none, so a GPU
-machine scored and decoded on the CPU in fp32). The rules live here so `rollout`,
-`eval`, `compare`, `decode`, the demo and training agree:
-
-- device `auto` is this rank's GPU when there is one, else the CPU; plain `cuda` also
-  means this rank's GPU (`LOCAL_RANK` under torchrun);
-- dtype `auto` is bfloat16 on a GPU (half the memory and the bandwidth of fp32 for the
-  same results up to rounding) and float32 on the CPU (CPU bf16 matmuls are slow and
-  the tests compare in fp32).
-
-Usage: `add_device_args(parser)` in a CLI's `register`, then
-`device, dtype = device_and_dtype(args)` in its `run`; bad values are a one-line
-`UserError` naming the flag.
+Why one module: so `rollout`, `eval`, `compare`, `decode`, `features`, the demo and
+training agree. Device `auto` is this rank's GPU when there is one, else the CPU (plain
+`cuda` is this rank's GPU too, `LOCAL_RANK` under torchrun); dtype `auto` is bfloat16 on
+a GPU (half fp32's memory and bandwidth) and float32 on the CPU (CPU bf16 matmuls are
+slow, and the tests compare in fp32). `add_device_args(parser)` in a stage's `register`,
+`device_and_dtype(args)` in its `run`; a bad value is a one-line `UserError` naming the
+flag.
 """
 
 from __future__ import annotations
