@@ -1,29 +1,12 @@
 """Drafter checkpoints: `config.json` + `model.safetensors`, in the public DFlash layout.
 
-A checkpoint directory written here *is* a DFlash draft model directory as published by
-z-lab (e.g. `z-lab/Qwen3-8B-DFlash-b16`) and read by SGLang (`models/dflash.py`), vLLM
-(`models/qwen3_dflash.py`) and z-lab/dflash (`dflash/model.py`):
-
-- weight names are the drafter's own state_dict keys, which match those loaders
-  (`fc.weight`, `hidden_norm.weight`, `norm.weight`, `layers.{i}.self_attn.{q,k,v,o}_proj`,
-  `layers.{i}.self_attn.{q,k}_norm`, `layers.{i}.mlp.{gate,up,down}_proj`,
-  `layers.{i}.{input,post_attention}_layernorm`; optional `d2t` for a reduced vocab);
-  the target's embedding and LM head are never stored;
-- `config.json` is a Qwen3-style HF config with `architectures: ["DFlashDraftModel"]`,
-  `dflash_config: {mask_token_id, target_layer_ids, block_size}`, top-level `block_size`
-  and `num_target_layers` (as in the published configs), full-attention `layer_types`
-  and `is_causal: false`;
-- blockdraft's own, complete `DrafterConfig` plus caller extras live under the
-  namespaced key `"blockdraft"`, which the engines ignore.
-
-Loading uses safetensors only (no pickle) and refuses a checkpoint made for another
-target with a one-line error naming the key and both values. Writes are atomic: the
-directory is built under a temporary name and renamed into place, so an interrupted save
-never leaves a half-written checkpoint or loses the previous one. The size and SHA-256
-of `model.safetensors` are recorded under `blockdraft.weights` and checked on every load,
-so a truncated or corrupted file is a one-line `CheckpointError`, never a traceback or
-silently wrong weights. Files are written with the usual permissions (0644 under umask
-022; safetensors itself writes 0600).
+Why that layout: a checkpoint directory written here *is* a DFlash draft model directory
+as z-lab publishes them and SGLang, vLLM and z-lab/dflash read them, so export converts
+nothing (weight names and config keys: docs/export.md, "The format"). blockdraft's own
+complete `DrafterConfig` lives under the namespaced `"blockdraft"` key the engines
+ignore. Loading uses safetensors only and refuses another target's checkpoint naming the
+key; saves are atomic (built under a temporary name, then renamed) and record the
+weights' size and SHA-256, checked on every load, so damage is a one-line error.
 """
 
 from __future__ import annotations
