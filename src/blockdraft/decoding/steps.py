@@ -1,27 +1,12 @@
 """The model calls of the decoding loop, each doing only what its caller needs.
 
 Why not `Target.forward` and `drafter.draft_logits`: they are general (every position's
-logits, every chosen layer's features, full-vocabulary draft logits), and at batch 1
-on a CPU the decoding loop is dominated by exactly that generality. Measured on Gemma
-3 270M's shape (262k vocabulary): the LM head costs more than all decoder layers, so a
-prefill that computes logits for every prompt position, or a drafter that expands K
-rows of draft logits to the full vocabulary, pays for nothing. So:
-
-- `TargetRunner.step` calls the HF model with `logits_to_keep` (only the rows that are
-  verified) and asks for hidden states only when a drafter consumes features (the
-  n-gram drafter and the autoregressive baseline never do); the cache is cropped in
-  place with the API detected once per cache, not by signature inspection per round.
-  Targets that are not HF-backed (test doubles with the `Target.forward` signature) go
-  through `target.forward` and get the same interface.
-- `ScreenedArgmaxHead` (decoding/cpu/argmax_screen.py): at T = 0 verification needs only
-  the target's argmax at K+1 positions, and at Gemma's vocabulary an fp32 LM head over 8
-  rows costs more than the decoder layers. It screens with an int8 (or bf16) product,
-  keeps every token whose fp32 logit could still be the maximum under a rigorous error
-  bound, and takes the exact fp32 argmax of those few.
-- `GreedyDraftHead` drafts at T = 0 with an argmax in the drafter's own vocabulary
-  (the softcap is monotonic and tokens outside a reduced draft vocabulary have -inf
-  logits, so the argmax is the same token `compute_logits(...).argmax()` picks), with
-  the head's weight rows gathered once per decode instead of once per round.
+logits, every feature layer, full-vocabulary draft logits), and at batch 1 on a CPU that
+generality dominates the loop (at a 262k vocabulary the LM head costs more than all the
+decoder layers). So `TargetRunner.step` keeps only the verified rows' logits and asks for
+features only when a drafter reads them; `ScreenedArgmaxHead` gives the exact T = 0
+argmax through a cheap screen; `GreedyDraftHead` drafts at T = 0 by argmax in the
+drafter's own vocabulary, its head rows gathered once per decode (docs/decoding.md).
 """
 
 from __future__ import annotations
