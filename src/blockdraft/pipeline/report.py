@@ -1,17 +1,9 @@
 """The results report: PNG figures plus one markdown summary that embeds them.
 
-`write_report` takes plain data so any caller can use it:
-
-- `drafters`: offline results, one dict per (drafter, benchmark): `name`, `benchmark`,
-  `mal`, `mal_ci95`, `expected_rounds`, `ar_k`, `t_ge_k` (what `blockdraft eval --json`
-  writes; `drafters_from_eval` flattens that file);
-- `comparisons`: paired comparisons (`blockdraft compare --json`): `benchmark`, `a`, `b`,
-  `mal_a`, `mal_b`, `diff`, `diff_ci95`, `rel_gain`, `rel_gain_ci95`;
-- `training_logs`: run name -> path of a `metrics.jsonl` (or of its run directory);
-- `online`: drafter name -> `blockdraft decode --json` results (`tau`, `tau_ci95`,
-  `histogram`, `tokens_per_s`, `ar_tokens_per_s`, `speedup`, optionally `offline_mal`
-  and `offline_mal_ci95` for the online/offline agreement check, and the demo's
-  `speedup_vs_hf` / `hf_tokens_per_s`).
+`write_report` takes plain data, so any caller can use it: the offline results and paired
+comparisons that `blockdraft eval --json` / `compare --json` write, training logs
+(`metrics.jsonl`) and online decoding results (`blockdraft decode --json`); the figures
+are drawn by `report_plots.py`. Inputs key by key: docs/architecture.md ("pipeline").
 """
 
 from __future__ import annotations
