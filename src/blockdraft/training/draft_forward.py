@@ -1,15 +1,12 @@
 """From a batch of sequences and anchors to the drafter's `log q(label)` per block slot.
 
-Pieces the objectives need but should not know about:
-
-- `map_to_draft_vocab`: target ids -> rows of a reduced draft vocabulary.
-- `DraftForward`: the one `nn.Module` whose `forward` runs every trainable parameter
-  (backbone and, for the semi-AR drafter, its Markov head). DDP/FSDP hook gradient
-  synchronisation on `forward`, so this wrapper is what gets wrapped, not the drafter.
-
-Large vocabularies: for the parallel drafter `log q(label)` goes through the chunked
-`target_logprobs` with `drafter.head_weight`, never materialising `[N, K, V]` logits
-unless an objective needs the full distribution (E2E, sampling EDR).
+The pieces the objectives need but should not know about: `map_to_draft_vocab` (target
+ids to the rows of a reduced draft vocabulary) and `DraftForward`, the one `nn.Module`
+whose `forward` runs every trainable parameter (backbone and, for the semi-AR drafter,
+its Markov head): DDP/FSDP hook gradient synchronisation on `forward`, so this wrapper is
+what gets wrapped, not the drafter. For the parallel drafter `log q(label)` goes through
+the chunked LM head, never materialising `[N, K, V]` logits unless an objective needs the
+full distribution (E2E, sampling EDR).
 """
 
 from __future__ import annotations

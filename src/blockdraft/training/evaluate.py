@@ -1,17 +1,12 @@
 """Held-out offline MAL during training: the number users care about, not the loss.
 
-The drafter is scored with the shared `blockdraft.evaluation.scoring` (every round start
-of every held-out rollout; greedy `1[argmax q = x]`, sampling `min(1, q(x)/p(x))` with q
-processed like the decoder does) and the exact offline evaluator turns the acceptance
-tensors into the mean accepted length, so training curves and `blockdraft eval` report
-the same number for the same drafter and rollouts.
-
-Why sharded and autocast: rank 0 alone scoring the whole held-out set in fp32 while the
-other ranks wait in a barrier cost ~90 s per evaluation at 8B (issue 17) and timed out
-the process group on larger sets. Each rank now scores every `world_size`-th rollout in
-the training step's autocast dtype; the acceptance tensors (`[L-1, K]` floats each, a
-few MB in total) are gathered and put back in rollout order, so the MAL is the one an
-unsharded run computes (up to the float rounding of the scoring itself).
+The drafter is scored with `evaluation.scoring` and the exact offline evaluator, so
+training curves and `blockdraft eval` report the same number for the same drafter and
+rollouts. Sharded and under autocast, because rank 0 scoring the whole held-out set in
+fp32 while the others wait would stall the process group: each rank scores every
+`world_size`-th rollout in the training step's autocast dtype, and the acceptance
+tensors (a few MB) are gathered back in rollout order, so the MAL is the one an unsharded
+run computes (up to the float rounding of the scoring itself).
 """
 
 from __future__ import annotations

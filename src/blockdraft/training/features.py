@@ -1,19 +1,12 @@
 """Where a training step gets the drafter's context features: the live target or a cache.
 
-The loop asks one `FeatureSource` for the features of each micro-batch and never
-branches on where they come from:
-
-- `OnlineTargetFeatures(target)` runs the frozen target on the padded batch (the
-  default; also the only source of target logits, which sampling E2E/EDR need).
-- `CachedFeatures` reads the rows `blockdraft features` stored for the rollout set
-  (`data.features=DIR`), so the target never runs during training. At Gemma 3 270M's
-  shape the target forward is most of a step (see `bench/train_features.py`).
-
-Step functions (`block_micro_step`, `edr_micro_step`) take a `target` and call
-`target.forward(input_ids, attention_mask=..., with_logits=...)`. `FeatureSource.bind(batch)`
-returns a `BatchTarget` whose `forward` answers that call from the source (other
-attributes, e.g. `stop_token_ids`, are the real target's), so the step functions, the
-benchmarks that call them with a real target and the objective code stay unchanged.
+The loop asks one `FeatureSource` for each micro-batch's features and never branches on
+where they come from: `OnlineTargetFeatures(target)` runs the frozen target (the default,
+and the only source of the target logits sampling E2E/EDR need); `CachedFeatures` reads
+what `blockdraft features` stored (`data.features=DIR`), so the target never runs.
+`FeatureSource.bind(batch)` returns a `BatchTarget` whose `forward` answers the step's
+one target call from the source (other attributes are the real target's), so the step
+functions, the benchmarks and the objective code stay unchanged (docs/training.md).
 """
 
 from __future__ import annotations

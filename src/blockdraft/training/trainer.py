@@ -1,15 +1,11 @@
 """`train(config)`: build everything, resume if asked, run the loop, save best and final.
 
-Output layout of a run directory:
-
-    run_dir/run.yaml            resolved config + package version + git sha
-    run_dir/metrics.jsonl       one JSON object per log/eval event (read by the report)
-    run_dir/tensorboard/        the same metrics for tensorboard
-    run_dir/checkpoints/step-N/ the last `checkpoint.keep_last` step checkpoints
-    run_dir/best/               best held-out offline MAL so far
-    run_dir/final/              the finished drafter
-
-Only rank 0 writes files; every rank runs the same steps on its share of each batch.
+The one entry point of `blockdraft train`, the demo and the Python API: it checks the
+config against the target and the machine before writing anything, holds the run
+directory's lock on rank 0, and writes `run.yaml`, `metrics.jsonl`, step checkpoints,
+`best/` (best held-out MAL) and `final/` (layout: docs/training.md, "Outputs and
+logging"). Only rank 0 writes files; every rank runs the same steps on its share of
+each batch.
 """
 
 from __future__ import annotations
