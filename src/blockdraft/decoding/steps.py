@@ -57,8 +57,8 @@ class TargetRunner:
 
     def use_packed_weights(self) -> None:
         """The target's linears are packed (decoding/cpu/packed_linear.py): keep the screen only
-        if it is a fast one (int8 29 ms, oneDNN-packed bf16 54 ms for 8 Gemma rows), else
-        take the packed fp32 head (66 ms), which beats an unpacked bf16 screen (88 ms)."""
+        if it is a fast one (int8, or oneDNN-packed bf16), else take the packed fp32 head,
+        which beats an unpacked bf16 screen (timings: docs/decoding.md; bench/decode.py)."""
         if self.screen is not None and not self.screen.fast:
             self.screen = None
 

@@ -135,10 +135,10 @@ class FeatureMemo:
     (same target object and feature layers), up to `max_bytes` (least recently used
     dropped first).
 
-    Why: after scoring moved to the draft vocabulary the target forward is most of the
-    per-rollout cost (Gemma: 0.40 of 0.65 s), and evaluating several drafters (or one
-    drafter at several hybrid thresholds, or one drafter at every held-out evaluation of
-    a training run) on one rollout set repeated it each time."""
+    Why: with scoring in the draft vocabulary the target forward is most of the
+    per-rollout cost (docs/methods.md, "The offline evaluator"), and evaluating several
+    drafters (or one drafter at several hybrid thresholds, or one drafter at every
+    held-out evaluation of a training run) on one rollout set would repeat it each time."""
 
     def __init__(self, max_bytes: int = 1 << 30) -> None:
         self.max_bytes, self.held = max_bytes, 0

@@ -64,9 +64,9 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """`log softmax(logits)[target]`, shape `logits.shape[:-1]`; for logits that already exist.
 
-    Goes through the fused `cross_entropy(reduction="none")` kernel: measured ~1.5-2x
-    faster forward+backward on CPU than gather-minus-logsumexp, and the weighted loss
-    built on it then costs the same as plain cross-entropy (bench/objectives.py).
+    Goes through the fused `cross_entropy(reduction="none")` kernel, faster forward +
+    backward on CPU than gather-minus-logsumexp, so the weighted loss built on it costs
+    what plain cross-entropy costs (bench/objectives.py; docs/training.md, "Benchmark").
     """
     if logits.dim() < 1:
         raise ValueError("logits must have a trailing vocabulary dimension")

@@ -41,9 +41,8 @@ def fused_chunk_rows(chunk_rows: int | None, vocab_size: int, device: torch.devi
 
     Why: those kernels read and write each `[rows, V]` chunk several times (softmax,
     `p - q`, the sums), so a chunk that fits in cache makes every pass after the first
-    cheap; the memory budget's ~64 MB chunks go to DRAM on every pass. Measured on this
-    project's CPU at V = 4,096: the fused acceptance forward 66 -> 33 ms and forward +
-    backward 171 -> 105 ms for 2,632 rows (bench/train_step.py --part objectives).
+    cheap; the memory budget's ~64 MB chunks go to DRAM on every pass (measured by
+    bench/fused_chunks.py; docs/training.md, "Fused vocabulary kernels' chunks").
     Accelerators keep the large chunks (fewer kernel launches)."""
     rows = check_chunk_rows(chunk_rows, vocab_size)
     if chunk_rows is None and device.type == "cpu":

@@ -365,8 +365,8 @@ def host_arrays(
 
 
 def as_numpy(t: Tensor, dtype: torch.dtype) -> np.ndarray:
-    """C-contiguous numpy view (no copy when possible) of a CPU tensor in `dtype`; each
-    skipped no-op call saves ~0.5 us, which matters for short rollouts."""
+    """C-contiguous numpy view (no copy when possible) of a CPU tensor in `dtype`; no-op
+    calls are skipped, since their fixed cost matters for short rollouts."""
     if t.requires_grad:
         t = t.detach()
     if t.dtype != dtype:
