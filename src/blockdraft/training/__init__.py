@@ -1,7 +1,7 @@
 """Training drafters: one typed config, every objective, resumable, data-parallel.
 
-Public API: `train(config, target=None, resume=False, overwrite=False) -> Path`, `load_config(path,
-overrides)`, `TrainConfig`, `ConfigError`. See docs/training.md.
+Public API: `train(config, *, target=None, resume=False, overwrite=False, allow_changed=())
+-> Path`, `load_config(path, overrides)`, `TrainConfig`, `ConfigError`. See docs/training.md.
 """
 
 from blockdraft.training.config import ConfigError, TrainConfig, config_from_dict, load_config

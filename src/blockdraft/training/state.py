@@ -38,7 +38,7 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
 CHECKED_FILES = ("model.safetensors", "config.json", STATE_PT, "run.yaml")
-# leftovers of killed writes: ours (.tmp-*, .old-*, .prune-*) and models.checkpoint's
+# leftovers of killed writes: ours (.tmp-*, .old-*, .prune-*) and serialization.checkpoint's
 # (.NAME.tmp-XXXXXXXX, .NAME.old-XXXXXXXX, e.g. `..tmp-step-4-123.tmp-1a2b3c4d`)
 _LEFTOVER = re.compile(r"^\.(tmp-|prune-|.+\.(tmp|old)-[0-9a-f]{8}$)")
 
