@@ -80,7 +80,7 @@ SHAPES = {
 
 
 def make_target(name: str) -> Target:
-    """Random weights at the real architecture and shape (`models.testing.SHAPES`)."""
+    """Random weights at the real architecture and shape (`targets.testing.SHAPES`)."""
     return make_shaped_target("tiny" if name == "tiny" else "gemma-3-270m")
 
 

@@ -256,7 +256,7 @@ def test_interrupted_writer_resumes_to_identical_shards(
 
 
 def test_disk_formula_and_max_gb_guard(target, rollout_dirs, tmp_path, monkeypatch, capsys):
-    import blockdraft.targets.registry as registry
+    import blockdraft.cli.features as features_cli
     from blockdraft.cli import main
 
     rs = RolloutSet.open(rollout_dirs["greedy"])
@@ -264,7 +264,7 @@ def test_disk_formula_and_max_gb_guard(target, rollout_dirs, tmp_path, monkeypat
     plan = plan_features(target, rollout_dirs["greedy"], tmp_path / "x", dtype="bfloat16")
     assert plan.num_tokens == tokens
     assert plan.total_bytes == tokens * 1 * 64 * 2  # tokens x layers x hidden x bytes
-    monkeypatch.setattr(registry, "load_target", lambda *a, **k: target)
+    monkeypatch.setattr(features_cli, "load_target", lambda *a, **k: target)
     argv = ["features", "--target", "t", "--rollouts", str(rollout_dirs["greedy"]), "--no-progress"]
     code = main(argv + ["--out", str(tmp_path / "x"), "--max-gb", "1e-6"])
     out, err = capsys.readouterr()

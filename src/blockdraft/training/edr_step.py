@@ -1,39 +1,12 @@
 """One EDR micro-batch: every round start of every rollout, as the paper trains it.
 
-EDR's loss couples rounds (the occupancy of a round start depends on every earlier
-round), so unlike the block objectives it cannot train on a random handful of anchors:
-each rollout's acceptance `A [L-1, K]` and cost `c [L-1, K]` must cover all round starts.
-The last round start (n = L-1, drafting only x_L, which is emitted anyway) has no
-gradient and no share of J, so it is never given a drafter block: its row enters the
-recursions as zeros, which they never read. When a rollout has more than
-`objective.max_anchors` other round starts, at most `max_anchors` rows are drafted with
-gradient, the other rows enter the recursions detached with weight 0, and the sampled
-rows carry inverse-inclusion weights, so loss and gradient stay unbiased. Every row's
-current acceptance is still needed (the occupancy and value of a sampled row depend on
-all of them), so the other rows are scored by a no-grad pass. `objective.anchor_sampler`:
-
-- "occupancy": a no-grad pass scores every usable row, one batched recursion
-  gives the round-start occupancies, `sample_round_starts` draws rows proportionally to
-  them, and the drawn rows are drafted again with gradient (each drawn row twice).
-- "gradient" (the default): the same no-grad pass and recursion, PPS on
-  `gradient_sizes`, an estimate of each row's gradient norm from the occupancies, TD
-  terms and the proposals' logit-gradient moments (sampling mode: computed in the
-  scoring pass, `scores_with_gradient_moments`; greedy: from A): about the cost of
-  "occupancy", less gradient variance (bench/edr_sampler.py, docs/training.md).
-- "uniform": draw `max_anchors` rows uniformly first, then score only the rows the
-  gradient pass does not draft (each usable row once): a cheaper step, but on real
-  rollouts 1.4-18x more gradient noise per second of training than "occupancy"
-  (bench/edr_sampler.py, docs/training.md), so it is not the default.
-
-The no-grad pass runs `score_chunk` round starts per rollout at a time (default
-`max_anchors`, so it never holds more blocks than the gradient pass): at a long rollout
-it would otherwise score thousands of blocks in one pass.
-
-Acceptance follows the rollouts: sampling rollouts use lossless speculative sampling
-(`A = min(1, q(x)/p(x))`, TV-form cost, p = the rollout's processed sampling
-distribution from the same target forward that gave the features, q = softmax(logits / T)
-as the decoder samples proposals at the rollout temperature T); greedy rollouts use the
-smooth "greedy EDR" relaxation `A = q(x)`.
+EDR's loss couples rounds (a round start's occupancy depends on every earlier round), so
+each rollout's acceptance and cost must cover all its round starts. Beyond
+`objective.max_anchors`, only that many rows are drafted with gradient, drawn by
+`objective.anchor_sampler` and weighted by inverse inclusion probabilities; the others
+are scored by a chunked no-grad pass (sampled rows' occupancies depend on all of them);
+the last round start is never drafted. Sampling rollouts use `A = min(1, q(x)/p(x))` and
+the TV cost, greedy ones `A = q(x)` (samplers, costs: docs/training.md, "What a step does").
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_set_id, truncated_span
+from blockdraft.data.rollout_store import read_manifest, target_fingerprint
 from blockdraft.targets.target import TargetOutput
 from blockdraft.training.batching import Batch
 from blockdraft.training.setup import TrainSetupError
@@ -106,8 +107,6 @@ class CachedFeatures:
         device: torch.device | str = "cpu",
     ) -> CachedFeatures:
         """Open and check `directory` against this target, its layer ids and rollout set."""
-        from blockdraft.data.rollout_store import read_manifest, target_fingerprint
-
         try:
             store = FeatureStore(directory, KEY)
         except FeatureError as exc:

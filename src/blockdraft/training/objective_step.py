@@ -1,15 +1,12 @@
 """One micro-batch through target, drafter and objective: loss numerator, denominator, stats.
 
-Why a numerator/denominator split: every objective is a ratio whose denominator is a
-detached count or weight sum over the batch (summed CE weights for uniform/decay/D-PACE,
-blocks for E2E, emitted tokens for EDR). To make N processes x M accumulation steps give
-exactly the gradient of one process on the whole global batch, each micro-batch
-back-propagates its *un-normalised* numerator, and the loop divides the summed gradient
-by the global denominator (all-reduced) once all micro-batches are in. Per-micro-batch
-normalisation followed by averaging would weight micro-batches equally instead.
-
-Block objectives (uniform, decay, dpace*, e2e) train on `num_anchors` sampled anchors per
-sequence; the rounds objective (edr) lives in `edr_step.py`.
+Why the split: every objective is a ratio whose denominator is a detached count or weight
+sum over the batch (CE weights, blocks for E2E, emitted tokens for EDR). Each micro-batch
+back-propagates its *un-normalised* numerator and the loop divides the summed gradient by
+the all-reduced global denominator, so N processes x M accumulation steps give exactly
+the gradient of one process on the whole batch (averaging per-micro-batch losses would
+weight micro-batches equally instead). Block objectives train on `num_anchors` sampled
+anchors per sequence; the rounds objective (EDR) lives in `edr_step.py`.
 """
 
 from __future__ import annotations

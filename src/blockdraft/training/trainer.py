@@ -1,15 +1,11 @@
 """`train(config)`: build everything, resume if asked, run the loop, save best and final.
 
-Output layout of a run directory:
-
-    run_dir/run.yaml            resolved config + package version + git sha
-    run_dir/metrics.jsonl       one JSON object per log/eval event (read by the report)
-    run_dir/tensorboard/        the same metrics for tensorboard
-    run_dir/checkpoints/step-N/ the last `checkpoint.keep_last` step checkpoints
-    run_dir/best/               best held-out offline MAL so far
-    run_dir/final/              the finished drafter
-
-Only rank 0 writes files; every rank runs the same steps on its share of each batch.
+The one entry point of `blockdraft train`, the demo and the Python API: it checks the
+config against the target and the machine before writing anything, holds the run
+directory's lock on rank 0, and writes `run.yaml`, `metrics.jsonl`, step checkpoints,
+`best/` (best held-out MAL) and `final/` (layout: docs/training.md, "Outputs and
+logging"). Only rank 0 writes files; every rank runs the same steps on its share of
+each batch.
 """
 
 from __future__ import annotations
@@ -22,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from blockdraft import __version__
 from blockdraft.artifacts import DirectoryInUseError, write_atomic, writer_lock
 from blockdraft.errors import os_error_message
 from blockdraft.evaluation.scoring import FeatureMemo
+from blockdraft.serialization.checkpoint import save_drafter
 from blockdraft.threads import flush_denormals
 from blockdraft.training import state as ckpt
 from blockdraft.training.batching import total_steps
@@ -388,8 +386,6 @@ class _TrainingRun:
         barrier(self.ctx)
 
     def _write(self, step: int, kind: str, model, optim_state: dict | None) -> None:
-        from blockdraft.serialization.checkpoint import save_drafter
-
         cfg, run_dir = self.cfg, self.run_dir
         path = {
             "step": run_dir / "checkpoints" / f"step-{step}",
@@ -426,8 +422,6 @@ def _restore(
 
     Checkpoints are full-state whatever wrote them; with FSDP each rank keeps its shard.
     """
-    from safetensors.torch import load_file
-
     state = load_file(str(path / "model.safetensors"))
     tensors = ckpt.read_trainer_tensors(path)
     if sharded:
