@@ -13,7 +13,7 @@ import sys
 
 from blockdraft.cli.arguments import int_at_least_2, nonnegative_int, positive_float, positive_int
 from blockdraft.data.feature_store import FeatureError
-from blockdraft.data.features import plan_features, write_features
+from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollout_store import RolloutError
 from blockdraft.devices import DTYPES, resolve_flags
 from blockdraft.targets.registry import load_target
