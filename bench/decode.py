@@ -11,7 +11,7 @@ prompts), so machine drift hits all alike:
 - `HF generate`: `model.generate` (greedy, or sampling at T with top-k/top-p off);
 - `HF prompt lookup`: `generate(prompt_lookup_num_tokens=K)` (HF's assisted decoding;
   its rounds are counted with a forward hook on the model, so it gets a tau too);
-- `AR loop`: blockdraft's autoregressive baseline (`online.ar_generate`);
+- `AR loop`: blockdraft's autoregressive baseline (`decoding.loop.ar_generate`);
 - `spec ngram`: blockdraft's loop with `NgramDrafter(K, max=2, match=first)`: the rule
   and settings of HF prompt lookup, so at T = 0 both emit the same tokens in the same
   rounds and the tokens/s ratio compares the two loops alone;

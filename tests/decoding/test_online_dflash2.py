@@ -24,7 +24,7 @@ import torch
 from blockdraft.data.generation import SamplingSettings, generate_batch
 from blockdraft.data.rollout_store import Rollout
 from blockdraft.decoding.loop import ar_generate, decode
-from blockdraft.decoding.steps import draft_block
+from blockdraft.decoding.proposers import draft_block
 from blockdraft.drafters.dflash import DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.evaluation.offline import mal_ci, offline_stats

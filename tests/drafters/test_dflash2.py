@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdraft.decoding.steps import GreedyDraftHead, draft_block
+from blockdraft.decoding.proposers import GreedyDraftHead, draft_block
 from blockdraft.drafters.block_attention import BlockAttention, block_attention_mask
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter, grouped_dynamic_conv

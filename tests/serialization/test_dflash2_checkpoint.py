@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from transformers import AutoModel
 
+from blockdraft.decoding.proposers import draft_block
 from blockdraft.drafters.dflash import DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.serialization.checkpoint import (
@@ -172,10 +174,6 @@ def test_round_trip_and_serving_keys_alone(target, tmp_path, layers):
 def test_automodel_builds_the_dflash2_export(target, tmp_path):
     """`modeling_dflash.py` (self-contained) computes our drafter: hidden states of a block
     and its greedy proposals, sliding + causal layers, multiplier and softcap included."""
-    from transformers import AutoModel
-
-    from blockdraft.decoding.steps import draft_block
-
     cfg = DrafterConfig.for_target(target, num_layers=2, block_size=5, arch="dflash2",
                                    selector_rank=8, selector_top_k=6)  # fmt: skip
     cfg = DrafterConfig.from_dict({**cfg.to_dict(), "sliding_window": 3, "output_multiplier": 0.6,

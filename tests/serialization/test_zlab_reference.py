@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import Qwen3Config
 
-from blockdraft.decoding.steps import draft_block
+from blockdraft.decoding.proposers import draft_block
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.serialization.checkpoint import load_drafter, save_drafter, serving_config
@@ -82,8 +83,6 @@ def _config(target, variant) -> DrafterConfig:
 
 def _reference_checkpoint(zlab, config: DrafterConfig, path: Path):
     """A checkpoint written by z-lab's class with random weights (ours only for its config)."""
-    from transformers import Qwen3Config
-
     path.mkdir()
     (path / "config.json").write_text(json.dumps(serving_config(config)))
     hf = Qwen3Config.from_pretrained(path)

@@ -1,14 +1,11 @@
-"""Code prompts cut from the Python standard library: a prompt source every machine has.
+"""Code prompts cut from the Python standard library (`stdlib:*`): a source every machine has.
 
-Each prompt is a function's signature plus its docstring (dedented), the classic
-"complete the body" code prompt. The split is by *file*: a file belongs to `eval` when
-the SHA-256 of its path relative to the stdlib root falls in the first `EVAL_FRACTION`
-of the hash range, else to `train`. Hashing paths (not shuffling a list) makes the split
-deterministic, independent of which other files exist, and guarantees that a drafter
-evaluated on `stdlib:eval` never saw a function from the same file in training.
-
-The prompts depend on the Python version's stdlib; the rollout manifest records the
-version so a set can be told apart from one made under another Python.
+Each prompt is a function's signature plus its docstring, the classic "complete the
+body" prompt. The split is by *file*, by the SHA-256 of its path relative to the stdlib
+root (the first `EVAL_FRACTION` of the hash range is `eval`): deterministic, independent
+of which other files exist, and a drafter evaluated on `stdlib:eval` never saw a function
+of the same file in training. Prompts depend on the Python version's stdlib, which the
+rollout manifest records.
 """
 
 from __future__ import annotations

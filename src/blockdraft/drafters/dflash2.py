@@ -1,18 +1,12 @@
-"""DFlash2: the DFlash block drafter plus block-local convolutions and a candidate selector.
+"""DFlash2 (z-lab `DFlash2DraftModel`): DFlash plus block-local convolutions and a selector.
 
-What z-lab's DFlash2 drafters (architecture `DFlash2DraftModel`, served by vLLM and
-SGLang) add to DFlash, and why it is its own drafter class:
-
-- every decoder layer wraps attention and MLP in a grouped *dynamic causal convolution*
-  over the block's rows (slot k mixes slots k, k-1, ..: a base kernel per channel plus a
-  coefficient per channel group projected from the sublayer's input), before and after
-  each sublayer; it never crosses a block boundary, so training's many blocks and one
-  inference block compute the same thing;
-- a *candidate selector* re-ranks the top `selector_top_k` tokens of each slot's logits
-  with a rank-`selector_rank` bilinear term between the token chosen at the previous slot
-  (the anchor for slot 1) and each candidate, modulated by the slot's hidden state. The
-  choice is left to right, so, like the semi-AR drafter, slot k depends on slot k-1 and
-  is teacher-forced in training and scoring (`compute_draft_logits(hidden, prev)`).
+Every decoder layer wraps attention and MLP in grouped dynamic causal convolutions over
+the block's rows (a base kernel per channel plus per-group coefficients projected from the
+sublayer input); they never cross a block, so training's many blocks and one inference
+block agree. A candidate selector re-ranks each slot's top-k unary candidates with a
+low-rank bilinear term between the token chosen at the previous slot (the anchor for slot
+1) and the candidate, modulated by the slot's hidden state; the choice runs left to right,
+so like the semi-AR drafter slot k is teacher-forced in training and scoring (`prev`).
 """
 
 from __future__ import annotations

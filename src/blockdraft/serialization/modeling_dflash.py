@@ -1,30 +1,13 @@
 """DFlash block draft model for `transformers` (`trust_remote_code`), self-contained.
 
 `blockdraft export` copies this file into the export directory and points
-`config.json["auto_map"]["AutoModel"]` at `DFlashDraftModel`, so
-
-    AutoModel.from_pretrained(export_dir, trust_remote_code=True)
-
-builds the drafter and loads `model.safetensors` without blockdraft installed (only
-torch and transformers are imported). Without it transformers would quietly build a plain
-`Qwen3Model` and drop `fc` / `hidden_norm`. The function computed is blockdraft's
-`BlockDrafter` (tests/serialization/test_export.py checks equality on the same inputs),
-with the calling convention of z-lab/dflash's `DFlashDraftModel.forward`: the caller
-embeds the block with the *target's* embedding and passes the target features of the
-context; the target's LM head turns the returned hidden states into logits.
-
-Layout (weight names have no prefix, as SGLang and vLLM read them): `fc` projects the
-concatenated target-layer features `[.., n * H_t]` to `H`, `hidden_norm` normalises the
-result; every decoder layer attends from the block to `[context; block]` (context keys
-and values come from that projected context, block ones from the normed block states),
-bidirectionally within the block; `norm` is the final norm. Layers listed as
-`sliding_attention` (with `sliding_window`) and/or causal (`is_causal`; unset = sliding
-layers causal) are masked as z-lab's loader masks them.
-
-`DFlash2DraftModel` (architecture `DFlash2DraftModel`) adds, per layer, grouped dynamic
-causal convolutions over the block's rows around attention and MLP (`attention_conv`,
-`mlp_conv`) and a `candidate_selector` that re-ranks each slot's top-k candidates by the
-token chosen before it: `propose(hidden, anchor_ids, head_weight)` drafts greedily.
+`config.json["auto_map"]["AutoModel"]` at `DFlashDraftModel` (or `DFlash2DraftModel`:
+block-local convolutions and the candidate selector, `propose`), so `from_pretrained(dir,
+trust_remote_code=True)` builds the drafter without blockdraft installed (torch and
+transformers only); otherwise transformers would quietly build a plain `Qwen3Model` and
+drop `fc` / `hidden_norm`. It computes blockdraft's drafter (tested; sliding/causal layers
+masked as z-lab's loader does) with z-lab/dflash's calling convention: the caller embeds
+the block with the target's embedding and passes the context's features (docs/export.md).
 """
 
 from __future__ import annotations
@@ -33,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel, Qwen3Config
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 class DFlashRMSNorm(nn.Module):
@@ -64,8 +48,6 @@ def _inverse_frequencies(config: Qwen3Config, head_dim: int) -> tuple[torch.Tens
     if rope_type == "default":
         exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
         return (1.0 / float(params["rope_theta"]) ** exponent).float(), 1.0
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
     inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
     return inv_freq.float(), float(scale)
 

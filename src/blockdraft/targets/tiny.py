@@ -1,17 +1,12 @@
 """The embedded default target `tiny`: a small Qwen3 LM that blockdraft trains itself.
 
 Why: the quick-start, the demo and the tests need a *trained* target (a random one gives
-meaningless acceptance rates) without any download. So blockdraft trains a few-million
-parameter Qwen3-architecture model on the Python standard library's source (present on
-every machine), with its own byte-level BPE tokenizer, once, in a few minutes on CPU,
-and caches it as an ordinary Hugging Face directory (safetensors + tokenizer files).
-
-Determinism: the model is a function of (`TinyConfig`, the stdlib corpus): fixed seed,
-fixed data order. The cache key hashes exactly these, so changing any field or the
-Python version builds a separate entry. The thread count is not part of the key: builds
-with 1 and 2 threads were checked to give bit-identical weights (tests/targets/test_tiny.py),
-so the build picks it from the machine's idle cores (oversubscribed OpenMP threads spin
-and made a loaded 2-core machine 5x slower with 2 threads than with 1).
+meaningless acceptance rates) without any download, so blockdraft trains a small
+Qwen3-architecture model with its own byte-level BPE on the Python standard library's
+source (on every machine), once, in minutes on a CPU, and caches it as an ordinary HF
+directory. The weights are a function of (`TinyConfig`, the stdlib corpus) and the cache
+key hashes exactly these; the thread count is not in it (1 and 2 threads give identical
+weights), so the build takes the idle cores. The recipe: docs/results.md ("The tiny target").
 """
 
 from __future__ import annotations
@@ -159,6 +154,7 @@ def load_tiny_target(
     progress: bool = True,
 ) -> Target:
     """Load the cached `tiny` target, building it first if it is missing."""
+    # lazy: transformers takes seconds to import; `targets.registry` imports this module
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = build_tiny_target(config, cache_dir=cache_dir, progress=progress)
@@ -200,6 +196,7 @@ def resolve_precision(precision: str) -> str:
 
 
 def _make_model(c: TinyConfig, tokenizer) -> torch.nn.Module:
+    # lazy: transformers takes seconds to import; only a build needs it
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
@@ -346,6 +343,7 @@ def _build_into(
         torch.set_num_threads(threads)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    # lazy: transformers takes seconds to import; only a build needs it
     import transformers
 
     write_json(
