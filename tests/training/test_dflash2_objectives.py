@@ -25,6 +25,7 @@ from blockdraft.targets.testing import make_random_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import (
     block_micro_step,
     labels_and_prev,
@@ -37,6 +38,9 @@ BLOCK, TOP_K = 4, 48
 
 class _Greedy:
     temperature, top_p, top_k, greedy = 0.0, 1.0, 0, True
+
+
+_COMMON = dict(settings=_Greedy, want_acc=False, alpha=0.5, variant="full")
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +94,8 @@ def test_dpace_weights_both_terms_by_the_selector(setup):
     target, drafter, batch = setup
     obj = make_objective("dpace", alpha=0.5)
     out = block_micro_step(
-        DraftForward(drafter), drafter, target, obj, batch, num_anchors=4, seed=0, step=2,
-        settings=_Greedy, want_acc=False, alpha=0.5, variant="full",
+        DraftForward(drafter), drafter, OnlineTargetFeatures(target), obj, batch,
+        num_anchors=4, seed=0, step=2, **_COMMON,
     )  # fmt: skip
     got = _grads(drafter, out.numerator / out.denominator)
     anchors = sampled_anchors(batch, 4, BLOCK, 0, 2)
@@ -108,8 +112,8 @@ def test_e2e_applies_the_selector_gradient_to_both_overlaps(setup):
     target, drafter, batch = setup
     obj = make_objective("e2e")
     out = block_micro_step(
-        DraftForward(drafter), drafter, target, obj, batch, num_anchors=4, seed=0, step=3,
-        settings=_Greedy, want_acc=False, alpha=0.5, variant="full",
+        DraftForward(drafter), drafter, OnlineTargetFeatures(target), obj, batch,
+        num_anchors=4, seed=0, step=3, **_COMMON,
     )  # fmt: skip
     got = _grads(drafter, out.numerator / out.denominator)
     anchors = sampled_anchors(batch, 4, BLOCK, 0, 3)
@@ -125,8 +129,8 @@ def test_edr_exact_rounds_gradient_for_selector_and_unary(setup):
     target, drafter, batch = setup
     obj = make_objective("edr", mode="greedy", max_anchors=64, anchor_sampler="uniform")
     out = edr_micro_step(
-        DraftForward(drafter), drafter, target, obj, batch, seed=0, step=1, settings=_Greedy,
-        mode="greedy", want_acc=False, alpha=0.5, variant="full",
+        DraftForward(drafter), drafter, OnlineTargetFeatures(target), target.stop_token_ids,
+        obj, batch, seed=0, step=1, mode="greedy", **_COMMON,
     )  # fmt: skip
     got = _grads(drafter, out.numerator)
     starts = [round_start_anchors(int(p), int(n))
@@ -165,8 +169,8 @@ def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler):
     results = []
     for fwd in (DraftForward(drafter), Wrapped(drafter)):
         out = edr_micro_step(
-            fwd, drafter, target, obj, batch, seed=0, step=1, settings=_Sampling,
-            mode="sampling", want_acc=True, alpha=0.5, variant="full",
+            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, obj, batch,
+            seed=0, step=1, mode="sampling", **{**_COMMON, "settings": _Sampling},
         )  # fmt: skip
         results.append((out.numerator.detach(), _grads(drafter, out.numerator)))
     (na, ga), (nb, gb) = results
@@ -180,8 +184,8 @@ def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler):
 def test_sampling_e2e_runs_on_dflash2(setup):
     target, drafter, batch = setup
     out = block_micro_step(
-        DraftForward(drafter), drafter, target, make_objective("e2e"), batch, num_anchors=4,
-        seed=0, step=1, settings=_Sampling, want_acc=True, alpha=0.5, variant="full",
+        DraftForward(drafter), drafter, OnlineTargetFeatures(target), make_objective("e2e"),
+        batch, num_anchors=4, seed=0, step=1, **{**_COMMON, "settings": _Sampling},
     )  # fmt: skip
     grads = _grads(drafter, out.numerator / out.denominator)
     assert torch.isfinite(out.numerator) and grads["fc.weight"].abs().sum() > 0
