@@ -72,10 +72,10 @@ def _grads(drafter, loss):
     return {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
 
 
-def _assert_same(got, want):
+def _assert_same(got, want, atol=1e-7):
     assert set(got) == set(want)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=atol, msg=name)
 
 
 def _pieces(target, drafter, batch, anchors):
@@ -189,3 +189,31 @@ def test_sampling_e2e_runs_on_dflash2(setup):
     )  # fmt: skip
     grads = _grads(drafter, out.numerator / out.denominator)
     assert torch.isfinite(out.numerator) and grads["fc.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_compact_selector_logq_equals_the_full_logits_one(setup, softcap):
+    """Without full logits (cross-entropy, greedy EDR) log q(label) of selector and unary
+    come from the candidates' head rows and the chunked head: same values and gradients as
+    from `[N, K, V]` logits."""
+    target, drafter, batch = setup
+    drafter.config.final_logit_softcapping = softcap
+    try:
+        tout = target.forward(batch.input_ids, attention_mask=batch.attention_mask.long())
+        anchors = sampled_anchors(batch, 4, BLOCK, 0, 5)
+        labels, _, prev = labels_and_prev(batch, anchors, BLOCK)
+        fwd = DraftForward(drafter)
+        outs = []
+        for full in (False, True):
+            _, logq, _, (_, logq_u) = fwd(
+                tout.features, batch.input_ids, anchors, labels, prev, full, unary=True
+            )
+            loss = (logq * torch.arange(logq.numel()).view(logq.shape).sin()).sum() + logq_u.sum()
+            outs.append((logq.detach(), logq_u.detach(), _grads(drafter, loss)))
+        (a, au, ga), (b, bu, gb) = outs
+        assert (a == -30.0).any() and (a > -30.0).any()
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(au, bu, rtol=1e-5, atol=1e-5)
+        _assert_same(ga, gb, atol=1e-5)  # another summation order (chunked head)
+    finally:
+        drafter.config.final_logit_softcapping = None

@@ -109,11 +109,17 @@ class CandidateSelector(nn.Module):
         """(candidate ids `[..., k]`, their scores `[..., k]`) for hidden `[..., H]`, unary
         logits `[..., V]` and previous tokens `[...]` (negative ids: padding, any row)."""
         top, candidates = torch.topk(unary, self.top_k, dim=-1)
+        return candidates, self.score(hidden, candidates, top, prev)
+
+    def score(
+        self, hidden: torch.Tensor, candidates: torch.Tensor, top: torch.Tensor, prev: torch.Tensor
+    ) -> torch.Tensor:
+        """Scores `[..., k]` of given candidates whose unary logits are `top [..., k]`."""
         mod = self.hidden_projection(hidden)
         pred = self.predecessor_codebook[prev.clamp_min(0).to(mod.device)].to(mod.dtype) * mod
         succ = self.successor_codebook[candidates].to(mod.dtype)  # [..., k, r]
         pair = (succ @ pred.unsqueeze(-1)).squeeze(-1)
-        return candidates, top + pair.to(top.dtype)
+        return top + pair.to(top.dtype)
 
 
 class DFlash2Drafter(BlockDrafter):
@@ -161,6 +167,29 @@ class DFlash2Drafter(BlockDrafter):
         candidates, scores = self.select(hidden, prev, unary)
         out = unary.new_full(unary.shape, float("-inf"))
         return out.scatter(-1, candidates, scores.to(out.dtype))
+
+    @torch.no_grad()
+    def candidates(self, hidden: torch.Tensor, chunk_rows: int = 4096) -> torch.Tensor:
+        """Top-k unary candidate ids `[..., k]`, `chunk_rows` rows of logits at a time."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        k = self.candidate_selector.top_k
+        out = torch.empty((flat.shape[0], k), dtype=torch.long, device=flat.device)
+        for lo in range(0, flat.shape[0], chunk_rows):
+            out[lo : lo + chunk_rows] = (
+                self.unary_logits(flat[lo : lo + chunk_rows]).topk(k).indices
+            )
+        return out.view(*hidden.shape[:-1], k)
+
+    def select_compact(
+        self, hidden: torch.Tensor, prev: torch.Tensor, chunk_rows: int = 4096
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`select` without `[..., V]` logits kept: candidates by row chunks (no gradient:
+        top-k is discrete), their unary logits recomputed from the head rows
+        (differentiable), so memory is `O(rows x k)` whatever the vocabulary."""
+        candidates = self.candidates(hidden, chunk_rows)
+        rows = self.head_weight.to(device=hidden.device, dtype=hidden.dtype)[candidates]
+        top = self._softcap((rows @ hidden.unsqueeze(-1)).squeeze(-1))
+        return candidates, self.candidate_selector.score(hidden, candidates, top, prev)
 
     def compute_draft_logits(
         self, hidden: torch.Tensor, prev_tokens: torch.Tensor | None = None

@@ -67,6 +67,9 @@ class DraftForward(nn.Module):
         self.drafter = drafter
         self.chunk_rows = chunk_rows
 
+    def _selector_logq(self, hidden, labels, prev):
+        return _selector_logq_impl(self.drafter, hidden, labels, prev, self.chunk_rows)
+
     def forward(
         self,
         features: torch.Tensor,
@@ -90,14 +93,17 @@ class DraftForward(nn.Module):
         """
         hidden = self.drafter.forward_blocks(features, input_ids, anchors)
         if has_selector(self.drafter):
-            u = self.drafter.unary_logits(hidden)
-            sel = self.drafter.selector_logits(hidden, prev, u)
-            logq = floored_logq(chunked_token_logprobs(sel, labels, self.chunk_rows))
-            logq_u = chunked_token_logprobs(u, labels, self.chunk_rows)
-            logits = sel if full_logits else None
+            if full_logits:
+                u = self.drafter.unary_logits(hidden)
+                sel = self.drafter.selector_logits(hidden, prev, u)
+                logq = floored_logq(chunked_token_logprobs(sel, labels, self.chunk_rows))
+                logq_u = chunked_token_logprobs(u, labels, self.chunk_rows)
+            else:  # log q(label) only: no [N, K, V] tensor is kept (`select_compact`)
+                u, sel = None, None
+                logq, logq_u = self._selector_logq(hidden, labels, prev)
             if unary:
-                return hidden, logq, logits, (u, logq_u)
-            return hidden, with_unary_gradient(logq, logq_u), logits
+                return hidden, logq, sel, (u, logq_u)
+            return hidden, with_unary_gradient(logq, logq_u), sel
         space = DraftSpace.of(self.drafter) if full_logits else None
         if space is not None:
             logits = DraftSpace.drafter_logits(self.drafter, space, hidden, prev)
@@ -111,6 +117,23 @@ class DraftForward(nn.Module):
         weight = self.drafter.head_weight
         logq = target_logprobs(hidden.to(weight.dtype), weight, draft_labels, self.chunk_rows)
         return hidden, logq, None
+
+
+def _selector_logq_impl(drafter, hidden, labels, prev, chunk_rows):
+    """(floored selector log q(label), unary log q(label)) without full logits."""
+    candidates, scores = drafter.select_compact(hidden, prev)
+    hit = candidates == labels.clamp_min(0).unsqueeze(-1)
+    logp = torch.log_softmax(scores.float(), -1)
+    inside = hit.any(-1) & (labels >= 0)
+    sel = torch.where(hit, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(-1)
+    sel = torch.where(inside, sel, torch.full_like(sel, LOGQ_FLOOR))
+    sel = torch.where(labels >= 0, sel, torch.zeros_like(sel))
+    if _is_plain_head(drafter):
+        weight = drafter.head_weight
+        logq_u = target_logprobs(hidden.to(weight.dtype), weight, labels, chunk_rows)
+    else:
+        logq_u = chunked_token_logprobs(drafter.unary_logits(hidden), labels, chunk_rows)
+    return sel, logq_u
 
 
 def chunked_token_logprobs(
@@ -128,6 +151,12 @@ def chunked_token_logprobs(
         check_chunk_rows(chunk_rows, vocab),
     )
     return out.reshape(labels.shape)
+
+
+def _is_plain_head(drafter: nn.Module) -> bool:
+    """Unary logits are `hidden @ head_weight.T` (no softcap, no multiplier)."""
+    c = drafter.config
+    return not c.final_logit_softcapping and c.output_multiplier == 1.0
 
 
 def _is_plain_parallel(drafter: nn.Module) -> bool:
