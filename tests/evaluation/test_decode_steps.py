@@ -15,6 +15,7 @@ from fake_drafter import greedy_decode_case
 from blockdraft.evaluation import argmax_screen, decode_steps
 from blockdraft.evaluation.argmax_screen import ScreenedArgmaxHead
 from blockdraft.evaluation.decode_steps import TargetRunner
+from blockdraft.evaluation.lean_target import LeanTarget
 from blockdraft.evaluation.online import decode
 from blockdraft.models import packed_linear
 from blockdraft.models.packed_linear import int8_products_exact
@@ -133,6 +134,8 @@ def test_greedy_speculative_with_screened_head_equals_ar(monkeypatch, drafter_ki
     if kind == "int8" and not int8_products_exact():
         pytest.skip("no exact int8 products on this CPU")
     monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
+    # the HF forward's head: a random target is small enough for the lean forward
+    monkeypatch.setattr(LeanTarget, "supports", staticmethod(lambda model: False))
     if kind == "bf16":
         monkeypatch.setattr(argmax_screen.Int8Screen, "build", classmethod(lambda cls, w, n: None))
         monkeypatch.setattr(packed_linear, "packing_supported", lambda: False)
@@ -219,7 +222,7 @@ def test_packed_target_keeps_only_a_fast_screen(monkeypatch) -> None:
     target = make_random_target("llama", seed=1)
     for packed_low in (None, torch.zeros(1)):
         monkeypatch.setattr(argmax_screen, "_HEADS", argmax_screen.weakref.WeakKeyDictionary())
-        run = TargetRunner(target)
+        run = TargetRunner(target, lean=False)  # the HF forward's head
         run.screen.screen.packed_low = packed_low
         run.use_packed_weights()
         assert (run.screen is not None) == (packed_low is not None)
@@ -227,6 +230,6 @@ def test_packed_target_keeps_only_a_fast_screen(monkeypatch) -> None:
         monkeypatch.undo()
         monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
         monkeypatch.setattr(argmax_screen, "_HEADS", argmax_screen.weakref.WeakKeyDictionary())
-        run = TargetRunner(target)
+        run = TargetRunner(target, lean=False)
         run.use_packed_weights()
         assert isinstance(run.screen.screen, argmax_screen.Int8Screen)

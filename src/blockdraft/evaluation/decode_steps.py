@@ -13,6 +13,10 @@ rows of draft logits to the full vocabulary, pays for nothing. So:
   place with the API detected once per cache, not by signature inspection per round.
   Targets that are not HF-backed (test doubles with the `Target.forward` signature) go
   through `target.forward` and get the same interface.
+- Small Qwen3 / Llama targets on CPU skip the HF forward altogether: `LeanTarget`
+  (evaluation/lean_target.py) computes the same layers in fewer operations, with its
+  own preallocated cache; the autoregressive baseline and the speculative loop both
+  use it, so their ratio stays a fair one.
 - `ScreenedArgmaxHead` (evaluation/argmax_screen.py): at T = 0 verification needs only
   the target's argmax at K+1 positions, and at Gemma's vocabulary an fp32 LM head over 8
   rows costs more than the decoder layers. It screens with an int8 (or bf16) product,
@@ -36,6 +40,7 @@ import torch
 from torch import nn
 
 from blockdraft.evaluation.argmax_screen import ScreenedArgmaxHead
+from blockdraft.evaluation.lean_target import LeanCache, LeanTarget
 from blockdraft.models.drafter import BlockDrafter
 from blockdraft.models.ngram import NgramTable
 from blockdraft.models.packed_linear import pack_weight
@@ -60,7 +65,8 @@ class StepOutput:
 class TargetRunner:
     """Incremental batch-1 target forwards with the least work per call (see module doc)."""
 
-    def __init__(self, target: Any) -> None:
+    def __init__(self, target: Any, lean: bool = True) -> None:
+        """`lean=False`: always the HF forward (bench/decode.py times both)."""
         self.target = target
         model = getattr(target, "model", None)
         self.hf = isinstance(model, nn.Module) and hasattr(target, "_cache_kwarg")
@@ -68,7 +74,9 @@ class TargetRunner:
         self.keep_ok = self.hf and "logits_to_keep" in inspect.signature(model.forward).parameters
         self.layer_ids = list(getattr(target, "layer_ids", []))
         self._crop_negative: bool | None = None  # transformers 5: crop(-n); 4.x crop(max_len)
-        self.screen = ScreenedArgmaxHead.for_target(target) if self.hf else None
+        self.lean = LeanTarget.of(model, self.layer_ids) if self.hf and lean else None
+        use_screen = self.hf and self.lean is None
+        self.screen = ScreenedArgmaxHead.for_target(target) if use_screen else None
 
     def use_packed_weights(self) -> None:
         """The target's linears are packed (models/packed_linear.py): keep the screen only
@@ -96,6 +104,12 @@ class TargetRunner:
         if not self.hf:
             out = self.target.forward(ids, cache=cache, use_cache=True)
             return StepOutput(out.logits[0, -keep:], out.features if features else None, out.cache)
+        if self.lean is not None:
+            if cache is None:
+                cache = self.lean.new_cache(ids.shape[1])
+            hidden, feats = self.lean.forward(ids[0], cache, features)
+            logits = self.lean.logits(hidden[-keep:])
+            return StepOutput(logits, None if feats is None else feats[None], cache)
         kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
         if features:
             kwargs["output_hidden_states"] = True
@@ -125,6 +139,9 @@ class TargetRunner:
 
     def crop(self, cache: Any, length: int) -> None:
         """Keep the first `length` positions of `cache`, in place (no-op if already so)."""
+        if isinstance(cache, LeanCache):
+            cache.crop(length)
+            return
         remove = cache.get_seq_length() - length
         if remove < 0:
             raise ValueError(f"cannot crop a cache of {length - remove} positions to {length}")

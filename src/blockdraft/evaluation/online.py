@@ -53,6 +53,7 @@ from blockdraft.evaluation.decode_steps import (
     pick_token,
     proposals_per_round,
 )
+from blockdraft.evaluation.lean_drafter import LeanDrafter
 from blockdraft.evaluation.verify import verify_block, verify_onehot, verify_standard
 from blockdraft.models.lookup_inputs import lookup_rule
 from blockdraft.models.packed_linear import packed_linears
@@ -71,13 +72,16 @@ def ar_generate(
     max_new_tokens: int = 64,
     generator: torch.Generator | None = None,
     stats: StepStats | None = None,
+    lean: bool = True,
 ) -> list[int]:
     """Plain autoregressive decoding: the baseline every speedup is measured against.
 
     It does what HF `generate` does per token and no more (last-row logits only, no
-    hidden states, inference mode), so it is at least as fast (bench/decode.py)."""
+    hidden states, inference mode), so it is at least as fast (bench/decode.py); a small
+    target takes the same lean forward as the speculative loop (`lean=False`: the HF
+    forward, for the bench)."""
     stops = set(target.stop_token_ids)
-    run = TargetRunner(target)
+    run = TargetRunner(target, lean=lean)
     t0 = time.perf_counter()
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)
     out = run.step(ids)
@@ -124,7 +128,7 @@ def speculative_generate(
     if not prompt_ids:
         raise ValueError("speculative decoding needs a non-empty prompt")
     run = TargetRunner(target)
-    model = target.model if run.hf else None
+    model = target.model if run.hf and run.lean is None else None
     neural = drafter if isinstance(drafter, nn.Module) else None
     with packed_linears(model, neural) as (target_packed, _):
         if target_packed:
@@ -168,14 +172,17 @@ def _speculative_loop(
     if ngram:
         index = NgramIndex(drafter)
     else:
-        state = drafter.new_state()
-        drafter.extend_context(state, out.features, 0)
         head = GreedyDraftHead.of(drafter) if greedy and GreedyDraftHead.applies(drafter) else None
         # a hybrid drafter (models/hybrid.py) also looks the verified text up, per round
         lookup = NgramIndex(drafter.ngram) if hasattr(drafter, "use_lookup") else None
         # ... and a lookup_inputs drafter reads the lookup in its block
         if getattr(getattr(drafter, "config", None), "lookup_inputs", False):
             block_lookup = NgramIndex(lookup_rule(drafter.config.num_proposals))
+        # a small plain drafter at T = 0: context update and block in one lean pass
+        plain = head is not None and lookup is None and block_lookup is None
+        context = (LeanDrafter.of(drafter) if plain else None) or drafter
+        state = context.new_state()
+        context.extend_context(state, out.features, 0)
     anchor, a = first, plen  # anchor token and its sequence index
     clock.lap("prefill")
     while True:
@@ -193,7 +200,7 @@ def _speculative_loop(
             )
             k = proposals.shape[0]
         elif head is not None:
-            proposals = head.pick(drafter.draft_hidden(state, anchor, a))
+            proposals = head.pick(context.draft_hidden(state, anchor, a))
             k = proposals.shape[0]
         else:
             proposals, q = draft_block(
@@ -249,7 +256,7 @@ def _speculative_loop(
             if state.length > a:  # a drafter that cached anything beyond the verified context
                 state.crop(a)
             clock.lap("other")
-            drafter.extend_context(state, out.features[:, : m + 1], a)
+            context.extend_context(state, out.features[:, : m + 1], a)
             clock.lap("draft")  # the drafter's context K/V are part of its forward work
         anchor, a = new[-1], a + m + 1
         clock.lap("other")
