@@ -28,7 +28,7 @@ sampling) and other (cache crop, bookkeeping), in ms and in AR steps (one AR-loo
 + token choice). A first table times single target forwards at the prompts' context lengths:
 one token (an AR step) against K+1 tokens with and without the features a drafter
 needs, and as the T = 0 loop runs it (argmax only: the screened head where the target
-has a large vocabulary, see evaluation/decode_steps.py): the verification cost that
+has a large vocabulary, see decoding/steps.py): the verification cost that
 bounds every speedup. docs/decoding.md explains the
 cost model (speedup = tau / round cost in AR steps).
 """
@@ -45,19 +45,19 @@ from typing import Any
 
 import torch
 
-from blockdraft.evaluation.argmax_screen import Int8Screen, ScreenedArgmaxHead
-from blockdraft.evaluation.decode_steps import TargetRunner
-from blockdraft.evaluation.hf_generate import hf_generate_job
-from blockdraft.evaluation.online import StepStats, ar_generate, speculative_generate
-from blockdraft.models.ngram import NgramDrafter
-from blockdraft.models.packed_linear import PackedLinears
+from blockdraft.decoding.cpu.argmax_screen import Int8Screen, ScreenedArgmaxHead
+from blockdraft.decoding.cpu.packed_linear import PackedLinears
+from blockdraft.decoding.hf_generate import hf_generate_job
+from blockdraft.decoding.loop import StepStats, ar_generate, speculative_generate
+from blockdraft.decoding.steps import TargetRunner
+from blockdraft.drafters.ngram import NgramDrafter
 
 PHASES = ("draft", "target", "verify", "other")
 
 
 def gemma_shaped_target() -> Any:
     """Random weights at Gemma 3 270M's shape (262k vocabulary): timing without the download."""
-    from blockdraft.models.testing import make_shaped_target
+    from blockdraft.targets.testing import make_shaped_target
 
     return make_shaped_target("gemma-3-270m")
 
@@ -66,11 +66,11 @@ def load(args: argparse.Namespace) -> tuple[Any, list[list[int]]]:
     if args.target == "gemma-shaped":
         target = gemma_shaped_target()
     elif args.target == "random":
-        from blockdraft.models.testing import make_random_target
+        from blockdraft.targets.testing import make_random_target
 
         target = make_random_target("qwen3", hidden_size=256, num_layers=8)
     else:
-        from blockdraft.models.registry import load_target
+        from blockdraft.targets.registry import load_target
 
         target = load_target(args.target)
     if args.target in ("gemma-shaped", "random"):
@@ -91,14 +91,14 @@ def load_drafter(spec: str, args: argparse.Namespace, target: Any) -> tuple[str,
     """(row name, drafter) for one `--drafter` value: `untrained`, a checkpoint / run
     directory, or any spec `blockdraft decode` takes (e.g. `hybrid:RUN`)."""
     if spec == "untrained":
-        from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+        from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 
         torch.manual_seed(0)
         cfg = DrafterConfig.for_target(
             target, num_layers=1, block_size=args.k + 1, draft_vocab_size=args.draft_vocab
         )
         return "spec untrained", BlockDrafter(cfg).bind_target(target).eval()
-    from blockdraft.models.drafter_spec import display_name, load_drafter_spec
+    from blockdraft.serialization.drafter_spec import display_name, load_drafter_spec
 
     drafter, _ = load_drafter_spec(spec, target)
     name = display_name(spec)
@@ -126,8 +126,8 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
 
     The argmax cases run the T = 0 verification the ways the loop can: `F.linear` layers
     with the loop's screened head (no MKL packing), and packed fp32 layers
-    (models/packed_linear.py) with the packed fp32 head, the bf16 screen or the int8
-    screen (evaluation/argmax_screen.py; the loop takes int8 where this CPU has exact
+    (decoding/cpu/packed_linear.py) with the packed fp32 head, the bf16 screen or the int8
+    screen (decoding/cpu/argmax_screen.py; the loop takes int8 where this CPU has exact
     int8 products)."""
     run, fp32_head = TargetRunner(target), TargetRunner(target)
     fp32_head.screen = None  # the packed fp32 head, whatever `use_packed_weights` picks

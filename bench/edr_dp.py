@@ -29,7 +29,7 @@ import numba
 import numpy as np
 import torch
 
-from blockdraft.objectives import edr_kernels
+from blockdraft.objectives.edr import kernels as edr_kernels
 from blockdraft.objectives.edr import occupancy_and_value
 
 
@@ -158,7 +158,7 @@ def precision(gen: torch.Generator, length: int, k: int) -> tuple[float, float]:
     """Errors of float32 arithmetic against our float64 recursion on the same float32
     inputs: (max relative error of round starts of the old float32 torch loop at
     near-certain acceptance, max abs TD error of the plain float32 value loop)."""
-    from blockdraft.objectives import edr_torch
+    from blockdraft.objectives.edr import reference as edr_torch
 
     acc = 1 - 1e-3 * torch.rand(1, length - 1, k, generator=gen)
     starts32, _ = edr_torch.round_starts(acc, torch.tensor([length]))

@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from blockdraft.data.rollout_store import RolloutSet
-from blockdraft.models.checkpoint import load_drafter
-from blockdraft.models.registry import load_target
 from blockdraft.objectives.registry import make_objective
+from blockdraft.serialization.checkpoint import load_drafter
+from blockdraft.targets.registry import load_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step

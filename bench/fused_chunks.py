@@ -1,6 +1,6 @@
 """Cache-sized vs memory-budget row chunks for the fused vocabulary kernels, side by side.
 
-Why: `edr_fused`'s sampling acceptance / TV cost (sampling EDR, E2E) and the `gradient`
+Why: `edr/acceptance.py`'s sampling acceptance / TV cost (sampling EDR, E2E) and the `gradient`
 sampler's scoring pass read and write each `[rows, V]` chunk several times. With the
 memory budget's ~64 MB chunks (`check_chunk_rows`) every pass goes to DRAM; with
 `fused_chunk_rows`' ~1 MB chunks on CPU the passes after the first hit cache. Each round
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from blockdraft.objectives.edr_fused import (
+from blockdraft.objectives.edr.acceptance import (
     fused_sampling_acceptance,
     scores_with_gradient_moments,
 )

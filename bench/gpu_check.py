@@ -142,7 +142,7 @@ def part_matmul(part: Part, device: torch.device, smoke: bool) -> None:
 
 # --- training steps -------------------------------------------------------------------------
 def shaped_target(device: torch.device, smoke: bool, layers: int):  # type: ignore[no-untyped-def]
-    from blockdraft.models.testing import make_shaped_target
+    from blockdraft.targets.testing import make_shaped_target
 
     if smoke:
         return make_shaped_target("qwen3-8b", device=device, **SMOKE_TARGET)
@@ -236,7 +236,7 @@ def part_train(
     if not smoke:
         from transformers import Qwen3Config
 
-        from blockdraft.models.testing import SHAPES
+        from blockdraft.targets.testing import SHAPES
 
         full = plan_memory(cfg, 1, "cuda", hf_config=Qwen3Config(**SHAPES["qwen3-8b"][1]))
         part.record(plan_full_target_gib=full.peak / GiB)
@@ -332,9 +332,9 @@ def part_rollout(part: Part, device: torch.device, smoke: bool, layers: int) -> 
 
 
 def part_decode(part: Part, device: torch.device, smoke: bool, layers: int) -> None:
-    from blockdraft.evaluation.hf_generate import ar_vs_hf
-    from blockdraft.evaluation.online import decode
-    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+    from blockdraft.decoding.hf_generate import ar_vs_hf
+    from blockdraft.decoding.loop import decode
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 
     target = shaped_target(device, smoke, layers)
     n, length, new = (2, 16, 16) if smoke else (4, 64, 128)

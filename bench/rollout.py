@@ -34,8 +34,8 @@ import torch
 from blockdraft.data.generation import SamplingSettings
 from blockdraft.data.prompts import Prompt, render_prompt
 from blockdraft.data.rollouts import generate_rollouts
-from blockdraft.models.target import Target
-from blockdraft.models.testing import make_shaped_target
+from blockdraft.targets.target import Target
+from blockdraft.targets.testing import make_shaped_target
 
 WORDS = "def class return import for while print self range value index list dict".split()  # noqa: SIM905
 

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from blockdraft.models.testing import make_shaped_target
+from blockdraft.targets.testing import make_shaped_target
 
 
 def main() -> None:

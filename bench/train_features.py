@@ -45,10 +45,10 @@ from blockdraft.data.rollout_store import (
     write_atomic,
     write_manifest,
 )
-from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-from blockdraft.models.target import Target
-from blockdraft.models.testing import make_shaped_target
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
+from blockdraft.targets.target import Target
+from blockdraft.targets.testing import make_shaped_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.features import CachedFeatures, OnlineTargetFeatures

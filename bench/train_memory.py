@@ -20,8 +20,8 @@ import sys
 
 import torch
 
+from blockdraft.drafters import block_attention
 from blockdraft.heap import retain_freed_memory
-from blockdraft.models import block_attention
 from blockdraft.training.draft_forward import DraftForward
 from train_step import MEMORY_SHAPE, SHAPES, build, drafter_step
 

@@ -44,10 +44,10 @@ import torch
 
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollout_store import Rollout
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.heap import retain_freed_memory
-from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-from blockdraft.models.testing import make_random_target
 from blockdraft.objectives.registry import make_objective
+from blockdraft.targets.testing import make_random_target
 from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward

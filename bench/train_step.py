@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import torch
 
 import blockdraft.objectives.cross_entropy as ce
-from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-from blockdraft.models.target import Target
-from blockdraft.models.testing import make_random_target
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.cross_entropy import weighted_cross_entropy
+from blockdraft.targets.target import Target
+from blockdraft.targets.testing import make_random_target
 from blockdraft.training.draft_forward import DraftForward
 
 

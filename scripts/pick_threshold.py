@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from blockdraft.models.hybrid import parse_hybrid_spec
+from blockdraft.drafters.hybrid import parse_hybrid_spec
 
 
 def best_threshold(result: dict) -> float:

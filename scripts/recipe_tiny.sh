@@ -75,7 +75,7 @@ t1-compare)
   compare t1 eval-t1 "$R/t1-decay" "$R/t1-dpace" ;;
 blocks)  # block 16 (K = 15) at the lr-3e-3 setting; compared with ngram at K = 15
   train block16 'target.layer_ids=[0,1,2,3]' optim.lr=3e-3 drafter.block_size=16 ;;
-hybrid)  # the long drafters with prompt lookup as per-slot fallback (models/hybrid.py)
+hybrid)  # the long drafters with prompt lookup as per-slot fallback (drafters/hybrid.py)
   compare hybrid-t0 eval-t0 "$R/long-dpace-s0" "hybrid:$R/long-dpace-s0" "hybrid:$R/long-decay-s0" ;;
 samplers)  # EDR round-start samplers: step time, gradient noise, PPS sizes (docs/training.md)
   for m in 32 86; do

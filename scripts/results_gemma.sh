@@ -10,7 +10,7 @@
 #   features  the target's drafter features of the train rollouts, once (bfloat16)
 #   train     decay and D-PACE from scratch on the cached features, same seed/data/budget,
 #             one thread each, side by side (the two cores of this machine); then the
-#             same pair with drafter.lookup_inputs=true (models/lookup_inputs.py)
+#             same pair with drafter.lookup_inputs=true (drafters/lookup_inputs.py)
 #   select    the hybrid's confidence threshold, on the validation rollouts only
 #   compare   exact offline MAL on the 64 held-out rollouts: ngram first (the baseline),
 #             then the drafters and each drafter with prompt lookup as fallback (hybrid)

@@ -18,7 +18,7 @@ import textwrap
 import torch
 
 from blockdraft.data.stdlib_prompts import stdlib_prompts, stdlib_root
-from blockdraft.models.registry import load_target
+from blockdraft.targets.registry import load_target
 
 
 def parsable_lines(prompt: str, continuation: str) -> tuple[int, int]:

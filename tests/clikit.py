@@ -1,7 +1,7 @@
 """Helpers for CLI tests: a random target saved as a local HF model, rollouts, a drafter.
 
 The CLI loads targets by name or path, so CLI tests need a model on disk: a small random
-Qwen3 (`blockdraft.models.testing`) saved with `save_pretrained`, loaded back through
+Qwen3 (`blockdraft.targets.testing`) saved with `save_pretrained`, loaded back through
 the registry like any user model.
 """
 
@@ -15,7 +15,7 @@ from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
 
 
 def save_local_model(path: Path, seed: int = 0) -> Path:
-    from blockdraft.models.testing import make_random_target
+    from blockdraft.targets.testing import make_random_target
 
     target = make_random_target("qwen3", num_layers=4, seed=seed)
     target.model.save_pretrained(path)
@@ -42,8 +42,8 @@ def make_rollouts(target, out: Path, n: int = 6, shard_size: int = 2, tokens: in
 
 
 def save_random_drafter(target, path: Path, block_size: int = 4, **extra) -> Path:
-    from blockdraft.models.checkpoint import save_drafter
-    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+    from blockdraft.serialization.checkpoint import save_drafter
 
     drafter = BlockDrafter(DrafterConfig.for_target(target, block_size=block_size))
     return save_drafter(drafter.bind_target(target), path, extra or None)

@@ -224,7 +224,7 @@ def test_identical_runs_give_identical_bytes_and_set_id(random_target, tmp_path)
 def test_features_refused_up_front_when_the_disk_is_too_small(
     random_target, rollout_dir, tmp_path, monkeypatch, capsys
 ):
-    import blockdraft.models.registry as registry
+    import blockdraft.targets.registry as registry
 
     monkeypatch.setattr(registry, "load_target", lambda *a, **k: random_target)
     _small_disk(monkeypatch)

@@ -56,7 +56,7 @@ def test_quick_start_commands_cover_every_stage():
 
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory) -> Path:
-    from blockdraft.models.testing import make_random_target
+    from blockdraft.targets.testing import make_random_target
 
     target = make_random_target("qwen3", num_layers=4)
     path = tmp_path_factory.mktemp("model") / "random-qwen3"
@@ -80,7 +80,7 @@ def test_readme_quick_start_runs_verbatim(local_model, tmp_path):
             cmd = f"T={shlex.quote(str(local_model))}"
         elif cmd.startswith("blockdraft "):
             cmd = f"{cmd} {SPEEDUPS[shlex.split(cmd)[1]]}"
-        script.append(f"echo \">>> [$SECONDS s] {cmd[:60]}\" >&2; {cmd}")
+        script.append(f'echo ">>> [$SECONDS s] {cmd[:60]}" >&2; {cmd}')
     res = subprocess.run(
         ["bash", "-c", "\n".join(script)],
         cwd=tmp_path,

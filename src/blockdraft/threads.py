@@ -6,7 +6,7 @@ wait for a core, so two threads on two cores shared with one other busy process 
 5-10x *slower* than one thread (the demo's online stage measured 50 tok/s on `tiny`
 against 583 tok/s with one thread). The default therefore counts the cores that are
 idle *right now* (sampled from /proc/stat over a fraction of a second, the same rule
-`models/tiny.py` uses for its build), capped at torch's own choice and at
+`targets/tiny.py` uses for its build), capped at torch's own choice and at
 `DEFAULT_CAP`. `--threads N` (every CLI stage that runs models) overrides it, and
 `BLOCKDRAFT_THREADS` overrides the default for a whole shell session.
 

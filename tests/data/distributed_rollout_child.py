@@ -45,7 +45,7 @@ def main() -> None:
     import blockdraft.data.rollouts as rollouts
     from blockdraft.data.distributed_rollouts import init_from_env
     from blockdraft.data.generation import SamplingSettings
-    from blockdraft.models.testing import make_random_target
+    from blockdraft.targets.testing import make_random_target
 
     ctx, _, created = init_from_env("cpu")
     original = rollouts._generate_shard

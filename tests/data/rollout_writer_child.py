@@ -43,7 +43,7 @@ def main() -> None:
     torch.set_num_threads(1)
     import blockdraft.data.rollouts as rollouts
     from blockdraft.data.generation import SamplingSettings
-    from blockdraft.models.testing import make_random_target
+    from blockdraft.targets.testing import make_random_target
 
     original = rollouts.generate_batch
     calls = {"n": 0}

@@ -24,7 +24,7 @@ from blockdraft.data.rollout_import import (
 )
 from blockdraft.data.rollout_store import RolloutError
 from blockdraft.data.rollouts import RolloutSet, SamplingSettings, generate_rollouts
-from blockdraft.models.testing import make_random_target
+from blockdraft.targets.testing import make_random_target
 
 TEXTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os", "The quick", "x"]
 S = SamplingSettings(temperature=0.8, top_p=0.9, top_k=20, max_new_tokens=10, seed=4)
@@ -216,7 +216,7 @@ def test_bad_files_are_one_line_errors_and_write_nothing(random_target, tmp_path
 
 def test_cli_rollout_import_joins_prompts_by_id(random_target, tmp_path, monkeypatch, capsys):
     from blockdraft.cli import main
-    from blockdraft.models import registry
+    from blockdraft.targets import registry
 
     monkeypatch.setattr(registry, "load_target", lambda name, **kw: random_target)
     prompts = tmp_path / "p.jsonl"

@@ -28,8 +28,8 @@ from blockdraft.data.rollouts import (
     sampling_logprobs,
     split_by_prompt,
 )
-from blockdraft.models.target import Target
-from blockdraft.models.testing import make_random_target
+from blockdraft.targets.target import Target
+from blockdraft.targets.testing import make_random_target
 
 HERE = Path(__file__).parent
 TEXTS = [
@@ -309,7 +309,7 @@ def test_split_by_prompt_and_subsets(random_target, tmp_path):
 
 def test_cli_rollout(random_target, tmp_path, monkeypatch, capsys):
     from blockdraft.cli import main
-    from blockdraft.models import registry
+    from blockdraft.targets import registry
 
     loaded = []
     monkeypatch.setattr(

@@ -15,18 +15,18 @@ import math
 
 import pytest
 import torch
-from fake_drafter import FakeTarget, MemoDrafter, oracle_drafter
 
 import blockdraft.evaluation.scoring as scoring
 from blockdraft.data.generation import SamplingSettings, generate_batch
 from blockdraft.data.rollout_store import Rollout
+from blockdraft.decoding.loop import ar_generate, decode, speculative_generate
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.evaluation.offline import mal_ci, offline_stats
-from blockdraft.evaluation.online import ar_generate, decode, speculative_generate
 from blockdraft.evaluation.scoring import acceptance_tensor, score_rollouts
-from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-from blockdraft.models.semi_ar import SemiARDrafter
-from blockdraft.models.testing import make_random_target
 from blockdraft.sampling import processed_probs
+from blockdraft.targets.testing import make_random_target
+from fake_drafter import FakeTarget, MemoDrafter, oracle_drafter
 
 Z = 3.29  # two-sided 99.9%
 
@@ -225,8 +225,8 @@ def test_draft_vocab_scoring_equals_target_space(kind, temperature, top_k, top_p
     acceptances as the target-space logits with -inf outside it (the path it replaced,
     taken here by hiding `compute_draft_logits`): argmax exactly, q(x) to float rounding,
     including labels outside the draft vocabulary (q = 0) and the hybrid's confidence."""
-    from blockdraft.models.hybrid import HybridDrafter
-    from blockdraft.models.ngram import NgramDrafter
+    from blockdraft.drafters.hybrid import HybridDrafter
+    from blockdraft.drafters.ngram import NgramDrafter
 
     target = make_random_target("qwen3", seed=4)
     torch.manual_seed(0)

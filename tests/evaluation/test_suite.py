@@ -84,7 +84,7 @@ def test_spread_selection_covers_the_whole_file():
 
 
 def test_ngram_baseline_matches_the_drafters_block(tmp_path):
-    from blockdraft.models.testing import make_random_target
+    from blockdraft.targets.testing import make_random_target
 
     target = make_random_target("qwen3", num_layers=2, seed=0)
     d5 = save_random_drafter(target, tmp_path / "d5", block_size=5)
@@ -99,7 +99,7 @@ def test_ngram_baseline_matches_the_drafters_block(tmp_path):
 
 @pytest.mark.slow
 def test_suite_end_to_end_caches_rollouts_and_agrees_with_eval(tmp_path, capsys):
-    from blockdraft.models.registry import load_target
+    from blockdraft.targets.registry import load_target
 
     model = save_local_model(tmp_path / "model")
     target = load_target(str(model), device="cpu", progress=False)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdraft.models.block_attention import BlockAttention, default_attention_impl
-from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-from blockdraft.models.semi_ar import SemiARDrafter
-from blockdraft.models.testing import make_random_target
+from blockdraft.drafters.block_attention import BlockAttention, default_attention_impl
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.drafters.semi_ar import SemiARDrafter
+from blockdraft.targets.testing import make_random_target
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 BLOCK = 16

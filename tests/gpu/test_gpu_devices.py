@@ -8,9 +8,9 @@ import torch
 from device_guard import OffDeviceTensors
 
 from blockdraft.data.generation import SamplingSettings, generate_batch
-from blockdraft.evaluation.online import decode
-from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-from blockdraft.models.testing import make_random_target
+from blockdraft.decoding.loop import decode
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.targets.testing import make_random_target
 
 
 def test_the_guard_catches_a_tensor_made_off_the_device(device):

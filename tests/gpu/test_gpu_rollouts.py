@@ -14,7 +14,7 @@ from blockdraft.data.generation import (
     row_keys,
     sampling_logprobs,
 )
-from blockdraft.models.testing import make_random_target
+from blockdraft.targets.testing import make_random_target
 
 
 def test_counter_uniforms_and_draws_are_the_cpus(device):

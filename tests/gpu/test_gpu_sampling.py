@@ -1,9 +1,9 @@
 """Sampled speculative decoding stays lossless with its tensors on the device.
 
 The verifiers (standard and block verification) run on the device with the decode
-loop's generators (seeded on the CPU per prompt, as `evaluation/online.py` does) and
+loop's generators (seeded on the CPU per prompt, as `decoding/loop.py` does) and
 with a generator on the device itself; each draws (accepted, token) from the exact
-per-draft outcome distribution that tests/evaluation/test_verify.py enumerates
+per-draft outcome distribution that tests/decoding/test_verify.py enumerates
 (`Instance`, `outcome_dist`), checked by a chi-square test at significance 1e-4. That
 enumeration is exactly lossless (test_verify.py checks it against the target's joint in
 float64); here the rules' arithmetic on the device in float32 must equal it to 1e-6.
@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fake_drafter import chi2_pvalue
 from test_verify import ALPHA, Instance, K, V, outcome_dist
 
-from blockdraft.evaluation.verify import (
+from blockdraft.decoding.verify import (
     block_stop_probs,
     block_weights,
     standard_accept_probs,
     verify_block,
     verify_standard,
 )
+from fake_drafter import chi2_pvalue
 
 DRAWS = 3000
 

@@ -26,7 +26,7 @@ import torch
 from device_guard import OffDeviceTensors
 
 from blockdraft.data.generation import SamplingSettings
-from blockdraft.models.testing import make_random_target
+from blockdraft.targets.testing import make_random_target
 from blockdraft.training.config import load_config
 from blockdraft.training.loop import train_step
 from blockdraft.training.synthetic import random_rollouts, synthetic_run
@@ -109,7 +109,7 @@ def test_bf16_step_equals_fp32_step(device, name):
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))
 def test_steps_make_no_large_tensor_off_the_device(device, name, monkeypatch):
-    import blockdraft.models.drafter as drafter_module
+    import blockdraft.drafters.dflash as drafter_module
 
     monkeypatch.setattr(drafter_module, "default_attention_impl", lambda _device: "tiled")
     loss, grads, off_device = step_gradient(device, name, bf16=True, guard=True)

@@ -121,7 +121,7 @@ def test_all_padded_batch_gives_zero_loss_and_bad_inputs_raise() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_fused_overlap_matches_reference_values_and_gradients(dtype) -> None:
-    """The fused overlap (`edr_fused`'s TV pass) against the chunked autograd reference,
+    """The fused overlap (`edr/acceptance.py`'s TV pass) against the chunked autograd reference,
     with a truncated target (zeros in p, as top-k leaves) and a temperature."""
     logits, p, _ = _case(n=4, k=5, v=11, seed=7)
     p = torch.where(p < 0.05, torch.zeros_like(p), p)

@@ -1,4 +1,4 @@
-"""The fused sampling-mode acceptance/TV cost (`edr_fused`) against the straightforward
+"""The fused sampling-mode acceptance/TV cost (`edr/acceptance.py`) against the straightforward
 autograd formula (`acceptance_and_cost(..., fused=False)`) and an inline formula written
 out here: values and gradients, float64, several chunkings, stop tokens, temperatures,
 target as logits or as (top-k truncated) probabilities, both cost forms."""
@@ -144,7 +144,7 @@ def test_target_with_gradient_uses_reference() -> None:
 def test_backward_with_kept_q_equals_recomputed_q(target_is_probs: bool) -> None:
     """The two memory layouts of the fused backward (q kept from forward for float32/64
     logits, q recomputed from the logits for bf16/fp16) give the same gradient."""
-    from blockdraft.objectives.edr_fused import _FusedSampling
+    from blockdraft.objectives.edr.acceptance import _FusedSampling
 
     draft, target, ids, grads = _inputs(13, shape=(6, 2), vocab=9, truncate=target_is_probs)
     stops = torch.tensor([0, 5])
@@ -190,8 +190,11 @@ def test_scores_with_gradient_moments_equal_autograd_of_the_reference(
     and `<dA/dz, dc/dz>` against autograd (rows are independent, so the gradient of a sum
     over rows gives every row's own gradient). Float64, a temperature, a truncated target
     (one row with all its mass on a stop token)."""
-    from blockdraft.objectives.edr_acceptance import _RowsFn
-    from blockdraft.objectives.edr_fused import scores_with_gradient_moments, stops_keep
+    from blockdraft.objectives.edr.acceptance import (
+        _RowsFn,
+        scores_with_gradient_moments,
+        stops_keep,
+    )
 
     g = torch.Generator().manual_seed(11)
     rows, vocab, temp = 13, 9, 0.7

@@ -239,7 +239,7 @@ def test_float32_inputs_keep_float64_occupancies_and_accurate_values() -> None:
         # float32 rounding of the final float64 result only
         assert bool(((g - w).abs() <= 2**-23 * w.abs() + 1e-30).all()), name
     # the reference torch loop in float32 arithmetic would not pass this
-    from blockdraft.objectives import edr_torch
+    from blockdraft.objectives.edr import reference as edr_torch
 
     starts32, _ = edr_torch.round_starts(acc.unsqueeze(0), torch.tensor([length]))
     rel = ((starts32[0].double() - want.round_start).abs() / want.round_start).max()
@@ -247,7 +247,7 @@ def test_float32_inputs_keep_float64_occupancies_and_accurate_values() -> None:
 
 
 def test_torch_fallback_when_numba_is_missing(monkeypatch) -> None:
-    from blockdraft.objectives import edr_recursion
+    from blockdraft.objectives.edr import recursion as edr_recursion
 
     gen = torch.Generator().manual_seed(9)
     acc, cost, lens = _ragged_batch(gen, [5, 9, 2], 3, torch.float64)
@@ -270,7 +270,8 @@ def test_single_rollout_fast_path_equals_general_path(dtype: torch.dtype, monkey
     as a batch of one, with autograd or with a cost of another dtype takes the general
     path, a column-major copy the lean path again (made C-contiguous): identical outputs,
     dtypes and shapes."""
-    from blockdraft.objectives import edr_kernels, edr_recursion
+    from blockdraft.objectives.edr import kernels as edr_kernels
+    from blockdraft.objectives.edr import recursion as edr_recursion
 
     calls: list[int] = []
     original = edr_kernels.occupancy_value_rollout

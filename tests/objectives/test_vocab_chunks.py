@@ -13,7 +13,7 @@ import torch
 from blockdraft.data.generation import SamplingSettings, sampling_logprobs
 from blockdraft.objectives.cross_entropy import token_logprobs
 from blockdraft.objectives.e2e import overlap, overlap_with_logits
-from blockdraft.objectives.edr_acceptance import acceptance_and_cost
+from blockdraft.objectives.edr.acceptance import acceptance_and_cost
 from blockdraft.training.draft_forward import chunked_token_logprobs
 from blockdraft.training.target_distributions import target_probs_for, target_sampling_probs
 

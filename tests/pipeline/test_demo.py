@@ -9,13 +9,26 @@ import json
 import pytest
 
 from blockdraft.cli import main
-from blockdraft.demo import DemoSettings
-from blockdraft.models.testing import make_random_target
+from blockdraft.pipeline.demo import DemoSettings
+from blockdraft.targets.testing import make_random_target
 
 SMALL = [
-    "--num-train-prompts", "12", "--num-eval-prompts", "6", "--max-new-tokens", "16",
-    "--online-prompts", "2", "--online-max-new-tokens", "12", "--epochs", "1",
-    "--batch-size", "4", "--num-anchors", "8",
+    "--num-train-prompts",
+    "12",
+    "--num-eval-prompts",
+    "6",
+    "--max-new-tokens",
+    "16",
+    "--online-prompts",
+    "2",
+    "--online-max-new-tokens",
+    "12",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "4",
+    "--num-anchors",
+    "8",
 ]
 
 
@@ -25,8 +38,13 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
     target.model.save_pretrained(tmp_path / "target")
     target.tokenizer.save_pretrained(tmp_path / "target")
     out = tmp_path / "demo"
-    common = ["--target", str(tmp_path / "target"), *SMALL,
-              "logging.progress=false", "logging.tensorboard=false"]
+    common = [
+        "--target",
+        str(tmp_path / "target"),
+        *SMALL,
+        "logging.progress=false",
+        "logging.tensorboard=false",
+    ]
     assert main(["demo", "--out", str(out), *common]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["block_size"] == 8 and report["temperature"] == DemoSettings().temperature

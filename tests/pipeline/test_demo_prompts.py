@@ -12,7 +12,7 @@ import pytest
 
 from blockdraft.data.prompts import load_prompts
 from blockdraft.data.stdlib_prompts import file_prompts, stdlib_files, stdlib_split_of
-from blockdraft.demo import DemoSettings
+from blockdraft.pipeline.demo import DemoSettings
 
 S = DemoSettings()
 

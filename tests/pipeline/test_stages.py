@@ -1,4 +1,4 @@
-from blockdraft.stages import Stage, fingerprint
+from blockdraft.pipeline.stages import Stage, fingerprint
 
 
 def test_stage_reused_only_with_same_inputs(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from trainkit import random_step_batch
 
-from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.e2e import overlap_with_logits
 from blockdraft.objectives.edr import acceptance_and_cost
 from blockdraft.objectives.registry import make_objective

@@ -13,9 +13,9 @@ import blockdraft.data.features as features_mod
 from blockdraft.data.feature_store import FeatureError, FeatureStore
 from blockdraft.data.features import plan_features, write_features
 from blockdraft.data.rollouts import RolloutSet
-from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-from blockdraft.models.testing import make_random_target
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
+from blockdraft.targets.testing import make_random_target
 from blockdraft.training import train
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
@@ -249,7 +249,7 @@ def test_interrupted_writer_resumes_to_identical_shards(
 
 
 def test_disk_formula_and_max_gb_guard(target, rollout_dirs, tmp_path, monkeypatch, capsys):
-    import blockdraft.models.registry as registry
+    import blockdraft.targets.registry as registry
     from blockdraft.cli import main
 
     rs = RolloutSet.open(rollout_dirs["greedy"])

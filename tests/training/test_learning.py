@@ -96,7 +96,7 @@ def test_semi_ar_and_reduced_vocab_drafters_learn(drafter, target, rollout_dirs,
     final = train(cfg, target=target)
     evals = _evals(cfg.run_dir)
     assert evals[-1] > evals[0] + 0.2, f"{drafter}: held-out MAL {evals[0]:.3f} -> {evals[-1]:.3f}"
-    from blockdraft.models.checkpoint import load_drafter
+    from blockdraft.serialization.checkpoint import load_drafter
 
     reloaded = load_drafter(final, target)
     assert reloaded.config.arch == drafter.get("arch", "dflash")

@@ -12,7 +12,7 @@ from trainkit import make_config, prompts_for
 from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
 from blockdraft.evaluation.scoring import score_rollouts
-from blockdraft.models.testing import make_random_target
+from blockdraft.targets.testing import make_random_target
 from blockdraft.training import train
 
 
@@ -34,7 +34,7 @@ def test_drafter_memorises_a_few_sequences_at_every_slot(tmp_path):
         optim={"lr": 3e-3, "batch_size": 4, "max_steps": 250, "warmup_steps": 10},
     )
     final = train(cfg, target=target)
-    from blockdraft.models.checkpoint import load_drafter
+    from blockdraft.serialization.checkpoint import load_drafter
 
     drafter = load_drafter(final, target).eval()
     rollouts = list(RolloutSet.open(tmp_path / "r"))

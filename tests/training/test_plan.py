@@ -74,8 +74,8 @@ def _cfg(**kw):
 def _step_parts(hidden, drafter_layers, block, batch, seq, anchors):  # type: ignore[no-untyped-def]
     """(target, DraftForward, AdamW, ids, anchors, labels) of a random training step
     (built inside the caller's LiveBytes, so their memory counts)."""
-    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-    from blockdraft.models.testing import make_random_target
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+    from blockdraft.targets.testing import make_random_target
     from blockdraft.training.draft_forward import DraftForward
 
     gen = torch.Generator().manual_seed(0)
@@ -219,7 +219,7 @@ def test_cli_plan_tiny_without_weights(capsys, monkeypatch):
     """`--plan` reads only the config (the tiny target is never built here)."""
     import argparse
 
-    import blockdraft.models.tiny as tiny
+    import blockdraft.targets.tiny as tiny
     from blockdraft.cli.train import register, run
 
     monkeypatch.setattr(tiny, "load_tiny_target", lambda *a, **k: pytest.fail("loaded weights"))
@@ -268,7 +268,7 @@ def _measured_sampled_edr_peak(hidden, block, seq, max_anchors) -> tuple[int, ob
     `training/synthetic.py`'s run) at the library's `num_anchors` (512), which EDR does
     not use: it drafts up to `objective.max_anchors` round starts."""
     from blockdraft.data.generation import SamplingSettings
-    from blockdraft.models.testing import make_random_target
+    from blockdraft.targets.testing import make_random_target
     from blockdraft.training.loop import train_step
     from blockdraft.training.synthetic import random_rollouts, synthetic_run
 
@@ -295,7 +295,7 @@ def _measured_sampled_edr_peak(hidden, block, seq, max_anchors) -> tuple[int, ob
 def test_sampled_edr_estimate_within_20_percent_of_measured_peak():
     """EDR's blocks are `objective.max_anchors` round starts, not `num_anchors` (the plan
     counted 512 blocks here: 8x the measured peak), and one process holds no whole
-    [rows, V] drafter logits (training/sampling_scores.py)."""
+    [rows, V] drafter logits (training/edr_step.py)."""
     measured, cfg, hf = _measured_sampled_edr_peak(hidden=128, block=16, seq=256, max_anchors=32)
     ratio = plan_memory(cfg, 1, "cpu", hf_config=hf).peak / measured
     assert 0.8 <= ratio <= 1.2, ratio

@@ -92,9 +92,7 @@ def test_a_full_disk_is_named_not_a_torch_traceback(tmp_path, monkeypatch):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
 
     monkeypatch.setattr(torch, "save", full)
-    monkeypatch.setattr(
-        shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 0)
-    )
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 0))
     path = tmp_path / "checkpoints" / "step-2"
     with pytest.raises(OSError) as info:
         ckpt.write_checkpoint_dir(
@@ -108,7 +106,7 @@ def test_a_full_disk_is_named_not_a_torch_traceback(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    from blockdraft.models.registry import load_target
+    from blockdraft.targets.registry import load_target
 
     root = tmp_path_factory.mktemp("local")
     model = save_local_model(root / "model")

@@ -30,7 +30,7 @@ def _free_port() -> int:
 
 
 def _drafter(target):
-    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 
     torch.manual_seed(3)
     cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5)

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    from blockdraft.models.registry import load_target
+    from blockdraft.targets.registry import load_target
 
     root = tmp_path_factory.mktemp("local")
     model = save_local_model(root / "model")  # max_position_embeddings 1024, vocab 375

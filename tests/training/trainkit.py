@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from blockdraft.data.prompts import Prompt
-from blockdraft.models.testing import make_random_target
+from blockdraft.targets.testing import make_random_target
 from blockdraft.training import config_from_dict
 
 HEAD_SCALE = 8.0
@@ -97,7 +97,7 @@ def random_step_batch(lengths: list[int]):  # type: ignore[no-untyped-def]
     """(target, 1-layer block-4 drafter, batch) of random rollouts with the given response
     lengths (5-token prompts), for micro-step tests on a tiny random Qwen3 target."""
     from blockdraft.data.rollout_store import Rollout
-    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
     from blockdraft.training.batching import collate
 
     torch.manual_seed(0)

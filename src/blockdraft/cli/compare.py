@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockdraft.report import comparison_table
+    from blockdraft.pipeline.report import comparison_table
 
     if len(args.drafters) < 2:
         print("error: compare needs at least two drafters", file=sys.stderr)

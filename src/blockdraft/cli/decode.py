@@ -129,7 +129,7 @@ def _prompts_and_settings(
 
 def _check_vs_hf(target: Any, no_ar: bool) -> None:
     """`--vs-hf` problems, raised before any decoding is spent."""
-    from blockdraft.evaluation.hf_generate import has_hf_generate
+    from blockdraft.decoding.hf_generate import has_hf_generate
 
     if not has_hf_generate(target):
         raise ValueError("--vs-hf: the target is not a Hugging Face model with generate()")
@@ -139,10 +139,10 @@ def _check_vs_hf(target: Any, no_ar: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from blockdraft.data.prompts import PromptError
-    from blockdraft.evaluation.online import decode
+    from blockdraft.decoding.loop import decode
 
     try:
-        from blockdraft.models.drafter_spec import checkpoint_of, load_drafter_spec
+        from blockdraft.serialization.drafter_spec import checkpoint_of, load_drafter_spec
 
         ckpt = checkpoint_of(args.drafter)  # a missing checkpoint fails before the target loads
         target = setup_target(args)
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             **result.to_dict(),
         }
         if args.vs_hf:
-            from blockdraft.evaluation.hf_generate import versus_hf
+            from blockdraft.decoding.hf_generate import versus_hf
 
             out.update(versus_hf(target, prompts, result.speedup, **settings))
         if rollouts is not None:

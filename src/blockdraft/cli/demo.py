@@ -12,8 +12,8 @@ from blockdraft.cli.arguments import (
     positive_int,
     seed_int,
 )
-from blockdraft.demo import DemoSettings, run_demo
 from blockdraft.heap import retain_freed_memory
+from blockdraft.pipeline.demo import DemoSettings, run_demo
 from blockdraft.threads import add_threads_arg, configure_cpu
 
 _HELP = {

@@ -42,8 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from blockdraft.models.checkpoint import resolve_checkpoint, verify_weights
-    from blockdraft.models.export import export_drafter, serve_commands, validate_for_serving
+    from blockdraft.serialization.checkpoint import resolve_checkpoint, verify_weights
+    from blockdraft.serialization.export import export_drafter, serve_commands, validate_for_serving
 
     ckpt = resolve_checkpoint(args.ckpt)
     if args.check:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     target = None
     if args.target:
-        from blockdraft.models.registry import load_target
+        from blockdraft.targets.registry import load_target
 
         target = load_target(args.target)
     try:

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.data.features import plan_features, write_features
     from blockdraft.data.rollout_store import RolloutError
     from blockdraft.devices import resolve_flags
-    from blockdraft.models.registry import load_target
+    from blockdraft.targets.registry import load_target
 
     device, dtype = resolve_flags(args.device, args.target_dtype)  # one-line error if bad
     try:

@@ -33,19 +33,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("runs", nargs="*", help="training run directories (with metrics.jsonl)")
     # one file per flag, repeatable: a greedy nargs would swallow the run directories
-    p.add_argument("--eval", action="append", default=[], metavar="JSON",
-                   help="a JSON file from `blockdraft eval --json` (repeatable)")
-    p.add_argument("--compare", action="append", default=[], metavar="JSON",
-                   help="a JSON file from `blockdraft compare --json` (repeatable)")
-    p.add_argument("--decode", action="append", default=[], metavar="JSON",
-                   help="a JSON file from `blockdraft decode --json` (repeatable)")
+    p.add_argument(
+        "--eval",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="a JSON file from `blockdraft eval --json` (repeatable)",
+    )
+    p.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="a JSON file from `blockdraft compare --json` (repeatable)",
+    )
+    p.add_argument(
+        "--decode",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="a JSON file from `blockdraft decode --json` (repeatable)",
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--title", default="blockdraft report")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockdraft.report import drafters_from_eval, write_report
+    from blockdraft.pipeline.report import drafters_from_eval, write_report
 
     try:
         drafters = [d for f in args.eval for d in drafters_from_eval(_load(f))]

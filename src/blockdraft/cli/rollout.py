@@ -134,7 +134,7 @@ def _load(args: argparse.Namespace, device: Any) -> Any:
     """The target; a bad name or path is a one-line UserError (the CLI handler prints it)."""
     from blockdraft.devices import resolve_dtype
     from blockdraft.errors import UserError
-    from blockdraft.models.registry import load_target
+    from blockdraft.targets.registry import load_target
 
     try:
         return load_target(

@@ -22,9 +22,9 @@ from blockdraft.evaluation.suite import (
     load_suite,
     run_suite,
 )
-from blockdraft.models.drafter_spec import checkpoint_of
-from blockdraft.report import suite_tables
-from blockdraft.report_plots import plot_suite
+from blockdraft.pipeline.report import suite_tables
+from blockdraft.pipeline.report_plots import plot_suite
+from blockdraft.serialization.drafter_spec import checkpoint_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -53,7 +53,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace):
-    from blockdraft.models.registry import load_target
+    from blockdraft.targets.registry import load_target
 
     return load_target(
         args.name,
@@ -64,7 +64,7 @@ def _load(args: argparse.Namespace):
 
 
 def _build(args: argparse.Namespace) -> int:
-    from blockdraft.models import gemma, registry, tiny
+    from blockdraft.targets import gemma, registry, tiny
 
     t0 = time.perf_counter()
     if args.name == registry.TINY:
@@ -98,7 +98,7 @@ def _summary(manifest: dict) -> dict:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from blockdraft.models.registry import target_fingerprint
+    from blockdraft.targets.registry import target_fingerprint
 
     t0 = time.perf_counter()
     target = _load(args)
@@ -184,7 +184,7 @@ def _generate_text(
 
 
 def _list(args: argparse.Namespace) -> int:
-    from blockdraft.models.registry import list_targets
+    from blockdraft.targets.registry import list_targets
 
     for t in list_targets():
         state = "ready" if t["ready"] else "not built"

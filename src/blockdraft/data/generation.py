@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from blockdraft.models.target import Target
 from blockdraft.sampling import SamplingSettings, sampling_logprobs
+from blockdraft.targets.target import Target
 
 __all__ = [
     "Generated",

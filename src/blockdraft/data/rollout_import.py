@@ -53,8 +53,8 @@ from blockdraft.data.rollouts import (
     write_shard,
 )
 from blockdraft.data.teacher_forcing import score_responses
-from blockdraft.models.target import Target
 from blockdraft.sampling import SamplingSettings
+from blockdraft.targets.target import Target
 
 ENGINE_ERROR = "the engine reported an error"
 NO_ROUND_TRIP = "text does not round-trip through the tokenizer"

@@ -39,9 +39,9 @@ from blockdraft.data.rollout_shards import (  # noqa: F401  (re-exported: the pu
     encode_shard,
 )
 from blockdraft.errors import BlockdraftError
-from blockdraft.models.registry import legacy_target_fingerprint
-from blockdraft.models.registry import target_fingerprint as registry_fingerprint
 from blockdraft.sampling import SamplingSettings
+from blockdraft.targets.registry import legacy_target_fingerprint
+from blockdraft.targets.registry import target_fingerprint as registry_fingerprint
 
 FORMAT = "blockdraft-rollouts"
 VERSION = 1

@@ -65,8 +65,8 @@ from blockdraft.data.rollout_store import (
     write_manifest,
 )
 from blockdraft.errors import BlockdraftError
-from blockdraft.models.target import Target
 from blockdraft.sampling import SamplingSettings, sampling_logprobs
+from blockdraft.targets.target import Target
 
 __all__ = [
     "Rollout",

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from blockdraft.models.target import Target
 from blockdraft.sampling import SamplingSettings, sampling_logprobs
+from blockdraft.targets.target import Target
 
 
 def score_responses(

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from blockdraft.evaluation.bootstrap import paired_ratio_replicates, percentile_interval, ratio_ci
-from blockdraft.objectives.edr_recursion import pad_rollouts, proposal_masks, state_occupancy
+from blockdraft.bootstrap import paired_ratio_replicates, percentile_interval, ratio_ci
+from blockdraft.objectives.edr.recursion import pad_rollouts, proposal_masks, state_occupancy
 
 Tensor = torch.Tensor
 

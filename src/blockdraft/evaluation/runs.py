@@ -7,7 +7,7 @@ parse arguments and print), also what the demo and notebooks call:
     result = evaluate(target, ["runs/dpace", "runs/edr", "ngram"], ["rollouts/heldout"])
 
 A drafter is given as a checkpoint directory, a run directory (its `final/`), or a spec
-(`ngram[:...]`, `hybrid:PATH`; `blockdraft.models.drafter_spec`). Checkpoints are scored
+(`ngram[:...]`, `hybrid:PATH`; `blockdraft.serialization.drafter_spec`). Checkpoints are scored
 with the target layers their own config records, so drafters trained with non-default
 `target.layer_ids` can be compared; acceptance tensors are cached per (drafter, target,
 rollouts, settings), so `compare` and `report` after `evaluate` cost nothing.
@@ -24,8 +24,8 @@ from typing import Any
 from blockdraft.data.rollout_store import RolloutSet, check_target
 from blockdraft.evaluation.offline import mal_ci, offline_stats, paired_comparison
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
-from blockdraft.models.checkpoint import resolve_checkpoint
-from blockdraft.models.drafter_spec import display_name, load_drafter_spec
+from blockdraft.serialization.checkpoint import resolve_checkpoint
+from blockdraft.serialization.drafter_spec import display_name, load_drafter_spec
 
 __all__ = [
     "benchmark_name",

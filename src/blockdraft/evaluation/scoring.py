@@ -43,11 +43,11 @@ from tqdm import tqdm
 
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollout_store import target_fingerprint
-from blockdraft.models.cache import cache_root
-from blockdraft.models.draft_vocab import target_to_draft
-from blockdraft.models.hybrid import HybridDrafter
-from blockdraft.models.ngram import NgramDrafter, future_tokens
+from blockdraft.drafters.draft_vocab import target_to_draft
+from blockdraft.drafters.hybrid import HybridDrafter
+from blockdraft.drafters.ngram import NgramDrafter, future_tokens
 from blockdraft.sampling import processed_probs
+from blockdraft.user_cache import cache_root
 
 SCORING_VERSION = "2"  # 2: scored in the draft vocabulary (sampling q may move by rounding)
 LOGIT_BUDGET = 1 << 24  # floats of drafter logits materialised at once (64 MB float32)

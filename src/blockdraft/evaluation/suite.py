@@ -21,16 +21,16 @@ import yaml
 from blockdraft.data.prompts import load_prompts
 from blockdraft.data.rollout_store import read_manifest
 from blockdraft.data.rollouts import generate_rollouts
+from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.errors import BlockdraftError
 from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.runs import drafter_names, load_scored
 from blockdraft.evaluation.suite_statistics import BenchmarkRounds, suite_statistics
-from blockdraft.models.cache import cache_root, stable_hash
-from blockdraft.models.checkpoint import read_config
-from blockdraft.models.drafter_spec import checkpoint_of
-from blockdraft.models.ngram import NgramDrafter
-from blockdraft.models.registry import target_fingerprint
 from blockdraft.sampling import SamplingSettings
+from blockdraft.serialization.checkpoint import read_config
+from blockdraft.serialization.drafter_spec import checkpoint_of
+from blockdraft.targets.registry import target_fingerprint
+from blockdraft.user_cache import cache_root, stable_hash
 
 SELECTIONS = ("first", "spread")
 _SUITE_KEYS = {"name", "data_dir", "baseline", "rollouts", "benchmarks"}

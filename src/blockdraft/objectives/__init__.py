@@ -1,17 +1,11 @@
 """Training objectives for block drafters: pure tensor math, no models.
 
 Block objectives weight a per-proposal cross-entropy (uniform, DFlash decay, D-PACE) or
-maximise a block-local accepted-length surrogate (E2E); EDR (in `edr.py`) scores whole
-rollouts. `make_objective(name, **params)` is the single entry point the trainer uses.
-
-The EDR functions are re-exported lazily (PEP 562 `__getattr__`) so importing this
-package never requires `edr.py` to exist or to import cleanly.
+maximise a block-local accepted-length surrogate (E2E); EDR (the `edr` package) scores
+whole rollouts. `make_objective(name, **params)` is the single entry point the trainer uses.
 """
 
 from __future__ import annotations
-
-import importlib
-from typing import Any
 
 from blockdraft.objectives.cross_entropy import (
     default_chunk_rows,
@@ -27,6 +21,15 @@ from blockdraft.objectives.e2e import (
     overlap,
     overlap_with_logits,
 )
+from blockdraft.objectives.edr import (
+    acceptance_and_cost,
+    edr_surrogate,
+    expected_rounds,
+    occupancy_and_value,
+    rounds_objective,
+    sample_round_starts,
+    sample_round_starts_uniformly,
+)
 from blockdraft.objectives.losses import (
     E2EObjective,
     EDRObjective,
@@ -37,24 +40,14 @@ from blockdraft.objectives.losses import (
 from blockdraft.objectives.registry import OBJECTIVE_NAMES, make_objective, objective_params
 from blockdraft.objectives.schedules import decay_weights, default_decay_gamma, uniform_weights
 
-_EDR_EXPORTS = (
+__all__ = [
     "acceptance_and_cost",
-    "rounds_objective",
+    "edr_surrogate",
     "expected_rounds",
     "occupancy_and_value",
-    "edr_surrogate",
+    "rounds_objective",
     "sample_round_starts",
     "sample_round_starts_uniformly",
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EDR_EXPORTS:
-        return getattr(importlib.import_module("blockdraft.objectives.edr"), name)
-    raise AttributeError(f"module 'blockdraft.objectives' has no attribute {name!r}")
-
-
-__all__ = [
     "DPACE_VARIANTS",
     "OBJECTIVE_NAMES",
     "E2EObjective",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from blockdraft.objectives.edr_fused import fused_sampling_acceptance
+from blockdraft.objectives.edr.acceptance import fused_sampling_acceptance
 from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows, fused_chunk_rows
 
 
@@ -74,7 +74,7 @@ def overlap_with_logits(
     held for the backward pass.
 
     `fused` (target without gradient): `sum_v min(p, q) = sum_v p - sum_v [p - q]_+`, and
-    the second sum is the TV cost that `edr_fused` computes in one pass with a closed-form
+    the second sum is the TV cost that `edr/acceptance.py` computes in one pass with a closed-form
     backward (times the mass `sum_v p`), instead of autograd re-running every chunk under
     checkpointing. `fused=False` runs `_OverlapOfLogits`, the reference the tests compare
     against."""
@@ -82,8 +82,10 @@ def overlap_with_logits(
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     chunk = check_chunk_rows(chunk_rows, target_probs.shape[-1])
-    if fused and target_probs.numel() and not (
-        torch.is_grad_enabled() and target_probs.requires_grad
+    if (
+        fused
+        and target_probs.numel()
+        and not (torch.is_grad_enabled() and target_probs.requires_grad)
     ):
         rows = fused_chunk_rows(chunk_rows, target_probs.shape[-1], draft_logits.device)
         return _fused_overlap(target_probs, draft_logits, rows, temperature)
@@ -93,7 +95,7 @@ def overlap_with_logits(
 def _fused_overlap(
     p: torch.Tensor, logits: torch.Tensor, chunk_rows: int, temperature: float
 ) -> torch.Tensor:
-    """`sum_v min(p, q)` as `M (1 - c)`, c = `sum_v [p - q]_+ / M` from `edr_fused` (no
+    """`sum_v min(p, q)` as `M (1 - c)`, c = `sum_v [p - q]_+ / M` from `edr/acceptance.py` (no
     stop tokens), M = `sum_v p` (> 0 for a distribution; the kernel clamps it the same)."""
     vocab = p.shape[-1]
     flat_p, flat_logits = p.reshape(-1, vocab), logits.reshape(-1, vocab)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from blockdraft.objectives import edr
 from blockdraft.objectives.cross_entropy import weighted_cross_entropy
 from blockdraft.objectives.e2e import (
     e2e_from_overlap,
@@ -108,9 +109,7 @@ class WeightedCEObjective(Objective):
         super().__init__(name, params)
         self._weight_fn = weight_fn
 
-    def loss(
-        self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None
-    ) -> LossOutput:
+    def loss(self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None) -> LossOutput:
         _check_block_inputs(logq, mask)
         weights = self._weight_fn(logq.detach(), mask)
         weights = torch.where(
@@ -129,9 +128,7 @@ class E2EObjective(Objective):
 
     needs_target_distribution = True
 
-    def loss(
-        self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None
-    ) -> LossOutput:
+    def loss(self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None) -> LossOutput:
         """`overlap` [N,K] (differentiable `sum_v min(p, q)`) may replace the two full
         distributions; for a greedy target it is just `q(x)`, which avoids `[N,K,V]`."""
         _check_block_inputs(logq, mask)
@@ -197,8 +194,6 @@ class EDRObjective(Objective):
         **kwargs: Any,
     ):
         """`edr.acceptance_and_cost` with this objective's mode (other options passed on)."""
-        from blockdraft.objectives import edr
-
         return edr.acceptance_and_cost(
             draft_logits, target, target_ids, mode=self.edr_mode, **kwargs
         )
@@ -207,13 +202,9 @@ class EDRObjective(Objective):
         self, round_start_occupancy: torch.Tensor, generator: torch.Generator | None = None
     ):
         """`edr.sample_round_starts` with this objective's `max_anchors`."""
-        from blockdraft.objectives import edr
-
         return edr.sample_round_starts(round_start_occupancy, self.max_anchors, generator)
 
     def rounds_loss(self, acceptance, cost, inclusion_weights=None) -> LossOutput:
-        from blockdraft.objectives import edr  # lazy: edr.py is developed separately
-
         acceptance, cost = list(acceptance), list(cost)
         if not acceptance:
             raise ValueError("rounds_loss needs at least one rollout")

@@ -39,7 +39,7 @@ CPU_FUSED_CHUNK_BYTES = 1 << 20
 
 
 def fused_chunk_rows(chunk_rows: int | None, vocab_size: int, device: torch.device) -> int:
-    """Rows per chunk for the fused vocabulary kernels (`edr_fused`): `chunk_rows`, or by
+    """Rows per chunk for the fused vocabulary kernels (`edr/acceptance.py`): `chunk_rows`, or by
     default `check_chunk_rows`' budget, capped on CPU at `CPU_FUSED_CHUNK_BYTES` per
     buffer (at least 8 rows).
 

@@ -33,7 +33,7 @@ def map_to_draft_vocab(
     draft_ids = getattr(drafter, "draft_ids", None)
     if draft_ids is None:
         return labels, labels >= 0
-    from blockdraft.models.draft_vocab import target_to_draft
+    from blockdraft.drafters.draft_vocab import target_to_draft
 
     table = target_to_draft(draft_ids.to(labels.device), int(drafter.config.vocab_size))
     mapped = torch.where(labels >= 0, table[labels.clamp_min(0)], torch.full_like(labels, -1))
@@ -101,7 +101,7 @@ def chunked_token_logprobs(
 def _is_plain_parallel(drafter: nn.Module) -> bool:
     """A drafter whose logits are just `hidden @ head_weight.T` (no Markov head, no softcap),
     so `log q(label)` can be chunked over the vocabulary."""
-    from blockdraft.models.semi_ar import SemiARDrafter
+    from blockdraft.drafters.semi_ar import SemiARDrafter
 
     return not isinstance(drafter, SemiARDrafter) and not drafter.config.final_logit_softcapping
 

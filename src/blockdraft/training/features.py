@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_set_id, truncated_span
-from blockdraft.models.target import TargetOutput
+from blockdraft.targets.target import TargetOutput
 from blockdraft.training.batching import Batch
 from blockdraft.training.setup import TrainSetupError
 

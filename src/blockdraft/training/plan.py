@@ -2,7 +2,7 @@
 
 Why: a run that does not fit finds out after minutes of loading an 8B target on every
 rank. Every term below is a count of the tensors the code creates, written from reading
-it (target forward in `models/target.py`, `forward_blocks` in `models/drafter.py` and
+it (target forward in `targets/target.py`, `forward_blocks` in `drafters/dflash.py` and
 `layers.py`, the attention paths of `block_attention.py`, the chunked cross-entropy of
 `objectives/cross_entropy.py`, AdamW, DDP/FSDP2), not a fit; `tests/training/test_plan.py`
 checks the CPU estimate against the live tensor bytes of small CPU runs (within 20%).
@@ -32,9 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from blockdraft.models.block_attention import TILE_QUERIES
-from blockdraft.models.target import default_layer_ids
+from blockdraft.drafters.block_attention import TILE_QUERIES
 from blockdraft.objectives.cross_entropy import MAX_KEPT_PROBS_BYTES, default_chunk_rows
+from blockdraft.targets.target import default_layer_ids
 
 GiB = 1 << 30
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -145,7 +145,7 @@ def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
     if name == "tiny":
         from transformers import Qwen3Config
 
-        from blockdraft.models.tiny import TinyConfig
+        from blockdraft.targets.tiny import TinyConfig
 
         c = TinyConfig()
         return Qwen3Config(
@@ -308,7 +308,7 @@ def _sampled_distribution_bytes(
     the target vocabulary, or a reduced draft vocabulary + 2 (`draft_space.py`). EDR's
     gradient pass has up to `objective.max_anchors` round starts per rollout (its no-grad
     scoring pass, chunked the same, runs before it). Sampling EDR in one process runs its
-    LM head inside checkpointed row chunks (`training/sampling_scores.py`): of these it
+    LM head inside checkpointed row chunks (`training/edr_step.py`): of these it
     holds only the target probabilities whole."""
     edr = cfg.objective.name == "edr"
     anchors = min(cfg.objective.max_anchors if edr else cfg.num_anchors, T)

@@ -37,7 +37,7 @@ def load_target_for(cfg: TrainConfig, device: torch.device):
     elsewhere (CPU bf16 matmuls are slow and the tests compare in fp32).
     """
     from blockdraft.devices import resolve_dtype
-    from blockdraft.models.registry import load_target
+    from blockdraft.targets.registry import load_target
 
     kwargs: dict[str, Any] = {"device": device, "progress": cfg.logging.progress}
     kwargs["dtype"] = resolve_dtype(cfg.target.dtype, device)
@@ -200,9 +200,9 @@ def dpace_profile_args(cfg: TrainConfig) -> tuple[float, str]:
 
 def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.device):
     """A fresh drafter (seeded) or the `drafter.init_from` checkpoint, bound to the target."""
-    from blockdraft.models.checkpoint import load_drafter
-    from blockdraft.models.drafter import BlockDrafter, DrafterConfig
-    from blockdraft.models.semi_ar import SemiARDrafter
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+    from blockdraft.drafters.semi_ar import SemiARDrafter
+    from blockdraft.serialization.checkpoint import load_drafter
 
     d = cfg.drafter
     if d.init_from:
@@ -230,7 +230,7 @@ def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.de
     torch.manual_seed(cfg.seed)
     drafter = (SemiARDrafter if d.arch == "semi_ar" else BlockDrafter)(dcfg)
     if d.draft_vocab_size is not None:
-        from blockdraft.models.draft_vocab import most_frequent_tokens
+        from blockdraft.drafters.draft_vocab import most_frequent_tokens
 
         ids = most_frequent_tokens(
             (torch.cat([r.prompt_ids, r.response_ids]) for r in train.rollouts),

@@ -1,7 +1,7 @@
 """Checkpoints a run can be resumed from exactly, written so a crash never corrupts one.
 
 A checkpoint directory holds the drafter (`model.safetensors` + `config.json`, written by
-`blockdraft.models.checkpoint.save_drafter`), `trainer_state.pt` (optimizer, scheduler
+`blockdraft.serialization.checkpoint.save_drafter`), `trainer_state.pt` (optimizer, scheduler
 and RNG states: only tensors and plain containers, loaded with `weights_only=True`),
 `trainer_state.json` (step, best MAL, data position: human-readable) and `run.yaml` (the
 resolved config with package version and git sha).
@@ -212,7 +212,7 @@ def checkpoint_problem(path: Path) -> str | None:
                 return problem
         return None
     try:
-        from blockdraft.models.checkpoint import verify_weights
+        from blockdraft.serialization.checkpoint import verify_weights
 
         verify_weights(path)
         with zipfile.ZipFile(path / STATE_PT) as z:

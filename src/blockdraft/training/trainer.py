@@ -385,7 +385,7 @@ class _RunIO:
         barrier(self.ctx)
 
     def _write(self, step: int, kind: str, model, optim_state: dict | None) -> None:
-        from blockdraft.models.checkpoint import save_drafter
+        from blockdraft.serialization.checkpoint import save_drafter
 
         cfg, run_dir = self.cfg, self.run_dir
         path = {

@@ -1,0 +1,390 @@
+"""Real speculative decoding at batch 1: a target with a KV cache plus a block drafter.
+
+The loop (METHODS.md §0, docs/architecture.md indexing):
+
+1. Prefill the prompt (length P): the target gives x_1 and the features of positions
+   0..P-1, which become the drafter's context. x_1 is not a drafting round.
+2. A round with anchor x_n at sequence index a: the drafter (context = positions < a)
+   proposes K tokens; one target forward over `[x_n, y_1..y_K]` (positions a..a+K) gives
+   the K+1 verification distributions; the verifier accepts m proposals and adds one
+   token (correction or bonus). The round emits m+1 tokens.
+3. Cut the target cache back to a+m+1 positions (anchor + accepted proposals; the new
+   anchor is not fed yet), append the features of positions a..a+m to the drafter
+   context (strictly before the new anchor at a+m+1), and repeat.
+
+Stop tokens and `max_new_tokens` truncate the output; a round crossing either emits only
+what fits, and tau counts what was emitted, so it is comparable with the offline MAL of
+the same rollouts (which ends the last round at the end of the rollout).
+
+Distributions: the target's p is `processed_probs` at the sampling settings; the
+drafter's q is the *same* processing of the drafter's logits (temperature, top-k, top-p),
+which is also what `scoring.py` uses, so online tau and offline MAL measure one thing.
+For a semi-AR drafter the slots are drafted one by one through `compute_logits` with the
+previously drafted token (its Markov head); a parallel drafter drafts all K at once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
+from blockdraft.decoding.cpu.packed_linear import packed_linears
+from blockdraft.decoding.result import (
+    DecodeResult,
+    Progress,
+    StepStats,
+    Trace,
+    tau_and_ci,
+)
+from blockdraft.decoding.steps import (
+    DecodeClock,
+    GreedyDraftHead,
+    NgramIndex,
+    TargetRunner,
+    draft_block,
+    is_ngram,
+    one_hot_like,
+    pick_token,
+    proposals_per_round,
+)
+from blockdraft.decoding.timing import alternate_timed
+from blockdraft.decoding.verify import verify_block, verify_onehot, verify_standard
+from blockdraft.drafters.lookup_inputs import lookup_rule
+from blockdraft.sampling import processed_probs, settings_of
+
+VERIFIERS = ("standard", "block")
+
+
+@torch.inference_mode()
+def ar_generate(
+    target: Any,
+    prompt_ids: Sequence[int],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int = 64,
+    generator: torch.Generator | None = None,
+    stats: StepStats | None = None,
+    lean: bool = True,
+) -> list[int]:
+    """Plain autoregressive decoding: the baseline every speedup is measured against.
+
+    It does what HF `generate` does per token and no more (last-row logits only, no
+    hidden states, inference mode), so it is at least as fast (bench/decode.py); a small
+    target takes the same lean forward as the speculative loop (`lean=False`: the HF
+    forward, for the bench)."""
+    stops = set(target.stop_token_ids)
+    run = TargetRunner(target, lean=lean)
+    t0 = time.perf_counter()
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)
+    out = run.step(ids)
+    tok = pick_token(out.logits[-1], temperature, top_p, top_k, generator)
+    t1 = time.perf_counter()
+    tokens = [tok]
+    step = torch.empty((1, 1), dtype=torch.long, device=target.device)
+    while tok not in stops and len(tokens) < max_new_tokens:
+        step.fill_(tok)
+        out = run.step(step, out.cache)
+        tok = pick_token(out.logits[-1], temperature, top_p, top_k, generator)
+        tokens.append(tok)
+    if stats is not None:
+        t2 = time.perf_counter()
+        stats.prefill_s += t1 - t0
+        stats.steps += len(tokens) - 1
+        stats.step_s += t2 - t1
+    return tokens
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: Any,
+    drafter: Any,
+    prompt_ids: Sequence[int],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int = 64,
+    generator: torch.Generator | None = None,
+    verifier: str = "standard",
+) -> Trace:
+    """Speculative decoding of one prompt; see the module docstring for the loop.
+
+    `drafter` is a neural drafter (inference interface of docs/architecture.md) or an
+    n-gram drafter (`propose(tokens) -> list`, no features, one-hot q). `Trace.seconds`
+    splits the time into prefill, draft (drafter forward / lookup), target (verification
+    forward), verify (acceptance test and sampling) and other (cache crop and
+    bookkeeping); the drafter's context extension counts as draft. On CPU the target's
+    and drafter's fp32 linears run few-row products with packed weights while the loop
+    runs (decoding/cpu/packed_linear.py)."""
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}: use one of {VERIFIERS}")
+    if not prompt_ids:
+        raise ValueError("speculative decoding needs a non-empty prompt")
+    run = TargetRunner(target)
+    model = target.model if run.hf and run.lean is None else None
+    neural = drafter if isinstance(drafter, nn.Module) else None
+    with packed_linears(model, neural) as (target_packed, _):
+        if target_packed:
+            run.use_packed_weights()
+        return _speculative_loop(
+            run, target, drafter, prompt_ids, temperature, top_p, top_k,
+            max_new_tokens, generator, verifier,
+        )  # fmt: skip
+
+
+def _speculative_loop(
+    run: TargetRunner,
+    target: Any,
+    drafter: Any,
+    prompt_ids: Sequence[int],
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    max_new_tokens: int,
+    generator: torch.Generator | None,
+    verifier: str,
+) -> Trace:
+    greedy = temperature == 0
+    ngram = is_ngram(drafter)
+    verify = verify_standard if verifier == "standard" else verify_block
+    stops = set(target.stop_token_ids)
+    dev = target.device
+    trace = Trace(list(prompt_ids))  # holds prompt + output while decoding; output at the end
+    clock = DecodeClock(trace.seconds)
+    ids = torch.tensor([trace.tokens], dtype=torch.long, device=dev)
+    out = run.step(ids, keep=1, features=not ngram, croppable=True)
+    first = pick_token(out.logits[-1], temperature, top_p, top_k, generator)
+    trace.tokens.append(first)
+    plen = len(prompt_ids)
+    clock.lap("prefill")
+    if first in stops or max_new_tokens <= 1:
+        trace.tokens = trace.tokens[plen:]
+        return trace
+    cache = out.cache
+    block_lookup = None
+    if ngram:
+        index = NgramIndex(drafter)
+    else:
+        head = GreedyDraftHead.of(drafter) if greedy and GreedyDraftHead.applies(drafter) else None
+        # a hybrid drafter (drafters/hybrid.py) also looks the verified text up, per round
+        lookup = NgramIndex(drafter.ngram) if hasattr(drafter, "use_lookup") else None
+        # ... and a lookup_inputs drafter reads the lookup in its block
+        if getattr(getattr(drafter, "config", None), "lookup_inputs", False):
+            block_lookup = NgramIndex(lookup_rule(drafter.config.num_proposals))
+        # a small plain drafter at T = 0: context update and block in one lean pass
+        plain = head is not None and lookup is None and block_lookup is None
+        context = (LeanDrafter.of(drafter) if plain else None) or drafter
+        state = context.new_state()
+        context.extend_context(state, out.features, 0)
+    anchor, a = first, plen  # anchor token and its sequence index
+    clock.lap("prefill")
+    while True:
+        # --- draft -------------------------------------------------------------------
+        q = None
+        if block_lookup is not None:
+            state.lookup = block_lookup.propose(trace.tokens)
+        if ngram:
+            prop_list = index.propose(trace.tokens)
+            k = len(prop_list)
+        elif lookup is not None:
+            looked_up = lookup.propose(trace.tokens)
+            proposals, q = drafter.draft_block(
+                state, anchor, a, looked_up, temperature, top_p, top_k, generator
+            )
+            k = proposals.shape[0]
+        elif head is not None:
+            proposals = head.pick(context.draft_hidden(state, anchor, a))
+            k = proposals.shape[0]
+        else:
+            proposals, q = draft_block(
+                drafter, state, anchor, a, temperature, top_p, top_k, generator
+            )
+            k = proposals.shape[0]
+        clock.lap("draft")
+        if ngram:
+            block_buf = torch.tensor([[anchor, *prop_list]], dtype=torch.long, device=dev)
+        else:
+            block_buf = torch.empty((1, k + 1), dtype=torch.long, device=dev)
+            block_buf[0, 0] = anchor
+            block_buf[0, 1:] = proposals
+        clock.lap("other")
+        # --- verify ------------------------------------------------------------------
+        out = run.step(block_buf, cache, keep=k + 1, features=not ngram, argmax=greedy)
+        clock.lap("target")
+        if greedy:
+            best = out.argmax()  # [k+1]: the one host read of the round
+            props = prop_list if ngram else block_buf[0, 1:].tolist()
+            m = next((j for j in range(k) if props[j] != best[j]), k)
+            new = props[:m] + [best[m]]
+        else:
+            p = processed_probs(out.logits, temperature, top_p, top_k)
+            if ngram:
+                y = block_buf[0, 1:]
+                verdict = (
+                    verify_onehot(y, p, generator)
+                    if verifier == "standard" or k == 0
+                    else verify(y, one_hot_like(y, p), p, generator)
+                )
+                props = prop_list
+            else:
+                verdict = verify(proposals, q.to(p.dtype), p, generator)
+                props = proposals.tolist()
+            m = verdict.accepted
+            new = props[:m] + [verdict.token]
+        clock.lap("verify")
+        # --- bookkeeping ---------------------------------------------------------------
+        new = new[: max_new_tokens - (len(trace.tokens) - plen)]
+        hit = next((j for j, t in enumerate(new) if t in stops), None)
+        if hit is not None:
+            new = new[: hit + 1]
+        trace.tokens.extend(new)
+        trace.accepted.append(m)
+        trace.emitted.append(len(new))
+        if hit is not None or len(trace.tokens) - plen >= max_new_tokens:
+            clock.lap("other")
+            trace.tokens = trace.tokens[plen:]
+            return trace
+        run.crop(cache, a + m + 1)
+        if not ngram:
+            if state.length > a:  # a drafter that cached anything beyond the verified context
+                state.crop(a)
+            clock.lap("other")
+            context.extend_context(state, out.features[:, : m + 1], a)
+            clock.lap("draft")  # the drafter's context K/V are part of its forward work
+        anchor, a = new[-1], a + m + 1
+        clock.lap("other")
+
+
+def decode(
+    target: Any,
+    drafter: Any,
+    prompts_ids: Sequence[Sequence[int]],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    verifier: str = "standard",
+    measure_ar: bool = True,
+    warmup: bool = True,
+    progress: bool = False,
+    callback: Callable[[Progress], None] | None = None,
+) -> DecodeResult:
+    """Speculative decoding of every prompt, with autoregressive decoding of the same
+    prompts timed alternately (AR, spec, AR, spec, ...) for the wall-clock speedup.
+
+    Each prompt i uses its own generators seeded from (seed, i), so a prompt's output
+    does not depend on the others or on whether the AR baseline runs. `progress` shows
+    a tqdm bar (prompts done, tokens/s, running tau); `callback(Progress)` is called
+    after every prompt (the demo's online stage uses it for its own log line).
+    """
+    settings_of(temperature, top_p, top_k)  # validate up front
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not prompts_ids:
+        raise ValueError("no prompts to decode")
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}: use one of {VERIFIERS}")
+    kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
+
+    def gen(i: int, stream: int) -> torch.Generator:
+        # on the target's device: uniforms are drawn where the probabilities live, with no
+        # host round trip per draw (CPU runs keep their streams: a CPU generator)
+        device = torch.device(getattr(target, "device", "cpu"))
+        device = device if device.type == "cuda" else torch.device("cpu")
+        return torch.Generator(device=device).manual_seed(seed * 1_000_003 + 2 * i + stream)
+
+    if warmup:  # first calls pay one-off allocation/dispatch costs; keep them out of timing
+        small = dict(kw, max_new_tokens=min(max_new_tokens, 4))
+        ar_generate(target, prompts_ids[0], generator=gen(0, 1), **small)
+        speculative_generate(
+            target, drafter, prompts_ids[0], generator=gen(0, 0), verifier=verifier, **small
+        )
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(prompts_ids), desc="decoding", unit="prompt", leave=False)
+    traces: list[Trace] = []
+    ar_outputs: list[list[int]] = []
+    ar_stats = StepStats() if measure_ar else None
+    spec_s = ar_s = 0.0
+    spec_tokens = ar_tokens = 0
+    for i, prompt in enumerate(prompts_ids):
+        jobs: dict[str, Callable[[], Any]] = {}
+        if measure_ar:
+            jobs["ar"] = partial(
+                ar_generate, target, prompt, generator=gen(i, 1), stats=ar_stats, **kw
+            )
+        jobs["spec"] = partial(
+            speculative_generate,
+            target,
+            drafter,
+            prompt,
+            generator=gen(i, 0),
+            verifier=verifier,
+            **kw,
+        )
+        results, seconds = alternate_timed(jobs)
+        traces.append(results["spec"])
+        spec_s += seconds["spec"]
+        spec_tokens += len(results["spec"].tokens)
+        if measure_ar:
+            ar_outputs.append(results["ar"])
+            ar_s += seconds["ar"]
+            ar_tokens += len(results["ar"])
+        if bar is not None or callback is not None:
+            rounds = sum(len(t.emitted) for t in traces)
+            info = Progress(
+                done=i + 1,
+                total=len(prompts_ids),
+                tokens_per_s=spec_tokens / max(spec_s, 1e-12),
+                tau=sum(sum(t.emitted) for t in traces) / rounds if rounds else math.nan,
+                ar_tokens_per_s=ar_tokens / max(ar_s, 1e-12) if measure_ar else None,
+            )
+            if bar is not None:
+                post = {"tok/s": f"{info.tokens_per_s:.1f}", "tau": f"{info.tau:.2f}"}
+                if info.ar_tokens_per_s is not None:
+                    post["AR tok/s"] = f"{info.ar_tokens_per_s:.1f}"
+                bar.set_postfix(post, refresh=False)
+                bar.update(1)
+            if callback is not None:
+                callback(info)
+    if bar is not None:
+        bar.close()
+
+    k = proposals_per_round(drafter)
+    hist = [0] * (k + 2)
+    phase: dict[str, float] = {}
+    for t in traces:
+        for e in t.emitted:
+            hist[e] += 1
+        for name, sec in t.seconds.items():
+            phase[name] = phase.get(name, 0.0) + sec
+    emitted = [t.emitted for t in traces]
+    tau, ci = tau_and_ci(emitted, seed=seed)
+    tps = spec_tokens / max(spec_s, 1e-12)
+    ar_tps = ar_tokens / max(ar_s, 1e-12) if measure_ar else None
+    return DecodeResult(
+        outputs=[t.tokens for t in traces],
+        rounds_accepted=[t.accepted for t in traces],
+        rounds_emitted=emitted,
+        tau=tau,
+        tau_ci95=ci,
+        histogram=hist,
+        tokens_per_s=tps,
+        ar_tokens_per_s=ar_tps,
+        speedup=(tps / ar_tps) if ar_tps else None,
+        ar_outputs=ar_outputs if measure_ar else None,
+        settings=dict(kw, seed=seed, verifier=verifier, num_proposals=k),
+        seconds=phase,
+        ar_stats=ar_stats,
+    )

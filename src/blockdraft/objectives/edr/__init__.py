@@ -1,0 +1,140 @@
+"""EDR: Expected Decoding Rounds (METHODS.md §2) -- the public import point.
+
+The implementation is split by concern:
+- `edr/acceptance.py`: per-proposal acceptance A and immediate cost c from logits;
+- `edr/recursion.py`: occupancy / value recursions, the exact objective and its slow
+  autograd reference (`rounds_objective`);
+- `edr/round_starts.py`: round-start (anchor) sub-sampling with inverse-inclusion weights;
+- this module: the TD-form training loss `edr_surrogate`.
+
+Layout of one rollout of L response tokens: `acceptance[n-1, h-1]` / `cost[n-1, h-1]`
+(`[L-1, K]`) for proposal h of the round starting at n (token x_{n+h}); batched forms
+take `[B, L_max-1, K]` plus `lengths [B]`. See `edr/recursion.py` for the exact objective.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from blockdraft.objectives.edr.acceptance import (
+    COST_FORMS,
+    MODES,
+    acceptance_and_cost,
+    greedy_soft_from_logprobs,
+)
+from blockdraft.objectives.edr.recursion import (
+    OccupancyValue,
+    as_batch,
+    expected_rounds,
+    occupancy_and_value,
+    pad_rollouts,
+    proposal_masks,
+    rounds_objective,
+    state_occupancy,
+)
+from blockdraft.objectives.edr.round_starts import (
+    dense_row_weights,
+    gradient_sizes,
+    greedy_gradient_moments,
+    inclusion_probabilities,
+    round_start_candidates,
+    sample_round_starts,
+    sample_round_starts_uniformly,
+)
+
+Tensor = torch.Tensor
+REDUCTIONS = ("sum", "mean", "none")
+
+
+def edr_surrogate(
+    acceptance: Tensor,
+    cost: Tensor,
+    row_weights: Tensor | None = None,
+    *,
+    lengths: Tensor | None = None,
+    reduction: str = "sum",
+    inclusion_weights: Tensor | None = None,
+) -> Tensor:
+    """TD-form EDR loss whose gradient equals that of the exact rounds objective J.
+
+    Per decision state `(n, t)` with t < L it adds
+    `sg(omega_{n,t}) * (c_{n,t} + A_{n,t} * sg(V_{n,t+1} - V_{t,t+1}))` (paper Thm. 2),
+    where V_{n,t+1} is the value of the next proposal state, or of the bonus state
+    (`1 + V_{t+1,t+2}`) after proposal K; both values are 0 once t+1 = L, so the last
+    live proposal of a rollout only gets the immediate-cost gradient. omega and V come
+    from `occupancy_and_value` on detached inputs, so no gradient flows through the
+    recursions. A detached offset makes the *value* exact as well: without weights the
+    result equals J (the expected number of rounds when `c = 1 - A`).
+
+    `row_weights` (`[L-1]`, or `[B, L-1]` for batches; alias `inclusion_weights`) weights
+    each round-start row, e.g. `1/pi` on rows drawn by `sample_round_starts` and 0
+    elsewhere: value and gradient are then Horvitz-Thompson estimates of J and its
+    gradient (each row carries its share `row_value` of J; J's leading 1 is added
+    unweighted), unbiased over the draw.
+    Rows with weight 0 need valid detached inputs but their gradient is never used.
+
+    Returns a scalar for one rollout; for batches `reduction` picks sum/mean over
+    rollouts or the per-rollout `[B]` values (`"none"`)."""
+    if inclusion_weights is not None:
+        if row_weights is not None:
+            raise ValueError("pass row_weights or its alias inclusion_weights, not both")
+        row_weights = inclusion_weights
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    acc, cst, lengths, single = as_batch(acceptance, cost, lengths)
+    assert cst is not None
+    batch, rows, k = acc.shape
+    state = occupancy_and_value(acc, cst, lengths)
+    _, live = proposal_masks(lengths, rows, k)
+    zero = torch.zeros((), dtype=acc.dtype, device=acc.device)
+    acc, cst = torch.where(live, acc, zero), torch.where(live, cst, zero)
+
+    # the recursions are float64; the loss terms need only the input dtype
+    omega, td = state.occupancy[..., :k].to(acc.dtype), state.td.to(acc.dtype)
+    terms = omega * (cst + acc * td)
+    row_td = terms.sum(-1)
+    row_loss = row_td - row_td.detach() + state.row_value.to(acc.dtype)
+    if row_weights is not None:
+        weights = torch.as_tensor(row_weights, device=acc.device).detach().to(acc.dtype)
+        expected = (rows,) if single else (batch, rows)
+        if weights.shape != expected:
+            raise ValueError(
+                f"row_weights must have shape {expected} (dense, 0 = row not sampled), "
+                f"got {tuple(weights.shape)}"
+            )
+        if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
+            raise ValueError("row_weights must be finite and non-negative")
+        row_loss = row_loss * weights.view(batch, rows)
+    # J's leading 1 (the first round, certain for L >= 2) is charged to no row, so it is
+    # never re-weighted and rows without gradient (the last one) can stay unsampled
+    per_rollout = row_loss.sum(-1) + (lengths >= 2).to(row_loss.dtype)
+    if single:
+        return per_rollout[0]
+    if reduction == "sum":
+        return per_rollout.sum()
+    if reduction == "mean":
+        return per_rollout.mean()
+    return per_rollout
+
+
+__all__ = [
+    "COST_FORMS",
+    "MODES",
+    "OccupancyValue",
+    "REDUCTIONS",
+    "acceptance_and_cost",
+    "greedy_soft_from_logprobs",
+    "dense_row_weights",
+    "gradient_sizes",
+    "greedy_gradient_moments",
+    "edr_surrogate",
+    "expected_rounds",
+    "inclusion_probabilities",
+    "occupancy_and_value",
+    "pad_rollouts",
+    "round_start_candidates",
+    "rounds_objective",
+    "sample_round_starts",
+    "sample_round_starts_uniformly",
+    "state_occupancy",
+]

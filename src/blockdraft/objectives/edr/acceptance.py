@@ -1,0 +1,446 @@
+"""Per-proposal acceptance A and immediate cost c of EDR (METHODS.md §2), from logits.
+
+Modes: `"sampling"` (lossless speculative sampling, `A = min(1, q(x)/p(x))`, TV cost),
+`"greedy_hard"` (`A = 1[argmax q = x]`, evaluation) and `"greedy_soft"` (`A = q(x)`, the
+greedy-EDR training relaxation); at a realised stop token the cost is 0. The readable
+per-row formula (`_RowsFn`) and the fused single pass with an analytic backward
+(`fused_sampling_acceptance`, what training runs) sit side by side so the tests compare
+one with the other. Definitions and the backward's derivation: docs/methods.md, "EDR".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows, fused_chunk_rows
+
+Tensor = torch.Tensor
+MODES = ("sampling", "greedy_hard", "greedy_soft")
+COST_FORMS = ("tv", "realised")
+
+
+def _check(draft_logits: Tensor, target: Tensor | None, target_ids: Tensor, mode: str) -> None:
+    if mode not in MODES:
+        hint = (
+            " ('greedy' is ambiguous: pick greedy_hard or greedy_soft)" if mode == "greedy" else ""
+        )
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}{hint}")
+    if draft_logits.dim() < 2:
+        raise ValueError(f"draft_logits must be [..., K, V], got shape {tuple(draft_logits.shape)}")
+    if target_ids.shape != draft_logits.shape[:-1]:
+        raise ValueError(
+            f"target_ids {tuple(target_ids.shape)} must match draft_logits "
+            f"{tuple(draft_logits.shape)} without V"
+        )
+    if (
+        target_ids.dtype.is_floating_point
+        or target_ids.dtype.is_complex
+        or target_ids.dtype == torch.bool
+    ):
+        raise ValueError(f"target_ids must be integer token ids, got dtype {target_ids.dtype}")
+    vocab = draft_logits.shape[-1]
+    if target_ids.numel() and (int(target_ids.min()) < 0 or int(target_ids.max()) >= vocab):
+        raise ValueError(
+            f"target_ids must lie in [0, {vocab}), "
+            f"got range [{int(target_ids.min())}, {int(target_ids.max())}]"
+        )
+    if mode == "sampling":
+        if target is None:
+            raise ValueError("sampling mode needs the target distribution (logits or probs)")
+        if target.shape != draft_logits.shape:
+            raise ValueError(
+                f"target {tuple(target.shape)} must match draft_logits {tuple(draft_logits.shape)}"
+            )
+
+
+def _stop_mask(target_ids: Tensor, stop_token_ids: Sequence[int]) -> Tensor:
+    stops = torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=target_ids.device)
+    if stops.numel() == 0:
+        return torch.zeros_like(target_ids, dtype=torch.bool)
+    return torch.isin(target_ids.long(), stops)
+
+
+def acceptance_and_cost(
+    draft_logits: Tensor,
+    target: Tensor | None,
+    target_ids: Tensor,
+    *,
+    mode: str = "sampling",
+    temperature: float = 1.0,
+    target_is_probs: bool = False,
+    stop_token_ids: Sequence[int] = (),
+    cost_form: str = "tv",
+    chunk_rows: int | None = None,
+    fused: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Acceptance `A` and immediate cost `c` for each proposal (module docstring).
+
+    Computed `chunk_rows` proposals at a time (`row_chunks`: None = ~64 MB of float32 per
+    chunk), so no full `[..., V]` float32 intermediate exists and autograd keeps none;
+    the same values and gradients as one pass.
+
+    `fused` (sampling mode, target without gradient): `edr/acceptance.py`'s single pass with a
+    closed-form backward instead of autograd through the formula below; same values and
+    gradients up to rounding, fewer `[.., V]` passes. `fused=False` runs the
+    straightforward formula (`_RowsFn`), the reference the tests compare against.
+
+    `temperature` divides the draft logits (the drafter's sampling distribution) and, if
+    `target` is given as logits, the target logits too; pass `target_is_probs=True` with
+    already processed target probabilities (top-k/top-p etc.). `target` may be None in
+    the greedy modes. Gradients flow into `draft_logits` (and into `target` if it
+    requires grad)."""
+    _check(draft_logits, target, target_ids, mode)
+    if cost_form not in COST_FORMS:
+        raise ValueError(f"cost_form must be one of {', '.join(COST_FORMS)}, got {cost_form!r}")
+    if mode != "greedy_hard" and not temperature > 0:
+        raise ValueError(f"temperature must be > 0 for mode {mode!r}, got {temperature!r}")
+    stop_token_ids = [int(s) for s in stop_token_ids]
+    bad = [s for s in stop_token_ids if not 0 <= s < draft_logits.shape[-1]]
+    if bad:
+        raise ValueError(
+            f"stop_token_ids {bad} are outside the vocabulary [0, {draft_logits.shape[-1]})"
+        )
+    dtype = torch.promote_types(draft_logits.dtype, torch.float32)
+    stop = _stop_mask(target_ids, stop_token_ids)
+    zero = torch.zeros((), dtype=dtype, device=draft_logits.device)
+
+    if mode == "greedy_hard":
+        acc = (draft_logits.argmax(-1) == target_ids.long()).to(dtype)
+        return acc, torch.where(stop, zero, 1 - acc)
+
+    vocab = draft_logits.shape[-1]
+    keep = None
+    if stop_token_ids and mode == "sampling" and cost_form == "tv":
+        keep = torch.ones(vocab, dtype=torch.bool, device=draft_logits.device)
+        keep[torch.as_tensor(stop_token_ids, dtype=torch.long, device=keep.device)] = False
+    rows = check_chunk_rows(chunk_rows, vocab)
+    fused_rows = fused_chunk_rows(chunk_rows, vocab, draft_logits.device)
+    flat_target = target.reshape(-1, vocab) if mode == "sampling" and target is not None else None
+    flat = [draft_logits.reshape(-1, vocab), flat_target, target_ids.reshape(-1).long()]
+    if (
+        fused
+        and mode == "sampling"
+        and flat_target is not None
+        and not (torch.is_grad_enabled() and flat_target.requires_grad)
+    ):
+        stops = None
+        if keep is not None:
+            stops = torch.as_tensor(stop_token_ids, dtype=torch.long, device=keep.device)
+        outs = fused_sampling_acceptance(
+            flat[0],
+            flat_target,
+            flat[2],
+            temperature=temperature,
+            target_is_probs=target_is_probs,
+            stops=stops,
+            want_cost=cost_form == "tv",
+            chunk_rows=fused_rows,
+        )
+    else:
+        rows_fn = _RowsFn(mode, dtype, temperature, target_is_probs, cost_form, keep)
+        outs = by_row_chunks(rows_fn, flat, rows)
+    outs = tuple(o.reshape(target_ids.shape) for o in outs)
+    if mode == "greedy_soft":
+        return greedy_soft_from_logprobs(outs[0], target_ids, stop_token_ids)
+    acc = outs[0]
+    if cost_form == "realised":
+        return acc, torch.where(stop, zero, 1 - acc)
+    return acc, torch.where(stop, zero, outs[1].clamp(max=1.0))
+
+
+class _RowsFn:
+    """The per-row maths of `acceptance_and_cost` on `[rows, V]` chunks (`row_chunks`):
+    greedy_soft -> `log q(x)`; sampling -> `A` (and the TV cost unless realised)."""
+
+    def __init__(
+        self,
+        mode: str,
+        dtype: torch.dtype,
+        temperature: float,
+        target_is_probs: bool,
+        cost_form: str,
+        keep: Tensor | None,
+    ) -> None:
+        self.mode, self.dtype, self.temperature = mode, dtype, temperature
+        self.target_is_probs, self.cost_form, self.keep = target_is_probs, cost_form, keep
+
+    def __call__(
+        self, logits: Tensor, target: Tensor | None, ids: Tensor
+    ) -> Tensor | tuple[Tensor, ...]:
+        dtype, idx = self.dtype, ids.unsqueeze(-1)
+        logq = torch.log_softmax(logits.to(dtype) / self.temperature, dim=-1)
+        logq_x = logq.gather(-1, idx).squeeze(-1)
+        if self.mode == "greedy_soft":
+            return logq_x
+        assert target is not None
+        if self.target_is_probs:
+            p = target.to(dtype)
+            logp_x = p.gather(-1, idx).squeeze(-1).clamp_min(torch.finfo(dtype).tiny).log()
+        else:
+            logp = torch.log_softmax(target.to(dtype) / self.temperature, dim=-1)
+            p = logp.exp()
+            logp_x = logp.gather(-1, idx).squeeze(-1)
+        # min(1, q/p) in log space; p(x) = 0 cannot happen for a token sampled from p.
+        acc = torch.exp(torch.clamp(logq_x - logp_x, max=0.0))
+        if self.cost_form == "realised":
+            return (acc,)
+        gap = (p - logq.exp()).clamp_min(0)
+        mass = p
+        if self.keep is not None:
+            gap, mass = gap * self.keep, p * self.keep
+        return acc, gap.sum(-1) / mass.sum(-1).clamp_min(torch.finfo(dtype).tiny)
+
+
+def greedy_soft_from_logprobs(
+    logq_x: Tensor, target_ids: Tensor, stop_token_ids: Sequence[int] = ()
+) -> tuple[Tensor, Tensor]:
+    """Greedy-soft `A = q(x)`, `c = 1 - A` (0 at stop tokens) from `log q(x)` alone.
+
+    Why: against a greedy target only the drafter's probability of the realised token
+    matters, so callers that already have `log q(x)` (e.g. from a vocabulary-chunked
+    cross-entropy) need not materialise `[..., K, V]` logits, which at a 262k vocabulary
+    is gigabytes per batch.
+    """
+    acc = logq_x.exp()
+    stop = _stop_mask(target_ids, stop_token_ids)
+    return acc, torch.where(stop, torch.zeros((), dtype=acc.dtype, device=acc.device), 1 - acc)
+
+
+# ---- the fused sampling-mode pass: the values and gradients of `_RowsFn`, fewer passes
+# over [rows, V], an analytic backward (docs/methods.md, "EDR") ----
+
+
+def _q_and_p(
+    logits: Tensor,
+    target: Tensor,
+    temperature: float,
+    target_is_probs: bool,
+    dtype: torch.dtype,
+    out: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """`(q, log q, p, log p or None)` for one row chunk, computed as the reference does
+    (log-softmax, then exp) so that forward and backward see the same numbers; `q` is
+    written into `out` if given."""
+    q = torch.div(logits.to(dtype), temperature, out=out)
+    logq = torch.log_softmax(q, dim=-1)
+    torch.exp(logq, out=q)
+    return (q, logq, *_p(target, temperature, target_is_probs, dtype))
+
+
+def _p(
+    target: Tensor, temperature: float, target_is_probs: bool, dtype: torch.dtype
+) -> tuple[Tensor, Tensor | None]:
+    """`(p, log p or None)` of one row chunk, as the reference computes them."""
+    if target_is_probs:
+        return target.to(dtype), None
+    logp = torch.log_softmax(target.to(dtype) / temperature, dim=-1)
+    return logp.exp(), logp
+
+
+def _acceptance_terms(
+    logq: Tensor, p: Tensor, logp: Tensor | None, idx: Tensor, tiny: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`(log q(x), p(x), A, a)` of one row chunk, `A = exp(min(0, log q_x - log p_x))` and
+    `a = A 1[log q_x <= log p_x]` (dJ/dlog q(x) per unit dJ/dA, autograd's clamp
+    convention), shared by the fused forward and the gradient sampler's scoring pass."""
+    logq_x = logq.gather(-1, idx).squeeze(-1)
+    p_x = p.gather(-1, idx).squeeze(-1)
+    logp_x = p_x.clamp_min(tiny).log() if logp is None else logp.gather(-1, idx).squeeze(-1)
+    diff = logq_x - logp_x
+    acc = torch.exp(diff.clamp(max=0.0))
+    zero = torch.zeros((), dtype=acc.dtype, device=acc.device)
+    return logq_x, p_x, acc, torch.where(diff <= 0, acc, zero)
+
+
+class _FusedSampling(torch.autograd.Function):
+    """`(A, c)` (or `(A,)` when `want_cost` is False) for `[N, V]` logits and target."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        logits: Tensor,
+        target: Tensor,
+        ids: Tensor,
+        temperature: float,
+        target_is_probs: bool,
+        stops: Tensor | None,
+        want_cost: bool,
+        chunk_rows: int,
+        keep_q: bool,
+    ) -> tuple[Tensor, ...]:
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        rows, vocab = logits.shape
+        tiny = torch.finfo(dtype).tiny
+        new = lambda: torch.empty(rows, dtype=dtype, device=logits.device)  # noqa: E731
+        acc, coef = new(), new()  # coef = A * 1[active]: dJ/dlog q(x) per unit dJ/dA
+        cost, masses = (new(), new()) if want_cost else (None, None)
+        keep = None if stops is None or not want_cost else stops_keep(stops, vocab, dtype)
+        q_all = torch.empty((rows, vocab), dtype=dtype, device=logits.device) if keep_q else None
+        for lo in range(0, rows, chunk_rows):
+            hi = min(lo + chunk_rows, rows)
+            idx = ids[lo:hi].unsqueeze(-1)
+            q, work, p, logp = _q_and_p(
+                logits[lo:hi],
+                target[lo:hi],
+                temperature,
+                target_is_probs,
+                dtype,
+                None if q_all is None else q_all[lo:hi],
+            )
+            # work: log q until reused below
+            _, _, acc[lo:hi], coef[lo:hi] = _acceptance_terms(work, p, logp, idx, tiny)
+            if not want_cost:
+                continue
+            assert cost is not None and masses is not None
+            # the reference's (p * keep).sum(-1) and (gap * keep).sum(-1), bit for bit
+            mass = p.sum(-1) if keep is None else torch.mul(p, keep, out=work).sum(-1)
+            gap = torch.sub(p, q, out=work).clamp_min_(0)
+            if keep is not None:
+                gap.index_fill_(1, stops, 0.0)  # == gap * keep: gap is finite
+            mass = mass.clamp_min(tiny)
+            cost[lo:hi] = gap.sum(-1) / mass
+            masses[lo:hi] = mass
+        ctx.temperature, ctx.chunk_rows, ctx.want_cost = temperature, chunk_rows, want_cost
+        ctx.target_is_probs, ctx.stops = target_is_probs, stops
+        ctx.save_for_backward(logits if q_all is None else q_all, target, ids, coef, masses)
+        ctx.q_saved, ctx.logits_dtype = q_all is not None, logits.dtype
+        return (acc, cost) if want_cost else (acc,)
+
+    @staticmethod
+    def backward(ctx, grad_acc: Tensor | None, grad_cost: Tensor | None = None):  # type: ignore[override]
+        logits, target, ids, coef, masses = ctx.saved_tensors  # logits: q if q_saved
+        rows, vocab = logits.shape
+        dtype, temp = coef.dtype, ctx.temperature
+        grad = torch.empty((rows, vocab), dtype=ctx.logits_dtype, device=logits.device)
+        # dJ/dlog q(x), and below dJ/dq, with d(z / T)/dz = 1 / T folded in (no [.., V] pass)
+        g_l = torch.zeros_like(coef) if grad_acc is None else grad_acc.to(dtype) * coef / temp
+        use_cost = ctx.want_cost and grad_cost is not None
+        direct = grad.dtype == dtype  # else: computed in `dtype`, then cast into `grad`
+        for lo in range(0, rows, ctx.chunk_rows):
+            hi = min(lo + ctx.chunk_rows, rows)
+            if ctx.q_saved:
+                q, g = logits[lo:hi], torch.empty_like(logits[lo:hi])
+                p = _p(target[lo:hi], temp, ctx.target_is_probs, dtype)[0]
+            else:
+                q, g, p, _ = _q_and_p(
+                    logits[lo:hi], target[lo:hi], temp, ctx.target_is_probs, dtype
+                )
+            gl = g_l[lo:hi]
+            out = grad[lo:hi] if direct else g
+            if use_cost:  # g = dJ/dq = -gc / M * 1[p - q >= 0, v not in S]
+                scale = (-grad_cost[lo:hi].to(dtype) / (masses[lo:hi] * temp)).unsqueeze(-1)
+                g.copy_(torch.ge(p, q)).mul_(scale)  # p >= q <=> p - q >= 0
+                if ctx.stops is not None:
+                    g.index_fill_(1, ctx.stops, 0.0)
+                dot = (q * g).sum(-1)  # <q, dJ/dq>
+                torch.mul(g.sub_((dot + gl).unsqueeze(-1)), q, out=out)
+            else:
+                torch.mul(q, -gl.unsqueeze(-1), out=out)
+            out.scatter_add_(1, ids[lo:hi].unsqueeze(-1), gl.unsqueeze(-1))
+            if not direct:
+                grad[lo:hi] = out
+        return grad, None, None, None, None, None, None, None, None
+
+
+def stops_keep(stops: Tensor, vocab: int, dtype: torch.dtype) -> Tensor:
+    """`[V]` 1.0 outside the stop set, 0.0 on it (the reference's `keep` as a factor)."""
+    keep = torch.ones(vocab, dtype=dtype, device=stops.device)
+    return keep.index_fill_(0, stops, 0.0)
+
+
+def fused_sampling_acceptance(
+    logits: Tensor,
+    target: Tensor,
+    ids: Tensor,
+    *,
+    temperature: float,
+    target_is_probs: bool,
+    stops: Tensor | None,
+    want_cost: bool,
+    chunk_rows: int,
+) -> tuple[Tensor, ...]:
+    """`(A, c_tv)` (or `(A,)`) for `[N, V]` logits, target and `[N]` ids, `chunk_rows`
+    rows of `[.., V]` work at a time; `c_tv` before the stop-token zeroing and the
+    clamp at 1 that `acceptance_and_cost` applies. The target gets no gradient."""
+    # keep q (instead of the logits) for backward when backward will run and q is no
+    # bigger than the logits: no recomputation, and the same memory (module docstring)
+    keep_q = (
+        torch.is_grad_enabled()
+        and logits.requires_grad
+        and logits.dtype == torch.promote_types(logits.dtype, torch.float32)
+    )
+    return _FusedSampling.apply(
+        logits,
+        target.detach(),
+        ids,
+        temperature,
+        target_is_probs,
+        stops,
+        want_cost,
+        chunk_rows,
+        keep_q,
+    )
+
+
+@torch.no_grad()
+def scores_with_gradient_moments(
+    logits: Tensor,
+    target: Tensor,
+    ids: Tensor,
+    *,
+    temperature: float,
+    target_is_probs: bool,
+    stops: Tensor | None,
+    chunk_rows: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`(A [N], c [N], moments [N, 3])` without gradient: A and the TV cost as
+    `fused_sampling_acceptance` computes them (c before the stop-token zeroing and the
+    clamp), and per row `||dA/dz||^2`, `||dc/dz||^2` and `<dA/dz, dc/dz>`, z the logits,
+    in one pass over the vocabulary (the `gradient` sampler's scoring pass).
+
+    Why: with the TD terms the moments give the norm of each proposal's share of the EDR
+    gradient in logit space, `||omega (dc/dz + td dA/dz)||`, which the `gradient`
+    round-start sampler uses as PPS sizes (`edr.round_starts.gradient_sizes`). From the
+    closed forms of the backward above, with G = 1[p >= q, v not in S], s = <q, G>,
+    Q = <q, q>, Q_G = <q^2, G>, a = A 1[log q_x <= log p_x], M the mass outside S:
+    dA/dz = a (e_x - q) / T and dc/dz = -q (G - s) / (M T), so
+    `||dA/dz||^2 = a^2 (1 - 2 q_x + Q) / T^2`, `||dc/dz||^2 = ((1 - 2 s) Q_G + s^2 Q) /
+    (M T)^2` and `<dA/dz, dc/dz> = -a (q_x (G_x - s) - Q_G + s Q) / (M T^2)`. G is taken
+    as `(1 + sign(p - q)) / 2` (float passes; boolean masks cost several times more on
+    CPU), which is 1/2 only where p = q exactly: a tie changes the sizes, never the
+    estimate's mean."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    rows, vocab = logits.shape
+    tiny = torch.finfo(dtype).tiny
+    acc, cost = (torch.empty(rows, dtype=dtype, device=logits.device) for _ in range(2))
+    out = torch.empty((rows, 3), dtype=dtype, device=logits.device)
+    t = temperature
+    for lo in range(0, rows, chunk_rows):
+        hi = min(lo + chunk_rows, rows)
+        idx = ids[lo:hi].unsqueeze(-1)
+        q, logq, p, logp = _q_and_p(logits[lo:hi], target[lo:hi], t, target_is_probs, dtype)
+        logq_x, p_x, acc[lo:hi], a = _acceptance_terms(logq, p, logp, idx, tiny)
+        q_x = logq_x.exp()
+        g_x = (p_x >= q_x).to(dtype)
+        gap = torch.sub(p, q, out=logq)  # logq's memory is free now
+        if stops is not None:
+            gap.index_fill_(1, stops, 0.0)  # outside S only (the reference's gap * keep)
+            g_x = g_x * (~torch.isin(ids[lo:hi], stops)).to(dtype)
+            p = p.index_fill(1, stops, 0.0)
+        mass = p.sum(-1).clamp_min(tiny)
+        cost[lo:hi] = gap.clamp_min(0).sum(-1) / mass
+        sign = gap.sign_()  # 2 G - 1
+        if stops is not None:
+            sign.index_fill_(1, stops, -1.0)  # G = 0 on S
+        qs = sign.mul_(q)  # q (2 G - 1) (sums, not einsum: its batched dot runs as a slow bmm)
+        big_q = torch.linalg.vector_norm(q, dim=-1) ** 2
+        s = (q.sum(-1) + qs.sum(-1)) / 2
+        q_g = (big_q + qs.mul_(q).sum(-1)) / 2  # qs now holds q^2 (2 G - 1)
+        out[lo:hi, 0] = (a / t) ** 2 * (1 - 2 * q_x + big_q)
+        # divided step by step: (M T)^2 underflows to 0 when M is clamped to `tiny` (all
+        # target mass on stop tokens), where the numerators are 0
+        out[lo:hi, 1] = ((1 - 2 * s) * q_g + s**2 * big_q) / mass / mass / t**2
+        out[lo:hi, 2] = -a * (q_x * (g_x - s) - q_g + s * big_q) / mass / t**2
+    return acc, cost, out

@@ -1,0 +1,364 @@
+"""The results report: PNG figures plus one markdown summary that embeds them.
+
+`write_report` takes plain data so any caller can use it:
+
+- `drafters`: offline results, one dict per (drafter, benchmark): `name`, `benchmark`,
+  `mal`, `mal_ci95`, `expected_rounds`, `ar_k`, `t_ge_k` (what `blockdraft eval --json`
+  writes; `drafters_from_eval` flattens that file);
+- `comparisons`: paired comparisons (`blockdraft compare --json`): `benchmark`, `a`, `b`,
+  `mal_a`, `mal_b`, `diff`, `diff_ci95`, `rel_gain`, `rel_gain_ci95`;
+- `training_logs`: run name -> path of a `metrics.jsonl` (or of its run directory);
+- `online`: drafter name -> `blockdraft decode --json` results (`tau`, `tau_ci95`,
+  `histogram`, `tokens_per_s`, `ar_tokens_per_s`, `speedup`, optionally `offline_mal`
+  and `offline_mal_ci95` for the online/offline agreement check, and the demo's
+  `speedup_vs_hf` / `hf_tokens_per_s`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from blockdraft.pipeline.report_plots import (
+    plot_acceptance_rates,
+    plot_accepted_histogram,
+    plot_training_curves,
+    plot_weight_profiles,
+)
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:.{nd}f}" if isinstance(x, (int, float)) else str(x)
+
+
+def _ci(ci: Sequence[float] | None, nd: int = 3, unit: str = "") -> str:
+    return f"[{_fmt(ci[0], nd)}{unit}, {_fmt(ci[1], nd)}{unit}]" if ci else "–"
+
+
+def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], int]:
+    """Events of a `metrics.jsonl` (a file or a run directory) and the number of bad lines.
+
+    Malformed lines (e.g. a line cut by a crash) are skipped and counted, not fatal: a
+    report of a long run should not be lost to its last half-written line.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no training log at {path}")
+    events, bad = [], 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(ev, dict) and isinstance(ev.get("step"), (int, float)):
+            events.append(ev)
+        else:
+            bad += 1
+    return events, bad
+
+
+def training_series(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """(step, value) series of eval MAL and loss, and the D-PACE profile per logged step."""
+
+    def series(key: str) -> list[tuple[int, float]]:
+        return [
+            (int(e["step"]), float(e[key])) for e in events if isinstance(e.get(key), (int, float))
+        ]
+
+    profile = [
+        (int(e["step"]), [float(v) for v in e["dpace_weight_profile"]])
+        for e in events
+        if isinstance(e.get("dpace_weight_profile"), list)
+    ]
+    return {"eval_mal": series("eval_mal"), "loss": series("loss"), "profile": profile}
+
+
+def drafters_from_eval(eval_json: dict[str, Any]) -> list[dict[str, Any]]:
+    """Flatten `blockdraft eval --json` output into the `drafters` list of `write_report`."""
+    out = []
+    for bench in eval_json.get("benchmarks", []):
+        for d in bench.get("drafters", []):
+            out.append({**d, "benchmark": bench.get("name", "")})
+    return out
+
+
+def offline_table(drafters: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown rows of offline results: MAL, CI, E[rounds] and every AR_k."""
+    k_max = max((len(d.get("ar_k", [])) for d in drafters), default=0)
+    shown = list(range(k_max))  # every proposal slot: AR_1..AR_K for the drafters' own K
+    head = (
+        "| benchmark | drafter | MAL | 95% CI | E[rounds] | "
+        + " | ".join(f"AR_{k + 1}" for k in shown)
+        + " |"
+    )
+    lines = [head, "|" + "---|" * (5 + len(shown))]
+    for d in drafters:
+        ar = d.get("ar_k", [])
+        cells = [_fmt(ar[k], 2) if k < len(ar) else "–" for k in shown]
+        lines.append(
+            f"| {d.get('benchmark', '')} | {d['name']} | {_fmt(d['mal'])} | "
+            f"{_ci(d.get('mal_ci95'))} | "
+            f"{_fmt(d.get('expected_rounds'), 1)} | " + " | ".join(cells) + " |"
+        )
+    return lines
+
+
+def eval_markdown(result: dict[str, Any]) -> str:
+    """The table `blockdraft eval` prints, from its JSON-ready result."""
+    return "\n".join(offline_table(drafters_from_eval(result)))
+
+
+def comparison_table(comparisons: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown rows of paired comparisons (B - A on the same rollouts)."""
+    lines = [
+        "| benchmark | A | B | MAL A | MAL B | B - A | 95% CI | rel. gain | 95% CI |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        rel = c.get("rel_gain")
+        rel_ci = c.get("rel_gain_ci95")
+        lines.append(
+            f"| {c.get('benchmark', '')} | {c['a']} | {c['b']} | {_fmt(c['mal_a'])} | "
+            f"{_fmt(c['mal_b'])} | "
+            f"{_fmt(c['diff'], 4)} | {_ci(c.get('diff_ci95'), 4)} | "
+            f"{_fmt(100 * rel, 2) + '%' if rel is not None else '–'} | "
+            f"{_ci([100 * v for v in rel_ci], 2, '%') if rel_ci else '–'} |"
+        )
+    return lines
+
+
+def _agrees(o: dict[str, Any]) -> str:
+    """Do online tau and offline MAL agree (overlapping 95% CIs)?"""
+    t_ci, m_ci = o.get("tau_ci95"), o.get("offline_mal_ci95")
+    if not t_ci or not m_ci or any(v is None or math.isnan(v) for v in (*t_ci, *m_ci)):
+        return "–"
+    return "yes" if t_ci[0] <= m_ci[1] and m_ci[0] <= t_ci[1] else "**no**"
+
+
+def _online_table(online: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [
+        "| drafter | tau | 95% CI | offline MAL | 95% CI | agree | tok/s | vs AR loop "
+        "| vs HF generate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, o in online.items():
+        vs_hf = o.get("speedup_vs_hf")
+        lines.append(
+            f"| {name} | {_fmt(o.get('tau'))} | {_ci(o.get('tau_ci95'))} | "
+            f"{_fmt(o.get('offline_mal'))} | "
+            f"{_ci(o.get('offline_mal_ci95'))} | {_agrees(o)} | {_fmt(o.get('tokens_per_s'), 1)} | "
+            f"{_fmt(o.get('speedup'), 2)}x | {_fmt(vs_hf, 2) + 'x' if vs_hf else '–'} |"
+        )
+    return lines
+
+
+def _baseline_line(online: dict[str, dict[str, Any]]) -> str:
+    """Our AR loop's and HF generate's tokens/s (the two speedup columns' baselines)."""
+    first = next(iter(online.values()), {})
+    ar, hf = first.get("ar_tokens_per_s"), first.get("hf_tokens_per_s")
+    if not ar or not hf:
+        return f"Our autoregressive loop: {_fmt(ar, 1)} tok/s (HF `generate` not timed)."
+    return (
+        f"HF `generate`: {hf:.1f} tok/s; our autoregressive loop: {ar:.1f} tok/s "
+        f"({ar / hf:.2f}x HF), timed alternately on the same prompts."
+    )
+
+
+def _trained_with_dpace(metrics_path: str | Path) -> bool:
+    """Whether the run whose metrics.jsonl this is used a D-PACE objective (from its
+    run.yaml; True when that cannot be read, so nothing is hidden by mistake)."""
+    import yaml
+
+    try:
+        run_dir = Path(metrics_path) if Path(metrics_path).is_dir() else Path(metrics_path).parent
+        cfg = yaml.safe_load((run_dir / "run.yaml").read_text()) or {}
+        name = str(cfg["objective"]["name"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return True
+    return name.startswith("dpace")
+
+
+def write_report(
+    out_dir: str | Path,
+    drafters: list[dict[str, Any]],
+    comparisons: list[dict[str, Any]],
+    training_logs: dict[str, str | Path],
+    online: dict[str, dict[str, Any]],
+    title: str = "blockdraft report",
+) -> Path:
+    """Write the PNGs and `report.md` into `out_dir`; return the markdown path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md = [f"# {title}", ""]
+    notes: list[str] = []
+
+    if drafters:
+        plot_acceptance_rates(drafters, out / "acceptance_rates.png")
+        md += [
+            "## Offline evaluation (exact expectations on fixed target rollouts)",
+            "",
+            "MAL = tokens emitted by drafting rounds / expected rounds; "
+            "CI: bootstrap over rollouts.",
+            "",
+        ]
+        md += offline_table(drafters) + [
+            "",
+            "![per-position acceptance rates](acceptance_rates.png)",
+            "",
+        ]
+    if comparisons:
+        md += (
+            ["## Paired comparisons (same rollouts, bootstrap 95% CI)", ""]
+            + comparison_table(comparisons)
+            + [""]
+        )
+    if online:
+        plot_accepted_histogram(online, out / "accepted_lengths.png")
+        md += [
+            "## Online speculative decoding",
+            "",
+            "tau = tokens emitted by drafting rounds / drafting rounds (prefill token excluded); "
+            "offline MAL: the same drafter's exact expectation on the same prompts at the same "
+            "length (equal to tau at T = 0); *agree*: their 95% CIs overlap. vs AR loop: "
+            "wall-clock tokens/s against our autoregressive decoding of the same target, timed "
+            "alternately in one run; vs HF generate: that ratio times our AR loop's own ratio "
+            "to HF `generate`, also timed alternately.",
+            "",
+            _baseline_line(online),
+            "",
+        ]
+        md += _online_table(online) + ["", "![accepted length histogram](accepted_lengths.png)", ""]
+    if training_logs:
+        curves, profiles = {}, {}
+        for name, path in training_logs.items():
+            events, bad = read_metrics(path)
+            if bad:
+                notes.append(f"{name}: skipped {bad} malformed line(s) in its metrics.jsonl")
+            series = training_series(events)
+            curves[name] = series
+            if _trained_with_dpace(path):  # other objectives log the profile as a diagnostic
+                profiles[name] = series["profile"]
+        plot_training_curves(curves, out / "training_curves.png")
+        md += ["## Training", "", "![training curves](training_curves.png)", ""]
+        if any(profiles.values()):
+            plot_weight_profiles(profiles, out / "dpace_weight_profile.png")
+            md += [
+                "D-PACE weight profile (mean normalised weight per block slot) over training:",
+                "",
+                "![D-PACE weight profile](dpace_weight_profile.png)",
+                "",
+            ]
+    if notes:
+        md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    path = out / "report.md"
+    path.write_text("\n".join(md))
+    return path
+
+
+def terminal_summary(report: dict[str, Any]) -> str:
+    """The demo's `report.json` as a plain-text table for the terminal."""
+    lines = [
+        f"target={report['target']}  block_size={report['block_size']}  "
+        f"T={report['temperature']}  rollouts={report['rollouts']}",
+        "",
+        f"{'drafter':<8} {'MAL offline':>12} {'95% CI':>16} {'tau online':>11} "
+        f"{'(offline)':>10} {'vs AR':>7} {'vs HF':>7}",
+    ]
+    for d in report["drafters"]:
+        lo, hi = d["mal_offline_ci95"]
+        tau = f"{d['tau_online']:.3f}" if d["tau_online"] is not None else "-"
+        same = d.get("mal_offline_online_prompts")
+        same = f"({same:.3f})" if same is not None else "-"
+        sp = f"{d['speedup']:.2f}x" if d["speedup"] is not None else "-"
+        hf = d.get("speedup_vs_hf")
+        hf = f"{hf:.2f}x" if hf is not None else "-"
+        lines.append(
+            f"{d['name']:<8} {d['mal_offline']:>12.3f} {f'[{lo:.3f}, {hi:.3f}]':>16} "
+            f"{tau:>11} {same:>10} {sp:>7} {hf:>7}"
+        )
+    lines += [
+        "(tau online: the first held-out prompts, decoded; in parentheses the offline MAL "
+        "of that same text, which it equals at T = 0)"
+    ]
+    lines += ["", f"{'B vs A':<16} {'MAL gain':>9} {'95% CI':>20} {'rel.':>8}"]
+    for c in report["comparisons"]:
+        lo, hi = c["mal_gain_ci95"]
+        lines.append(
+            f"{c['b'] + ' vs ' + c['a']:<16} {c['mal_gain']:>+9.4f} "
+            f"{f'[{lo:+.4f}, {hi:+.4f}]':>20} {100 * c['rel_gain']:>+7.2f}%"
+        )
+    return "\n".join(lines)
+
+
+def _pct(gain: dict[str, Any] | None) -> str:
+    """`+12.3% [+4.5, +20.1]` for a `{rel_gain, rel_gain_ci95}` dict (`–` when absent)."""
+    if not gain:
+        return "–"
+    lo, hi = (100 * v for v in gain["rel_gain_ci95"])
+    return f"{100 * gain['rel_gain']:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
+
+
+def suite_tables(result: dict[str, Any]) -> list[str]:
+    """The papers' tables for a `blockdraft suite` result: MAL [95% CI] per benchmark and on
+    the mean over benchmarks (baseline first), gains over the baseline, and between drafters."""
+    benches = result["benchmarks"]
+    names = [d["name"] for d in result["mean"]]
+    heads = [f"{b['name']} ({b['num_rollouts']})" for b in benches]
+    head = "| drafter | " + " | ".join(heads) + " | mean |"
+    rule = "|---|" + "---|" * (len(benches) + 1)
+    lines = [
+        f"Exact offline MAL [95% CI] per benchmark (rollouts in brackets), suite "
+        f"`{result['suite']}`, target `{result['target']}`, T = "
+        f"{result['sampling']['temperature']:g}, {result['sampling']['max_new_tokens']} "
+        "new tokens:",
+        "",
+        head,
+        rule,
+    ]
+    for d, name in enumerate(names):
+        cells = [
+            f"{_fmt(b['drafters'][d]['mal'])} {_ci(b['drafters'][d]['mal_ci95'])}" for b in benches
+        ]
+        m = result["mean"][d]
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {_fmt(m['mal'])} {_ci(m['mal_ci95'])} |"
+        )
+    if len(names) > 1:
+        lines += [
+            "",
+            f"Paired gain over `{result['baseline']}` (relative MAL, 95% CI):",
+            "",
+            head,
+            rule,
+        ]
+        for d, name in enumerate(names[1:], start=1):
+            cells = [_pct(b["drafters"][d].get("vs_baseline")) for b in benches]
+            lines.append(
+                f"| {name} | "
+                + " | ".join(cells)
+                + f" | {_pct(result['mean'][d].get('vs_baseline'))} |"
+            )
+    if result.get("pairs"):
+        lines += [
+            "",
+            "Paired gain between drafters (B vs A):",
+            "",
+            "| B vs A | " + " | ".join(heads) + " | mean |",
+            rule,
+        ]
+        for p in result["pairs"]:
+            cells = [_pct(p["benchmarks"].get(b["name"])) for b in benches]
+            lines.append(
+                f"| {p['b']} vs {p['a']} | " + " | ".join(cells) + f" | {_pct(p['mean'])} |"
+            )
+    return lines

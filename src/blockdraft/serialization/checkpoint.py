@@ -1,0 +1,401 @@
+"""Drafter checkpoints: `config.json` + `model.safetensors`, in the public DFlash layout.
+
+A checkpoint directory written here *is* a DFlash draft model directory as published by
+z-lab (e.g. `z-lab/Qwen3-8B-DFlash-b16`) and read by SGLang (`models/dflash.py`), vLLM
+(`models/qwen3_dflash.py`) and z-lab/dflash (`dflash/model.py`):
+
+- weight names are the drafter's own state_dict keys, which match those loaders
+  (`fc.weight`, `hidden_norm.weight`, `norm.weight`, `layers.{i}.self_attn.{q,k,v,o}_proj`,
+  `layers.{i}.self_attn.{q,k}_norm`, `layers.{i}.mlp.{gate,up,down}_proj`,
+  `layers.{i}.{input,post_attention}_layernorm`; optional `d2t` for a reduced vocab);
+  the target's embedding and LM head are never stored;
+- `config.json` is a Qwen3-style HF config with `architectures: ["DFlashDraftModel"]`,
+  `dflash_config: {mask_token_id, target_layer_ids, block_size}`, top-level `block_size`
+  and `num_target_layers` (as in the published configs), full-attention `layer_types`
+  and `is_causal: false`;
+- blockdraft's own, complete `DrafterConfig` plus caller extras live under the
+  namespaced key `"blockdraft"`, which the engines ignore.
+
+Loading uses safetensors only (no pickle) and refuses a checkpoint made for another
+target with a one-line error naming the key and both values. Writes are atomic: the
+directory is built under a temporary name and renamed into place, so an interrupted save
+never leaves a half-written checkpoint or loses the previous one. The size and SHA-256
+of `model.safetensors` are recorded under `blockdraft.weights` and checked on every load,
+so a truncated or corrupted file is a one-line `CheckpointError`, never a traceback or
+silently wrong weights. Files are written with the usual permissions (0644 under umask
+022; safetensors itself writes 0600).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blockdraft.artifacts import check_file, ensure_free_space, file_digest
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig, check_target_compatible
+from blockdraft.errors import CheckpointError
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+NAMESPACE = "blockdraft"
+FORMAT_VERSION = 1
+SERVING_ARCHITECTURE = "DFlashDraftModel"
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def serving_config(config: DrafterConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """The HF-style config.json the DFlash loaders read (without our namespaced key)."""
+    c = config
+    rope_parameters = {"rope_theta": c.rope_theta, "rope_type": "default", **(c.rope_scaling or {})}
+    dflash: dict[str, Any] = {
+        "block_size": c.block_size,
+        "mask_token_id": c.mask_token_id,
+        "target_layer_ids": list(c.target_layer_ids),
+    }
+    if c.input_embedding_scale != 1.0:
+        dflash["input_embedding_scale"] = c.input_embedding_scale
+    if c.final_logit_softcapping:
+        dflash["final_logit_softcapping"] = c.final_logit_softcapping
+    out: dict[str, Any] = {
+        "architectures": [SERVING_ARCHITECTURE],
+        "model_type": "qwen3",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "vocab_size": c.vocab_size,
+        "attention_bias": c.attention_bias,
+        "attention_dropout": 0.0,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": dict(c.rope_scaling) if c.rope_scaling else None,
+        "rope_parameters": rope_parameters,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": c.num_hidden_layers,
+        "layer_types": ["full_attention"] * c.num_hidden_layers,
+        "is_causal": False,
+        "block_size": c.block_size,
+        "num_target_layers": c.num_target_layers,
+        "target_hidden_size": c.target_hidden_size,
+        "dflash_config": dflash,
+        "dtype": _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
+    }
+    if c.draft_vocab_size is not None:
+        out["draft_vocab_size"] = c.draft_vocab_size
+    return out
+
+
+def write_checkpoint_dir(
+    path: str | Path,
+    config_json: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    check: Callable[[Path], None] | None = None,
+    extra_files: dict[str, bytes] | None = None,
+) -> Path:
+    """Atomically (re)place directory `path` with config.json + model.safetensors.
+
+    `extra_files` (name -> bytes) are written alongside; `check(tmp_dir)` may raise to
+    abort before anything at `path` is touched.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as exc:  # name the destination, not our temporary sibling
+        raise OSError(exc.errno, f"cannot write here ({exc.strerror})", str(path)) from None
+    try:
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+        ensure_free_space(path.parent, sum(t.nbytes for t in tensors.values()), "the weights")
+        weights = tmp / WEIGHTS_NAME
+        try:
+            save_file(tensors, str(weights), metadata={"format": "pt"})
+        except OSError:
+            raise
+        except Exception as exc:  # safetensors reports a full disk as SafetensorError
+            from blockdraft.errors import disk_write_error
+
+            raise disk_write_error(path / WEIGHTS_NAME, exc) from None
+        os.chmod(weights, _file_mode())
+        if NAMESPACE in config_json:
+            config_json = dict(config_json)
+            config_json[NAMESPACE] = {**config_json[NAMESPACE], "weights": file_digest(weights)}
+        (tmp / CONFIG_NAME).write_text(json.dumps(config_json, indent=2, sort_keys=False) + "\n")
+        for name, data in (extra_files or {}).items():
+            (tmp / name).write_bytes(data)
+        if check is not None:
+            check(tmp)
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.filename is None or str(tmp) in str(exc.filename):  # name what we write
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _file_mode() -> int:
+    """0666 minus the process umask: what `open()` would give a new file."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def verify_weights(path: str | Path, cfg: dict[str, Any] | None = None) -> Path:
+    """Check `model.safetensors` of checkpoint `path` is there, whole and unchanged.
+
+    Size and SHA-256 against `blockdraft.weights` when recorded (checkpoints written by
+    this version), and always a parse of the safetensors header. Returns the file path;
+    raises `CheckpointError` naming the file and what is wrong.
+    """
+    from safetensors import safe_open
+
+    cfg = read_config(path) if cfg is None else cfg
+    file = Path(path) / WEIGHTS_NAME
+    if not file.is_file():
+        raise FileNotFoundError(f"no {WEIGHTS_NAME} in checkpoint directory {path}")
+    recorded = (cfg.get(NAMESPACE) or {}).get("weights") if isinstance(cfg, dict) else None
+    if recorded:  # the check rollout and feature shards get (artifacts.check_file)
+        check_file(file, recorded, CheckpointError, sha256=True, source="config.json")
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            list(f.keys())
+    except Exception as exc:  # SafetensorError: header or offsets do not fit the file
+        raise CheckpointError(f"{file}: not a readable safetensors file ({exc})") from None
+    return file
+
+
+def save_drafter(
+    drafter: BlockDrafter, path: str | Path, extra: dict[str, Any] | None = None
+) -> Path:
+    """Write `drafter` to directory `path` (config.json + model.safetensors), atomically.
+
+    `extra` (JSON-serialisable: objective, step, target id, ...) is stored under
+    `config.json["blockdraft"]["extra"]`.
+    """
+    config_json = serving_config(drafter.config, drafter.dtype)
+    config_json[NAMESPACE] = {
+        "format_version": FORMAT_VERSION,
+        "drafter_config": drafter.config.to_dict(),
+        "extra": dict(extra or {}),
+    }
+    json.dumps(config_json)  # fail before touching the disk if extra is not serialisable
+    return write_checkpoint_dir(path, config_json, drafter.state_dict())
+
+
+def checkpoint_hash(path: str | os.PathLike) -> str:
+    """sha256 of a checkpoint directory's files (config + weights), streamed."""
+    h = hashlib.sha256()
+    files = sorted(
+        p for p in Path(path).iterdir() if p.is_file() and p.suffix in (".json", ".safetensors")
+    )
+    if not files:
+        raise FileNotFoundError(f"{path}: no config.json / model.safetensors to hash")
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A drafter checkpoint directory: `path` itself, or `path/final` for a run directory."""
+    p = Path(path)
+    for cand in (p, p / "final"):
+        if (cand / CONFIG_NAME).is_file():
+            return cand
+    what = "no such directory" if not p.exists() else f"no {CONFIG_NAME} in it or in {p / 'final'}"
+    raise FileNotFoundError(f"{path}: not a drafter checkpoint ({what})")
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """config.json of a checkpoint directory, with a one-line error if missing or malformed."""
+    file = Path(path) / CONFIG_NAME
+    if not file.is_file():
+        raise FileNotFoundError(f"no {CONFIG_NAME} in checkpoint directory {path}")
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{file} is not valid JSON (truncated or corrupt?): {exc}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
+    return data
+
+
+def config_from_serving(cfg: dict[str, Any], target: Any) -> DrafterConfig:
+    """A `DrafterConfig` from the serving keys of a public DFlash config.json.
+
+    Lets blockdraft fine-tune or score published drafters (z-lab DFlash) and proves that
+    the serving keys we write fully determine our model (tests/serialization/test_checkpoint.py).
+    Variants we do not implement (sliding/causal layers, DFlash2 convolutions and
+    selector, output multipliers) are refused rather than loaded wrongly.
+    """
+    dflash = cfg.get("dflash_config") or {}
+
+    def get(key: str, default: Any = None) -> Any:
+        return dflash.get(key, cfg.get(key, default))
+
+    if cfg.get("architectures") != [SERVING_ARCHITECTURE]:
+        raise ValueError(f"architectures {cfg.get('architectures')} is not a DFlash drafter")
+    if any(t != "full_attention" for t in cfg.get("layer_types") or []) or cfg.get("is_causal"):
+        raise ValueError("DFlash drafters with sliding or causal layers are not supported")
+    for key in ("conv_kernel_size", "selector_rank", "attention_sink_bias"):
+        if get(key):
+            raise ValueError(f"DFlash variant with {key}={get(key)} is not supported")
+    if float(get("output_multiplier", 1.0)) != 1.0:
+        raise ValueError("DFlash drafters with an output_multiplier are not supported")
+    params = dict(cfg.get("rope_parameters") or {})
+    theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    scaling = params if params.get("rope_type", "default") != "default" else cfg.get("rope_scaling")
+    heads = int(cfg["num_attention_heads"])
+    draft_vocab = cfg.get("draft_vocab_size")
+    return DrafterConfig(
+        hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+        vocab_size=int(cfg["vocab_size"]),
+        mask_token_id=int(get("mask_token_id", target.mask_token_id)),
+        target_layer_ids=list(get("target_layer_ids")),
+        num_target_layers=int(get("num_target_layers", target.num_layers)),
+        target_hidden_size=int(cfg.get("target_hidden_size") or cfg["hidden_size"]),
+        target_name=target.name,
+        num_hidden_layers=int(cfg["num_hidden_layers"]),
+        block_size=int(get("block_size", 16)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=dict(scaling) if scaling else None,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        draft_vocab_size=None if draft_vocab in (None, cfg["vocab_size"]) else int(draft_vocab),
+        final_logit_softcapping=get("final_logit_softcapping"),
+        input_embedding_scale=float(get("input_embedding_scale", 1.0)),
+    )
+
+
+def load_drafter_config(path: str | Path, target: Any = None) -> DrafterConfig:
+    """The `DrafterConfig` of a checkpoint: ours, or (given `target`) a public DFlash one."""
+    cfg = read_config(path)
+    data = cfg.get(NAMESPACE)
+    if data is None and target is not None:
+        return config_from_serving(cfg, target)
+    if not isinstance(data, dict) or "drafter_config" not in data:
+        raise CheckpointError(
+            f"{Path(path) / CONFIG_NAME} has no '{NAMESPACE}.drafter_config': "
+            "not a blockdraft checkpoint"
+        )
+    if data.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{Path(path) / CONFIG_NAME}: checkpoint format_version "
+            f"{data.get('format_version')} != supported {FORMAT_VERSION}"
+        )
+    try:
+        return DrafterConfig.from_dict(data["drafter_config"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(
+            f"{Path(path) / CONFIG_NAME}: bad blockdraft.drafter_config ({exc})"
+        ) from None
+
+
+def load_drafter(
+    path: str | Path,
+    target: Any,
+    device: str | torch.device | None = None,
+    *,
+    adopt_layer_ids: bool = False,
+) -> BlockDrafter:
+    """Load a drafter saved by `save_drafter` and bind it to `target` (safetensors only).
+
+    Returns a `SemiARDrafter` for `arch == "semi_ar"`, else a `BlockDrafter`, in the dtype
+    it was saved in. Public DFlash drafter directories (no `"blockdraft"` key) and our
+    exported copies load too. Raises a one-line ValueError if the checkpoint was made for
+    another target (hidden size, vocab, layer ids, number of target layers, mask id).
+
+    `adopt_layer_ids=True` (evaluation, decoding, reports): the drafter's config records
+    which target layers feed it (`dflash_config.target_layer_ids`, as the serving engines
+    read it), so the target is switched to those layers instead of refusing a drafter
+    trained with non-default `target.layer_ids`. Callers scoring several drafters load
+    each right before using it.
+    """
+    from safetensors.torch import load_file
+
+    from blockdraft.drafters.semi_ar import SemiARDrafter
+
+    config = load_drafter_config(path, target)
+    wanted = list(config.target_layer_ids)
+    adoptable = config.num_target_layers == target.num_layers and all(
+        0 <= i < target.num_layers for i in wanted
+    )
+    if adopt_layer_ids and wanted != list(target.layer_ids) and adoptable:
+        target.layer_ids = wanted
+    check_target_compatible(config, target)
+    weights_file = verify_weights(path)
+    try:
+        state = load_file(str(weights_file))
+    except Exception as exc:  # SafetensorError
+        raise CheckpointError(f"{weights_file}: cannot read weights ({exc})") from None
+    _drop_target_head_rows(state, target, weights_file)
+    cls = SemiARDrafter if config.arch == "semi_ar" else BlockDrafter
+    drafter = cls(config)
+    expected = set(drafter.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"{weights_file} does not match its config: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    for name, tensor in drafter.state_dict().items():
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"{weights_file}: {name} has shape {tuple(state[name].shape)}, "
+                f"expected {tuple(tensor.shape)}"
+            )
+    drafter.to(state["fc.weight"].dtype)
+    drafter.load_state_dict(state, strict=True)
+    if device is not None:
+        drafter.to(device)
+    return drafter.bind_target(target)
+
+
+def _drop_target_head_rows(state: dict[str, torch.Tensor], target: Any, file: Path) -> None:
+    """Accept an exported reduced-vocab `lm_head.weight` if it is the target's own rows."""
+    head = state.pop("lm_head.weight", None)
+    if head is None or "d2t" not in state:
+        if head is not None:
+            raise ValueError(f"{file} ships an lm_head.weight; the drafter uses the target's head")
+        return
+    from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
+
+    rows = (
+        target.lm_head.weight.detach().to("cpu").index_select(0, draft_ids_from_d2t(state["d2t"]))
+    )
+    if not torch.equal(rows.to(head.dtype), head):
+        raise ValueError(f"{file}: lm_head.weight differs from the target's head rows (own head)")

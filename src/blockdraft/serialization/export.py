@@ -1,0 +1,400 @@
+"""Check a drafter directory against what the DFlash serving loaders read, and export it.
+
+`validate_for_serving(path)` re-derives, from the *serving* keys of config.json alone
+(not from blockdraft's own config), the weight names and shapes a DFlash loader builds
+and compares them with the safetensors header. What is checked, and where it comes from:
+
+- config: `architectures == ["DFlashDraftModel"]` (the architecture name SGLang's
+  `EntryClass` and vLLM's registry map to DFlash; vLLM also auto-detects the method from
+  it), `model_type == "qwen3"` (the drafter config class of z-lab `dflash/model.py`),
+  `dflash_config.target_layer_ids` (required by z-lab, read by SGLang
+  `dflash_utils.parse_dflash_draft_config` and vLLM `eagle3_utils`), `mask_token_id` and
+  `block_size` in `dflash_config` or top level (SGLang/z-lab `_draft_value` fallbacks),
+  `num_target_layers`, `hidden_act == "silu"` (SGLang `DFlashMLP` refuses others),
+  full (non-causal, non-sliding) attention: `layer_types` all `full_attention` and
+  `is_causal` not true (vLLM `_resolve_layer_attention`, z-lab attention);
+- weights: exactly `fc.weight [H, n*H_t]`, `hidden_norm.weight`, `norm.weight` and per
+  layer `input_layernorm`, `post_attention_layernorm`, `self_attn.{q,k,v,o}_proj`
+  (+ biases iff `attention_bias`), `self_attn.{q,k}_norm [head_dim]` (every loader
+  always builds and applies per-head q/k norms) and `mlp.{gate,up,down}_proj`
+  (SGLang `DFlashDraftModel.load_weights` stacks q/k/v and gate/up from these names;
+  vLLM `DFlashQwen3Model.hf_to_vllm_mapper` likewise; both without a `model.` prefix);
+- no `embed_tokens` / `lm_head` (the target's are used), except that a reduced draft
+  vocabulary needs `d2t [N]` plus `lm_head.weight [N, H]` as vLLM's
+  `DFlashQwen3ForCausalLM` expects for `draft_vocab_size != vocab_size`
+  (SGLang ignores `d2t` and would score the full target vocabulary);
+- no semi-AR `markov_head.*` (no engine implements it); floating dtypes f32/bf16/f16,
+  all values finite; safetensors only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blockdraft.artifacts import (
+    LOCK_NAME,
+    describe_artifact,
+    enclosing_artifact,
+    stored_artifact,
+    writer_lock,
+)
+from blockdraft.errors import CheckpointError
+from blockdraft.serialization.checkpoint import (
+    CONFIG_NAME,
+    NAMESPACE,
+    SERVING_ARCHITECTURE,
+    WEIGHTS_NAME,
+    read_config,
+    resolve_checkpoint,
+    verify_weights,
+    write_checkpoint_dir,
+)
+
+_FLOATS = {torch.float32, torch.bfloat16, torch.float16}
+MODELING_FILE = "modeling_dflash.py"
+AUTO_MAP = {"AutoModel": "modeling_dflash.DFlashDraftModel"}
+DEFAULT_MASK_TOKEN = "<|MASK|>"  # what SGLang assumes when dflash_config.mask_token is unset
+# training-only files a run's checkpoint holds next to the drafter; export does not copy them
+TRAINER_FILES = {"trainer_state.pt", "trainer_state.json", "run.yaml"}
+
+
+class ExportError(CheckpointError):
+    """An export that would lose data or produce an unservable directory."""
+
+
+def _get(cfg: dict[str, Any], key: str) -> Any:
+    """A DFlash field from `dflash_config` first, then the top level (as the loaders do)."""
+    sub = cfg.get("dflash_config") or {}
+    return sub.get(key, cfg.get(key))
+
+
+def expected_weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Weight names and shapes a DFlash loader builds from a serving config.json."""
+    H, I = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
+    heads, d = (
+        int(cfg["num_attention_heads"]),
+        int(cfg.get("head_dim") or H // int(cfg["num_attention_heads"])),
+    )
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    n_ctx = len(_get(cfg, "target_layer_ids"))
+    target_h = int(cfg.get("target_hidden_size") or H)
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (H, n_ctx * target_h),
+        "hidden_norm.weight": (H,),
+        "norm.weight": (H,),
+    }
+    for i in range(int(cfg["num_hidden_layers"])):
+        p = f"layers.{i}."
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (H,),
+                p + "post_attention_layernorm.weight": (H,),
+                p + "self_attn.q_proj.weight": (heads * d, H),
+                p + "self_attn.k_proj.weight": (kv * d, H),
+                p + "self_attn.v_proj.weight": (kv * d, H),
+                p + "self_attn.o_proj.weight": (H, heads * d),
+                p + "self_attn.q_norm.weight": (d,),
+                p + "self_attn.k_norm.weight": (d,),
+                p + "mlp.gate_proj.weight": (I, H),
+                p + "mlp.up_proj.weight": (I, H),
+                p + "mlp.down_proj.weight": (H, I),
+            }
+        )
+        if cfg.get("attention_bias"):
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (heads * d,),
+                    p + "self_attn.k_proj.bias": (kv * d,),
+                    p + "self_attn.v_proj.bias": (kv * d,),
+                    p + "self_attn.o_proj.bias": (H,),
+                }
+            )
+    draft_vocab = cfg.get("draft_vocab_size")
+    if draft_vocab is not None and int(draft_vocab) != int(cfg["vocab_size"]):
+        shapes["d2t"] = (int(draft_vocab),)
+        shapes["lm_head.weight"] = (int(draft_vocab), H)
+    return shapes
+
+
+def _config_problems(cfg: dict[str, Any]) -> list[str]:
+    problems = []
+    if cfg.get("architectures") != [SERVING_ARCHITECTURE]:
+        problems.append(
+            f"architectures is {cfg.get('architectures')}, engines need [{SERVING_ARCHITECTURE!r}]"
+        )
+    if cfg.get("model_type") != "qwen3":
+        problems.append(
+            f"model_type is {cfg.get('model_type')!r}, the DFlash config class is 'qwen3'"
+        )
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "num_target_layers",
+    ):
+        if not isinstance(cfg.get(key), (int, float)) or isinstance(cfg.get(key), bool):
+            problems.append(f"config key {key!r} missing or not a number")
+    if cfg.get("rope_theta") is None and not isinstance(cfg.get("rope_parameters"), dict):
+        problems.append("no rope_theta / rope_parameters")
+    if cfg.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act is {cfg.get('hidden_act')!r}; engines only run silu")
+    layer_ids, mask_id, block = (
+        _get(cfg, "target_layer_ids"),
+        _get(cfg, "mask_token_id"),
+        _get(cfg, "block_size"),
+    )
+    n_target = cfg.get("num_target_layers")
+    if (
+        not isinstance(layer_ids, list)
+        or not layer_ids
+        or not all(isinstance(i, int) for i in layer_ids)
+    ):
+        problems.append("dflash_config.target_layer_ids missing or not a non-empty list of ints")
+    elif isinstance(n_target, int) and not all(0 <= i < n_target for i in layer_ids):
+        problems.append(
+            f"target_layer_ids {layer_ids} out of range for num_target_layers {n_target}"
+        )
+    if not isinstance(mask_id, int) or not 0 <= mask_id < int(cfg.get("vocab_size") or 0):
+        problems.append(f"mask_token_id {mask_id!r} missing or outside the vocabulary")
+    if not isinstance(block, int) or block < 2:
+        problems.append(f"block_size {block!r} missing or < 2")
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        problems.append(
+            f"layer_types {layer_types}: DFlash drafting needs full (non-sliding) attention"
+        )
+    if cfg.get("is_causal") or (cfg.get("dflash_config") or {}).get("causal"):
+        problems.append("is_causal is true: block attention must be bidirectional")
+    return problems
+
+
+def validate_for_serving(path: str | Path) -> list[str]:
+    """Problems that would stop SGLang / vLLM / z-lab dflash loading `path` as a DFlash drafter."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        cfg = read_config(path)
+    except (FileNotFoundError, ValueError) as exc:
+        return [str(exc)]
+    weights = path / WEIGHTS_NAME
+    if not weights.is_file():
+        return [f"no {WEIGHTS_NAME} in {path}"]
+    pickles = sorted(
+        p.name
+        for p in path.iterdir()
+        if p.suffix in {".bin", ".pt", ".pth", ".pkl"} and p.name not in TRAINER_FILES
+    )
+    problems = (
+        [f"pickle weight files present ({pickles}); ship safetensors only"] if pickles else []
+    )
+    problems += _config_problems(cfg)
+    if problems:
+        return problems
+    expected = expected_weight_shapes(cfg)
+    with safe_open(str(weights), framework="pt") as f:
+        names = set(f.keys())
+        for name in sorted(names - set(expected)):
+            if name.startswith("markov_head."):
+                problems.append(
+                    f"{name}: semi-AR Markov head weights; no serving engine implements them"
+                )
+            elif "embed_tokens" in name or name.startswith("lm_head"):
+                problems.append(f"{name}: the target's embedding/LM head must not be shipped")
+            else:
+                problems.append(f"unexpected weight {name}")
+        for name in sorted(set(expected) - names):
+            hint = (
+                " (engines always apply q/k norm; train with qk_norm=True)"
+                if "_norm." in name and "self_attn" in name
+                else ""
+            )
+            hint = hint or (
+                " (a reduced draft vocab needs the head rows: export with a target)"
+                if name == "lm_head.weight"
+                else ""
+            )
+            problems.append(f"missing weight {name}{hint}")
+        for name in sorted(names & set(expected)):
+            t = f.get_tensor(name)
+            if tuple(t.shape) != expected[name]:
+                problems.append(
+                    f"{name} has shape {tuple(t.shape)}, loaders expect {expected[name]}"
+                )
+            elif name != "d2t" and t.dtype not in _FLOATS:
+                problems.append(f"{name} has dtype {t.dtype}")
+            elif name != "d2t" and not torch.isfinite(t.float()).all():
+                problems.append(f"{name} has non-finite values")
+    return problems
+
+
+def export_drafter(
+    ckpt: str | Path,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    target: Any = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write a serving-ready copy of checkpoint `ckpt` to `out_dir`; raise if it would not load.
+
+    `ckpt` may be a run directory (its `final/` is used, as `eval` does). `dtype` casts the
+    floating weights (engines usually run bfloat16). A reduced draft vocabulary
+    additionally needs `target`, whose LM-head rows are written as `lm_head.weight`. The
+    copy gets `auto_map` + `modeling_dflash.py` (so `AutoModel.from_pretrained(out_dir,
+    trust_remote_code=True)` builds the DFlash drafter) and `dflash_config.mask_token`;
+    it is validated before it is moved into place. An existing, non-empty `out_dir` is
+    refused unless `overwrite`, and `overwrite` replaces only a previous export: never a
+    run, rollout set, feature set or checkpoint, nor anything inside one (`out_dir`'s
+    writer lock is held meanwhile, so two exports never interleave).
+    """
+    ckpt, out_dir = resolve_checkpoint(ckpt), Path(out_dir)
+    if out_dir.resolve() == ckpt.resolve():
+        raise ExportError(f"--out {out_dir}: is the checkpoint itself; choose another directory")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"--out {out_dir}: exists and is not a directory")
+    _refuse_to_replace(out_dir, overwrite)
+    with writer_lock(out_dir, "an export"):
+        _refuse_to_replace(out_dir, overwrite)  # as seen now that we hold the lock
+        return _export_locked(ckpt, out_dir, dtype, target)
+
+
+EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, MODELING_FILE}
+
+
+def _refuse_to_replace(out_dir: Path, overwrite: bool) -> None:
+    """`--out` must be new, empty, or (with `overwrite`) a previous export and nothing more."""
+    inside = enclosing_artifact(out_dir)
+    if inside is not None and inside[1] != "run":
+        raise ExportError(
+            f"--out {out_dir}: lies inside {inside[0]}, which is {describe_artifact(inside[1])}; "
+            "choose a directory outside it"
+        )
+    if not out_dir.is_dir():
+        return
+    present = sorted(p.name for p in out_dir.iterdir() if p.name != LOCK_NAME)
+    if not present:
+        return
+    if not overwrite:
+        raise ExportError(
+            f"--out {out_dir}: directory exists and is not empty; pass --overwrite to replace "
+            "a previous export or choose another directory"
+        )
+    kind = stored_artifact(out_dir)
+    if kind != "export":
+        what = describe_artifact(kind) if kind else f"files that are not an export ({present[0]})"
+        raise ExportError(
+            f"--out {out_dir}: holds {what}; --overwrite replaces only a previous export, "
+            "so choose another directory"
+        )
+    extra = [n for n in present if n not in EXPORT_FILES]
+    if extra:
+        raise ExportError(
+            f"--out {out_dir}: the previous export also holds {extra[0]}, which --overwrite "
+            "would delete; move it away or choose another directory"
+        )
+
+
+def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target: Any) -> Path:
+    from safetensors.torch import load_file
+
+    cfg = read_config(ckpt)
+    if (cfg.get("blockdraft") or {}).get("drafter_config", {}).get("lookup_inputs"):
+        raise ExportError(
+            f"{ckpt}: drafter.lookup_inputs drafters read prompt lookup's tokens in their "
+            "block, which DFlash serving engines do not provide; it cannot be exported"
+        )
+    weights = verify_weights(ckpt, cfg)
+    try:
+        tensors = load_file(str(weights))
+    except Exception as exc:  # SafetensorError
+        raise CheckpointError(f"{weights}: cannot read weights ({exc})") from None
+    if dtype is not None:
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+        cfg["dtype"] = str(dtype).removeprefix("torch.")
+    if "d2t" in tensors and "lm_head.weight" not in tensors and target is not None:
+        from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
+
+        head = target.lm_head.weight.detach().to("cpu")
+        if head.shape[0] != int(cfg["vocab_size"]) or head.shape[1] != int(cfg["hidden_size"]):
+            raise ValueError(
+                f"target LM head {tuple(head.shape)} does not fit the drafter "
+                f"(vocab {cfg['vocab_size']})"
+            )
+        rows = head.index_select(0, draft_ids_from_d2t(tensors["d2t"]))
+        tensors["lm_head.weight"] = rows.to(tensors["fc.weight"].dtype)
+    if NAMESPACE in cfg:
+        cfg[NAMESPACE]["exported_from"] = str(ckpt)
+    cfg["auto_map"] = dict(AUTO_MAP)
+    mask = mask_token_string(cfg, target)
+    if mask is not None:
+        cfg.setdefault("dflash_config", {})["mask_token"] = mask
+
+    def check(staged: Path) -> None:
+        problems = validate_for_serving(staged)
+        if problems:
+            raise ExportError(f"{ckpt} cannot be served: " + "; ".join(problems))
+
+    modeling = (Path(__file__).parent / MODELING_FILE).read_bytes()
+    return write_checkpoint_dir(
+        out_dir, cfg, tensors, check=check, extra_files={MODELING_FILE: modeling}
+    )
+
+
+def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:
+    """The mask token as text, for `dflash_config.mask_token` (SGLang reads the string).
+
+    From `target`'s tokenizer, else the tokenizer of the target named in the checkpoint
+    (loaded from local files only); an id past the tokenizer (a spare embedding row, as
+    the public Qwen3 drafters use) gets SGLang's default `<|MASK|>`. None if unknown.
+    """
+    mask_id = _get(cfg, "mask_token_id")
+    if not isinstance(mask_id, int):
+        return None
+    tokenizer = getattr(target, "tokenizer", None)
+    if tokenizer is None:
+        name = ((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name")
+        if name:
+            from blockdraft.targets.registry import load_tokenizer
+
+            tokenizer = load_tokenizer(name)
+    if tokenizer is None:
+        return None
+    if mask_id >= len(tokenizer):
+        return DEFAULT_MASK_TOKEN
+    token = tokenizer.convert_ids_to_tokens(mask_id)
+    return token if isinstance(token, str) and token else None
+
+
+def serve_commands(out_dir: str | Path, target: str | None = None) -> str:
+    """How to serve an exported drafter with SGLang and vLLM (printed after export)."""
+    cfg = read_config(out_dir)
+    name = target or ((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name")
+    name = name or "TARGET"
+    k = int(_get(cfg, "block_size") or 16) - 1
+    spec = json.dumps({"method": "dflash", "model": str(out_dir), "num_speculative_tokens": k})
+    return (
+        f"# SGLang\npython -m sglang.launch_server --model-path {name} \\\n"
+        f"    --speculative-algorithm DFLASH --speculative-draft-model-path {out_dir}\n"
+        f"# vLLM\nvllm serve {name} --speculative-config \\\n    '{spec}'\n"
+        f"# transformers\nAutoModel.from_pretrained({str(out_dir)!r}, trust_remote_code=True)"
+    )
+
+
+__all__ = [
+    "CONFIG_NAME",
+    "ExportError",
+    "expected_weight_shapes",
+    "export_drafter",
+    "mask_token_string",
+    "serve_commands",
+    "validate_for_serving",
+]

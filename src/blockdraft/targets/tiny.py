@@ -1,0 +1,393 @@
+"""The embedded default target `tiny`: a small Qwen3 LM that blockdraft trains itself.
+
+Why: the quick-start, the demo and the tests need a *trained* target (a random one gives
+meaningless acceptance rates) without any download. So blockdraft trains a few-million
+parameter Qwen3-architecture model on the Python standard library's source (present on
+every machine), with its own byte-level BPE tokenizer, once, in a few minutes on CPU,
+and caches it as an ordinary Hugging Face directory (safetensors + tokenizer files).
+
+Determinism: the model is a function of (`TinyConfig`, the stdlib corpus): fixed seed,
+fixed data order. The cache key hashes exactly these, so changing any field or the
+Python version builds a separate entry. The thread count is not part of the key: builds
+with 1 and 2 threads were checked to give bit-identical weights (tests/targets/test_tiny.py),
+so the build picks it from the machine's idle cores (oversubscribed OpenMP threads spin
+and made a loaded 2-core machine 5x slower with 2 threads than with 1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import re
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+import blockdraft
+from blockdraft.targets.target import Target
+from blockdraft.targets.tiny_corpus import Corpus, load_corpus, pack_documents, windows
+from blockdraft.targets.tokenizer import EOS_TOKEN, MASK_TOKEN, train_bpe_tokenizer
+from blockdraft.user_cache import (
+    atomic_directory,
+    read_json,
+    stable_hash,
+    targets_dir,
+    write_json,
+)
+
+MANIFEST = "blockdraft_manifest.json"
+FORMAT_VERSION = 1  # bump when the build procedure changes in a way that alters weights
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """Everything that determines the built model (all of it enters the cache key)."""
+
+    vocab_size: int = 4096
+    # Narrow and fed many tokens rather than wide and fed few: a fixed ~4-minute CPU budget
+    # is ~0.3 tokens/parameter at width 256 (far below compute-optimal). Measured at equal
+    # wall time (1 thread, ~6.5 min, held-out loss on 256-token windows): width 256 4.47,
+    # width 192 4.31, width 128 4.14 (2.9M tokens). Width 128 also halves drafter cost.
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    max_position_embeddings: int = 2048
+    # Short windows and small batches: at a ~1M-token budget more optimizer steps beat
+    # longer contexts. Measured at width 256 (1 thread, 1.06M tokens, held-out loss on
+    # 256-token windows): 16x256 (260 steps) 5.03, 4x256 4.71, 8x128 4.55, 4x128 4.49;
+    # lr 1e-2 was worse than 3e-3. 8x128 keeps 2 threads busy (12.9k tokens/s at width 128).
+    seq_len: int = 128
+    batch_size: int = 8
+    steps: int = 2600
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 60
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    max_chars: int | None = None  # cap on corpus characters (None: all top-level stdlib)
+    heldout_every: int = 20  # every n-th file (sorted by name) is held out
+    eval_windows: int = 32
+    eval_seq_len: int = 256  # held-out loss on windows as long as demo rollouts (prompt + 128)
+    precision: str = "auto"  # "auto" (bf16 autocast if the CPU has native bf16), "bf16", "fp32"
+
+    @classmethod
+    def micro(cls, seed: int = 0, **overrides: Any) -> TinyConfig:
+        """A seconds-long build through the same code path, for tests."""
+        base = dict(
+            vocab_size=320,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=2,
+            num_kv_heads=1,
+            intermediate_size=64,
+            max_position_embeddings=256,
+            seq_len=64,
+            eval_seq_len=64,
+            batch_size=8,
+            steps=20,
+            lr=1e-2,
+            warmup_steps=3,
+            max_chars=40_000,
+            heldout_every=4,
+            eval_windows=8,
+            seed=seed,
+        )
+        base.update(overrides)
+        return cls(**base)
+
+
+def cache_key(config: TinyConfig, corpus_digest: str) -> str:
+    return stable_hash(
+        {"config": asdict(config), "corpus": corpus_digest, "format": FORMAT_VERSION}
+    )
+
+
+def tiny_target_path(config: TinyConfig | None = None, cache_dir: str | Path | None = None) -> Path:
+    """Where the build for `config` lives (whether or not it has been built yet)."""
+    config = config or TinyConfig()
+    corpus = load_corpus(config.max_chars, config.heldout_every)
+    return targets_dir(cache_dir) / f"tiny-{cache_key(config, corpus.digest)[:16]}"
+
+
+def is_built(path: Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def build_tiny_target(
+    config: TinyConfig | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    num_threads: int | None = None,
+) -> Path:
+    """Build (or find in the cache) the `tiny` target; return its HF directory.
+
+    The build happens in a temporary directory renamed into place at the end, so an
+    interrupted build leaves nothing that looks finished.
+    """
+    config = config or TinyConfig()
+    _check_config(config)
+    corpus = load_corpus(config.max_chars, config.heldout_every)
+    key = cache_key(config, corpus.digest)
+    final = targets_dir(cache_dir) / f"tiny-{key[:16]}"
+    if is_built(final):
+        return final
+    if final.exists():  # not produced by us (no manifest): never trust it
+        shutil.rmtree(final)
+    with atomic_directory(final) as tmp:
+        _build_into(tmp, config, corpus, key, progress, num_threads or build_threads())
+    return final
+
+
+def load_tiny_target(
+    config: TinyConfig | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    layer_ids: list[int] | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    progress: bool = True,
+) -> Target:
+    """Load the cached `tiny` target, building it first if it is missing."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_tiny_target(config, cache_dir=cache_dir, progress=progress)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    return Target(
+        model,
+        tokenizer,
+        name="tiny",
+        mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN),
+        layer_ids=layer_ids,
+        stop_token_ids=[tokenizer.convert_tokens_to_ids(EOS_TOKEN)],
+    )
+
+
+# --- the build ------------------------------------------------------------------------
+def _check_config(c: TinyConfig) -> None:
+    if c.hidden_size % c.num_heads or c.num_heads % c.num_kv_heads:
+        raise ValueError(
+            "tiny config: hidden_size must divide by num_heads, num_heads by num_kv_heads"
+        )
+    if c.vocab_size < 260:
+        raise ValueError(f"tiny config: vocab_size {c.vocab_size} < 260 (256 bytes + specials)")
+    if c.precision not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"tiny config: precision {c.precision!r} is not auto, bf16 or fp32")
+    if max(c.seq_len, c.eval_seq_len) > c.max_position_embeddings:
+        raise ValueError("tiny config: seq_len or eval_seq_len exceeds max_position_embeddings")
+
+
+def resolve_precision(precision: str) -> str:
+    """`auto` -> bf16 autocast only where the CPU computes bf16 natively (else it is slower)."""
+    if precision != "auto":
+        return precision
+    try:  # torch has no public probe; Linux lists the CPU's flags
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "fp32"
+    return "bf16" if re.search(r"\b(avx512_bf16|amx_bf16)\b", flags) else "fp32"
+
+
+def _make_model(c: TinyConfig, tokenizer) -> torch.nn.Module:
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.hidden_size // c.num_heads,
+        max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        rope_theta=10000.0,
+    )
+    torch.manual_seed(c.seed)
+    model = Qwen3ForCausalLM(cfg)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model
+
+
+@torch.no_grad()
+def evaluate_loss(model: torch.nn.Module, data: torch.Tensor, batch_size: int = 16) -> float:
+    """Mean next-token cross-entropy (fp32) over `[N, S+1]` windows."""
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(data), batch_size):
+        w = data[i : i + batch_size]
+        logits = model(input_ids=w[:, :-1]).logits.float()
+        total += F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten(), reduction="sum").item()
+        count += w[:, 1:].numel()
+    model.train()
+    return total / count
+
+
+def _lr_factor(step: int, c: TinyConfig) -> float:
+    """Linear warmup, then cosine decay to `min_lr_ratio` of the peak."""
+    if step < c.warmup_steps:
+        return (step + 1) / c.warmup_steps
+    frac = (step - c.warmup_steps) / max(1, c.steps - c.warmup_steps)
+    return c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def _train(
+    model, train: torch.Tensor, c: TinyConfig, precision: str, progress: bool
+) -> list[float]:
+    """AdamW on shuffled packed windows (seeded order); returns per-step losses."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": c.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=c.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, c))
+    gen = torch.Generator().manual_seed(c.seed)
+    order = torch.empty(0, dtype=torch.long)
+    losses: list[float] = []
+    model.train()
+    start = time.perf_counter()
+    bar = tqdm(range(c.steps), desc="training tiny target", disable=not progress, unit="step")
+    for step in bar:
+        if len(order) < c.batch_size:
+            order = torch.cat([order, torch.randperm(len(train), generator=gen)])
+        idx, order = order[: c.batch_size], order[c.batch_size :]
+        w = train[idx]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(input_ids=w[:, :-1]).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), w[:, 1:].flatten())
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"tiny target build: loss became {loss.item()} at step {step}")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        tok_s = (step + 1) * w[:, 1:].numel() / (time.perf_counter() - start)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tok_s:.0f}")
+    return losses
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies summed over all CPUs, from /proc/stat (Linux)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)
+
+
+def build_threads(window_s: float = 0.3) -> int:
+    """torch's thread count, reduced to the cores idle *right now* (sampled over a short
+    window): two threads on cores shared with another busy process were seen 5-10x slower
+    than one. The 1-minute load average is not used: it still counts the `pip install`
+    that typically ran just before, and would halve the build speed of a fresh machine.
+    The thread count does not change the built weights (tested)."""
+    n = torch.get_num_threads()
+    try:
+        idle0, total0 = _cpu_times()
+        time.sleep(window_s)
+        idle1, total1 = _cpu_times()
+    except (OSError, ValueError, IndexError):  # not Linux: keep torch's choice
+        return n
+    busy_cores = (os.cpu_count() or n) * (1 - (idle1 - idle0) / max(1, total1 - total0))
+    free = (os.cpu_count() or n) - busy_cores
+    return max(1, min(n, int(free + 0.5)))
+
+
+def _build_into(
+    out: Path, c: TinyConfig, corpus: Corpus, key: str, progress: bool, num_threads: int
+) -> None:
+    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    timings: dict[str, float] = {}
+    try:
+        chars = f"{corpus.num_chars:,} chars of stdlib"
+        _say(progress, f"{num_threads} thread(s); training a {c.vocab_size}-token BPE on {chars}")
+        tokenizer = train_bpe_tokenizer(corpus.train_texts, vocab_size=c.vocab_size)
+        timings["tokenizer_s"] = round(time.perf_counter() - t0, 2)
+        eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+        train = windows(pack_documents(tokenizer, corpus.train_texts, eos), c.seq_len)
+        held = windows(pack_documents(tokenizer, corpus.heldout_texts, eos), c.eval_seq_len)
+        tokenizer.model_max_length = c.max_position_embeddings  # after packing whole files
+        timings["tokenize_s"] = round(time.perf_counter() - t0 - timings["tokenizer_s"], 2)
+        held = held[: c.eval_windows]
+        train_eval = train[
+            torch.linspace(0, len(train) - 1, min(c.eval_windows, len(train))).long()
+        ]
+        model = _make_model(c, tokenizer)
+        precision = resolve_precision(c.precision)
+        initial = evaluate_loss(model, held)
+        t_train = time.perf_counter()
+        losses = _train(model, train, c, precision, progress)
+        timings["train_s"] = round(time.perf_counter() - t_train, 2)
+        final_held, final_train = evaluate_loss(model, held), evaluate_loss(model, train_eval)
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    import transformers
+
+    write_json(
+        out / MANIFEST,
+        {
+            "name": "tiny",
+            "cache_key": key,
+            "config": asdict(c),
+            "seed": c.seed,
+            "precision_used": precision,
+            "corpus": {
+                "root": str(corpus.root),
+                "digest": corpus.digest,
+                "chars": corpus.num_chars,
+                "train_files": corpus.train_files,
+                "heldout_files": corpus.heldout_files,
+                "train_tokens": int(train.numel()),
+                "heldout_tokens": int(held.numel()),
+            },
+            "num_parameters": sum(p.numel() for p in model.parameters()),
+            "tokens_seen": c.steps * c.batch_size * c.seq_len,
+            "initial_heldout_loss": initial,
+            "final_heldout_loss": final_held,
+            "final_train_loss": final_train,
+            "last_step_loss": losses[-1],
+            "build_seconds": round(time.perf_counter() - t0, 2),
+            "timings": timings,
+            "torch_threads": num_threads,
+            "python_version": platform.python_version(),
+            "platform": f"{sys.platform}-{platform.machine()}",
+            "cpu_count": os.cpu_count(),
+            "blockdraft_version": blockdraft.__version__,
+            "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__,
+        },
+    )
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(f"[blockdraft] {message} ...", file=sys.stderr, flush=True)
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    return read_json(Path(path) / MANIFEST)

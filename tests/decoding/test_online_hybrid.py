@@ -1,0 +1,82 @@
+"""The hybrid drafter in the real decoding loop: lossless at T=1 (chi-square against the
+exact output distribution), online rounds == offline expected rounds at T=0 per prompt,
+and online tau == offline MAL at T=1 within a 99.9% interval."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from test_online import ALPHA, _exact_and_empirical
+
+from blockdraft.data.generation import SamplingSettings, generate_batch
+from blockdraft.data.rollout_store import Rollout
+from blockdraft.decoding.loop import ar_generate, decode
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.drafters.hybrid import HybridDrafter
+from blockdraft.evaluation.offline import mal_ci, offline_stats
+from blockdraft.evaluation.scoring import score_rollouts
+from blockdraft.targets.testing import make_random_target
+from fake_drafter import FakeTarget, chi2_pvalue, oracle_drafter
+
+
+def test_hybrid_sampling_is_lossless() -> None:
+    target = FakeTarget(vocab=3, seed=2, scale=0.7, stop_token_ids=[0])
+    fake = oracle_drafter(target, 3, strength=1.5, noise=1.0, ctx_scale=0.5, seed=4)
+    hybrid = HybridDrafter(fake, min_confidence=0.6)  # both sources supply slots
+    keys, exact, counts, _, _ = _exact_and_empirical(
+        target, hybrid, [1, 2, 1, 2], 1200, 4, "standard"
+    )
+    probs = torch.tensor([exact[k] for k in keys], dtype=torch.float64)
+    pval, stat, df = chi2_pvalue(counts, probs)
+    assert df >= 6, "too few cells for the test to have power"
+    assert pval > ALPHA, (stat, df)
+
+
+def _confident_setup():
+    torch.manual_seed(0)
+    target = make_random_target("qwen3", seed=2)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5)
+    drafter = BlockDrafter(cfg).bind_target(target).eval()
+    with torch.no_grad():
+        drafter.fc.weight.mul_(20.0)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, target.vocab_size, (5,), generator=g).tolist() for _ in range(12)]
+    return target, HybridDrafter(drafter, min_confidence=0.5), prompts
+
+
+def _rollout(i, prompt, response, logprobs=None) -> Rollout:
+    lp = torch.zeros(len(response)) if logprobs is None else torch.as_tensor(logprobs)
+    return Rollout(str(i), torch.tensor(prompt), torch.as_tensor(response), lp.float())
+
+
+def test_hybrid_greedy_online_rounds_equal_offline_per_prompt() -> None:
+    target, hybrid, prompts = _confident_setup()
+    outs = [ar_generate(target, p, max_new_tokens=20) for p in prompts[:4]]
+    online = decode(
+        target, hybrid, prompts[:4], temperature=0.0, max_new_tokens=20, measure_ar=False
+    )
+    assert online.outputs == outs
+    rollouts = [_rollout(i, p, o) for i, (p, o) in enumerate(zip(prompts, outs, strict=False))]
+    stats = offline_stats(score_rollouts(hybrid, target, rollouts, 0.0, use_cache=False))
+    assert stats.per_rollout_rounds.tolist() == [float(n) for n in online.per_prompt_rounds()]
+
+
+def test_hybrid_sampling_online_tau_agrees_with_offline_mal() -> None:
+    target, hybrid, prompts = _confident_setup()
+    settings = SamplingSettings(temperature=1.0, max_new_tokens=20, seed=3)
+    gen = generate_batch(target, prompts, [str(i) for i in range(len(prompts))], settings)
+    rollouts = [
+        _rollout(i, p, r.response_ids, r.logprobs)
+        for i, (p, r) in enumerate(zip(prompts, gen, strict=True))
+    ]
+    acc = score_rollouts(hybrid, target, rollouts, 1.0, use_cache=False)
+    mal, (lo, hi) = mal_ci(acc, n_boot=1000)
+    online = decode(
+        target, hybrid, prompts, temperature=1.0, max_new_tokens=20, seed=5, measure_ar=False
+    )
+    se_off, se_on = (hi - lo) / 3.92, (online.tau_ci95[1] - online.tau_ci95[0]) / 3.92
+    assert mal > 1.2 and online.tau > 1.2
+    assert abs(online.tau - mal) < 3.29 * math.hypot(se_off, se_on), (online.tau, mal)

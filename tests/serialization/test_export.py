@@ -1,0 +1,188 @@
+"""Serving export: our checkpoints pass the DFlash-loader checks; broken ones are caught."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.drafters.semi_ar import SemiARDrafter
+from blockdraft.serialization.checkpoint import save_drafter
+from blockdraft.serialization.export import (
+    expected_weight_shapes,
+    export_drafter,
+    validate_for_serving,
+)
+from blockdraft.targets.testing import make_random_target
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_random_target("llama")
+
+
+def _ckpt(target, path, **kw):
+    drafter = BlockDrafter(
+        DrafterConfig.for_target(target, num_layers=2, block_size=8, **kw)
+    ).bind_target(target)
+    return save_drafter(drafter, path), drafter
+
+
+@pytest.mark.parametrize("which", ["qwen3", "llama"])
+def test_our_checkpoints_are_servable(random_target, llama, tmp_path, which):
+    target = random_target if which == "qwen3" else llama
+    path, drafter = _ckpt(target, tmp_path / "c")
+    assert validate_for_serving(path) == []
+    cfg = json.loads((path / "config.json").read_text())
+    # the independent spec derived from the serving config matches our state_dict exactly
+    shapes = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
+    assert shapes == expected_weight_shapes(cfg)
+    assert cfg["architectures"] == ["DFlashDraftModel"]
+    assert cfg["dflash_config"] == {
+        "block_size": 8,
+        "mask_token_id": target.mask_token_id,
+        "target_layer_ids": target.layer_ids,
+    }
+    assert cfg["num_target_layers"] == target.num_layers and cfg["block_size"] == 8
+
+
+def test_serving_config_loads_as_qwen3_config(random_target, tmp_path):
+    from transformers import AutoConfig
+
+    path, drafter = _ckpt(random_target, tmp_path / "c")
+    hf = AutoConfig.from_pretrained(path)
+    c = drafter.config
+    assert type(hf).__name__ == "Qwen3Config"
+    assert (
+        hf.hidden_size,
+        hf.num_hidden_layers,
+        hf.num_attention_heads,
+        hf.num_key_value_heads,
+        hf.head_dim,
+        hf.intermediate_size,
+    ) == (
+        c.hidden_size,
+        2,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+        c.intermediate_size,
+    )
+    assert hf.rope_parameters["rope_theta"] == c.rope_theta and hf.is_causal is False
+    assert hf.dflash_config["target_layer_ids"] == c.target_layer_ids
+
+
+def _break(path, drop=None, rename=None, reshape=None, add=None):
+    tensors = load_file(str(path / "model.safetensors"))
+    if drop:
+        tensors.pop(drop)
+    if rename:
+        tensors[rename[1]] = tensors.pop(rename[0])
+    if reshape:
+        tensors[reshape] = tensors[reshape][:-1]
+    if add:
+        tensors.update(add)
+    save_file(tensors, str(path / "model.safetensors"))
+    # a consistently re-made (not corrupted) file: record its new size and sha256
+    from blockdraft.serialization.checkpoint import file_digest
+
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["blockdraft"]["weights"] = file_digest(path / "model.safetensors")
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(
+    ("mutation", "needle"),
+    [
+        (
+            {"drop": "layers.1.self_attn.k_norm.weight"},
+            "missing weight layers.1.self_attn.k_norm.weight",
+        ),
+        ({"rename": ("fc.weight", "model.fc.weight")}, "unexpected weight model.fc.weight"),
+        ({"reshape": "layers.0.mlp.up_proj.weight"}, "layers.0.mlp.up_proj.weight has shape"),
+        ({"add": {"embed_tokens.weight": torch.zeros(3, 3)}}, "must not be shipped"),
+        ({"add": {"norm.weight": torch.full((64,), float("nan"))}}, "non-finite"),
+    ],
+)
+def test_broken_weights_are_caught(random_target, tmp_path, mutation, needle):
+    path, _ = _ckpt(random_target, tmp_path / "c")
+    _break(path, **mutation)
+    problems = validate_for_serving(path)
+    assert any(needle in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda c: c.update(architectures=["Qwen3ForCausalLM"]), "architectures"),
+        (lambda c: c["dflash_config"].pop("target_layer_ids"), "target_layer_ids"),
+        (lambda c: c["dflash_config"].update(mask_token_id=10**9), "mask_token_id"),
+        (lambda c: c.update(layer_types=["sliding_attention"] * 2), "full (non-sliding)"),
+        (lambda c: c.update(is_causal=True), "bidirectional"),
+        (lambda c: c["dflash_config"].update(target_layer_ids=[1, 2, 99]), "out of range"),
+    ],
+)
+def test_broken_configs_are_caught(random_target, tmp_path, edit, needle):
+    path, _ = _ckpt(random_target, tmp_path / "c")
+    cfg = json.loads((path / "config.json").read_text())
+    edit(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+    assert any(needle in p for p in validate_for_serving(path))
+
+
+def test_unservable_drafters_are_refused(random_target, tmp_path):
+    path, _ = _ckpt(random_target, tmp_path / "noqk", qk_norm=False)
+    assert any("engines always apply q/k norm" in p for p in validate_for_serving(path))
+    cfg = DrafterConfig.for_target(random_target, block_size=4, arch="semi_ar", markov_rank=4)
+    semi = save_drafter(SemiARDrafter(cfg).bind_target(random_target), tmp_path / "semi")
+    assert any("Markov head" in p for p in validate_for_serving(semi))
+    with pytest.raises(ValueError, match="cannot be served: .*Markov head"):
+        export_drafter(semi, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    (path / "extra.bin").write_bytes(b"x")
+    assert any("pickle" in p for p in validate_for_serving(path))
+
+
+def test_export_casts_and_validates(random_target, tmp_path):
+    path, drafter = _ckpt(random_target, tmp_path / "c")
+    out = export_drafter(path, tmp_path / "served", dtype=torch.bfloat16)
+    assert validate_for_serving(out) == []
+    tensors = load_file(str(out / "model.safetensors"))
+    assert all(t.dtype == torch.bfloat16 for t in tensors.values())
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    torch.testing.assert_close(
+        tensors["fc.weight"].float(), drafter.fc.weight, rtol=1e-2, atol=1e-3
+    )
+
+
+def test_reduced_vocab_export_needs_target_head_rows(random_target, tmp_path):
+    cfg = DrafterConfig.for_target(random_target, block_size=4, draft_vocab_size=16)
+    drafter = BlockDrafter(cfg).bind_target(random_target)
+    ids = torch.arange(3, 3 + 16 * 7, 7)
+    drafter.set_draft_vocab(ids)
+    path = save_drafter(drafter, tmp_path / "c")
+    assert any("lm_head.weight" in p for p in validate_for_serving(path))
+    with pytest.raises(ValueError, match="export with a target"):
+        export_drafter(path, tmp_path / "x")
+    out = export_drafter(path, tmp_path / "served", target=random_target)
+    assert validate_for_serving(out) == []
+    tensors = load_file(str(out / "model.safetensors"))
+    assert torch.equal(tensors["lm_head.weight"], random_target.lm_head.weight[ids])
+    # vLLM reconstructs target ids as arange(N) + d2t
+    assert torch.equal(torch.arange(16) + tensors["d2t"], ids)
+
+
+def test_cli_export(random_target, tmp_path, capsys):
+    from blockdraft.cli import main
+
+    path, _ = _ckpt(random_target, tmp_path / "c")
+    assert main(["export", str(path), "--check"]) == 0
+    assert main(["export", str(path), "--out", str(tmp_path / "o"), "--dtype", "bfloat16"]) == 0
+    assert validate_for_serving(tmp_path / "o") == []
+    _break(path, drop="norm.weight")
+    assert main(["export", str(path), "--out", str(tmp_path / "o2")]) == 2  # a user error
+    assert "missing weight norm.weight" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
