@@ -97,6 +97,7 @@ class LeanTarget:
         self.inv_freq = inner.rotary_emb.inv_freq.float()
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
         self.layers = [self._layer(layer) for layer in inner.layers]
+        self.calls = 0  # forwards run (bench/decode.py counts them)
         self._tables(1024)
 
     def _layer(self, layer: Any) -> _Layer:
@@ -171,6 +172,7 @@ class LeanTarget:
         chosen layers' outputs `[T, F]` as HF's `hidden_states[i + 1]` gives them, or None)."""
         T, start = ids.shape[0], cache.length
         end = start + T
+        self.calls += 1
         if end > self.cos.shape[0]:
             self._tables(max(end, 2 * self.cos.shape[0]))
         cache.reserve(end)
