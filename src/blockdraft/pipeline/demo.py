@@ -108,6 +108,7 @@ def make_rollouts(target: Any, s: DemoSettings, out: Path) -> dict[str, Path]:
         ("train", s.train_prompts, s.num_train_prompts),
         ("eval", s.eval_prompts, s.num_eval_prompts),
     ):
+        prompts = load_prompts(spec, limit=limit)
         stage = Stage(
             out / "rollouts" / split,
             {
@@ -115,13 +116,14 @@ def make_rollouts(target: Any, s: DemoSettings, out: Path) -> dict[str, Path]:
                 "spec": spec,
                 "limit": limit,
                 "sampling": sampling.to_dict(),
+                # the prompts themselves: a changed selection or source redoes the set
+                "prompts": fingerprint({"prompts": [asdict(p) for p in prompts]}),
             },
         )
         if stage.is_done():
             _log(f"rollouts/{split}: reused ({stage.outputs().get('count')} rollouts)")
         else:
             _log(f"rollouts/{split}: generating responses to {limit} prompts from {spec}")
-            prompts = load_prompts(spec, limit=limit)
             rs = generate_rollouts(
                 target,
                 prompts,
