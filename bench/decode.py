@@ -222,7 +222,11 @@ def bench_temperature(
             "HF generate": hf_generate_job(target, prompt, temp, n),
             "HF prompt lookup": hf_generate_job(target, prompt, temp, n, lookup=k),
             "AR loop, HF forward": lambda p=prompt, i=i: ar_generate(
-                target, p, temperature=temp, max_new_tokens=n, lean=False,
+                target,
+                p,
+                temperature=temp,
+                max_new_tokens=n,
+                lean=False,
                 generator=torch.Generator().manual_seed(i),
             ),  # fmt: skip
             "AR loop": lambda p=prompt, i=i: ar_generate(

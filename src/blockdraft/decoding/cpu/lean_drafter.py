@@ -89,10 +89,14 @@ class LeanDrafter:
         self.fc = drafter.fc.weight.detach().t().contiguous()
         self.hidden_norm = drafter.hidden_norm.weight.detach()
         self.norm = drafter.norm.weight.detach()
-        # the target's embedding module, not the drafter (cached weakly keyed by it)
-        self.embed_module = drafter._need_target().embed
+        # the target's embedding, not the drafter (cached weakly keyed by it): a plain
+        # table is indexed directly, a scaled one (Gemma) goes through its module
+        embed = drafter._need_target().embed
+        plain = type(embed) is torch.nn.Embedding and embed.weight.dtype == torch.float32
+        self.embed_table = embed.weight.detach() if plain else None
+        self.embed_module = None if plain else embed
+        self.block_ids = torch.full((self.block,), c.mask_token_id, dtype=torch.long)
         self.inv_freq, self.scale = drafter.inv_freq.float(), drafter.rope_scale
-        self.mask_id = c.mask_token_id
         self.layers = []
         for layer in drafter.layers:
             a, mlp = layer.self_attn, layer.mlp
@@ -189,9 +193,11 @@ class LeanDrafter:
             self._tables(max(end, 2 * self.cos.shape[0]))
         state.reserve(end)
         cos, sin = self.cos[start:end, None], self.sin[start:end, None]
-        ids = torch.full((B,), self.mask_id, dtype=torch.long)
-        ids[0] = int(anchor_id)
-        x = self.embed_module(ids).to(torch.float32)
+        self.block_ids[0] = int(anchor_id)  # slots 1.. stay the mask token
+        if self.embed_table is not None:
+            x = self.embed_table[self.block_ids]
+        else:
+            x = self.embed_module(self.block_ids).to(torch.float32)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         for i, w in enumerate(self.layers):
             hb = _rms(x, w["ln1"], self.eps)
