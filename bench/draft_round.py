@@ -18,7 +18,8 @@ import time
 import torch
 
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
-from blockdraft.decoding.steps import GreedyDraftHead, TargetRunner
+from blockdraft.decoding.proposers import GreedyDraftHead
+from blockdraft.decoding.steps import TargetRunner
 from blockdraft.serialization.drafter_spec import load_drafter_spec
 from blockdraft.targets.registry import load_target
 

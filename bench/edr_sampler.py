@@ -41,6 +41,7 @@ from blockdraft.targets.registry import load_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 
 SAMPLERS = ("uniform", "occupancy", "gradient")
 
@@ -53,7 +54,8 @@ def _step(fwd, drafter, target, objective, batch, mode: str, seed: int) -> torch
     """One EDR micro-step + backward; the flattened gradient."""
     drafter.zero_grad(set_to_none=True)
     out = edr_micro_step(
-        fwd, drafter, target, objective, batch, seed=seed, step=0, settings=_Settings,
+        fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
+        seed=seed, step=0, settings=_Settings,
         mode=mode, want_acc=False, alpha=0.5, variant="full",
     )  # fmt: skip
     out.numerator.backward()

@@ -52,6 +52,7 @@ from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step, score_round_starts
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step, pad_anchor_lists
 
 
@@ -147,6 +148,7 @@ def objective_ratios(args: argparse.Namespace) -> None:
     target, drafter, batch = _bench_batch(args)
     rows = ROWS if args.objectives_shape == "tiny" else [r for r in ROWS if r.name in GEMMA_ROWS]
     fwd = DraftForward(drafter)
+    source = OnlineTargetFeatures(target)
 
     def budget(row: Row) -> int:
         return args.sampled_anchors if row.sampled else args.anchors
@@ -190,10 +192,12 @@ def objective_ratios(args: argparse.Namespace) -> None:
         drafter.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         if row.objective == "edr":
-            out = edr_micro_step(fwd, drafter, target, obj, batch, mode=row.mode, **common)
+            out = edr_micro_step(
+                fwd, drafter, source, target.stop_token_ids, obj, batch, mode=row.mode, **common
+            )
         else:
             out = block_micro_step(
-                fwd, drafter, target, obj, batch, num_anchors=budget(row), **common
+                fwd, drafter, source, obj, batch, num_anchors=budget(row), **common
             )
         out.numerator.backward()
         return time.perf_counter() - t0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdraft.threads import configure_cpu, flush_denormals
+from blockdraft.threads import configure_cpu, flush_denormals, runs_on_cpu
 
 
 @pytest.fixture
@@ -31,3 +31,20 @@ def test_denormals_flush_after_configure_cpu(restore_denormals, monkeypatch) -> 
     assert not _denormal_survives()
     # normal small numbers are untouched
     assert torch.tensor(2e-38) * 1.0 == torch.tensor(2e-38)
+
+
+def test_work_on_an_accelerator_keeps_the_process_defaults(restore_denormals) -> None:
+    """`configure_cpu` for a GPU run sets threads but leaves denormal handling alone."""
+    if not flush_denormals():
+        pytest.skip("this CPU has no flush-to-zero mode")
+    torch.set_flush_denormal(False)
+    assert configure_cpu(1, "cuda:0") == 1
+    assert _denormal_survives()
+    assert configure_cpu(1, "cpu") == 1
+    assert not _denormal_survives()
+
+
+def test_runs_on_cpu_resolves_auto_like_the_device_flags() -> None:
+    assert runs_on_cpu("cpu") and not runs_on_cpu("cuda") and not runs_on_cpu("cuda:1")
+    assert runs_on_cpu("auto") == (not torch.cuda.is_available())
+    assert not runs_on_cpu("not-a-device")  # left to the caller's own one-line error

@@ -8,10 +8,12 @@ product alone gets wrong (checked to actually happen here, so the test can fail)
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
-from blockdraft.decoding import steps as decode_steps
+from blockdraft.decoding import proposers
 from blockdraft.decoding.cpu import argmax_screen, packed_linear
 from blockdraft.decoding.cpu.argmax_screen import ScreenedArgmaxHead
 from blockdraft.decoding.cpu.lean_target import LeanTarget
@@ -159,13 +161,13 @@ def test_greedy_speculative_with_screened_head_equals_ar(monkeypatch, drafter_ki
 def test_greedy_draft_head_equals_full_vocab_argmax(monkeypatch, screened) -> None:
     """Argmax in the drafter's reduced vocabulary, mapped to target ids, is the argmax of
     `draft_logits` (full target vocabulary, -inf outside the draft vocabulary)."""
-    from blockdraft.decoding.steps import GreedyDraftHead
+    from blockdraft.decoding.proposers import GreedyDraftHead
     from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 
     if screened:  # the screen serves builds without packed weights
         monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
         monkeypatch.setattr(packed_linear, "packing_supported", lambda: False)
-    monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(proposers, "_HEADS", weakref.WeakKeyDictionary())
     target = make_random_target("qwen3")
     torch.manual_seed(0)
     cfg = DrafterConfig.for_target(target, num_layers=1, block_size=6, draft_vocab_size=100)
@@ -204,7 +206,7 @@ def test_sampled_draft_block_in_draft_vocab_equals_target_space(top_k, top_p) ->
     drafter.extend_context(state, torch.randn(1, 9, target.feature_size, generator=g), 0)
     with torch.inference_mode():
         for seed in range(5):
-            tokens, q = decode_steps.draft_block(
+            tokens, q = proposers.draft_block(
                 drafter, state, 11, 9, 0.9, top_p, top_k, torch.Generator().manual_seed(seed)
             )
             full = processed_probs(drafter.draft_logits(state, 11, 9), 0.9, top_p, top_k)

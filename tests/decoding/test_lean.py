@@ -12,7 +12,8 @@ from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.cpu.lean_target import LeanTarget
 from blockdraft.decoding.hf_generate import hf_generate_job
 from blockdraft.decoding.loop import ar_generate, decode
-from blockdraft.decoding.steps import GreedyDraftHead, TargetRunner
+from blockdraft.decoding.proposers import GreedyDraftHead
+from blockdraft.decoding.steps import TargetRunner
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.targets.testing import make_random_target
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from blockdraft.data.rollout_store import Rollout
-from blockdraft.decoding.loop import NgramIndex, ar_generate, decode, speculative_generate
+from blockdraft.decoding.loop import ar_generate, decode, speculative_generate
+from blockdraft.decoding.proposers import NgramIndex
 from blockdraft.decoding.verify import verify_onehot, verify_standard
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.evaluation.offline import offline_stats

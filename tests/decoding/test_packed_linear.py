@@ -5,6 +5,8 @@ greedy autoregressive decoding token for token."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -117,10 +119,10 @@ def test_greedy_speculative_with_packed_weights_equals_ar(monkeypatch, drafter_k
 def test_greedy_drafter_with_draft_vocab_decodes_like_ar(monkeypatch) -> None:
     """A BlockDrafter with a reduced vocabulary: its greedy head's rows are gathered inside
     the loop's inference mode (inference tensors, no version counter) and packed."""
-    from blockdraft.decoding import steps as decode_steps
+    from blockdraft.decoding import proposers
     from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 
-    monkeypatch.setattr(decode_steps, "_SCREENS", decode_steps.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(proposers, "_HEADS", weakref.WeakKeyDictionary())
     target = make_random_target("qwen3", seed=2)
     torch.manual_seed(0)
     cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5, draft_vocab_size=64)

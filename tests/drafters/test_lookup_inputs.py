@@ -13,7 +13,7 @@ import torch
 
 from blockdraft.data.rollout_store import Rollout
 from blockdraft.decoding.loop import ar_generate, decode
-from blockdraft.decoding.steps import NgramIndex
+from blockdraft.decoding.proposers import NgramIndex
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.lookup_inputs import lookup_block_inputs, lookup_rule
 from blockdraft.evaluation.offline import offline_stats

@@ -59,6 +59,10 @@ def test_overrides_are_typed_and_applied():
         (BASE, ["objective.name=dpase"], "objective.name"),
         (BASE, ["objective.alpha=1.5"], "objective.alpha"),
         (BASE, ["objective.anchor_sampler=pps"], "objective.anchor_sampler"),
+        # the objective's own rules (objectives/registry.py), reported under their config key
+        (BASE, ["objective.name=edr", "objective.max_anchors=0"], "objective.max_anchors:"),
+        (BASE, ["objective.name=decay", "objective.gamma=-2"], "objective.gamma:"),
+        (BASE, ["objective.variant=cumulative", "objective.alpha=-1"], "objective.alpha:"),
         (BASE, ["optim.betas=[0.9]"], "optim.betas"),
         (BASE, ["optim=3"], "optim"),
         ({}, [], "data.train_rollouts"),

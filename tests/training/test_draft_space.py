@@ -15,6 +15,7 @@ from blockdraft.objectives.registry import make_objective
 from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.draft_space import DraftSpace, sampling_targets
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step, label_positions
 from blockdraft.training.target_distributions import target_probs_for
 
@@ -86,9 +87,20 @@ def _step(setup, objective: str):
     common = dict(seed=0, step=1, settings=_Settings, want_acc=True, alpha=0.5, variant="full")
     drafter.zero_grad(set_to_none=True)
     if objective == "e2e":
-        out = block_micro_step(fwd, drafter, target, obj, batch, num_anchors=9, **common)
+        out = block_micro_step(
+            fwd, drafter, OnlineTargetFeatures(target), obj, batch, num_anchors=9, **common
+        )
     else:
-        out = edr_step.edr_micro_step(fwd, drafter, target, obj, batch, mode="sampling", **common)
+        out = edr_step.edr_micro_step(
+            fwd,
+            drafter,
+            OnlineTargetFeatures(target),
+            target.stop_token_ids,
+            obj,
+            batch,
+            mode="sampling",
+            **common,
+        )
     out.numerator.backward()
     grads = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
     return out.numerator.detach(), grads, out.stats
@@ -123,8 +135,8 @@ def test_scoring_pass_and_moments_equal_target_space(setup, monkeypatch) -> None
 
     def score():
         return edr_step.score_round_starts(
-            DraftForward(drafter), target, tout, batch, anchors, _Settings, "sampling", 4,
-            moments=True,
+            DraftForward(drafter), target.stop_token_ids, tout, batch, anchors, _Settings,
+            "sampling", 4, moments=True,
         )  # fmt: skip
 
     got = score()

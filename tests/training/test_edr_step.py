@@ -11,6 +11,7 @@ from blockdraft.data.anchors import round_start_anchors
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import pad_anchor_lists
 
 
@@ -35,16 +36,20 @@ def test_chunked_scoring_equals_unchunked(setup, mode: str) -> None:
         for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
     ]
     anchors = pad_anchor_lists(starts)
-    full = edr_step.score_round_starts(fwd, target, tout, batch, anchors, _Settings, mode, 1000)
+    full = edr_step.score_round_starts(
+        fwd, target.stop_token_ids, tout, batch, anchors, _Settings, mode, 1000
+    )
     for chunk in (1, 3, 7):
         parts = edr_step.score_round_starts(
-            fwd, target, tout, batch, anchors, _Settings, mode, chunk
+            fwd, target.stop_token_ids, tout, batch, anchors, _Settings, mode, chunk
         )
         for a, b in zip(parts, full, strict=True):
             assert a.shape == b.shape == (*anchors.shape, 3)
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="score_chunk"):
-        edr_step.score_round_starts(fwd, target, tout, batch, anchors, _Settings, mode, 0)
+        edr_step.score_round_starts(
+            fwd, target.stop_token_ids, tout, batch, anchors, _Settings, mode, 0
+        )
 
 
 MODES_AND_SAMPLERS = [
@@ -76,7 +81,8 @@ def test_micro_step_is_the_same_with_any_chunk(setup, mode: str, sampler: str, m
         seen.clear()
         drafter.zero_grad(set_to_none=True)
         out = edr_step.edr_micro_step(
-            fwd, drafter, target, objective, batch, seed=0, step=1, settings=_Settings,
+            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
+            seed=0, step=1, settings=_Settings,
             mode=mode, want_acc=False, alpha=0.5, variant="full", score_chunk=chunk,
         )  # fmt: skip
         out.numerator.backward()
@@ -135,10 +141,10 @@ def test_scoring_of_wrapped_forward_equals_unwrapped(setup, mode: str) -> None:
         ]
     )
     direct = edr_step.score_round_starts(
-        DraftForward(drafter), target, tout, batch, anchors, _Settings, mode, 5
+        DraftForward(drafter), target.stop_token_ids, tout, batch, anchors, _Settings, mode, 5
     )
     wrapped = edr_step.score_round_starts(
-        Wrapped(drafter), target, tout, batch, anchors, _Settings, mode, 5
+        Wrapped(drafter), target.stop_token_ids, tout, batch, anchors, _Settings, mode, 5
     )
     for a, b in zip(direct, wrapped, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -165,7 +171,8 @@ def test_micro_step_of_wrapped_forward_equals_unwrapped(setup) -> None:
     for fwd in (DraftForward(drafter), Wrapped(drafter)):
         drafter.zero_grad(set_to_none=True)
         out = edr_step.edr_micro_step(
-            fwd, drafter, target, objective, batch, seed=0, step=1, settings=_Settings,
+            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
+            seed=0, step=1, settings=_Settings,
             mode="sampling", want_acc=True, alpha=0.5, variant="full",
         )  # fmt: skip
         out.numerator.backward()
@@ -183,7 +190,8 @@ def _step_gradient(fwd, drafter, target, objective, batch, seed: int, mode: str)
     """(numerator, flattened gradient) of one EDR micro-step."""
     drafter.zero_grad(set_to_none=True)
     out = edr_step.edr_micro_step(
-        fwd, drafter, target, objective, batch, seed=seed, step=0, settings=_Settings,
+        fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
+        seed=seed, step=0, settings=_Settings,
         mode=mode, want_acc=False, alpha=0.5, variant="full",
     )  # fmt: skip
     out.numerator.backward()

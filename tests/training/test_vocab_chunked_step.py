@@ -11,6 +11,7 @@ import blockdraft.objectives.cross_entropy as ce
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step
 
 
@@ -41,8 +42,19 @@ def test_sampled_step_is_the_same_with_any_row_chunk(setup, objective, monkeypat
 
     def step():
         if objective == "e2e":
-            return block_micro_step(fwd, drafter, target, obj, batch, num_anchors=6, **common)
-        return edr_step.edr_micro_step(fwd, drafter, target, obj, batch, mode="sampling", **common)
+            return block_micro_step(
+                fwd, drafter, OnlineTargetFeatures(target), obj, batch, num_anchors=6, **common
+            )
+        return edr_step.edr_micro_step(
+            fwd,
+            drafter,
+            OnlineTargetFeatures(target),
+            target.stop_token_ids,
+            obj,
+            batch,
+            mode="sampling",
+            **common,
+        )
 
     results = []
     for elements in (2 * target.vocab_size, 1 << 40):  # two rows per chunk, one chunk

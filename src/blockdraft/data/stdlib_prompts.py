@@ -1,19 +1,11 @@
-"""Code prompts cut from the Python standard library: a prompt source every machine has.
+"""Code prompts cut from the Python standard library (`stdlib:*`): a source every machine has.
 
-Each prompt is a function's signature plus its docstring (dedented), the classic
-"complete the body" code prompt. The split is by *file*: a file belongs to `eval` when
-the SHA-256 of its path relative to the stdlib root falls in the first `EVAL_FRACTION`
-of the hash range, else to `train`. Hashing paths (not shuffling a list) makes the split
-deterministic, independent of which other files exist, and guarantees that a drafter
-evaluated on `stdlib:eval` never saw a function from the same file in training.
-
-A split's prompts come in rounds: each file's functions in the order of a hash of their
-ids, files in the order of a hash of their paths, round r taking the r-th function of every
-file that has one. So the first N prompts spread over as many files as N allows (never
-the first files' functions alone, whose repetitiveness would decide every score).
-
-The prompts depend on the Python version's stdlib; the rollout manifest records the
-version so a set can be told apart from one made under another Python.
+Each prompt is a function's signature plus its docstring, the classic "complete the
+body" prompt. The split is by *file*, by the SHA-256 of its path relative to the stdlib
+root (the first `EVAL_FRACTION` of the hash range is `eval`), so `stdlib:eval` shares no
+file with training. A split's prompts come in rounds over its files (hashed order, each
+file's functions hashed too), so the first N spread over as many files as N allows, not
+a few files' repetitive functions. Prompts depend on the stdlib, which the manifest records.
 """
 
 from __future__ import annotations

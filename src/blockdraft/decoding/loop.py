@@ -1,26 +1,12 @@
 """Real speculative decoding at batch 1: a target with a KV cache plus a block drafter.
 
-The loop (METHODS.md §0, docs/architecture.md indexing):
-
-1. Prefill the prompt (length P): the target gives x_1 and the features of positions
-   0..P-1, which become the drafter's context. x_1 is not a drafting round.
-2. A round with anchor x_n at sequence index a: the drafter (context = positions < a)
-   proposes K tokens; one target forward over `[x_n, y_1..y_K]` (positions a..a+K) gives
-   the K+1 verification distributions; the verifier accepts m proposals and adds one
-   token (correction or bonus). The round emits m+1 tokens.
-3. Cut the target cache back to a+m+1 positions (anchor + accepted proposals; the new
-   anchor is not fed yet), append the features of positions a..a+m to the drafter
-   context (strictly before the new anchor at a+m+1), and repeat.
-
-Stop tokens and `max_new_tokens` truncate the output; a round crossing either emits only
-what fits, and tau counts what was emitted, so it is comparable with the offline MAL of
-the same rollouts (which ends the last round at the end of the rollout).
-
-Distributions: the target's p is `processed_probs` at the sampling settings; the
-drafter's q is the *same* processing of the drafter's logits (temperature, top-k, top-p),
-which is also what `scoring.py` uses, so online tau and offline MAL measure one thing.
-For a semi-AR drafter the slots are drafted one by one through `compute_logits` with the
-previously drafted token (its Markov head); a parallel drafter drafts all K at once.
+Prefill gives x_1 and the drafter's first context; each round drafts K tokens from the
+anchor, verifies them in one target forward, accepts m and adds one, crops both caches
+and feeds the newly verified features. Stop tokens and `max_new_tokens` cut the last
+round to what fits, and tau counts what was emitted, so online tau and the offline MAL
+of the same rollouts measure one thing: both apply the same processing to the target's
+and the drafter's logits. `ar_generate` is the baseline every speedup is timed against,
+alternately in the same run. Round steps and indices: docs/architecture.md ("decoding").
 """
 
 from __future__ import annotations
@@ -33,9 +19,16 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
-from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
+from blockdraft.decoding.cpu import cpu_kernels_apply
 from blockdraft.decoding.cpu.packed_linear import packed_linears
+from blockdraft.decoding.proposers import (
+    Proposer,
+    Sampling,
+    proposals_per_round,
+    proposer_for,
+)
 from blockdraft.decoding.result import (
     DecodeResult,
     Progress,
@@ -43,20 +36,9 @@ from blockdraft.decoding.result import (
     Trace,
     tau_and_ci,
 )
-from blockdraft.decoding.steps import (
-    DecodeClock,
-    GreedyDraftHead,
-    NgramIndex,
-    TargetRunner,
-    draft_block,
-    is_ngram,
-    one_hot_like,
-    pick_token,
-    proposals_per_round,
-)
+from blockdraft.decoding.steps import DecodeClock, TargetRunner, one_hot_like, pick_token
 from blockdraft.decoding.timing import alternate_timed
 from blockdraft.decoding.verify import verify_block, verify_onehot, verify_standard
-from blockdraft.drafters.lookup_inputs import lookup_rule
 from blockdraft.sampling import processed_probs, settings_of
 
 VERIFIERS = ("standard", "block")
@@ -78,8 +60,7 @@ def ar_generate(
 
     It does what HF `generate` does per token and no more (last-row logits only, no
     hidden states, inference mode), so it is at least as fast (bench/decode.py); a small
-    target takes the same lean forward as the speculative loop (`lean=False`: the HF
-    forward, for the bench)."""
+    target takes the speculative loop's lean forward (`lean=False`: the HF forward)."""
     stops = set(target.stop_token_ids)
     run = TargetRunner(target, lean=lean)
     t0 = time.perf_counter()
@@ -128,13 +109,15 @@ def speculative_generate(
     if not prompt_ids:
         raise ValueError("speculative decoding needs a non-empty prompt")
     run = TargetRunner(target)
-    model = target.model if run.hf and run.lean is None else None
-    neural = drafter if isinstance(drafter, nn.Module) else None
-    with packed_linears(model, neural) as (target_packed, _):
-        if target_packed:
+    proposer = proposer_for(drafter, Sampling(temperature, top_p, top_k, generator))
+    target_model = target.model if run.hf and run.lean is None else None  # lean: no packing
+    models = [target_model, drafter if isinstance(drafter, nn.Module) else None]
+    on_cpu = cpu_kernels_apply(target.device)
+    with packed_linears(*(models if on_cpu else [])) as packed:
+        if packed and packed[0]:
             run.use_packed_weights()
         return _speculative_loop(
-            run, target, drafter, prompt_ids, temperature, top_p, top_k,
+            run, target, proposer, prompt_ids, temperature, top_p, top_k,
             max_new_tokens, generator, verifier,
         )  # fmt: skip
 
@@ -142,7 +125,7 @@ def speculative_generate(
 def _speculative_loop(
     run: TargetRunner,
     target: Any,
-    drafter: Any,
+    proposer: Proposer,
     prompt_ids: Sequence[int],
     temperature: float,
     top_p: float,
@@ -152,14 +135,14 @@ def _speculative_loop(
     verifier: str,
 ) -> Trace:
     greedy = temperature == 0
-    ngram = is_ngram(drafter)
+    features = proposer.uses_features
     verify = verify_standard if verifier == "standard" else verify_block
     stops = set(target.stop_token_ids)
     dev = target.device
     trace = Trace(list(prompt_ids))  # holds prompt + output while decoding; output at the end
     clock = DecodeClock(trace.seconds)
     ids = torch.tensor([trace.tokens], dtype=torch.long, device=dev)
-    out = run.step(ids, keep=1, features=not ngram, croppable=True)
+    out = run.step(ids, keep=1, features=features, croppable=True)
     first = pick_token(out.logits[-1], temperature, top_p, top_k, generator)
     trace.tokens.append(first)
     plen = len(prompt_ids)
@@ -168,76 +151,37 @@ def _speculative_loop(
         trace.tokens = trace.tokens[plen:]
         return trace
     cache = out.cache
-    block_lookup = None
-    if ngram:
-        index = NgramIndex(drafter)
-    else:
-        head = GreedyDraftHead.of(drafter) if greedy and GreedyDraftHead.applies(drafter) else None
-        # a hybrid drafter (drafters/hybrid.py) also looks the verified text up, per round
-        lookup = NgramIndex(drafter.ngram) if hasattr(drafter, "use_lookup") else None
-        # ... and a lookup_inputs drafter reads the lookup in its block
-        if getattr(getattr(drafter, "config", None), "lookup_inputs", False):
-            block_lookup = NgramIndex(lookup_rule(drafter.config.num_proposals))
-        # a small plain drafter at T = 0: context update and block in one lean pass
-        plain = head is not None and lookup is None and block_lookup is None
-        context = (LeanDrafter.of(drafter) if plain else None) or drafter
-        state = context.new_state()
-        context.extend_context(state, out.features, 0)
+    proposer.start(out.features)
     anchor, a = first, plen  # anchor token and its sequence index
     clock.lap("prefill")
     while True:
         # --- draft -------------------------------------------------------------------
-        q = None
-        if block_lookup is not None:
-            state.lookup = block_lookup.propose(trace.tokens)
-        if ngram:
-            prop_list = index.propose(trace.tokens)
-            k = len(prop_list)
-        elif lookup is not None:
-            looked_up = lookup.propose(trace.tokens)
-            proposals, q = drafter.draft_block(
-                state, anchor, a, looked_up, temperature, top_p, top_k, generator
-            )
-            k = proposals.shape[0]
-        elif head is not None:
-            proposals = head.pick(context.draft_hidden(state, anchor, a))
-            k = proposals.shape[0]
-        else:
-            proposals, q = draft_block(
-                drafter, state, anchor, a, temperature, top_p, top_k, generator
-            )
-            k = proposals.shape[0]
+        proposal = proposer.propose(trace.tokens, anchor, a)
+        k = proposal.tokens.shape[0]
         clock.lap("draft")
-        if ngram:
-            block_buf = torch.tensor([[anchor, *prop_list]], dtype=torch.long, device=dev)
-        else:
-            block_buf = torch.empty((1, k + 1), dtype=torch.long, device=dev)
-            block_buf[0, 0] = anchor
-            block_buf[0, 1:] = proposals
+        block = torch.empty((1, k + 1), dtype=torch.long, device=dev)
+        block[0, 0] = anchor
+        block[0, 1:] = proposal.tokens
         clock.lap("other")
         # --- verify ------------------------------------------------------------------
-        out = run.step(block_buf, cache, keep=k + 1, features=not ngram, argmax=greedy)
+        out = run.step(block, cache, keep=k + 1, features=features, argmax=greedy)
         clock.lap("target")
+        props = block[0, 1:]
         if greedy:
-            best = out.argmax()  # [k+1]: the one host read of the round
-            props = prop_list if ngram else block_buf[0, 1:].tolist()
+            best = out.argmax()  # [k+1]: the one host read of the round (with the proposals)
+            props = props.tolist()
             m = next((j for j in range(k) if props[j] != best[j]), k)
             new = props[:m] + [best[m]]
         else:
             p = processed_probs(out.logits, temperature, top_p, top_k)
-            if ngram:
-                y = block_buf[0, 1:]
-                verdict = (
-                    verify_onehot(y, p, generator)
-                    if verifier == "standard" or k == 0
-                    else verify(y, one_hot_like(y, p), p, generator)
-                )
-                props = prop_list
+            if proposal.q is not None:
+                verdict = verify(props, proposal.q.to(p.dtype), p, generator)
+            elif verifier == "standard" or k == 0:  # deterministic proposals (prompt lookup)
+                verdict = verify_onehot(props, p, generator)
             else:
-                verdict = verify(proposals, q.to(p.dtype), p, generator)
-                props = proposals.tolist()
+                verdict = verify(props, one_hot_like(props, p), p, generator)
             m = verdict.accepted
-            new = props[:m] + [verdict.token]
+            new = props.tolist()[:m] + [verdict.token]
         clock.lap("verify")
         # --- bookkeeping ---------------------------------------------------------------
         new = new[: max_new_tokens - (len(trace.tokens) - plen)]
@@ -252,12 +196,9 @@ def _speculative_loop(
             trace.tokens = trace.tokens[plen:]
             return trace
         run.crop(cache, a + m + 1)
-        if not ngram:
-            if state.length > a:  # a drafter that cached anything beyond the verified context
-                state.crop(a)
-            clock.lap("other")
-            context.extend_context(state, out.features[:, : m + 1], a)
-            clock.lap("draft")  # the drafter's context K/V are part of its forward work
+        clock.lap("other")
+        proposer.advance(out.features[:, : m + 1] if features else None, a)
+        clock.lap("draft")  # the drafter's context K/V are part of its forward work
         anchor, a = new[-1], a + m + 1
         clock.lap("other")
 
@@ -310,8 +251,6 @@ def decode(
 
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=len(prompts_ids), desc="decoding", unit="prompt", leave=False)
     traces: list[Trace] = []
     ar_outputs: list[list[int]] = []

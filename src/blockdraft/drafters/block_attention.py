@@ -1,28 +1,12 @@
 """Who each block query may attend to in `forward_blocks`, and three exact ways to do it.
 
-Training lays A blocks of `Kb = block_size` slots end to end: the keys of one layer are
-`[context 0..T-1; block 0 slots; block 1 slots; ...]`, and block j's queries may see
-context `< anchors[:, j]` and the `Kb` slots of block j, nothing else. Three
-implementations, equal to float tolerance (tests/drafters/test_block_attention.py):
-
-- `dense`: the readable reference. One boolean mask `[B, 1, A*Kb, T + A*Kb]` and one SDPA
-  call over every (query, key) pair; at DFlash's recipe (T = 3,072, 512 anchors, block
-  16) the mask alone is 92 MB per sequence and >= 73% of the scores are thrown away.
-- `tiled`: the CPU default. Anchors are cut into tiles of a few blocks (sampled anchors
-  are sorted, so a tile's blocks have similar context limits); each tile is one fused
-  SDPA call over `[context 0..max anchor of the tile; the tile's own slots]` with a
-  small additive mask. Scores are never materialised (the fused CPU kernel keeps only
-  out + logsumexp) and the masks total `A*Kb*(T + tile*Kb)` entries: memory linear in
-  `A*Kb*(T + Kb)` for a fixed tile. The attention alone measured 1.7x faster than `dense`
-  forward+backward at the tiny demo's shape and 4.4x at T=1024, 256 anchors x block 16
-  (one-off micro-benchmark, one thread); whole-step ratios: bench/train_step.py.
-- `flex`: the CUDA default. `flex_attention` with a `BlockMask` (SpecForge's approach):
-  128x128 tiles with no allowed entry are skipped and scores never exist. torch 2.13 has
-  no flex backward on CPU, so on CPU it only runs without gradients (tests compare it
-  there); on CUDA it runs compiled.
-
-Padding anchors (-1) see only their own block in every implementation, so every query
-row has a key and the softmax stays finite.
+Blocks are laid end to end after the T context keys; block j's queries see context
+`< anchors[:, j]` and block j's own slots, nothing else. `dense` is the readable
+reference (one boolean mask, one SDPA call); `tiled` the CPU default (fused SDPA per tile
+of sorted anchors: no scores or dense mask, memory linear in `A*Kb*(T + Kb)`); `flex` the
+CUDA default (`flex_attention` with a `BlockMask` skipping empty tiles; forward-only on
+CPU). All agree to float tolerance; a padding anchor (-1) sees only its own block, so
+every softmax row stays finite. Layout and costs: docs/architecture.md ("drafters").
 """
 
 from __future__ import annotations
@@ -31,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 ATTENTION_IMPLS = ("dense", "tiled", "flex")
 
@@ -68,8 +53,6 @@ def _flex_attention() -> Any:
     """Compiled `flex_attention` (compiled once per process; eager flex is a slow reference)."""
     global _COMPILED_FLEX
     if _COMPILED_FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
         _COMPILED_FLEX = torch.compile(flex_attention)
     return _COMPILED_FLEX
 
@@ -145,8 +128,6 @@ class BlockAttention:
 
     # --- flex -------------------------------------------------------------------------------
     def _block_mask(self) -> Any:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         anchors, Kb, T = self.anchors, self.block_size, self.seq_len
         B, A = anchors.shape
         query_anchor = anchors.repeat_interleave(Kb, dim=1)  # [B, A*Kb]
@@ -174,8 +155,6 @@ class BlockAttention:
                 "attention='flex' has no backward on CPU in this torch; "
                 "use 'tiled' (the CPU default) to train"
             )
-        from torch.nn.attention.flex_attention import flex_attention
-
         return flex_attention(q, k, v, block_mask=self.block_mask, enable_gqa=gqa)
 
     # --- entry point ------------------------------------------------------------------------

@@ -145,6 +145,7 @@ class DrafterConfig:
 
     def hf_rope_config(self) -> Any:
         """A transformers Qwen3Config carrying this RoPE, for transformers' rope init functions."""
+        # lazy: transformers takes seconds to import; only non-default RoPE needs it
         from transformers import Qwen3Config
 
         params = {

@@ -1,26 +1,12 @@
-"""The DFlash parallel block drafter (METHODS.md §4).
+"""The DFlash parallel block drafter (METHODS.md §4): `BlockDrafter` and `DrafterState`.
 
-One forward pass turns a block `[x_n, MASK x K]` into K proposals. The drafter is a
-few decoder layers at the target's hidden size; target features of positions `< n`
-(concatenated chosen-layer hidden states, projected by `fc` and normed by `hidden_norm`)
-are injected in *every* layer as extra keys/values in front of the block's own. The block
-attends to itself bidirectionally. Token embedding and LM head are the target's, shared
-and frozen, and never part of the drafter's parameters or checkpoint. The layers are
-Qwen3-style (RMSNorm, q/k norm, SiLU gated MLP) for every target family, as in the public
-DFlash drafters, so that any drafter trained here loads in the serving engines.
-
-Two ways to run it, which must agree exactly (tests/drafters/test_drafter.py):
-
-- training/scoring: `forward_blocks` lays all blocks of a sequence end to end in one pass
-  (block j sees context `< anchor_j` and its own block, never another block; how that is
-  computed without a dense mask is `block_attention.py`); context K/V are computed once
-  per layer and shared.
-- inference: a `DrafterState` caches the context K/V of verified positions;
-  `extend_context` appends, `state.crop` cuts back, `draft_logits`/`sample_block` run one
-  block against the cache (block K/V are never cached).
-
-Slot convention: slot 0 is the anchor (never predicted); outputs are slots 1..K, `K =
-block_size - 1`. Slot k of anchor index a has RoPE position a + k; context feature i, i.
+One forward turns a block `[x_n, MASK x K]` into K proposals: Qwen3-style decoder layers
+at the target's width (like the public DFlash drafters, so engines load what is trained
+here) into which the target's features of positions `< n` (projected by `fc`, normed) are
+injected as keys/values, with bidirectional attention inside the block and the target's
+frozen embedding and LM head (never saved). `forward_blocks` (training and scoring: every
+block of a sequence in one pass) and the context KV cache of `DrafterState` (one block at
+a time) agree exactly. Interface and conventions: docs/architecture.md ("drafters").
 """
 
 from __future__ import annotations
@@ -38,9 +24,10 @@ from blockdraft.drafters.block_attention import (
     default_attention_impl,
 )
 from blockdraft.drafters.config import ARCHS, DrafterConfig, check_target_compatible
-from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
+from blockdraft.drafters.draft_vocab import d2t_offsets, draft_ids_from_d2t
 from blockdraft.drafters.layers import DecoderLayer, RMSNorm, rope_cos_sin, rope_inverse_frequencies
 from blockdraft.drafters.lookup_inputs import lookup_block_inputs
+from blockdraft.sampling import sample  # inverse CDF, generator on any device
 
 __all__ = [
     "ARCHS",
@@ -69,7 +56,6 @@ def sample_from_logits(
         tokens = logits.argmax(-1)
         q = torch.zeros_like(logits).scatter_(-1, tokens.unsqueeze(-1), 1.0)
         return tokens, q
-    from blockdraft.sampling import sample  # inverse CDF, generator on any device
 
     q = torch.softmax(logits / temperature, dim=-1)
     return sample(q, generator), q
@@ -161,8 +147,6 @@ class BlockDrafter(nn.Module):
 
     def set_draft_vocab(self, draft_ids: torch.Tensor) -> None:
         """Install the reduced vocabulary (target ids, see draft_vocab.most_frequent_tokens)."""
-        from blockdraft.drafters.draft_vocab import d2t_offsets
-
         if (
             self.config.draft_vocab_size is None
             or draft_ids.numel() != self.config.draft_vocab_size
@@ -177,6 +161,11 @@ class BlockDrafter(nn.Module):
     def draft_ids(self) -> torch.Tensor | None:
         """Target ids of the draft vocabulary in draft-id order, or None for the full vocab."""
         return draft_ids_from_d2t(self.d2t) if self.config.draft_vocab_size is not None else None
+
+    @property
+    def shared_head_weight(self) -> torch.Tensor:
+        """The target's full `[V, H]` LM-head weight the drafter shares (never saved)."""
+        return self._need_target().head.weight
 
     @property
     def head_weight(self) -> torch.Tensor:

@@ -1,16 +1,10 @@
 """Pick a training objective by name: the one place the trainer and the CLI go through.
 
-`make_objective(name, **params)` validates the name and every parameter up front (a
-typo in a config fails at start-up with the list of valid choices, not hours later) and
-returns an object with a uniform interface:
-
-- block objectives (`uniform`, `decay`, `dpace*`, `e2e`): `.loss(...) -> LossOutput`;
-- the rounds objective (`edr`): `.rounds_loss(acceptance, cost, inclusion_weights=None)`
-(the types are in `losses.py`).
-
-`needs_target_distribution` tells the trainer whether it must provide full target
-distributions (E2E, sampling-mode EDR) and `is_rounds_objective` whether to build
-whole-rollout acceptance tensors instead of teacher-forced blocks.
+`make_objective(name, **params)` validates the name and every parameter up front (a typo
+in a config fails at start-up with the valid choices, not hours later) and returns one of
+the types of `losses.py`. Its `needs_target_distribution` tells the trainer whether to
+provide full target distributions (E2E, sampling-mode EDR) and `is_rounds_objective`
+whether to build whole-rollout acceptance tensors instead of teacher-forced blocks.
 """
 
 from __future__ import annotations
@@ -41,6 +35,14 @@ OBJECTIVE_NAMES = (
 )
 EDR_MODES = ("sampling", "greedy")
 ANCHOR_SAMPLERS = ("gradient", "occupancy", "uniform")  # edr round starts beyond max_anchors
+
+
+class ObjectiveParamError(ValueError):
+    """A bad objective name or parameter; `key` names it ("name", "alpha", ...)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def _alpha(value: Any) -> float:
@@ -127,7 +129,9 @@ def objective_params(name: str) -> dict[str, Any]:
 
 def _check_name(name: Any) -> None:
     if name not in _PARAM_SPECS:
-        raise ValueError(f"unknown objective {name!r}; valid: {', '.join(OBJECTIVE_NAMES)}")
+        raise ObjectiveParamError(
+            "name", f"unknown objective {name!r}; valid: {', '.join(OBJECTIVE_NAMES)}"
+        )
 
 
 def _resolve_params(name: str, given: dict[str, Any]) -> dict[str, Any]:
@@ -135,10 +139,27 @@ def _resolve_params(name: str, given: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(given) - set(spec))
     if unknown:
         valid = ", ".join(spec) if spec else "none"
-        raise ValueError(
-            f"unknown parameter(s) {', '.join(unknown)} for objective {name!r}; valid: {valid}"
+        raise ObjectiveParamError(
+            unknown[0],
+            f"unknown parameter(s) {', '.join(unknown)} for objective {name!r}; valid: {valid}",
         )
-    return {key: check(given.get(key, default)) for key, (default, check) in spec.items()}
+    resolved = {}
+    for key, (default, check) in spec.items():
+        try:
+            resolved[key] = check(given.get(key, default))
+        except ObjectiveParamError:
+            raise
+        except ValueError as exc:
+            raise ObjectiveParamError(key, str(exc)) from None
+    return resolved
+
+
+def check_objective(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """`params` resolved for objective `name` (defaults filled in), or an
+    `ObjectiveParamError` naming the bad key: the one validation configs and
+    `make_objective` share."""
+    _check_name(name)
+    return _resolve_params(name, params)
 
 
 def _decay_weight_fn(gamma: float | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -173,8 +194,7 @@ def make_objective(name: str, **params: Any) -> Objective:
     they are drawn beyond that: "gradient" (the default) | "occupancy" | "uniform", see
     `training/edr_step.py`).
     """
-    _check_name(name)
-    resolved = _resolve_params(name, params)
+    resolved = check_objective(name, params)
     if name == "uniform":
         return WeightedCEObjective(name, resolved, _uniform_weight_fn)
     if name == "decay":

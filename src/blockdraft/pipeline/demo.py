@@ -1,18 +1,11 @@
 """`blockdraft demo`: the whole pipeline on one target, with sensible small defaults.
 
 It is what a new user runs first, so it must finish on a laptop (the default `tiny`
-target: about twelve minutes on 2 CPU cores from a fresh clone, the target build included),
-show progress throughout, and reuse every stage whose inputs did not change (a second
-run is mostly cache hits).
-
-Stages, each in its own directory under `out`:
-
-    rollouts/train, rollouts/eval   target responses to stdlib (or user) prompts
-    runs/decay, runs/dpace          drafters trained from scratch, same data and budget
-    runs/e2e, runs/edr              fine-tuning stages starting from the D-PACE drafter
-    eval.json, compare.json         exact offline MAL / AR_k with paired bootstrap CIs
-    online.json                     real speculative decoding: tau and speedup
-    report/                         report.md + PNG plots; report.json beside it
+target, built on first use), show progress throughout, and reuse every stage whose inputs
+did not change (`stages.py`: a second run is mostly cache hits). Stages, each in its own
+directory under `out`: rollouts, drafters trained from scratch (decay, D-PACE) and
+fine-tuned from D-PACE (E2E, EDR), offline evaluation and comparison, real decoding, and
+the report (layout: docs/architecture.md, "pipeline").
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The results report: PNG figures plus one markdown summary that embeds them.
 
-`write_report` takes plain data so any caller can use it:
-
-- `drafters`: offline results, one dict per (drafter, benchmark): `name`, `benchmark`,
-  `mal`, `mal_ci95`, `expected_rounds`, `ar_k`, `t_ge_k` (what `blockdraft eval --json`
-  writes; `drafters_from_eval` flattens that file);
-- `comparisons`: paired comparisons (`blockdraft compare --json`): `benchmark`, `a`, `b`,
-  `mal_a`, `mal_b`, `diff`, `diff_ci95`, `rel_gain`, `rel_gain_ci95`;
-- `training_logs`: run name -> path of a `metrics.jsonl` (or of its run directory);
-- `online`: drafter name -> `blockdraft decode --json` results (`tau`, `tau_ci95`,
-  `histogram`, `tokens_per_s`, `ar_tokens_per_s`, `speedup`, optionally `offline_mal`
-  and `offline_mal_ci95` for the online/offline agreement check, and the demo's
-  `speedup_vs_hf` / `hf_tokens_per_s`).
+`write_report` takes plain data, so any caller can use it: the offline results and paired
+comparisons that `blockdraft eval --json` / `compare --json` write, training logs
+(`metrics.jsonl`) and online decoding results (`blockdraft decode --json`); the figures
+are drawn by `report_plots.py`. Inputs key by key: docs/architecture.md ("pipeline").
 """
 
 from __future__ import annotations
@@ -21,6 +13,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from blockdraft.pipeline.report_plots import (
     plot_acceptance_rates,
@@ -177,8 +171,6 @@ def _baseline_line(online: dict[str, dict[str, Any]]) -> str:
 def _trained_with_dpace(metrics_path: str | Path) -> bool:
     """Whether the run whose metrics.jsonl this is used a D-PACE objective (from its
     run.yaml; True when that cannot be read, so nothing is hidden by mistake)."""
-    import yaml
-
     try:
         run_dir = Path(metrics_path) if Path(metrics_path).is_dir() else Path(metrics_path).parent
         cfg = yaml.safe_load((run_dir / "run.yaml").read_text()) or {}

@@ -1,29 +1,12 @@
 """Drafter checkpoints: `config.json` + `model.safetensors`, in the public DFlash layout.
 
-A checkpoint directory written here *is* a DFlash draft model directory as published by
-z-lab (e.g. `z-lab/Qwen3-8B-DFlash-b16`) and read by SGLang (`models/dflash.py`), vLLM
-(`models/qwen3_dflash.py`) and z-lab/dflash (`dflash/model.py`):
-
-- weight names are the drafter's own state_dict keys, which match those loaders
-  (`fc.weight`, `hidden_norm.weight`, `norm.weight`, `layers.{i}.self_attn.{q,k,v,o}_proj`,
-  `layers.{i}.self_attn.{q,k}_norm`, `layers.{i}.mlp.{gate,up,down}_proj`,
-  `layers.{i}.{input,post_attention}_layernorm`; optional `d2t` for a reduced vocab);
-  the target's embedding and LM head are never stored;
-- `config.json` is a Qwen3-style HF config with `architectures: ["DFlashDraftModel"]`,
-  `dflash_config: {mask_token_id, target_layer_ids, block_size}`, top-level `block_size`
-  and `num_target_layers` (as in the published configs), full-attention `layer_types`
-  and `is_causal: false`;
-- blockdraft's own, complete `DrafterConfig` plus caller extras live under the
-  namespaced key `"blockdraft"`, which the engines ignore.
-
-Loading uses safetensors only (no pickle) and refuses a checkpoint made for another
-target with a one-line error naming the key and both values. Writes are atomic: the
-directory is built under a temporary name and renamed into place, so an interrupted save
-never leaves a half-written checkpoint or loses the previous one. The size and SHA-256
-of `model.safetensors` are recorded under `blockdraft.weights` and checked on every load,
-so a truncated or corrupted file is a one-line `CheckpointError`, never a traceback or
-silently wrong weights. Files are written with the usual permissions (0644 under umask
-022; safetensors itself writes 0600).
+Why that layout: a checkpoint directory written here *is* a DFlash draft model directory
+as z-lab publishes them and SGLang, vLLM and z-lab/dflash read them, so export converts
+nothing (weight names and config keys: docs/export.md, "The format"). blockdraft's own
+complete `DrafterConfig` lives under the namespaced `"blockdraft"` key the engines
+ignore. Loading uses safetensors only and refuses another target's checkpoint naming the
+key; saves are atomic (built under a temporary name, then renamed) and record the
+weights' size and SHA-256, checked on every load, so damage is a one-line error.
 """
 
 from __future__ import annotations
@@ -38,10 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from blockdraft.artifacts import check_file, ensure_free_space, file_digest
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig, check_target_compatible
-from blockdraft.errors import CheckpointError
+from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
+from blockdraft.drafters.semi_ar import SemiARDrafter
+from blockdraft.errors import CheckpointError, disk_write_error
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -112,8 +99,6 @@ def write_checkpoint_dir(
     `extra_files` (name -> bytes) are written alongside; `check(tmp_dir)` may raise to
     abort before anything at `path` is touched.
     """
-    from safetensors.torch import save_file
-
     path = Path(path)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
@@ -130,8 +115,6 @@ def write_checkpoint_dir(
         except OSError:
             raise
         except Exception as exc:  # safetensors reports a full disk as SafetensorError
-            from blockdraft.errors import disk_write_error
-
             raise disk_write_error(path / WEIGHTS_NAME, exc) from None
         os.chmod(weights, _file_mode())
         if NAMESPACE in config_json:
@@ -174,8 +157,6 @@ def verify_weights(path: str | Path, cfg: dict[str, Any] | None = None) -> Path:
     this version), and always a parse of the safetensors header. Returns the file path;
     raises `CheckpointError` naming the file and what is wrong.
     """
-    from safetensors import safe_open
-
     cfg = read_config(path) if cfg is None else cfg
     file = Path(path) / WEIGHTS_NAME
     if not file.is_file():
@@ -345,10 +326,6 @@ def load_drafter(
     trained with non-default `target.layer_ids`. Callers scoring several drafters load
     each right before using it.
     """
-    from safetensors.torch import load_file
-
-    from blockdraft.drafters.semi_ar import SemiARDrafter
-
     config = load_drafter_config(path, target)
     wanted = list(config.target_layer_ids)
     adoptable = config.num_target_layers == target.num_layers and all(
@@ -392,7 +369,6 @@ def _drop_target_head_rows(state: dict[str, torch.Tensor], target: Any, file: Pa
         if head is not None:
             raise ValueError(f"{file} ships an lm_head.weight; the drafter uses the target's head")
         return
-    from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 
     rows = (
         target.lm_head.weight.detach().to("cpu").index_select(0, draft_ids_from_d2t(state["d2t"]))

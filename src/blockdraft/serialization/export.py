@@ -1,30 +1,11 @@
 """Check a drafter directory against what the DFlash serving loaders read, and export it.
 
-`validate_for_serving(path)` re-derives, from the *serving* keys of config.json alone
-(not from blockdraft's own config), the weight names and shapes a DFlash loader builds
-and compares them with the safetensors header. What is checked, and where it comes from:
-
-- config: `architectures == ["DFlashDraftModel"]` (the architecture name SGLang's
-  `EntryClass` and vLLM's registry map to DFlash; vLLM also auto-detects the method from
-  it), `model_type == "qwen3"` (the drafter config class of z-lab `dflash/model.py`),
-  `dflash_config.target_layer_ids` (required by z-lab, read by SGLang
-  `dflash_utils.parse_dflash_draft_config` and vLLM `eagle3_utils`), `mask_token_id` and
-  `block_size` in `dflash_config` or top level (SGLang/z-lab `_draft_value` fallbacks),
-  `num_target_layers`, `hidden_act == "silu"` (SGLang `DFlashMLP` refuses others),
-  full (non-causal, non-sliding) attention: `layer_types` all `full_attention` and
-  `is_causal` not true (vLLM `_resolve_layer_attention`, z-lab attention);
-- weights: exactly `fc.weight [H, n*H_t]`, `hidden_norm.weight`, `norm.weight` and per
-  layer `input_layernorm`, `post_attention_layernorm`, `self_attn.{q,k,v,o}_proj`
-  (+ biases iff `attention_bias`), `self_attn.{q,k}_norm [head_dim]` (every loader
-  always builds and applies per-head q/k norms) and `mlp.{gate,up,down}_proj`
-  (SGLang `DFlashDraftModel.load_weights` stacks q/k/v and gate/up from these names;
-  vLLM `DFlashQwen3Model.hf_to_vllm_mapper` likewise; both without a `model.` prefix);
-- no `embed_tokens` / `lm_head` (the target's are used), except that a reduced draft
-  vocabulary needs `d2t [N]` plus `lm_head.weight [N, H]` as vLLM's
-  `DFlashQwen3ForCausalLM` expects for `draft_vocab_size != vocab_size`
-  (SGLang ignores `d2t` and would score the full target vocabulary);
-- no semi-AR `markov_head.*` (no engine implements it); floating dtypes f32/bf16/f16,
-  all values finite; safetensors only.
+`validate_for_serving(path)` re-derives the weight names and shapes a DFlash loader builds
+from the *serving* keys of config.json alone (not from blockdraft's own config) and
+compares them with the safetensors header, so it is an independent check that our
+`state_dict` has the public layout. `export_drafter` validates a copy (optionally cast,
+with `modeling_dflash.py` for transformers) before moving it into place. Every rule and
+the engine code it comes from: docs/export.md ("What `validate_for_serving` checks").
 """
 
 from __future__ import annotations
@@ -34,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from blockdraft.artifacts import (
     LOCK_NAME,
@@ -42,6 +25,7 @@ from blockdraft.artifacts import (
     stored_artifact,
     writer_lock,
 )
+from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 from blockdraft.errors import CheckpointError
 from blockdraft.serialization.checkpoint import (
     CONFIG_NAME,
@@ -53,6 +37,7 @@ from blockdraft.serialization.checkpoint import (
     verify_weights,
     write_checkpoint_dir,
 )
+from blockdraft.targets.registry import load_tokenizer
 
 _FLOATS = {torch.float32, torch.bfloat16, torch.float16}
 MODELING_FILE = "modeling_dflash.py"
@@ -178,8 +163,6 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
 
 def validate_for_serving(path: str | Path) -> list[str]:
     """Problems that would stop SGLang / vLLM / z-lab dflash loading `path` as a DFlash drafter."""
-    from safetensors import safe_open
-
     path = Path(path)
     try:
         cfg = read_config(path)
@@ -304,8 +287,6 @@ def _refuse_to_replace(out_dir: Path, overwrite: bool) -> None:
 
 
 def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target: Any) -> Path:
-    from safetensors.torch import load_file
-
     cfg = read_config(ckpt)
     if (cfg.get("blockdraft") or {}).get("drafter_config", {}).get("lookup_inputs"):
         raise ExportError(
@@ -321,8 +302,6 @@ def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
         cfg["dtype"] = str(dtype).removeprefix("torch.")
     if "d2t" in tensors and "lm_head.weight" not in tensors and target is not None:
-        from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
-
         head = target.lm_head.weight.detach().to("cpu")
         if head.shape[0] != int(cfg["vocab_size"]) or head.shape[1] != int(cfg["hidden_size"]):
             raise ValueError(
@@ -363,8 +342,6 @@ def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:
     if tokenizer is None:
         name = ((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name")
         if name:
-            from blockdraft.targets.registry import load_tokenizer
-
             tokenizer = load_tokenizer(name)
     if tokenizer is None:
         return None

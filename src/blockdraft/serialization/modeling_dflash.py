@@ -1,23 +1,12 @@
 """DFlash block draft model for `transformers` (`trust_remote_code`), self-contained.
 
 `blockdraft export` copies this file into the export directory and points
-`config.json["auto_map"]["AutoModel"]` at `DFlashDraftModel`, so
-
-    AutoModel.from_pretrained(export_dir, trust_remote_code=True)
-
-builds the drafter and loads `model.safetensors` without blockdraft installed (only
-torch and transformers are imported). Without it transformers would quietly build a plain
-`Qwen3Model` and drop `fc` / `hidden_norm`. The function computed is blockdraft's
-`BlockDrafter` (tests/serialization/test_export.py checks equality on the same inputs),
-with the calling convention of z-lab/dflash's `DFlashDraftModel.forward`: the caller
-embeds the block with the *target's* embedding and passes the target features of the
-context; the target's LM head turns the returned hidden states into logits.
-
-Layout (weight names have no prefix, as SGLang and vLLM read them): `fc` projects the
-concatenated target-layer features `[.., n * H_t]` to `H`, `hidden_norm` normalises the
-result; every decoder layer attends from the block to `[context; block]` (context keys
-and values come from that projected context, block ones from the normed block states),
-bidirectionally within the block; `norm` is the final norm.
+`config.json["auto_map"]["AutoModel"]` at `DFlashDraftModel`, so `from_pretrained(dir,
+trust_remote_code=True)` builds the drafter without blockdraft installed (torch and
+transformers only); otherwise transformers would quietly build a plain
+`Qwen3Model` and drop `fc` / `hidden_norm`. It computes blockdraft's `BlockDrafter`
+(tested) with z-lab/dflash's calling convention: the caller embeds the block with the
+target's embedding and passes the context's target features (docs/export.md).
 """
 
 from __future__ import annotations
@@ -26,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel, Qwen3Config
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 class DFlashRMSNorm(nn.Module):
@@ -57,8 +47,6 @@ def _inverse_frequencies(config: Qwen3Config, head_dim: int) -> tuple[torch.Tens
     if rope_type == "default":
         exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
         return (1.0 / float(params["rope_theta"]) ** exponent).float(), 1.0
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
     inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
     return inv_freq.float(), float(scale)
 

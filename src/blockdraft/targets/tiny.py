@@ -1,20 +1,14 @@
 """The embedded default target `tiny`: a small Qwen3 LM that blockdraft trains itself.
 
 Why: the quick-start, the demo and the tests need a *trained* target (a random one gives
-meaningless acceptance rates) without any download. So blockdraft trains a few-million
-parameter Qwen3-architecture model on the Python standard library's source (present on
-every machine), with its own byte-level BPE tokenizer, once, in a few minutes on CPU,
-and caches it as an ordinary Hugging Face directory (safetensors + tokenizer files).
-
-Determinism: the model is a function of (`TinyConfig`, the stdlib corpus): fixed seed,
-fixed data order, fp32 on every CPU (a CPU-dependent precision made one config two
-recipes). The cache key hashes exactly these, so changing any field or the Python
-version builds a separate entry. The thread count is not part of the key: builds with 1
-and 2 threads give bit-identical weights (tests/targets/test_tiny.py), so the build picks
-it from the machine's idle cores (oversubscribed OpenMP threads spin and made a loaded
-2-core machine 5x slower with 2 threads than with 1). The CPU's vector ISA is not in the
-key either, and does change the last bits (docs/results.md, "The tiny target"); the
-manifest records it.
+meaningless acceptance rates) without any download, so blockdraft trains a small
+Qwen3-architecture model with its own byte-level BPE on the Python standard library's
+source (on every machine), once, in minutes on a CPU, and caches it as an ordinary HF
+directory. The weights are a function of (`TinyConfig`, the stdlib corpus), in fp32 on
+every CPU, and the cache key hashes exactly these; the thread count is not in it (1 and 2
+threads give identical weights), so the build takes the idle cores. The CPU's vector ISA
+changes the last bits (not in the key; the manifest records it). The recipe and the
+cross-CPU study: docs/results.md ("The tiny target").
 """
 
 from __future__ import annotations
@@ -163,6 +157,7 @@ def load_tiny_target(
     progress: bool = True,
 ) -> Target:
     """Load the cached `tiny` target, building it first if it is missing."""
+    # lazy: transformers takes seconds to import; `targets.registry` imports this module
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = build_tiny_target(config, cache_dir=cache_dir, progress=progress)
@@ -193,6 +188,7 @@ def _check_config(c: TinyConfig) -> None:
 
 
 def _make_model(c: TinyConfig, tokenizer) -> torch.nn.Module:
+    # lazy: transformers takes seconds to import; only a build needs it
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
@@ -339,6 +335,7 @@ def _build_into(
         torch.set_num_threads(threads)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    # lazy: transformers takes seconds to import; only a build needs it
     import transformers
 
     write_json(

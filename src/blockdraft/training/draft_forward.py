@@ -1,15 +1,12 @@
 """From a batch of sequences and anchors to the drafter's `log q(label)` per block slot.
 
-Pieces the objectives need but should not know about:
-
-- `map_to_draft_vocab`: target ids -> rows of a reduced draft vocabulary.
-- `DraftForward`: the one `nn.Module` whose `forward` runs every trainable parameter
-  (backbone and, for the semi-AR drafter, its Markov head). DDP/FSDP hook gradient
-  synchronisation on `forward`, so this wrapper is what gets wrapped, not the drafter.
-
-Large vocabularies: for the parallel drafter `log q(label)` goes through the chunked
-`target_logprobs` with `drafter.head_weight`, never materialising `[N, K, V]` logits
-unless an objective needs the full distribution (E2E, sampling EDR).
+The pieces the objectives need but should not know about: `map_to_draft_vocab` (target
+ids to the rows of a reduced draft vocabulary) and `DraftForward`, the one `nn.Module`
+whose `forward` runs every trainable parameter (backbone and, for the semi-AR drafter,
+its Markov head): DDP/FSDP hook gradient synchronisation on `forward`, so this wrapper is
+what gets wrapped, not the drafter. For the parallel drafter `log q(label)` goes through
+the chunked LM head, never materialising `[N, K, V]` logits unless an objective needs the
+full distribution (E2E, sampling EDR).
 """
 
 from __future__ import annotations
@@ -17,7 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from blockdraft.drafters.draft_vocab import target_to_draft
+from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.objectives.cross_entropy import target_logprobs, token_logprobs
+from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
 from blockdraft.training.draft_space import DraftSpace
 
 
@@ -33,7 +33,6 @@ def map_to_draft_vocab(
     draft_ids = getattr(drafter, "draft_ids", None)
     if draft_ids is None:
         return labels, labels >= 0
-    from blockdraft.drafters.draft_vocab import target_to_draft
 
     table = target_to_draft(draft_ids.to(labels.device), int(drafter.config.vocab_size))
     mapped = torch.where(labels >= 0, table[labels.clamp_min(0)], torch.full_like(labels, -1))
@@ -85,8 +84,6 @@ def chunked_token_logprobs(
     """`token_logprobs` a bounded number of rows at a time (`objectives.row_chunks`): the
     fused cross-entropy keeps its `[rows, V]` float32 log-softmax for backward, a second
     full-vocabulary tensor next to the logits (4.3 GiB at DFlash's recipe on Qwen3)."""
-    from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
-
     vocab = logits.shape[-1]
     if logits.numel() == 0:
         return token_logprobs(logits, labels)
@@ -101,8 +98,6 @@ def chunked_token_logprobs(
 def _is_plain_parallel(drafter: nn.Module) -> bool:
     """A drafter whose logits are just `hidden @ head_weight.T` (no Markov head, no softcap),
     so `log q(label)` can be chunked over the vocabulary."""
-    from blockdraft.drafters.semi_ar import SemiARDrafter
-
     return not isinstance(drafter, SemiARDrafter) and not drafter.config.final_logit_softcapping
 
 

@@ -1,39 +1,12 @@
 """One EDR micro-batch: every round start of every rollout, as the paper trains it.
 
-EDR's loss couples rounds (the occupancy of a round start depends on every earlier
-round), so unlike the block objectives it cannot train on a random handful of anchors:
-each rollout's acceptance `A [L-1, K]` and cost `c [L-1, K]` must cover all round starts.
-The last round start (n = L-1, drafting only x_L, which is emitted anyway) has no
-gradient and no share of J, so it is never given a drafter block: its row enters the
-recursions as zeros, which they never read. When a rollout has more than
-`objective.max_anchors` other round starts, at most `max_anchors` rows are drafted with
-gradient, the other rows enter the recursions detached with weight 0, and the sampled
-rows carry inverse-inclusion weights, so loss and gradient stay unbiased. Every row's
-current acceptance is still needed (the occupancy and value of a sampled row depend on
-all of them), so the other rows are scored by a no-grad pass. `objective.anchor_sampler`:
-
-- "occupancy": a no-grad pass scores every usable row, one batched recursion
-  gives the round-start occupancies, `sample_round_starts` draws rows proportionally to
-  them, and the drawn rows are drafted again with gradient (each drawn row twice).
-- "gradient" (the default): the same no-grad pass and recursion, PPS on
-  `gradient_sizes`, an estimate of each row's gradient norm from the occupancies, TD
-  terms and the proposals' logit-gradient moments (sampling mode: computed in the
-  scoring pass, `scores_with_gradient_moments`; greedy: from A): about the cost of
-  "occupancy", less gradient variance (bench/edr_sampler.py, docs/training.md).
-- "uniform": draw `max_anchors` rows uniformly first, then score only the rows the
-  gradient pass does not draft (each usable row once): a cheaper step, but on real
-  rollouts 1.4-18x more gradient noise per second of training than "occupancy"
-  (bench/edr_sampler.py, docs/training.md), so it is not the default.
-
-The no-grad pass runs `score_chunk` round starts per rollout at a time (default
-`max_anchors`, so it never holds more blocks than the gradient pass): at a long rollout
-it would otherwise score thousands of blocks in one pass.
-
-Acceptance follows the rollouts: sampling rollouts use lossless speculative sampling
-(`A = min(1, q(x)/p(x))`, TV-form cost, p = the rollout's processed sampling
-distribution from the same target forward that gave the features, q = softmax(logits / T)
-as the decoder samples proposals at the rollout temperature T); greedy rollouts use the
-smooth "greedy EDR" relaxation `A = q(x)`.
+EDR's loss couples rounds (a round start's occupancy depends on every earlier round), so
+each rollout's acceptance and cost must cover all its round starts. Beyond
+`objective.max_anchors`, only that many rows are drafted with gradient, drawn by
+`objective.anchor_sampler` and weighted by inverse inclusion probabilities; the others
+are scored by a chunked no-grad pass (sampled rows' occupancies depend on all of them);
+the last round start is never drafted. Sampling rollouts use `A = min(1, q(x)/p(x))` and
+the TV cost, greedy ones `A = q(x)` (samplers, costs: docs/training.md, "What a step does").
 """
 
 from __future__ import annotations
@@ -77,7 +50,7 @@ from blockdraft.training.objective_step import (
 
 def _acceptance(
     fwd,
-    target,
+    stop_ids,
     tout,
     batch,
     anchors,
@@ -100,10 +73,10 @@ def _acceptance(
     with ctx:
         sampling = mode == "sampling"
         # sampling: compare in the draft vocabulary + 2 columns if the drafter has one
-        space = DraftSpace.of(drafter, target.stop_token_ids) if sampling else None
+        space = DraftSpace.of(drafter, stop_ids) if sampling else None
         ids = labels.clamp_min(0) if space is None else space.labels(labels.clamp_min(0))
         if sampling:
-            stops = target.stop_token_ids if space is None else space.stop_columns
+            stops = stop_ids if space is None else space.stop_columns
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
             p = sampling_targets(
                 tout, positions, settings, space, default_chunk_rows(tout.logits.shape[-1])
@@ -135,13 +108,13 @@ def _acceptance(
             hidden, logq, _ = fwd(tout.features, batch.input_ids, anchors, labels, prev, False)
             _, in_vocab = map_to_draft_vocab(drafter, labels)
             logq_x = torch.where(in_vocab, logq, torch.full_like(logq, -math.inf))
-            acc, cost = greedy_soft_from_logprobs(logq_x, ids, target.stop_token_ids)
+            acc, cost = greedy_soft_from_logprobs(logq_x, ids, stop_ids)
     return acc, cost, hidden, logq, labels, mask, prev, grad_moments
 
 
 def score_round_starts(
     fwd,
-    target,
+    stop_ids,
     tout,
     batch,
     anchors: torch.Tensor,
@@ -167,7 +140,7 @@ def score_round_starts(
     with no_autograd():
         for lo in range(0, anchors.shape[1], chunk):
             acc, cost, *_, m = _acceptance(
-                fwd, target, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False,
+                fwd, stop_ids, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False,
                 moments=moments,
             )  # fmt: skip
             accs.append(acc)
@@ -188,7 +161,7 @@ def _with_dead_row(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _draw_round_starts(
     fwd,
-    target,
+    stop_ids,
     tout,
     batch,
     objective,
@@ -231,7 +204,7 @@ def _draw_round_starts(
     # mode gets them from the scoring pass (every usable row is scored), greedy from A
     want_moments = objective.anchor_sampler == "gradient" and mode == "sampling"
     acc, cost, *moments = score_round_starts(
-        fwd, target, sub_out, sub, anchors.to(batch.input_ids.device), settings, mode, chunk,
+        fwd, stop_ids, sub_out, sub, anchors.to(batch.input_ids.device), settings, mode, chunk,
         moments=want_moments,
     )  # fmt: skip
     full = []
@@ -269,7 +242,8 @@ def _draw_round_starts(
 def edr_micro_step(
     fwd: nn.Module,
     drafter: nn.Module,
-    target,
+    features,
+    stop_ids,
     objective,
     batch: Batch,
     *,
@@ -288,9 +262,8 @@ def edr_micro_step(
     `objective.max_anchors`)."""
     device = batch.input_ids.device
     sampling = mode == "sampling"
-    tout = target.forward(  # greedy EDR needs no target logits: skip the LM head
-        batch.input_ids,
-        attention_mask=batch.attention_mask.long(),
+    tout = features.features(  # greedy EDR needs no target logits: skip the LM head
+        batch,
         with_logits=sampling,
         logits_to_keep=response_logits_to_keep(batch) if sampling else 0,
     )
@@ -312,14 +285,14 @@ def edr_micro_step(
     long_rows = [i for i, u in enumerate(usable) if u > limit]
     if long_rows:
         drawn = _draw_round_starts(
-            fwd, target, tout, batch, objective, starts, long_rows, usable,
+            fwd, stop_ids, tout, batch, objective, starts, long_rows, usable,
             settings=settings, mode=mode, seed=seed, step=step, chunk=score_chunk or limit,
         )  # fmt: skip
         for i, (idx, w, acc_i, cost_i) in zip(long_rows, drawn, strict=True):
             chosen[i], weights[i], full_acc[i], full_cost[i] = idx, w, acc_i, cost_i
     anchors = pad_anchor_lists([starts[i][chosen[i]] for i in range(len(rows))]).to(device)
     acc, cost, hidden, logq, labels, mask, prev, _ = _acceptance(
-        fwd, target, tout, batch, anchors, settings, mode, with_grad=True, want_logq=want_acc
+        fwd, stop_ids, tout, batch, anchors, settings, mode, with_grad=True, want_logq=want_acc
     )
     acc_list, cost_list, keep = [], [], []
     for i, r in enumerate(rows):

@@ -27,7 +27,8 @@ from blockdraft.training.distributed import (
     clip_grad_norm,
     no_grad_sync,
 )
-from blockdraft.training.features import FeatureSource
+from blockdraft.training.edr_step import edr_micro_step
+from blockdraft.training.feature_sources import FeatureSource
 from blockdraft.training.objective_step import StepStats, block_micro_step
 
 
@@ -41,7 +42,8 @@ class LoopParts:
 
     cfg: Any
     ctx: DistContext
-    features: FeatureSource  # online target or cached features (`training/features.py`)
+    features: FeatureSource  # online target or cached features (`training/feature_sources.py`)
+    stop_token_ids: list[int]  # the target's: EDR's cost is 0 at a stop token
     drafter: nn.Module
     fwd: nn.Module  # DraftForward, possibly DDP/FSDP-wrapped
     objective: Any
@@ -62,14 +64,12 @@ class LoopParts:
 
 def _micro_step(parts: LoopParts, batch, step: int, want_acc: bool):
     cfg = parts.cfg
-    target = parts.features.bind(batch)  # its forward() returns this batch's features
     if parts.objective.is_rounds_objective:
-        from blockdraft.training.edr_step import edr_micro_step
-
         return edr_micro_step(
             parts.fwd,
             parts.drafter,
-            target,
+            parts.features,
+            parts.stop_token_ids,
             parts.objective,
             batch,
             seed=cfg.seed,
@@ -83,7 +83,7 @@ def _micro_step(parts: LoopParts, batch, step: int, want_acc: bool):
     return block_micro_step(
         parts.fwd,
         parts.drafter,
-        target,
+        parts.features,
         parts.objective,
         batch,
         num_anchors=cfg.num_anchors,

@@ -1,15 +1,12 @@
 """One micro-batch through target, drafter and objective: loss numerator, denominator, stats.
 
-Why a numerator/denominator split: every objective is a ratio whose denominator is a
-detached count or weight sum over the batch (summed CE weights for uniform/decay/D-PACE,
-blocks for E2E, emitted tokens for EDR). To make N processes x M accumulation steps give
-exactly the gradient of one process on the whole global batch, each micro-batch
-back-propagates its *un-normalised* numerator, and the loop divides the summed gradient
-by the global denominator (all-reduced) once all micro-batches are in. Per-micro-batch
-normalisation followed by averaging would weight micro-batches equally instead.
-
-Block objectives (uniform, decay, dpace*, e2e) train on `num_anchors` sampled anchors per
-sequence; the rounds objective (edr) lives in `edr_step.py`.
+Why the split: every objective is a ratio whose denominator is a detached count or weight
+sum over the batch (CE weights, blocks for E2E, emitted tokens for EDR). Each micro-batch
+back-propagates its *un-normalised* numerator and the loop divides the summed gradient by
+the all-reduced global denominator, so N processes x M accumulation steps give exactly
+the gradient of one process on the whole batch (averaging per-micro-batch losses would
+weight micro-batches equally instead). Block objectives train on `num_anchors` sampled
+anchors per sequence; the rounds objective (EDR) lives in `edr_step.py`.
 """
 
 from __future__ import annotations
@@ -172,7 +169,7 @@ def block_stats(
 def block_micro_step(
     fwd: nn.Module,
     drafter: nn.Module,
-    target,
+    features,
     objective,
     batch: Batch,
     *,
@@ -192,9 +189,8 @@ def block_micro_step(
     # and no [B, A, K, V] distributions are needed (gigabytes at a 262k vocabulary).
     greedy_overlap = bool(objective.needs_target_distribution) and settings.greedy
     need_full = bool(objective.needs_target_distribution) and not greedy_overlap
-    tout = target.forward(
-        batch.input_ids,
-        attention_mask=batch.attention_mask.long(),
+    tout = features.features(
+        batch,
         with_logits=need_full,
         logits_to_keep=response_logits_to_keep(batch) if need_full else 0,
     )

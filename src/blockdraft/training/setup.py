@@ -8,14 +8,24 @@ that contradicts how the rollouts were generated, an incompatible init checkpoin
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from blockdraft.data.rollout_store import RolloutError, check_target
+from blockdraft.data.rollouts import RolloutSet
+from blockdraft.devices import resolve_device, resolve_dtype
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.drafters.draft_vocab import most_frequent_tokens
+from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.errors import BlockdraftError
-from blockdraft.training.config import ConfigError, DataConfig, TrainConfig
+from blockdraft.objectives.registry import make_objective
+from blockdraft.serialization.checkpoint import load_drafter
+from blockdraft.targets.registry import load_target
+from blockdraft.training.config import ConfigError, DataConfig, TrainConfig, objective_spec
 
 
 class TrainSetupError(BlockdraftError, ValueError):
@@ -36,9 +46,6 @@ def load_target_for(cfg: TrainConfig, device: torch.device):
     GPU, and the features the drafter reads are bf16 under autocast anyway) and float32
     elsewhere (CPU bf16 matmuls are slow and the tests compare in fp32).
     """
-    from blockdraft.devices import resolve_dtype
-    from blockdraft.targets.registry import load_target
-
     kwargs: dict[str, Any] = {"device": device, "progress": cfg.logging.progress}
     kwargs["dtype"] = resolve_dtype(cfg.target.dtype, device)
     target = load_target(cfg.target.name, **kwargs)
@@ -55,10 +62,6 @@ def load_target_for(cfg: TrainConfig, device: torch.device):
 
 def check_device(cfg: TrainConfig) -> None:
     """`device` names a device this machine has (before any process group or file)."""
-    import os
-
-    from blockdraft.devices import resolve_device
-
     try:
         resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     except (RuntimeError, ValueError) as exc:
@@ -105,9 +108,6 @@ def check_against_target(cfg: TrainConfig, target, say=print) -> None:
 
 def _open_checked(directory: str, key: str, target, allow_incomplete: bool = False):
     """Open a rollout directory (whole, intact, complete) and check this target made it."""
-    from blockdraft.data.rollout_store import RolloutError, check_target
-    from blockdraft.data.rollouts import RolloutSet
-
     if not directory:
         raise ConfigError(f"{key}: required (a rollout directory)")
     path = Path(directory)
@@ -172,22 +172,10 @@ def resolve_mode(cfg: TrainConfig, train: RolloutData, evaluation: RolloutData |
 
 
 def build_objective(cfg: TrainConfig, mode: str):
-    from blockdraft.objectives.registry import make_objective
-
-    o = cfg.objective
-    params: dict[str, Any] = {
-        "uniform": {},
-        "decay": {"gamma": o.gamma},
-        "e2e": {},
-        "edr": {"mode": mode, "max_anchors": o.max_anchors, "anchor_sampler": o.anchor_sampler},
-    }.get(o.name, {"alpha": o.alpha})
-    name = o.name
-    if name == "dpace" and o.variant != "full":
-        name = f"dpace-{o.variant}"
-    try:
-        return make_objective(name, **params)
-    except ValueError as exc:
-        raise ConfigError(f"objective: {exc}") from None
+    """The configured objective for rollouts of `mode` (its config was validated by
+    `config.validate`, which shares `objective_spec` and the registry's checks)."""
+    name, params = objective_spec(cfg.objective, mode)
+    return make_objective(name, **params)
 
 
 def dpace_profile_args(cfg: TrainConfig) -> tuple[float, str]:
@@ -200,10 +188,6 @@ def dpace_profile_args(cfg: TrainConfig) -> tuple[float, str]:
 
 def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.device):
     """A fresh drafter (seeded) or the `drafter.init_from` checkpoint, bound to the target."""
-    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
-    from blockdraft.drafters.semi_ar import SemiARDrafter
-    from blockdraft.serialization.checkpoint import load_drafter
-
     d = cfg.drafter
     if d.init_from:
         if not Path(d.init_from).is_dir():
@@ -230,8 +214,6 @@ def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.de
     torch.manual_seed(cfg.seed)
     drafter = (SemiARDrafter if d.arch == "semi_ar" else BlockDrafter)(dcfg)
     if d.draft_vocab_size is not None:
-        from blockdraft.drafters.draft_vocab import most_frequent_tokens
-
         ids = most_frequent_tokens(
             (torch.cat([r.prompt_ids, r.response_ids]) for r in train.rollouts),
             d.draft_vocab_size,

@@ -1,19 +1,13 @@
-"""A lean decoding round for a parallel block drafter on CPU: context update and block in one pass.
+"""A lean decoding round for a small parallel block drafter on a CPU: context and block in one pass.
 
-Why: in the decoding loop a small drafter's cost is dispatch overhead, and the loop pays
-it twice per round (`extend_context` for the verified positions, then `draft_hidden` for
-the next block). Both project rows with the same layer weights, at contiguous positions
-(verified context a..a+m, then the block at a+m+1..), so one pass does both: each
-layer runs one q/k/v product over [new context rows; block rows], one norm pass over all
-q and k heads, one rotation; the context keys/values land in a preallocated cache and
-the block's own keys/values right after them (scratch, overwritten next round), so the
-block attends to `cache[:anchor + block]` with no mask and no concatenation.
-
-`extend_context` only records the verified features; `draft_hidden` does the work. Same
-weights and operations as `BlockDrafter.extend_context` + `draft_hidden`; products are
-fused by concatenating weight rows, so hidden states differ only by float rounding
-(tested). Only where dispatch is the cost: fp32 on CPU, every weight below the size at
-which MKL's packed products pay (decoding/cpu/packed_linear.py; larger drafters keep those).
+The loop pays a small drafter's dispatch twice per round (`extend_context` for the
+verified positions, `draft_hidden` for the next block), yet both project rows with the
+same layer weights at contiguous positions (context a..a+m, block a+m+1..). So one pass
+does both: per layer one q/k/v product over [new context rows; block rows], one norm pass,
+one rotation; context K/V land in a preallocated cache and the block's right after them
+(scratch), and the block attends to `cache[:anchor + block]` with no mask. `extend_context`
+only records features; `draft_hidden` does the work. Hidden states equal `BlockDrafter`'s
+to float rounding. fp32 CPU drafters with every weight below MKL's packing size only.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
-"""A lean batch-1 forward for small Qwen3/Llama targets on CPU: the same math in fewer ops.
+"""A lean batch-1 forward for small Qwen3/Llama targets on a CPU: the same math in fewer ops.
 
-Why: at `tiny`'s size (1.3M parameters) a decoding forward is dispatch overhead, and an
-HF forward spends most of it on generality (mask construction, a growing cache, per-call
-rotary tables, one product per projection). This forward reads the HF model's weights
-(no copy of the model) and runs each layer as one q/k/v product, one gate/up product,
-one norm pass over all q and k heads, one rotation, a preallocated K/V cache written in
-place and cropped by a length, and the attention mask sliced from a fixed table. Same
-weights, same operations in the same precision; products are fused by concatenating
-weight rows, so logits differ from HF's only by float rounding (tested).
-
-Only for fp32 CPU models of the plain Qwen3 / Llama shape (default RoPE, no biases, full
-attention, SiLU) whose decoder weights are all below the size at which MKL's packed
-products pay (decoding/cpu/packed_linear.py): there a forward is dispatch; above it, it is
-compute, and the fused weights (a second copy) would cost memory for nothing. Everything
-else keeps the HF forward.
+At `tiny`'s size a decoding forward is dispatch, and HF's spends it on generality (masks,
+a growing cache, rotary tables per call, one product per projection). This one reads the
+HF model's weights and runs each layer as one q/k/v and one gate/up product (weight rows
+concatenated), one norm pass over all q and k heads, one rotation, a preallocated K/V
+cache written in place and cropped by a length, and a mask sliced from a fixed table:
+logits equal HF's to float rounding. Only fp32 CPU models of the plain shape whose decoder
+weights are all below MKL's packing size; above it a forward is compute, and the fused copy
+would cost memory for nothing. Numbers: docs/decoding.md.
 """
 
 from __future__ import annotations

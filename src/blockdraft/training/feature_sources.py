@@ -9,11 +9,9 @@ branches on where they come from:
   (`data.features=DIR`), so the target never runs during training. At Gemma 3 270M's
   shape the target forward is most of a step (see `bench/train_features.py`).
 
-Step functions (`block_micro_step`, `edr_micro_step`) take a `target` and call
-`target.forward(input_ids, attention_mask=..., with_logits=...)`. `FeatureSource.bind(batch)`
-returns a `BatchTarget` whose `forward` answers that call from the source (other
-attributes, e.g. `stop_token_ids`, are the real target's), so the step functions, the
-benchmarks that call them with a real target and the objective code stay unchanged.
+Step functions (`block_micro_step`, `edr_micro_step`) are handed the source itself and
+call `features(batch, with_logits=..., logits_to_keep=...)`: each step decides whether it
+needs the target's logits (only sampling E2E/EDR do), so it asks for exactly that.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_set_id, truncated_span
+from blockdraft.data.rollout_store import read_manifest, target_fingerprint
 from blockdraft.targets.target import TargetOutput
 from blockdraft.training.batching import Batch
 from blockdraft.training.setup import TrainSetupError
@@ -38,33 +37,6 @@ class FeatureSource(Protocol):
         """`TargetOutput(logits [B,T,V] | None, features [B,T,F])` for a padded batch
         (`logits_to_keep`: logits of the last positions only, as `Target.forward`)."""
         ...
-
-    def bind(self, batch: Batch) -> BatchTarget: ...
-
-
-class BatchTarget:
-    """The target as one micro-batch's step function sees it (see the module docstring)."""
-
-    def __init__(self, source: FeatureSource, target: Any, batch: Batch) -> None:
-        self._source, self._target, self._batch = source, target, batch
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        attention_mask=None,
-        with_logits: bool = True,
-        logits_to_keep: int = 0,
-        **kw,
-    ) -> TargetOutput:
-        if input_ids.shape != self._batch.input_ids.shape or kw:
-            raise ValueError("BatchTarget answers only the training forward of its own batch")
-        return self._source.features(
-            self._batch, with_logits=with_logits, logits_to_keep=logits_to_keep
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._target, name)
 
 
 class OnlineTargetFeatures:
@@ -82,9 +54,6 @@ class OnlineTargetFeatures:
             with_logits=with_logits,
             logits_to_keep=logits_to_keep,
         )
-
-    def bind(self, batch: Batch) -> BatchTarget:
-        return BatchTarget(self, self.target, batch)
 
 
 class CachedFeatures:
@@ -138,8 +107,6 @@ class CachedFeatures:
         device: torch.device | str = "cpu",
     ) -> CachedFeatures:
         """Open and check `directory` against this target, its layer ids and rollout set."""
-        from blockdraft.data.rollout_store import read_manifest, target_fingerprint
-
         try:
             store = FeatureStore(directory, KEY)
         except FeatureError as exc:
@@ -183,9 +150,6 @@ class CachedFeatures:
             n = int(lengths[i])
             out[i, :n] = self.store.row(self._rows[idx], n).to(self.dtype)
         return TargetOutput(logits=None, features=out.to(self.device))
-
-    def bind(self, batch: Batch) -> BatchTarget:
-        return BatchTarget(self, self.target, batch)
 
 
 def needs_target_logits(objective: Any, mode: str) -> bool:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from trainkit import make_config
 
-import blockdraft.data.features as features_mod
+import blockdraft.data.feature_writer as features_mod
 from blockdraft.data.feature_store import FeatureError, FeatureStore
-from blockdraft.data.features import plan_features, write_features
+from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollouts import RolloutSet
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
@@ -20,7 +20,7 @@ from blockdraft.training import train
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
-from blockdraft.training.features import (
+from blockdraft.training.feature_sources import (
     CachedFeatures,
     OnlineTargetFeatures,
     build_feature_source,
@@ -77,16 +77,23 @@ def _step(source, target, rollouts, settings, objective_name: str):
     idx = [3, 0, 11, 7, 20]
     batch = collate([rollouts[i] for i in idx], idx, 0, 64)
     common = dict(seed=0, step=2, want_acc=True, alpha=0.5, variant="full")
-    bound = source.bind(batch)
     if objective_name == "edr":
         obj = make_objective("edr", mode="greedy", max_anchors=8)  # long rows are PPS-sampled
         out = edr_micro_step(
-            fwd, drafter, bound, obj, batch, settings=settings, mode="greedy", **common
+            fwd,
+            drafter,
+            source,
+            target.stop_token_ids,
+            obj,
+            batch,
+            settings=settings,
+            mode="greedy",
+            **common,
         )
     else:
         obj = make_objective(objective_name, alpha=0.5)
         out = block_micro_step(
-            fwd, drafter, bound, obj, batch, num_anchors=8, settings=settings, **common
+            fwd, drafter, source, obj, batch, num_anchors=8, settings=settings, **common
         )
     out.numerator.backward()
     grads = {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
@@ -249,7 +256,7 @@ def test_interrupted_writer_resumes_to_identical_shards(
 
 
 def test_disk_formula_and_max_gb_guard(target, rollout_dirs, tmp_path, monkeypatch, capsys):
-    import blockdraft.targets.registry as registry
+    import blockdraft.cli.features as features_cli
     from blockdraft.cli import main
 
     rs = RolloutSet.open(rollout_dirs["greedy"])
@@ -257,7 +264,7 @@ def test_disk_formula_and_max_gb_guard(target, rollout_dirs, tmp_path, monkeypat
     plan = plan_features(target, rollout_dirs["greedy"], tmp_path / "x", dtype="bfloat16")
     assert plan.num_tokens == tokens
     assert plan.total_bytes == tokens * 1 * 64 * 2  # tokens x layers x hidden x bytes
-    monkeypatch.setattr(registry, "load_target", lambda *a, **k: target)
+    monkeypatch.setattr(features_cli, "load_target", lambda *a, **k: target)
     argv = ["features", "--target", "t", "--rollouts", str(rollout_dirs["greedy"]), "--no-progress"]
     code = main(argv + ["--out", str(tmp_path / "x"), "--max-gb", "1e-6"])
     out, err = capsys.readouterr()
