@@ -310,11 +310,11 @@ def terminal_summary(report: dict[str, Any]) -> str:
         "of that same text, which it equals at T = 0)"
     ]
     lines += speed_verdict(report["drafters"])
-    lines += ["", f"{'B vs A':<16} {'MAL gain':>9} {'95% CI':>20} {'rel.':>8}"]
+    lines += ["", f"{'B vs A':<18} {'MAL gain':>9} {'95% CI':>20} {'rel.':>8}"]
     for c in report["comparisons"]:
         lo, hi = c["mal_gain_ci95"]
         lines.append(
-            f"{c['b'] + ' vs ' + c['a']:<16} {c['mal_gain']:>+9.4f} "
+            f"{c['b'] + ' vs ' + c['a']:<18} {c['mal_gain']:>+9.4f} "
             f"{f'[{lo:+.4f}, {hi:+.4f}]':>20} {100 * c['rel_gain']:>+7.2f}%"
         )
     return "\n".join(lines)

@@ -196,7 +196,11 @@ def block_micro_step(
     )
     anchors = sampled_anchors(batch, num_anchors, block_size, seed, step).to(device)
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
-    hidden, logq, logits = fwd(tout.features, batch.input_ids, anchors, labels, prev, need_full)
+    # greedy E2E: the overlap q(x) at the drafter temperature beta (greedy EDR's relaxation)
+    beta = objective.params.get("greedy_temperature", 1.0) if greedy_overlap else 1.0
+    hidden, logq, logits = fwd(
+        tout.features, batch.input_ids, anchors, labels, prev, need_full, beta
+    )
     _, in_vocab = map_to_draft_vocab(drafter, labels)
     train_mask = mask & in_vocab
     valid = anchors >= 0
