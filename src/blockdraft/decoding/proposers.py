@@ -246,8 +246,12 @@ class GreedyDraftHead:
 
     @staticmethod
     def applies(drafter: Any) -> bool:
-        """True for a parallel BlockDrafter (a semi-AR one drafts slot by slot)."""
-        return isinstance(drafter, BlockDrafter) and getattr(drafter, "markov_head", None) is None
+        """True for a parallel BlockDrafter (semi-AR and DFlash2 ones draft slot by slot)."""
+        return (
+            isinstance(drafter, BlockDrafter)
+            and getattr(drafter, "markov_head", None) is None
+            and not _is_sequential(drafter)
+        )
 
     def pick(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy proposals `[K]` (target ids) from `drafter.draft_hidden(...)` `[K, H]`."""

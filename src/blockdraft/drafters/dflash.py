@@ -22,6 +22,7 @@ from blockdraft.drafters.block_attention import (
     BlockAttention,
     block_attention_mask,
     default_attention_impl,
+    one_block_mask,
 )
 from blockdraft.drafters.config import ARCHS, DrafterConfig, check_target_compatible
 from blockdraft.drafters.draft_vocab import d2t_offsets, draft_ids_from_d2t
@@ -98,19 +99,7 @@ class BlockDrafter(nn.Module):
         self.config = c = config
         self.fc = nn.Linear(c.feature_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.layers = nn.ModuleList(
-            DecoderLayer(
-                c.hidden_size,
-                c.intermediate_size,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.head_dim,
-                c.rms_norm_eps,
-                c.qk_norm,
-                c.attention_bias,
-            )
-            for _ in range(c.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(self._decoder_layer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         hf_rope = c.hf_rope_config() if c.rope_scaling else None
         # A plain float32 tensor, not a buffer: `.to(bfloat16)` must not round the frequencies.
@@ -125,6 +114,20 @@ class BlockDrafter(nn.Module):
         # runtime choice (all are exact), not part of the config or checkpoint.
         self.attention = "auto"
         self.apply(self._init_weights)
+
+    @staticmethod
+    def _decoder_layer(c: DrafterConfig) -> nn.Module:
+        """One decoder layer (DFlash2 adds its convolutions around the sublayers)."""
+        return DecoderLayer(
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.rms_norm_eps,
+            c.qk_norm,
+            c.attention_bias,
+        )
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -240,11 +243,16 @@ class BlockDrafter(nn.Module):
         impl = attention or self.attention
         if impl == "auto":
             impl = default_attention_impl(x.device)
-        mask = BlockAttention(anchors, T, Kb, impl, dtype=x.dtype)
+        masks: dict[tuple[bool, int | None], BlockAttention] = {}  # one per layer kind
 
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            kind = self.config.layer_attention(i)
+            if kind not in masks:
+                masks[kind] = BlockAttention(
+                    anchors, T, Kb, impl, dtype=x.dtype, causal=kind[0], window=kind[1]
+                )
             ctx_k, ctx_v = layer.self_attn.key_value(ctx, ctx_cos, ctx_sin)
-            x = layer(x, ctx_k, ctx_v, cos, sin, mask)
+            x = layer(x, ctx_k, ctx_v, cos, sin, masks[kind])
         # slot 0 predicts nothing: dropped first, so the LM head gets contiguous rows (not a bmm)
         return self.norm(x.view(B, A, Kb, -1)[:, :, 1:])
 
@@ -260,6 +268,9 @@ class BlockDrafter(nn.Module):
         return self.to_target_vocab(self._softcap(logits))
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """z-lab's logit transform: times `output_multiplier`, then the softcap if any."""
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
@@ -359,7 +370,9 @@ class BlockDrafter(nn.Module):
         )
         for i, layer in enumerate(self.layers):
             k, v = state.keys[i][:, :, :anchor_position], state.values[i][:, :, :anchor_position]
-            x = layer(x, k, v, cos, sin, None)
+            causal, window = c.layer_attention(i)
+            mask = one_block_mask(anchor_position, c.block_size, causal, window, dev)
+            x = layer(x, k, v, cos, sin, mask)
         return self.norm(x)[0, 1:]
 
     @torch.no_grad()

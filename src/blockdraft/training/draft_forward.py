@@ -2,11 +2,11 @@
 
 The pieces the objectives need but should not know about: `map_to_draft_vocab` (target
 ids to the rows of a reduced draft vocabulary) and `DraftForward`, the one `nn.Module`
-whose `forward` runs every trainable parameter (backbone and, for the semi-AR drafter,
-its Markov head): DDP/FSDP hook gradient synchronisation on `forward`, so this wrapper is
-what gets wrapped, not the drafter. For the parallel drafter `log q(label)` goes through
-the chunked LM head, never materialising `[N, K, V]` logits unless an objective needs the
-full distribution (E2E, sampling EDR).
+whose `forward` runs every trainable parameter (backbone and Markov head or selector):
+DDP/FSDP hook gradient synchronisation on `forward`, so this wrapper is what gets wrapped.
+For the parallel drafter `log q(label)` goes through the chunked LM head (no `[N, K, V]`
+logits unless an objective needs them). DFlash2: every objective scores the teacher-forced
+selector; the unary logits get its per-position weights (`with_unary_gradient`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,26 @@ def map_to_draft_vocab(
     return mapped, mapped >= 0
 
 
+LOGQ_FLOOR = -30.0  # log q of a label the selector cannot propose (q = 1e-13)
+
+
+def has_selector(drafter: nn.Module) -> bool:
+    """True for a DFlash2 drafter (proposals re-ranked by a candidate selector)."""
+    return hasattr(drafter, "candidate_selector")
+
+
+def with_unary_gradient(selector_term: torch.Tensor, unary_term: torch.Tensor) -> torch.Tensor:
+    """The selector's value, and the gradients of both: what the objective sees for a
+    DFlash2 drafter, so its per-position weights (computed from the value) also weight the
+    unary logits' term."""
+    return selector_term + (unary_term - unary_term.detach())
+
+
+def floored_logq(logq: torch.Tensor) -> torch.Tensor:
+    """`log q` with -inf (label not a candidate) replaced by `LOGQ_FLOOR` (no gradient)."""
+    return torch.where(torch.isfinite(logq), logq, torch.full_like(logq, LOGQ_FLOOR))
+
+
 class DraftForward(nn.Module):
     """Runs the drafter on anchored blocks and scores the labels (what DDP wraps)."""
 
@@ -46,6 +66,9 @@ class DraftForward(nn.Module):
         super().__init__()
         self.drafter = drafter
         self.chunk_rows = chunk_rows
+
+    def _selector_logq(self, hidden, labels, prev):
+        return _selector_logq_impl(self.drafter, hidden, labels, prev, self.chunk_rows)
 
     def forward(
         self,
@@ -56,7 +79,8 @@ class DraftForward(nn.Module):
         prev: torch.Tensor,
         full_logits: bool = False,
         temperature: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        unary: bool = False,
+    ):
         """Returns (hidden [B,A,K,H], logq [B,A,K] float32 (0 where label < 0), logits or None).
 
         `labels` are target ids (-1 = none); `logits` (only with `full_logits`) are in the
@@ -65,10 +89,31 @@ class DraftForward(nn.Module):
         `temperature` (without `full_logits`): logq is `log softmax(z / temperature)(label)`,
         greedy EDR's tempered relaxation; the plain parallel head divides the hidden state,
         the same as dividing the logits since `z = h W^T`.
+
+        DFlash2: logq and logits are the selector's (logq floored); `logq` carries the
+        unary cross-entropy's gradient too unless `unary=True`, which returns the
+        selector's terms alone plus a fourth element `(unary logits, unary logq)` for the
+        caller to weight (`with_unary_gradient`).
         """
         if full_logits and temperature != 1.0:
             raise ValueError("temperature scales logq only; not with full_logits")
         hidden = self.drafter.forward_blocks(features, input_ids, anchors)
+        if has_selector(self.drafter):
+            if temperature != 1.0:
+                raise ValueError(
+                    "a drafter temperature (greedy_temperature) is not supported for DFlash2 yet"
+                )
+            if full_logits:
+                u = self.drafter.unary_logits(hidden)
+                sel = self.drafter.selector_logits(hidden, prev, u)
+                logq = floored_logq(chunked_token_logprobs(sel, labels, self.chunk_rows))
+                logq_u = chunked_token_logprobs(u, labels, self.chunk_rows)
+            else:  # log q(label) only: no [N, K, V] tensor is kept (`select_compact`)
+                u, sel = None, None
+                logq, logq_u = self._selector_logq(hidden, labels, prev)
+            if unary:
+                return hidden, logq, sel, (u, logq_u)
+            return hidden, with_unary_gradient(logq, logq_u), sel
         space = DraftSpace.of(self.drafter) if full_logits else None
         if space is not None:
             logits = DraftSpace.drafter_logits(self.drafter, space, hidden, prev)
@@ -85,6 +130,23 @@ class DraftForward(nn.Module):
         h = h if temperature == 1.0 else h / temperature
         logq = target_logprobs(h, weight, draft_labels, self.chunk_rows)
         return hidden, logq, None
+
+
+def _selector_logq_impl(drafter, hidden, labels, prev, chunk_rows):
+    """(floored selector log q(label), unary log q(label)) without full logits."""
+    candidates, scores = drafter.select_compact(hidden, prev)
+    hit = candidates == labels.clamp_min(0).unsqueeze(-1)
+    logp = torch.log_softmax(scores.float(), -1)
+    inside = hit.any(-1) & (labels >= 0)
+    sel = torch.where(hit, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(-1)
+    sel = torch.where(inside, sel, torch.full_like(sel, LOGQ_FLOOR))
+    sel = torch.where(labels >= 0, sel, torch.zeros_like(sel))
+    if _is_plain_head(drafter):
+        weight = drafter.head_weight
+        logq_u = target_logprobs(hidden.to(weight.dtype), weight, labels, chunk_rows)
+    else:
+        logq_u = chunked_token_logprobs(drafter.unary_logits(hidden), labels, chunk_rows)
+    return sel, logq_u
 
 
 def chunked_token_logprobs(
@@ -104,10 +166,22 @@ def chunked_token_logprobs(
     return out.reshape(labels.shape)
 
 
+def _is_plain_head(drafter: nn.Module) -> bool:
+    """Unary logits are `hidden @ head_weight.T` (no softcap, no multiplier)."""
+    c = drafter.config
+    return not c.final_logit_softcapping and c.output_multiplier == 1.0
+
+
 def _is_plain_parallel(drafter: nn.Module) -> bool:
-    """A drafter whose logits are just `hidden @ head_weight.T` (no Markov head, no softcap),
-    so `log q(label)` can be chunked over the vocabulary."""
-    return not isinstance(drafter, SemiARDrafter) and not drafter.config.final_logit_softcapping
+    """A drafter whose logits are just `hidden @ head_weight.T` (no Markov head or
+    selector, no softcap or multiplier), so `log q(label)` can be chunked over the vocabulary."""
+    c = drafter.config
+    return (
+        not isinstance(drafter, SemiARDrafter)
+        and not getattr(drafter, "sequential", False)
+        and not c.final_logit_softcapping
+        and c.output_multiplier == 1.0
+    )
 
 
 @torch.no_grad()

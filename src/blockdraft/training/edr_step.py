@@ -35,7 +35,9 @@ from blockdraft.objectives.row_chunks import by_row_chunks, fused_chunk_rows
 from blockdraft.training.batching import Batch, derived_seed
 from blockdraft.training.draft_forward import (
     DraftForward,
+    has_selector,
     map_to_draft_vocab,
+    with_unary_gradient,
 )
 from blockdraft.training.draft_space import DraftSpace, sampling_targets
 from blockdraft.training.objective_step import (
@@ -68,6 +70,7 @@ def _acceptance(
     logit-gradient moments `[B, A, K, 3]` (`scores_with_gradient_moments`), else None.
     `greedy_beta`: greedy mode's drafter temperature (`A = softmax(z / beta)(x)`)."""
     drafter = fwd.module.drafter if hasattr(fwd, "module") else fwd.drafter
+    selector = has_selector(drafter)  # DFlash2: A, c of the selector; unary gets the weights
     block_size = drafter.config.block_size
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
     grad_moments = None
@@ -93,27 +96,35 @@ def _acceptance(
                 fwd.drafter, space, hidden, prev, p, ids, columns, settings, stops, moments
             )
         elif sampling:
-            hidden, logq, logits = fwd(tout.features, batch.input_ids, anchors, labels, prev, True)
+            out = fwd(tout.features, batch.input_ids, anchors, labels, prev, True,
+                      unary=selector)  # fmt: skip
+            hidden, logq, logits = out[:3]
             if moments:  # the gradient sampler's scoring pass: A, c and moments at once
                 acc, cost, grad_moments = scores_and_moments(logits, p, ids, settings, stops)
             else:
-                acc, cost = acceptance_and_cost(
-                    logits,
-                    p,
-                    ids,
-                    mode="sampling",
-                    temperature=settings.temperature,
-                    target_is_probs=True,
-                    stop_token_ids=stops,
-                )
+                acc, cost = _sampling_scores(logits, p, ids, settings, stops)
+                if selector and with_grad:  # the unary logits get the same weights
+                    acc_u, cost_u = _sampling_scores(out[3][0], p, ids, settings, stops)
+                    acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
         else:  # greedy EDR needs only q(x): no [.., K, V] logits (262k vocab = gigabytes)
             # A = softmax(z / beta)(x): beta = objective.greedy_temperature (docs/methods.md)
-            hidden, logq, _ = fwd(
-                tout.features, batch.input_ids, anchors, labels, prev, False, greedy_beta
+            out = fwd(
+                tout.features,
+                batch.input_ids,
+                anchors,
+                labels,
+                prev,
+                False,
+                greedy_beta,
+                unary=selector,
             )
+            hidden, logq = out[:2]
             _, in_vocab = map_to_draft_vocab(drafter, labels)
             logq_x = torch.where(in_vocab, logq, torch.full_like(logq, -math.inf))
             acc, cost = greedy_soft_from_logprobs(logq_x, ids, stop_ids)
+            if selector and with_grad:
+                acc_u, cost_u = greedy_soft_from_logprobs(out[3][1], ids, stop_ids)
+                acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
     return acc, cost, hidden, logq, labels, mask, prev, grad_moments
 
 
@@ -359,10 +370,10 @@ def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings,
         z = DraftSpace.drafter_logits(drafter, space, h, prv)
         if moments:
             return scores_and_moments(z, pp, x, settings, stops)
-        acc, cost = acceptance_and_cost(
-            z, pp, x, mode="sampling", temperature=settings.temperature,
-            target_is_probs=True, stop_token_ids=stops,
-        )  # fmt: skip
+        acc, cost = _sampling_scores(z, pp, x, settings, stops)
+        if has_selector(drafter) and torch.is_grad_enabled():  # DFlash2: unary, same weights
+            acc_u, cost_u = _sampling_scores(drafter.unary_logits(h), pp, x, settings, stops)
+            acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
         if col is None:
             return acc, cost
         with torch.no_grad():
@@ -384,6 +395,14 @@ def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings,
     if moments:
         return acc, cost, None, extra.view(*ids.shape, 3)
     return acc, cost, None if extra is None else extra.view(ids.shape), None
+
+
+def _sampling_scores(logits, p, ids, settings, stops):
+    """Sampling-mode `(A, c)` of proposals scored with `logits` at the rollout temperature."""
+    return acceptance_and_cost(
+        logits, p, ids, mode="sampling", temperature=settings.temperature,
+        target_is_probs=True, stop_token_ids=stops,
+    )  # fmt: skip
 
 
 def scores_and_moments(logits, p, ids, settings, stop_token_ids):

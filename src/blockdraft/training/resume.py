@@ -24,6 +24,10 @@ SHAPE_KEYS = (
     "drafter.block_size",
     "drafter.markov_rank",
     "drafter.lookup_inputs",
+    "drafter.selector_rank",
+    "drafter.selector_top_k",
+    "drafter.conv_kernel_size",
+    "drafter.conv_group_size",
     "drafter.draft_vocab_size",
     "target.layer_ids",
 )

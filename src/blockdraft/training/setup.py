@@ -19,6 +19,7 @@ from blockdraft.data.rollout_store import RolloutError, check_target
 from blockdraft.data.rollouts import RolloutSet
 from blockdraft.devices import resolve_device, resolve_dtype
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.drafters.draft_vocab import most_frequent_tokens
 from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.errors import BlockdraftError
@@ -202,17 +203,25 @@ def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.de
                 f"block_size {drafter.config.block_size}"
             )
         return drafter.float().to(device)
-    dcfg = DrafterConfig.for_target(
-        target,
-        num_layers=d.num_layers,
-        block_size=d.block_size,
-        arch=d.arch,
-        markov_rank=d.markov_rank,
-        draft_vocab_size=d.draft_vocab_size,
-        lookup_inputs=d.lookup_inputs,
-    )
-    torch.manual_seed(cfg.seed)
-    drafter = (SemiARDrafter if d.arch == "semi_ar" else BlockDrafter)(dcfg)
+    try:  # a bad combination (e.g. a conv group size not dividing the width): one line
+        dcfg = DrafterConfig.for_target(
+            target,
+            num_layers=d.num_layers,
+            block_size=d.block_size,
+            arch=d.arch,
+            markov_rank=d.markov_rank,
+            draft_vocab_size=d.draft_vocab_size,
+            lookup_inputs=d.lookup_inputs,
+            selector_rank=d.selector_rank,
+            selector_top_k=d.selector_top_k,
+            conv_kernel_size=d.conv_kernel_size,
+            conv_group_size=d.conv_group_size,
+        )
+        torch.manual_seed(cfg.seed)
+        classes = {"semi_ar": SemiARDrafter, "dflash2": DFlash2Drafter}
+        drafter = classes.get(d.arch, BlockDrafter)(dcfg)
+    except ValueError as exc:  # e.g. a conv group size that does not divide the width
+        raise TrainSetupError(f"drafter: {exc}") from None
     if d.draft_vocab_size is not None:
         ids = most_frequent_tokens(
             (torch.cat([r.prompt_ids, r.response_ids]) for r in train.rollouts),
