@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from blockdraft.training.features import OnlineTargetFeatures
 from trainkit import random_step_batch
 
 from blockdraft.objectives.e2e import e2e_from_overlap
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training.draft_forward import DraftForward
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import (
     block_micro_step,
     labels_and_prev,
