@@ -57,7 +57,12 @@ def test_every_name_builds_with_defaults_and_reports_its_flags() -> None:
         "mode": "greedy",
         "max_anchors": 64,
         "anchor_sampler": "gradient",
+        "greedy_temperature": 1.0,
     }
+    assert make_objective("edr", greedy_temperature=0.25).greedy_temperature == 0.25
+    for bad in (0, -1.0, float("inf"), True, "0.5"):
+        with pytest.raises(ValueError, match="greedy_temperature"):
+            make_objective("edr", greedy_temperature=bad)
 
 
 def test_uniform_is_masked_mean_nll() -> None:

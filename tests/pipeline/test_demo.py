@@ -50,12 +50,16 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
     assert report["block_size"] == 8 and report["temperature"] == DemoSettings().temperature
     assert report["rollouts"] == {"train": 12, "eval": 6}
     names = [d["name"] for d in report["drafters"]]
-    assert names == ["ngram", "decay", "dpace", "e2e", "edr"]  # prompt lookup first
+    assert names == ["ngram", "decay", "dpace", "dpace-ft", "e2e", "edr"]  # lookup first
     objectives = {d["name"]: d["objective"] for d in report["drafters"]}
     assert objectives["ngram"] == "none" and objectives["dpace"] == "dpace"
+    assert objectives["dpace-ft"] == "dpace"  # the fine-tunes' control
     for d in report["drafters"]:
         lo, hi = d["mal_offline_ci95"]
         assert 1.0 <= lo <= d["mal_offline"] <= hi <= 8.0
+        if d["name"] == "dpace-ft":  # compared offline only
+            assert d["tau_online"] is None
+            continue
         assert len(d["ar_k"]) == 7 and d["tau_online"] >= 1.0 and d["speedup"] > 0
         assert d["speedup_vs_hf"] > 0
         # greedy online decoding re-emits the rollouts' text: tau is the offline MAL of
@@ -63,6 +67,10 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
         assert d["tau_online"] == pytest.approx(d["mal_offline_online_prompts"], abs=1e-9)
     pairs = [(c["a"], c["b"]) for c in report["comparisons"]]
     assert ("decay", "dpace") in pairs and ("e2e", "edr") in pairs and ("ngram", "dpace") in pairs
+    # every fine-tune against its start and against the continued-D-PACE control
+    for ft in ("e2e", "edr"):
+        assert ("dpace", ft) in pairs and ("dpace-ft", ft) in pairs
+    assert ("dpace", "dpace-ft") in pairs
     md = (out / "report" / "report.md").read_text()
     assert "HF `generate`: " in md and "| vs HF generate |" in md
     first = capsys.readouterr().out

@@ -61,6 +61,11 @@ def test_overrides_are_typed_and_applied():
         (BASE, ["objective.anchor_sampler=pps"], "objective.anchor_sampler"),
         # the objective's own rules (objectives/registry.py), reported under their config key
         (BASE, ["objective.name=edr", "objective.max_anchors=0"], "objective.max_anchors:"),
+        (
+            BASE,
+            ["objective.name=edr", "objective.greedy_temperature=0"],
+            "objective.greedy_temperature:",
+        ),
         (BASE, ["objective.name=decay", "objective.gamma=-2"], "objective.gamma:"),
         (BASE, ["objective.variant=cumulative", "objective.alpha=-1"], "objective.alpha:"),
         (BASE, ["optim.betas=[0.9]"], "optim.betas"),

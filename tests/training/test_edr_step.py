@@ -253,3 +253,46 @@ def test_sampled_micro_step_is_unbiased(setup, mode: str, sampler: str) -> None:
         )
     z_biased = (biased.mean(0) - exact) / (biased.std(0) / biased.shape[0] ** 0.5)
     assert bool((z_biased.abs() > 4.5).any()), f"{sampler}: biased z-scores {z_biased.tolist()}"
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.3])
+def test_greedy_step_with_tempered_relaxation_equals_autograd_of_the_recursion(setup, beta):
+    """`objective.greedy_temperature`: the greedy micro-step's loss is sum_i J_i with
+    A = softmax(z / beta)(x), computed here independently from the drafter's logits, and
+    its gradient is autograd through the exact (reference) recursion."""
+    from blockdraft.objectives.edr import acceptance_and_cost, rounds_objective
+    from blockdraft.training.objective_step import labels_and_prev
+
+    target, drafter, batch = setup
+    fwd = DraftForward(drafter)
+    objective = make_objective("edr", mode="greedy", max_anchors=512, greedy_temperature=beta)
+    drafter.zero_grad(set_to_none=True)
+    out = edr_step.edr_micro_step(
+        fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
+        seed=0, step=1, settings=_Settings,
+        mode="greedy", want_acc=False, alpha=0.5, variant="full",
+    )  # fmt: skip
+    out.numerator.backward()
+    got = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
+
+    drafter.zero_grad(set_to_none=True)
+    tout = target.forward(batch.input_ids, attention_mask=batch.attention_mask.long())
+    total = torch.zeros((), dtype=torch.float64)
+    for i, (p, n) in enumerate(zip(batch.prompt_lens, batch.response_lens, strict=True)):
+        starts = round_start_anchors(int(p), int(n))
+        if starts.numel() == 0:
+            continue
+        sub = type(batch)(**{key: v[i : i + 1] for key, v in batch.__dict__.items()})
+        labels, _, prev = labels_and_prev(sub, starts[None], drafter.config.block_size)
+        hidden = drafter.forward_blocks(tout.features[i : i + 1], sub.input_ids, starts[None])
+        logits = drafter.compute_logits(hidden, prev)[0].double()
+        acc, cost = acceptance_and_cost(
+            logits, None, labels[0].clamp_min(0), mode="greedy_soft", temperature=beta,
+            stop_token_ids=target.stop_token_ids,
+        )  # fmt: skip
+        total = total + rounds_objective(acc, cost)
+    total.backward()
+    want = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
+    torch.testing.assert_close(out.numerator.double(), total.detach(), rtol=1e-5, atol=1e-6)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g.double(), r.double(), rtol=1e-4, atol=1e-7)

@@ -54,13 +54,15 @@ def ar_generate(
     max_new_tokens: int = 64,
     generator: torch.Generator | None = None,
     stats: StepStats | None = None,
+    lean: bool = True,
 ) -> list[int]:
     """Plain autoregressive decoding: the baseline every speedup is measured against.
 
     It does what HF `generate` does per token and no more (last-row logits only, no
-    hidden states, inference mode), so it is at least as fast (bench/decode.py)."""
+    hidden states, inference mode), so it is at least as fast (bench/decode.py); a small
+    target takes the speculative loop's lean forward (`lean=False`: the HF forward)."""
     stops = set(target.stop_token_ids)
-    run = TargetRunner(target)
+    run = TargetRunner(target, lean=lean)
     t0 = time.perf_counter()
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)
     out = run.step(ids)
@@ -108,7 +110,8 @@ def speculative_generate(
         raise ValueError("speculative decoding needs a non-empty prompt")
     run = TargetRunner(target)
     proposer = proposer_for(drafter, Sampling(temperature, top_p, top_k, generator))
-    models = [target.model if run.hf else None, drafter if isinstance(drafter, nn.Module) else None]
+    target_model = target.model if run.hf and run.lean is None else None  # lean: no packing
+    models = [target_model, drafter if isinstance(drafter, nn.Module) else None]
     on_cpu = cpu_kernels_apply(target.device)
     with packed_linears(*(models if on_cpu else [])) as packed:
         if packed and packed[0]:

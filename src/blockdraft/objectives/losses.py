@@ -168,8 +168,9 @@ class EDRObjective(Objective):
     and does not scale with batch size or rollout length; longer rollouts weigh more, as
     in the MAL definition (tokens over rounds, pooled).
 
-    `mode` "greedy" is the smooth relaxation `A = q(x_t)` for T=0 targets, i.e. edr's
-    `"greedy_soft"` (its hard indicator has no gradient); `edr_mode` holds the name to
+    `mode` "greedy" is the smooth relaxation `A = softmax(z / beta)(x_t)` for T=0 targets
+    (beta = `greedy_temperature`; 1 gives `A = q(x_t)`), i.e. edr's `"greedy_soft"` at
+    temperature beta (its hard indicator has no gradient); `edr_mode` holds the name to
     pass to `edr.acceptance_and_cost`, which `self.acceptance_and_cost` does for you.
     """
 
@@ -180,6 +181,7 @@ class EDRObjective(Objective):
         self.mode: str = params["mode"]
         self.max_anchors: int = params["max_anchors"]
         self.anchor_sampler: str = params["anchor_sampler"]
+        self.greedy_temperature: float = params.get("greedy_temperature", 1.0)
         self.edr_mode: str = "sampling" if self.mode == "sampling" else "greedy_soft"
         self.needs_target_distribution = self.mode == "sampling"
 
@@ -190,7 +192,10 @@ class EDRObjective(Objective):
         target_ids: torch.Tensor,
         **kwargs: Any,
     ):
-        """`edr.acceptance_and_cost` with this objective's mode (other options passed on)."""
+        """`edr.acceptance_and_cost` with this objective's mode (other options passed on;
+        greedy: `temperature` defaults to `greedy_temperature`)."""
+        if self.edr_mode == "greedy_soft":
+            kwargs.setdefault("temperature", self.greedy_temperature)
         return edr.acceptance_and_cost(
             draft_logits, target, target_ids, mode=self.edr_mode, **kwargs
         )

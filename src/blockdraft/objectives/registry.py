@@ -86,6 +86,20 @@ def _positive_int(key: str) -> Callable[[Any], int]:
     return check
 
 
+def _positive_number(key: str) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError(f"{key} must be a positive finite number, got {value!r}")
+        return float(value)
+
+    return check
+
+
 def _edr_mode(value: Any) -> str:
     if value not in EDR_MODES:
         hint = (
@@ -112,11 +126,15 @@ _PARAM_SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], Any]]]] = {
     "dpace": {"alpha": (0.5, _alpha)},
     "dpace-cumulative": {"alpha": (0.5, _alpha)},
     "dpace-continuation": {"alpha": (0.5, _alpha)},
-    "e2e": {"chunk_rows": (None, _optional_positive_int("chunk_rows"))},
+    "e2e": {
+        "chunk_rows": (None, _optional_positive_int("chunk_rows")),
+        "greedy_temperature": (1.0, _positive_number("greedy_temperature")),
+    },
     "edr": {
         "mode": ("sampling", _edr_mode),
         "max_anchors": (512, _positive_int("max_anchors")),
         "anchor_sampler": ("gradient", _anchor_sampler),
+        "greedy_temperature": (1.0, _positive_number("greedy_temperature")),
     },
 }
 
@@ -189,10 +207,13 @@ def make_objective(name: str, **params: Any) -> Objective:
 
     Parameters: decay `gamma` (None = DFlash default for the block size, resolved from K
     at loss time); dpace* `alpha` (smoothing, default 0.5); e2e `chunk_rows` (rows per
-    vocabulary chunk, None = ~64 MB chunks); edr `mode` ("sampling" | "greedy") and
+    vocabulary chunk, None = ~64 MB chunks) and `greedy_temperature` (greedy rollouts: the
+    overlap is `softmax(z / beta)(x)`, as greedy EDR's acceptance); edr `mode` ("sampling"
+    | "greedy") and
     `max_anchors` (round starts sampled per rollout, default 512) and `anchor_sampler` (how
     they are drawn beyond that: "gradient" (the default) | "occupancy" | "uniform", see
-    `training/edr_step.py`).
+    `training/edr_step.py`) and `greedy_temperature` (greedy mode: beta of the relaxation
+    `A = softmax(z / beta)(x)`, default 1.0).
     """
     resolved = check_objective(name, params)
     if name == "uniform":

@@ -3,9 +3,9 @@
 It is what a new user runs first, so it must finish on a laptop (the default `tiny`
 target, built on first use), show progress throughout, and reuse every stage whose inputs
 did not change (`stages.py`: a second run is mostly cache hits). Stages, each in its own
-directory under `out`: rollouts, drafters trained from scratch (decay, D-PACE) and
-fine-tuned from D-PACE (E2E, EDR), offline evaluation and comparison, real decoding, and
-the report (layout: docs/architecture.md, "pipeline").
+directory under `out`: rollouts, drafters trained from scratch (decay, D-PACE), the
+continued-D-PACE control (`dpace-ft`) and the fine-tunes from D-PACE (E2E, EDR), offline
+evaluation and comparison, real decoding, and the report (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -70,11 +70,24 @@ class DemoSettings:
 
 # (name, objective overrides, starts from)
 SCRATCH = [("decay", ["objective.name=decay"]), ("dpace", ["objective.name=dpace"])]
-FINETUNE = [("e2e", ["objective.name=e2e"]), ("edr", ["objective.name=edr"])]
+# Fine-tunes of the D-PACE drafter, one epoch each; `dpace-ft` is their control (the same
+# steps of D-PACE), so a fine-tune has paid off only if it beats both its start and the
+# control. Greedy EDR trains A = softmax(z / 0.5)(x) (objective.greedy_temperature): at
+# beta = 1 (A = q(x)) the relaxed objective improves while the true rounds get worse
+# (docs/results.md, "EDR as in the paper"); sampled rollouts ignore beta.
+CONTROL = "dpace-ft"
+FINETUNE = [
+    (CONTROL, ["objective.name=dpace"]),
+    ("e2e", ["objective.name=e2e"]),
+    ("edr", ["objective.name=edr", "objective.greedy_temperature=0.5"]),
+]
 COMPARISONS = [
     ("decay", "dpace"),
+    ("dpace", CONTROL),
     ("dpace", "e2e"),
     ("dpace", "edr"),
+    (CONTROL, "e2e"),
+    (CONTROL, "edr"),
     ("e2e", "edr"),
     ("ngram", "dpace"),
     ("ngram", "edr"),
@@ -101,6 +114,7 @@ def make_rollouts(target: Any, s: DemoSettings, out: Path) -> dict[str, Path]:
         ("train", s.train_prompts, s.num_train_prompts),
         ("eval", s.eval_prompts, s.num_eval_prompts),
     ):
+        prompts = load_prompts(spec, limit=limit)
         stage = Stage(
             out / "rollouts" / split,
             {
@@ -108,13 +122,14 @@ def make_rollouts(target: Any, s: DemoSettings, out: Path) -> dict[str, Path]:
                 "spec": spec,
                 "limit": limit,
                 "sampling": sampling.to_dict(),
+                # the prompts themselves: a changed selection or source redoes the set
+                "prompts": fingerprint({"prompts": [asdict(p) for p in prompts]}),
             },
         )
         if stage.is_done():
             _log(f"rollouts/{split}: reused ({stage.outputs().get('count')} rollouts)")
         else:
             _log(f"rollouts/{split}: generating responses to {limit} prompts from {spec}")
-            prompts = load_prompts(spec, limit=limit)
             rs = generate_rollouts(
                 target,
                 prompts,
@@ -169,7 +184,8 @@ def _train_config(
 def train_drafters(
     target: Any, s: DemoSettings, out: Path, rollouts: dict[str, Path]
 ) -> dict[str, Path]:
-    """Train decay and D-PACE from scratch, then E2E and EDR fine-tunes of the D-PACE one."""
+    """Train decay and D-PACE from scratch, then the fine-tunes of the D-PACE one (E2E, EDR
+    and the continued-D-PACE control)."""
     finals: dict[str, Path] = {}
     plan = [(n, o, None) for n, o in SCRATCH] + [(n, o, "dpace") for n, o in FINETUNE]
     for name, overrides, start in plan:
@@ -255,6 +271,8 @@ def evaluate_online(
         hf = ar_vs_hf(target, prompts, s.temperature, s.online_max_new_tokens)
     online = {}
     for name, path in finals.items():
+        if name == CONTROL:  # only compared offline: it is a yardstick, not a drafter to ship
+            continue
         _log(f"online decoding with {name} ({len(prompts)} prompts)")
         drafter, drafter_id = load_drafter_spec(path, target, dtype=drafter_dtype_of(s, target))
         res = decode(
@@ -294,7 +312,7 @@ def build_report_json(
     online: dict[str, Any],
 ) -> dict[str, Any]:
     """The machine-readable summary other tools read (`DIR/report.json`)."""
-    objective = {n: n for n, _ in SCRATCH + FINETUNE} | {BASELINE: "none"}
+    objective = {n: n for n, _ in SCRATCH + FINETUNE} | {BASELINE: "none", CONTROL: "dpace"}
     drafters = []
     for d in offline["benchmarks"][0]["drafters"]:
         o = online.get(d["name"], {})
@@ -359,9 +377,10 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     online_stage = Stage(
         out / "online",
         {
-            "drafters": {n: recorded_key(p.parent) for n, p in trained.items()},
+            "drafters": {n: recorded_key(p.parent) for n, p in trained.items() if n != CONTROL},
             "settings": fingerprint(portable(_settings_key(s, out), out)),
-            "version": 2,  # 2: offline MAL on the same prompts and length, HF generate row
+            # 2: offline MAL on the same prompts and length, HF generate row; 3: lean forwards
+            "version": 3,
         },
     )
     if online_stage.is_done():

@@ -229,7 +229,12 @@ def write_report(
             _baseline_line(online),
             "",
         ]
-        md += _online_table(online) + ["", "![accepted length histogram](accepted_lengths.png)", ""]
+        rows = [{"name": n, **o} for n, o in online.items()]
+        md += (
+            _online_table(online)
+            + ["", *speed_verdict(rows)]
+            + ["", "![accepted length histogram](accepted_lengths.png)", ""]
+        )
     if training_logs:
         curves, profiles = {}, {}
         for name, path in training_logs.items():
@@ -257,6 +262,28 @@ def write_report(
     return path
 
 
+def speed_verdict(rows: list[dict[str, Any]]) -> list[str]:
+    """Plain words on the wall clock: which drafters decode *slower* than HF `generate` or
+    than our AR loop (ratios below 1), or that every timed one is faster. `rows`: dicts
+    with `name`, `speedup` (vs our AR loop) and `speedup_vs_hf`, either may be None."""
+    lines = []
+    for key, what in (("speedup_vs_hf", "HF `generate`"), ("speedup", "our AR loop")):
+        timed = [(r["name"], r[key]) for r in rows if r.get(key) is not None]
+        if not timed:
+            continue
+        slower = [f"{name} {x:.2f}x" for name, x in timed if x < 1.0]
+        if slower:
+            lines.append(
+                f"SLOWER than {what} on this machine: {', '.join(slower)} (a drafting round "
+                "costs more here than the tokens it saves; bench/decode.py splits a round's "
+                "cost)."
+            )
+        else:
+            low = min(x for _, x in timed)
+            lines.append(f"Every timed drafter decodes faster than {what} (at least {low:.2f}x).")
+    return lines
+
+
 def terminal_summary(report: dict[str, Any]) -> str:
     """The demo's `report.json` as a plain-text table for the terminal."""
     lines = [
@@ -282,11 +309,12 @@ def terminal_summary(report: dict[str, Any]) -> str:
         "(tau online: the first held-out prompts, decoded; in parentheses the offline MAL "
         "of that same text, which it equals at T = 0)"
     ]
-    lines += ["", f"{'B vs A':<16} {'MAL gain':>9} {'95% CI':>20} {'rel.':>8}"]
+    lines += speed_verdict(report["drafters"])
+    lines += ["", f"{'B vs A':<18} {'MAL gain':>9} {'95% CI':>20} {'rel.':>8}"]
     for c in report["comparisons"]:
         lo, hi = c["mal_gain_ci95"]
         lines.append(
-            f"{c['b'] + ' vs ' + c['a']:<16} {c['mal_gain']:>+9.4f} "
+            f"{c['b'] + ' vs ' + c['a']:<18} {c['mal_gain']:>+9.4f} "
             f"{f'[{lo:+.4f}, {hi:+.4f}]':>20} {100 * c['rel_gain']:>+7.2f}%"
         )
     return "\n".join(lines)

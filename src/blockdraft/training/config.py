@@ -74,6 +74,10 @@ class ObjectiveConfig:
     # the same pass, PPS on round-start occupancy (noisier); uniform = drawn first:
     # cheaper steps, far more gradient noise per second (docs/training.md)
     anchor_sampler: Literal["gradient", "occupancy", "uniform"] = "gradient"
+    # edr / e2e on greedy rollouts: the drafter temperature beta of the relaxation
+    # A = softmax(z / beta)(x), the exact acceptance of a drafter sampling at beta; -> the
+    # true 0/1 argmax acceptance as beta -> 0 (docs/methods.md, "Greedy EDR")
+    greedy_temperature: float = 1.0
 
 
 @dataclass
@@ -251,8 +255,13 @@ def objective_spec(objective: ObjectiveConfig, mode: str) -> tuple[str, dict[str
     params: dict[str, Any] = {
         "uniform": {},
         "decay": {"gamma": o.gamma},
-        "e2e": {},
-        "edr": {"mode": mode, "max_anchors": o.max_anchors, "anchor_sampler": o.anchor_sampler},
+        "e2e": {"greedy_temperature": o.greedy_temperature},
+        "edr": {
+            "mode": mode,
+            "max_anchors": o.max_anchors,
+            "anchor_sampler": o.anchor_sampler,
+            "greedy_temperature": o.greedy_temperature,
+        },
     }.get(o.name, {"alpha": o.alpha})
     name = f"dpace-{o.variant}" if o.name == "dpace" and o.variant != "full" else o.name
     return name, params

@@ -78,6 +78,7 @@ class DraftForward(nn.Module):
         labels: torch.Tensor,
         prev: torch.Tensor,
         full_logits: bool = False,
+        temperature: float = 1.0,
         unary: bool = False,
     ):
         """Returns (hidden [B,A,K,H], logq [B,A,K] float32 (0 where label < 0), logits or None).
@@ -85,14 +86,23 @@ class DraftForward(nn.Module):
         `labels` are target ids (-1 = none); `logits` (only with `full_logits`) are in the
         target vocabulary, or, for a reduced draft vocabulary, in its `DraftSpace` columns
         (`draft_space.py`: what the sampling objectives compare with the target in).
+        `temperature` (without `full_logits`): logq is `log softmax(z / temperature)(label)`,
+        greedy EDR's tempered relaxation; the plain parallel head divides the hidden state,
+        the same as dividing the logits since `z = h W^T`.
 
         DFlash2: logq and logits are the selector's (logq floored); `logq` carries the
         unary cross-entropy's gradient too unless `unary=True`, which returns the
         selector's terms alone plus a fourth element `(unary logits, unary logq)` for the
         caller to weight (`with_unary_gradient`).
         """
+        if full_logits and temperature != 1.0:
+            raise ValueError("temperature scales logq only; not with full_logits")
         hidden = self.drafter.forward_blocks(features, input_ids, anchors)
         if has_selector(self.drafter):
+            if temperature != 1.0:
+                raise ValueError(
+                    "a drafter temperature (greedy_temperature) is not supported for DFlash2 yet"
+                )
             if full_logits:
                 u = self.drafter.unary_logits(hidden)
                 sel = self.drafter.selector_logits(hidden, prev, u)
@@ -111,11 +121,14 @@ class DraftForward(nn.Module):
             return hidden, chunked_token_logprobs(logits, columns, self.chunk_rows), logits
         if full_logits or not _is_plain_parallel(self.drafter):
             logits = self.drafter.compute_logits(hidden, prev)
-            logq = chunked_token_logprobs(logits, labels, self.chunk_rows)
+            scaled = logits if temperature == 1.0 else logits / temperature
+            logq = chunked_token_logprobs(scaled, labels, self.chunk_rows)
             return hidden, logq, logits if full_logits else None
         draft_labels, _ = map_to_draft_vocab(self.drafter, labels)
         weight = self.drafter.head_weight
-        logq = target_logprobs(hidden.to(weight.dtype), weight, draft_labels, self.chunk_rows)
+        h = hidden.to(weight.dtype)
+        h = h if temperature == 1.0 else h / temperature
+        logq = target_logprobs(h, weight, draft_labels, self.chunk_rows)
         return hidden, logq, None
 
 

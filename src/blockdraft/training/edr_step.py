@@ -61,12 +61,14 @@ def _acceptance(
     with_grad: bool,
     want_logq: bool = True,
     moments: bool = False,
+    greedy_beta: float = 1.0,
 ):
     """(A, c, hidden, logq, labels, mask, prev, moments) for the given anchors `[B, A]`.
     In sampling mode `logq` (T = 1 log q(label), detached) only feeds the logged
     statistics: None unless `want_logq` (a full-vocabulary log-softmax saved on unlogged
     steps). `moments` (sampling mode, for the `gradient` sampler): the proposals'
-    logit-gradient moments `[B, A, K, 3]` (`scores_with_gradient_moments`), else None."""
+    logit-gradient moments `[B, A, K, 3]` (`scores_with_gradient_moments`), else None.
+    `greedy_beta`: greedy mode's drafter temperature (`A = softmax(z / beta)(x)`)."""
     drafter = fwd.module.drafter if hasattr(fwd, "module") else fwd.drafter
     selector = has_selector(drafter)  # DFlash2: A, c of the selector; unary gets the weights
     block_size = drafter.config.block_size
@@ -105,7 +107,17 @@ def _acceptance(
                     acc_u, cost_u = _sampling_scores(out[3][0], p, ids, settings, stops)
                     acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
         else:  # greedy EDR needs only q(x): no [.., K, V] logits (262k vocab = gigabytes)
-            out = fwd(tout.features, batch.input_ids, anchors, labels, prev, False, unary=selector)
+            # A = softmax(z / beta)(x): beta = objective.greedy_temperature (docs/methods.md)
+            out = fwd(
+                tout.features,
+                batch.input_ids,
+                anchors,
+                labels,
+                prev,
+                False,
+                greedy_beta,
+                unary=selector,
+            )
             hidden, logq = out[:2]
             _, in_vocab = map_to_draft_vocab(drafter, labels)
             logq_x = torch.where(in_vocab, logq, torch.full_like(logq, -math.inf))
@@ -126,6 +138,7 @@ def score_round_starts(
     mode: str,
     chunk: int,
     moments: bool = False,
+    greedy_beta: float = 1.0,
 ) -> tuple[torch.Tensor, ...]:
     """Detached `(A, c)` `[B, A, K]` for anchors `[B, A]` (-1 = padding), scoring at most
     `chunk` anchors per rollout per drafter pass so peak memory does not grow with the
@@ -145,7 +158,7 @@ def score_round_starts(
         for lo in range(0, anchors.shape[1], chunk):
             acc, cost, *_, m = _acceptance(
                 fwd, stop_ids, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False,
-                moments=moments,
+                moments=moments, greedy_beta=greedy_beta,
             )  # fmt: skip
             accs.append(acc)
             costs.append(cost)
@@ -209,7 +222,7 @@ def _draw_round_starts(
     want_moments = objective.anchor_sampler == "gradient" and mode == "sampling"
     acc, cost, *moments = score_round_starts(
         fwd, stop_ids, sub_out, sub, anchors.to(batch.input_ids.device), settings, mode, chunk,
-        moments=want_moments,
+        moments=want_moments, greedy_beta=objective.greedy_temperature,
     )  # fmt: skip
     full = []
     for j, r in enumerate(scored):
@@ -296,8 +309,9 @@ def edr_micro_step(
             chosen[i], weights[i], full_acc[i], full_cost[i] = idx, w, acc_i, cost_i
     anchors = pad_anchor_lists([starts[i][chosen[i]] for i in range(len(rows))]).to(device)
     acc, cost, hidden, logq, labels, mask, prev, _ = _acceptance(
-        fwd, stop_ids, tout, batch, anchors, settings, mode, with_grad=True, want_logq=want_acc
-    )
+        fwd, stop_ids, tout, batch, anchors, settings, mode, with_grad=True, want_logq=want_acc,
+        greedy_beta=objective.greedy_temperature,
+    )  # fmt: skip
     acc_list, cost_list, keep = [], [], []
     for i, r in enumerate(rows):
         if r == 0:

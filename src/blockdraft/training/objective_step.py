@@ -198,8 +198,12 @@ def block_micro_step(
     )
     anchors = sampled_anchors(batch, num_anchors, block_size, seed, step).to(device)
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
+    # greedy E2E: the overlap q(x) at the drafter temperature beta (greedy EDR's relaxation)
+    beta = objective.params.get("greedy_temperature", 1.0) if greedy_overlap else 1.0
     selector = has_selector(drafter)
-    out = fwd(tout.features, batch.input_ids, anchors, labels, prev, need_full, unary=selector)
+    out = fwd(
+        tout.features, batch.input_ids, anchors, labels, prev, need_full, beta, unary=selector
+    )
     hidden, logq, logits = out[:3]
     # DFlash2: the objective scores the selector; the unary logits get its weights
     unary_logits, unary_logq = out[3] if selector else (None, None)

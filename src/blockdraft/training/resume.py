@@ -39,6 +39,7 @@ MEANING_KEYS = (
     "objective.mode",
     "objective.max_anchors",
     "objective.anchor_sampler",
+    "objective.greedy_temperature",
     "target.name",
 )
 
