@@ -120,23 +120,23 @@ greedy)  # T = 0: why greedy EDR fine-tunes hurt (checkpoints every 8 steps for 
   for seed in $SEEDS; do
     g() { finetune "g-s$seed-$1" t0 "$seed" "$2" "$3" checkpoint.save_every=8 checkpoint.keep_last=8 "${@:4}"; }
     g dpace-3e-4 dpace 3e-4
-    g e2e-3e-4 e2e 3e-4
-    for lr in 3e-4 3e-5 1e-5; do g "edr-b1-$lr" edr "$lr"; done
+    g e2e-3e-4 e2e 3e-4 objective.greedy_temperature=1
+    for lr in 3e-4 3e-5 1e-5; do g "edr-b1-$lr" edr "$lr" objective.greedy_temperature=1; done
     for b in ${BETAS:-0.5 0.25 0.1}; do g "edr-b$b-3e-4" edr 3e-4 objective.greedy_temperature="$b"; done
-    g edr-b1-3e-4-m32 edr 3e-4 objective.max_anchors=32
+    g edr-b1-3e-4-m32 edr 3e-4 objective.max_anchors=32 objective.greedy_temperature=1
     # a weaker start: the base's half-way checkpoint
     mid=$(ls -d "$R/base-t0-s$seed"/checkpoints/step-* | sort -t- -k2 -n | sed -n 2p)
     g half-dpace-3e-4 dpace 3e-4 drafter.init_from="$mid"
-    g half-edr-b1-3e-4 edr 3e-4 drafter.init_from="$mid"
+    g half-edr-b1-3e-4 edr 3e-4 drafter.init_from="$mid" objective.greedy_temperature=1
   done ;;
 greedy-fix)  # T = 0, every seed: the tempered relaxation picked on validation (beta 0.5)
   # for EDR, and the same relaxation for E2E's greedy overlap
   for seed in $SEEDS; do
     g() { finetune "g-s$seed-$1" t0 "$seed" "$2" "$3" "${@:4}"; }
     g dpace-3e-4 dpace 3e-4
-    g e2e-3e-4 e2e 3e-4
-    g e2e-3e-5 e2e 3e-5
-    g edr-b1-3e-4 edr 3e-4
+    g e2e-3e-4 e2e 3e-4 objective.greedy_temperature=1
+    g e2e-3e-5 e2e 3e-5 objective.greedy_temperature=1
+    g edr-b1-3e-4 edr 3e-4 objective.greedy_temperature=1
     g edr-b0.5-3e-4 edr 3e-4 objective.greedy_temperature=0.5
     g e2e-b0.5-3e-4 e2e 3e-4 objective.greedy_temperature=0.5
     runs=("$R/g-s$seed-dpace-3e-4" "$R/g-s$seed-e2e-3e-4" "$R/g-s$seed-e2e-3e-5" \

@@ -25,11 +25,12 @@ def pct(c: dict) -> str:
     return f"{100 * c['rel_gain']:+.2f}% [{lo:+.1f}, {hi:+.1f}]"
 
 
-def load(path: Path):  # compare JSON: {"comparisons": [...]}; eval JSON: {"benchmarks": ...}
+def load(path: Path):
+    """A compare JSON's comparisons (list), an eval JSON (dict), or [] if absent."""
     if not path.exists():
         return []
     data = json.loads(path.read_text())
-    return data["comparisons"] if "comparisons" in data else data
+    return data.get("comparisons", data)
 
 
 def run_name(d: dict) -> str:

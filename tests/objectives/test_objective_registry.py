@@ -57,7 +57,7 @@ def test_every_name_builds_with_defaults_and_reports_its_flags() -> None:
         "mode": "greedy",
         "max_anchors": 64,
         "anchor_sampler": "gradient",
-        "greedy_temperature": 1.0,
+        "greedy_temperature": 0.5,
     }
     assert make_objective("edr", greedy_temperature=0.25).greedy_temperature == 0.25
     for bad in (0, -1.0, float("inf"), True, "0.5"):
@@ -219,9 +219,14 @@ def test_edr_helpers_pass_mode_and_max_anchors_through() -> None:
     logits = torch.randn(4, 3, 6, generator=g, dtype=torch.float64)
     ids = torch.randint(0, 6, (4, 3), generator=g)
     acc, cost = make_objective("edr", mode="greedy").acceptance_and_cost(logits, None, ids)
-    q = torch.softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)  # greedy: A = q(x)
+    # greedy: A = softmax(z / beta)(x), beta = greedy_temperature (default 0.5)
+    q = torch.softmax(logits / 0.5, -1).gather(-1, ids[..., None]).squeeze(-1)
     torch.testing.assert_close(acc, q)
     torch.testing.assert_close(cost, 1 - q)
+    obj = make_objective("edr", mode="greedy", greedy_temperature=1.0)
+    acc1, _ = obj.acceptance_and_cost(logits, None, ids)
+    q = torch.softmax(logits, -1).gather(-1, ids[..., None])[..., 0]  # beta = 1: A = q(x)
+    torch.testing.assert_close(acc1, q)
     p = torch.softmax(torch.randn(4, 3, 6, generator=g, dtype=torch.float64), -1)
     acc_s, _ = make_objective("edr").acceptance_and_cost(logits, p, ids, target_is_probs=True)
     torch.testing.assert_close(acc_s, (q / p.gather(-1, ids[..., None]).squeeze(-1)).clamp(max=1))

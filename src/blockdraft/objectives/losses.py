@@ -181,7 +181,7 @@ class EDRObjective(Objective):
         self.mode: str = params["mode"]
         self.max_anchors: int = params["max_anchors"]
         self.anchor_sampler: str = params["anchor_sampler"]
-        self.greedy_temperature: float = params.get("greedy_temperature", 1.0)
+        self.greedy_temperature: float = params.get("greedy_temperature", 0.5)
         self.edr_mode: str = "sampling" if self.mode == "sampling" else "greedy_soft"
         self.needs_target_distribution = self.mode == "sampling"
 

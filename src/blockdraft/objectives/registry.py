@@ -128,13 +128,13 @@ _PARAM_SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], Any]]]] = {
     "dpace-continuation": {"alpha": (0.5, _alpha)},
     "e2e": {
         "chunk_rows": (None, _optional_positive_int("chunk_rows")),
-        "greedy_temperature": (1.0, _positive_number("greedy_temperature")),
+        "greedy_temperature": (0.5, _positive_number("greedy_temperature")),
     },
     "edr": {
         "mode": ("sampling", _edr_mode),
         "max_anchors": (512, _positive_int("max_anchors")),
         "anchor_sampler": ("gradient", _anchor_sampler),
-        "greedy_temperature": (1.0, _positive_number("greedy_temperature")),
+        "greedy_temperature": (0.5, _positive_number("greedy_temperature")),
     },
 }
 
@@ -208,12 +208,12 @@ def make_objective(name: str, **params: Any) -> Objective:
     Parameters: decay `gamma` (None = DFlash default for the block size, resolved from K
     at loss time); dpace* `alpha` (smoothing, default 0.5); e2e `chunk_rows` (rows per
     vocabulary chunk, None = ~64 MB chunks) and `greedy_temperature` (greedy rollouts: the
-    overlap is `softmax(z / beta)(x)`, as greedy EDR's acceptance); edr `mode` ("sampling"
-    | "greedy") and
-    `max_anchors` (round starts sampled per rollout, default 512) and `anchor_sampler` (how
-    they are drawn beyond that: "gradient" (the default) | "occupancy" | "uniform", see
-    `training/edr_step.py`) and `greedy_temperature` (greedy mode: beta of the relaxation
-    `A = softmax(z / beta)(x)`, default 1.0).
+    overlap is `softmax(z / beta)(x)`, as greedy EDR's acceptance; default 0.5); edr
+    `mode` ("sampling" | "greedy") and `max_anchors` (round starts sampled per rollout,
+    default 512) and `anchor_sampler` (how they are drawn beyond that: "gradient" (the
+    default) | "occupancy" | "uniform", see `training/edr_step.py`) and
+    `greedy_temperature` (greedy mode: beta of the relaxation `A = softmax(z / beta)(x)`,
+    default 0.5; 1.0 is the old `A = q(x)`).
     """
     resolved = check_objective(name, params)
     if name == "uniform":

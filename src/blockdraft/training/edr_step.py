@@ -6,7 +6,8 @@ each rollout's acceptance and cost must cover all its round starts. Beyond
 `objective.anchor_sampler` and weighted by inverse inclusion probabilities; the others
 are scored by a chunked no-grad pass (sampled rows' occupancies depend on all of them);
 the last round start is never drafted. Sampling rollouts use `A = min(1, q(x)/p(x))` and
-the TV cost, greedy ones `A = q(x)` (samplers, costs: docs/training.md, "What a step does").
+the TV cost, greedy ones `A = softmax(z / beta)(x)`, beta = `objective.greedy_temperature`
+(samplers, costs: docs/training.md, "What a step does").
 """
 
 from __future__ import annotations

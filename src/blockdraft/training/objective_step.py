@@ -199,7 +199,7 @@ def block_micro_step(
     anchors = sampled_anchors(batch, num_anchors, block_size, seed, step).to(device)
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
     # greedy E2E: the overlap q(x) at the drafter temperature beta (greedy EDR's relaxation)
-    beta = objective.params.get("greedy_temperature", 1.0) if greedy_overlap else 1.0
+    beta = objective.params.get("greedy_temperature", 0.5) if greedy_overlap else 1.0
     selector = has_selector(drafter)
     out = fwd(
         tout.features, batch.input_ids, anchors, labels, prev, need_full, beta, unary=selector

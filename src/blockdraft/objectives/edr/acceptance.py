@@ -1,11 +1,12 @@
 """Per-proposal acceptance A and immediate cost c of EDR (METHODS.md §2), from logits.
 
 Modes: `"sampling"` (lossless speculative sampling, `A = min(1, q(x)/p(x))`, TV cost),
-`"greedy_hard"` (`A = 1[argmax q = x]`, evaluation) and `"greedy_soft"` (`A = q(x)`, the
-greedy-EDR training relaxation); at a realised stop token the cost is 0. The readable
-per-row formula (`_RowsFn`) and the fused single pass with an analytic backward
-(`fused_sampling_acceptance`, what training runs) sit side by side so the tests compare
-one with the other. Definitions and the backward's derivation: docs/methods.md, "EDR".
+`"greedy_hard"` (`A = 1[argmax q = x]`, evaluation) and `"greedy_soft"` (`A = q(x)` at
+`temperature` beta, i.e. `softmax(z / beta)(x)`: the greedy-EDR training relaxation); at
+a realised stop token the cost is 0. The readable per-row formula (`_RowsFn`) and the
+fused single pass with an analytic backward (`fused_sampling_acceptance`, what training
+runs) sit side by side so the tests compare one with the other. Definitions and the
+backward's derivation: docs/methods.md, "EDR".
 """
 
 from __future__ import annotations

@@ -1,0 +1,107 @@
+"""The fine-tune epoch's cost: one EDR / E2E / D-PACE training step on the same batch of
+real rollouts, side by side in one run (issue #31's goal: a fine-tune <= 1.3x a D-PACE
+epoch of the same size).
+
+Same rollouts and steps per epoch on every row, so the step ratio is the epoch ratio.
+Rows: D-PACE at the demo's 64 anchors per sequence (the control), D-PACE at every round
+start (the same blocks EDR trains), greedy E2E at 64 anchors, and greedy EDR at beta 0.5
+on every round start (the demo's fine-tune) and with `max_anchors` 32 (PPS-sampled, plus
+the no-grad scoring pass). Each round times every row once in rotating order, on the same
+micro-batch; the factor is the median over rounds of time(row) / time(D-PACE @64).
+
+    python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from blockdraft.training.features import OnlineTargetFeatures
+
+from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.objectives.registry import make_objective
+from blockdraft.serialization.drafter_spec import load_drafter_spec
+from blockdraft.targets.registry import load_target
+from blockdraft.threads import flush_denormals
+from blockdraft.training.batching import collate
+from blockdraft.training.draft_forward import DraftForward
+from blockdraft.training.edr_step import edr_micro_step
+from blockdraft.training.objective_step import block_micro_step
+
+
+class _Greedy:
+    temperature, top_p, top_k, greedy = 0.0, 1.0, 0, True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drafter", required=True)
+    ap.add_argument("--rollouts", required=True)
+    ap.add_argument("--target", default="tiny")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+    flush_denormals()
+    target = load_target(args.target)
+    drafter, _ = load_drafter_spec(args.drafter, target)
+    drafter.train()
+    for p in drafter.parameters():
+        p.requires_grad_(True)
+    rs = RolloutSet.open(args.rollouts)
+    if float(rs.manifest["settings"]["temperature"]) != 0:
+        raise SystemExit(f"error: {args.rollouts}: the bench's rows are the greedy ones")
+    rollouts = list(rs.subset(range(args.batch)))
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    batch = collate(rollouts, list(range(len(rollouts))), int(pad or 0), 4096)
+    fwd, feats = DraftForward(drafter), OnlineTargetFeatures(target)
+    rows_per = int(batch.response_lens.max()) - 1
+    common = dict(seed=0, settings=_Greedy, want_acc=False, alpha=0.5, variant="full")
+
+    def block(name: str, anchors: int, **params):
+        obj = make_objective(name, **params)
+        return lambda step: block_micro_step(
+            fwd, drafter, feats, obj, batch, num_anchors=anchors, step=step, **common
+        )
+
+    def edr(max_anchors: int):
+        obj = make_objective("edr", mode="greedy", max_anchors=max_anchors, greedy_temperature=0.5)
+        return lambda step: edr_micro_step(
+            fwd, drafter, feats, target.stop_token_ids, obj, batch, mode="greedy", step=step,
+            **common,
+        )  # fmt: skip
+
+    rows = {
+        "D-PACE @64 anchors (the control)": block("dpace", 64),
+        f"D-PACE @every round start ({rows_per})": block("dpace", 4096),
+        "E2E greedy beta 0.5 @64 anchors": block("e2e", 64, greedy_temperature=0.5),
+        "EDR greedy beta 0.5, every round start": edr(512),
+        "EDR greedy beta 0.5, max_anchors 32": edr(32),
+    }
+    names = list(rows)
+
+    def timed(name: str, step: int) -> float:
+        drafter.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        rows[name](step).numerator.backward()
+        return time.perf_counter() - t0
+
+    for name in names:  # warm-up (numba compiles the recursions on first use)
+        timed(name, 0)
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    secs: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        t = {n: timed(n, r + 1) for n in order}
+        for n in names:
+            secs[n].append(t[n])
+            ratios[n].append(t[n] / t[names[0]])
+    print(f"{len(rollouts)} greedy rollouts of {args.rollouts}, median of {args.rounds} rounds")
+    print("| step | seconds | vs D-PACE @64 |\n|---|---|---|")
+    for n in names:
+        print(f"| {n} | {statistics.median(secs[n]):.3f} | {statistics.median(ratios[n]):.3f}x |")
+
+
+if __name__ == "__main__":
+    main()
