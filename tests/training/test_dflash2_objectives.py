@@ -110,7 +110,7 @@ def test_dpace_weights_both_terms_by_the_selector(setup):
 
 def test_e2e_applies_the_selector_gradient_to_both_overlaps(setup):
     target, drafter, batch = setup
-    obj = make_objective("e2e")
+    obj = make_objective("e2e", greedy_temperature=1.0)  # the reference below is at beta = 1
     out = block_micro_step(
         DraftForward(drafter), drafter, OnlineTargetFeatures(target), obj, batch,
         num_anchors=4, seed=0, step=3, **_COMMON,
@@ -127,7 +127,9 @@ def test_e2e_applies_the_selector_gradient_to_both_overlaps(setup):
 
 def test_edr_exact_rounds_gradient_for_selector_and_unary(setup):
     target, drafter, batch = setup
-    obj = make_objective("edr", mode="greedy", max_anchors=64, anchor_sampler="uniform")
+    obj = make_objective(
+        "edr", mode="greedy", max_anchors=64, anchor_sampler="uniform", greedy_temperature=1.0
+    )
     out = edr_micro_step(
         DraftForward(drafter), drafter, OnlineTargetFeatures(target), target.stop_token_ids,
         obj, batch, seed=0, step=1, mode="greedy", **_COMMON,

@@ -67,8 +67,8 @@ class DraftForward(nn.Module):
         self.drafter = drafter
         self.chunk_rows = chunk_rows
 
-    def _selector_logq(self, hidden, labels, prev):
-        return _selector_logq_impl(self.drafter, hidden, labels, prev, self.chunk_rows)
+    def _selector_logq(self, hidden, labels, prev, temperature=1.0):
+        return _selector_logq_impl(self.drafter, hidden, labels, prev, self.chunk_rows, temperature)
 
     def forward(
         self,
@@ -99,10 +99,6 @@ class DraftForward(nn.Module):
             raise ValueError("temperature scales logq only; not with full_logits")
         hidden = self.drafter.forward_blocks(features, input_ids, anchors)
         if has_selector(self.drafter):
-            if temperature != 1.0:
-                raise ValueError(
-                    "a drafter temperature (greedy_temperature) is not supported for DFlash2 yet"
-                )
             if full_logits:
                 u = self.drafter.unary_logits(hidden)
                 sel = self.drafter.selector_logits(hidden, prev, u)
@@ -110,7 +106,7 @@ class DraftForward(nn.Module):
                 logq_u = chunked_token_logprobs(u, labels, self.chunk_rows)
             else:  # log q(label) only: no [N, K, V] tensor is kept (`select_compact`)
                 u, sel = None, None
-                logq, logq_u = self._selector_logq(hidden, labels, prev)
+                logq, logq_u = self._selector_logq(hidden, labels, prev, temperature)
             if unary:
                 return hidden, logq, sel, (u, logq_u)
             return hidden, with_unary_gradient(logq, logq_u), sel
@@ -132,20 +128,23 @@ class DraftForward(nn.Module):
         return hidden, logq, None
 
 
-def _selector_logq_impl(drafter, hidden, labels, prev, chunk_rows):
-    """(floored selector log q(label), unary log q(label)) without full logits."""
+def _selector_logq_impl(drafter, hidden, labels, prev, chunk_rows, temperature=1.0):
+    """(floored selector log q(label), unary log q(label)) without full logits, both at
+    the drafter temperature (the candidates, a top-k, do not depend on it)."""
     candidates, scores = drafter.select_compact(hidden, prev)
     hit = candidates == labels.clamp_min(0).unsqueeze(-1)
-    logp = torch.log_softmax(scores.float(), -1)
+    logp = torch.log_softmax(scores.float() / temperature, -1)
     inside = hit.any(-1) & (labels >= 0)
     sel = torch.where(hit, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(-1)
     sel = torch.where(inside, sel, torch.full_like(sel, LOGQ_FLOOR))
     sel = torch.where(labels >= 0, sel, torch.zeros_like(sel))
     if _is_plain_head(drafter):
         weight = drafter.head_weight
-        logq_u = target_logprobs(hidden.to(weight.dtype), weight, labels, chunk_rows)
+        h = hidden.to(weight.dtype) / temperature
+        logq_u = target_logprobs(h, weight, labels, chunk_rows)
     else:
-        logq_u = chunked_token_logprobs(drafter.unary_logits(hidden), labels, chunk_rows)
+        unary = drafter.unary_logits(hidden) / temperature
+        logq_u = chunked_token_logprobs(unary, labels, chunk_rows)
     return sel, logq_u
 
 
