@@ -57,14 +57,14 @@ def table(root: Path, key: str) -> list[str]:
         c = vs_start.get(name)
         lr = re.search(r"-(\d+e-\d+)", name)
         ctl = None
-        for cname, rows in controls.items():
+        for cname, rows in controls.items() if "-dpace-" not in name else ():
             if name in rows and cname != name and (lr is None or cname.endswith(lr.group(1))):
                 ctl = rows[name]
-        if ctl is None:  # a single control (t0): compare with it
+        if ctl is None and "-dpace-" not in name:  # a single control (t0): compare with it
             for cname, rows in controls.items():
                 if name in rows and cname != name:
                     ctl = rows[name]
-        ks = " ".join(f"{v:.2f}" for v in d.get("ar_k", []))
+        ks = " ".join("-" if v is None else f"{v:.2f}" for v in d.get("ar_k", []))
         out.append(
             f"| {name} | {d['mal']:.3f} | {pct(c) if c else '-'} | "
             f"{pct(ctl) if ctl else '-'} | {ks} |"
