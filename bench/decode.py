@@ -11,7 +11,9 @@ prompts), so machine drift hits all alike:
 - `HF generate`: `model.generate` (greedy, or sampling at T with top-k/top-p off);
 - `HF prompt lookup`: `generate(prompt_lookup_num_tokens=K)` (HF's assisted decoding;
   its rounds are counted with a forward hook on the model, so it gets a tau too);
-- `AR loop`: blockdraft's autoregressive baseline (`online.ar_generate`);
+- `AR loop`: blockdraft's autoregressive baseline (`decoding.loop.ar_generate`), with
+  the lean forward where the target is small enough (decoding/cpu/lean_target.py; the
+  speculative rows use it too), and `AR loop, HF forward` the same loop on HF's forward;
 - `spec ngram`: blockdraft's loop with `NgramDrafter(K, max=2, match=first)`: the rule
   and settings of HF prompt lookup, so at T = 0 both emit the same tokens in the same
   rounds and the tokens/s ratio compares the two loops alone;
@@ -46,6 +48,7 @@ from typing import Any
 import torch
 
 from blockdraft.decoding.cpu.argmax_screen import Int8Screen, ScreenedArgmaxHead
+from blockdraft.decoding.cpu.lean_target import LeanTarget
 from blockdraft.decoding.cpu.packed_linear import PackedLinears
 from blockdraft.decoding.hf_generate import hf_generate_job
 from blockdraft.decoding.loop import StepStats, ar_generate, speculative_generate
@@ -109,14 +112,20 @@ def load_drafter(spec: str, args: argparse.Namespace, target: Any) -> tuple[str,
 
 
 class ForwardCounter:
-    """Counts target forwards of every method (a hook on the decoder stack)."""
+    """Counts target forwards of every method (a hook on the decoder stack, plus the
+    lean forward's own count where the loops take it)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.calls = 0
+    def __init__(self, model: torch.nn.Module, lean: LeanTarget | None) -> None:
+        self.hf_calls = 0
+        self.lean = lean
         model.register_forward_pre_hook(self._hook)
 
+    @property
+    def calls(self) -> int:
+        return self.hf_calls + (self.lean.calls if self.lean is not None else 0)
+
     def _hook(self, *_: Any) -> None:
-        self.calls += 1
+        self.hf_calls += 1
 
 
 def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dict[str, float]:
@@ -132,14 +141,20 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
     run, fp32_head = TargetRunner(target), TargetRunner(target)
     fp32_head.screen = None  # the packed fp32 head, whatever `use_packed_weights` picks
     packs = PackedLinears.of(target.model)
+    one = dict(keep=1, features=False, argmax=False)
     plain = dict(keep=k + 1, features=True, argmax=True)
-    cases: dict[str, tuple[TargetRunner, bool, dict[str, Any]]] = {
-        "1 token": (run, False, dict(keep=1, features=False, argmax=False)),
+    cases: dict[str, tuple[TargetRunner, bool, dict[str, Any]]] = {}
+    if run.lean is not None:  # the loops' lean forward, next to the HF forward it replaces
+        hf = TargetRunner(target, lean=False)
+        cases["HF forward: 1 token"] = (hf, False, one)
+        cases[f"HF forward: {k + 1} argmax + features"] = (hf, False, plain)
+    cases |= {
+        "1 token": (run, False, one),
         f"{k + 1} tokens": (run, False, dict(keep=k + 1, features=False, argmax=False)),
         f"{k + 1} + features": (run, False, dict(keep=k + 1, features=True, argmax=False)),
         f"{k + 1} argmax + features": (run, False, plain),
     }
-    if packs is not None:
+    if packs is not None and run.lean is None:
         cases[f"{k + 1} argmax, packed + fp32 head"] = (fp32_head, True, plain)
         if run.screen is not None:
             head = target.model.get_output_embeddings().weight
@@ -159,7 +174,14 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
     with torch.inference_mode():
         for prompt in prompts:
             pre = run.step(torch.tensor([prompt]), croppable=True)
-            cache, n = pre.cache, len(prompt)
+            n = len(prompt)
+            # one cache per kind of forward (the lean forward keeps its own)
+            caches = {run.lean is not None: pre.cache}
+            for runner, _, _ in cases.values():
+                key = runner.lean is not None
+                if key not in caches:
+                    caches[key] = runner.step(torch.tensor([prompt]), croppable=True).cache
+            cache = pre.cache
             # the block a fully accepted draft verifies: the target's own continuation
             greedy = [pre.argmax()[-1]]
             for _ in range(k):
@@ -173,11 +195,12 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
                 for name, (runner, packed, c) in cases.items():
                     ids = noise if name.endswith("random tokens") else block
                     ids = ids if c["keep"] > 1 else ids[:, :1]
+                    own = caches[runner.lean is not None]
                     with packs.active() if packed else contextlib.nullcontext():
                         t0 = time.perf_counter()
-                        runner.step(ids, cache, **c)
+                        runner.step(ids, own, **c)
                         out[name].append(time.perf_counter() - t0)
-                    run.crop(cache, n)
+                    runner.crop(own, n)
     return {name: statistics.median(v) for name, v in out.items()}
 
 
@@ -185,7 +208,8 @@ def bench_temperature(
     target: Any, prompts: list[list[int]], drafters: dict[str, Any], temp: float, args: Any
 ) -> list[dict[str, Any]]:
     n, k = args.max_new_tokens, args.k
-    counter = ForwardCounter(target.model.get_decoder())  # every path runs the decoder
+    lean = LeanTarget.of(target.model, target.layer_ids)
+    counter = ForwardCounter(target.model.get_decoder(), lean)  # every path runs the decoder
     rows: dict[str, dict[str, Any]] = {}
 
     def row(name: str) -> dict[str, Any]:
@@ -197,6 +221,14 @@ def bench_temperature(
         jobs: dict[str, Callable[[], Any]] = {
             "HF generate": hf_generate_job(target, prompt, temp, n),
             "HF prompt lookup": hf_generate_job(target, prompt, temp, n, lookup=k),
+            "AR loop, HF forward": lambda p=prompt, i=i: ar_generate(
+                target,
+                p,
+                temperature=temp,
+                max_new_tokens=n,
+                lean=False,
+                generator=torch.Generator().manual_seed(i),
+            ),  # fmt: skip
             "AR loop": lambda p=prompt, i=i: ar_generate(
                 target,
                 p,
@@ -206,6 +238,8 @@ def bench_temperature(
                 generator=torch.Generator().manual_seed(i),
             ),  # fmt: skip
         }
+        if lean is None:  # the AR loop runs the HF forward anyway
+            del jobs["AR loop, HF forward"]
         for name, drafter in drafters.items():
             jobs[name] = lambda d=drafter, p=prompt, i=i: speculative_generate(
                 target, d, p, temperature=temp, max_new_tokens=n,

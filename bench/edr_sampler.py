@@ -41,7 +41,7 @@ from blockdraft.targets.registry import load_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
-from blockdraft.training.features import OnlineTargetFeatures
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 
 SAMPLERS = ("uniform", "occupancy", "gradient")
 

@@ -21,9 +21,9 @@ Parts (GPU shapes; `--cpu-smoke` runs the same code at tiny shapes on the CPU):
   the target forward's time) over the `matmul` rate.
 - `rollout`: `blockdraft rollout` (`generate_rollouts`) vs HF `generate` at batch 32,
   T = 1 with top-k 50 / top-p 0.95, same prompts (bench/rollout.py's runners), wall time.
-- `decode`: batch 1, greedy: our AR loop vs HF `generate` (`evaluation.hf_generate.
+- `decode`: batch 1, greedy: our AR loop vs HF `generate` (`decoding.hf_generate.
   ar_vs_hf`), and a drafter round (a random 5-layer drafter, block 16: acceptance means
-  nothing, costs do) in AR steps (`evaluation.online.decode`'s per-phase round costs over
+  nothing, costs do) in AR steps (`decoding.loop.decode`'s per-phase round costs over
   its AR step time).
 - `summary`: the table, `OUT/gpu_check.json`.
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from blockdraft.data.features import plan_features, write_features
+from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.generation import SamplingSettings
 from blockdraft.data.rollout_store import (
     FORMAT,
@@ -51,7 +51,7 @@ from blockdraft.targets.target import Target
 from blockdraft.targets.testing import make_shaped_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.features import CachedFeatures, OnlineTargetFeatures
+from blockdraft.training.feature_sources import CachedFeatures, OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step
 
 
@@ -80,7 +80,7 @@ SHAPES = {
 
 
 def make_target(name: str) -> Target:
-    """Random weights at the real architecture and shape (`models.testing.SHAPES`)."""
+    """Random weights at the real architecture and shape (`targets.testing.SHAPES`)."""
     return make_shaped_target("tiny" if name == "tiny" else "gemma-3-270m")
 
 

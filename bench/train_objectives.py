@@ -52,7 +52,7 @@ from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step, score_round_starts
-from blockdraft.training.features import OnlineTargetFeatures
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step, pad_anchor_lists
 
 

@@ -43,7 +43,8 @@ def real_body(prompt_id: str, prompt: str) -> str:
     relpath, lineno, _ = prompt_id.removeprefix("stdlib/").rsplit(":", 2)
     source = (stdlib_root() / relpath).read_text(encoding="utf-8", errors="replace")
     node = next(
-        n for n in ast.walk(ast.parse(source))
+        n
+        for n in ast.walk(ast.parse(source))
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno == int(lineno)
     )
     lines = source.splitlines(keepends=True)[node.lineno - 1 : node.end_lineno]

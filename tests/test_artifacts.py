@@ -15,7 +15,7 @@ import pytest
 
 import blockdraft.data.rollouts as rollouts_mod
 from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_set_id
-from blockdraft.data.features import plan_features, write_features
+from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollouts import RolloutError, SamplingSettings, generate_rollouts
 from blockdraft.errors import BlockdraftError, os_error_message
 from clikit import one_line_error, prompts, run_cli, save_random_drafter
@@ -224,9 +224,9 @@ def test_identical_runs_give_identical_bytes_and_set_id(random_target, tmp_path)
 def test_features_refused_up_front_when_the_disk_is_too_small(
     random_target, rollout_dir, tmp_path, monkeypatch, capsys
 ):
-    import blockdraft.targets.registry as registry
+    import blockdraft.cli.features as features_cli
 
-    monkeypatch.setattr(registry, "load_target", lambda *a, **k: random_target)
+    monkeypatch.setattr(features_cli, "load_target", lambda *a, **k: random_target)
     _small_disk(monkeypatch)
     out = tmp_path / "f"
     argv = ["features", "--target", "t", "--rollouts", rollout_dir, "--out", out]

@@ -1,6 +1,8 @@
 """The house's structure, read from the source with `ast`: import cycles (function-level
-imports included), imports that point up the layers, and imports of another module's
-private (underscore) names.
+imports included), imports that point up the layers, imports of another module's
+private (underscore) names, and function-level imports (only of a heavy or optional
+third-party package, or of a module in `LAZY_MODULES`, and each marked `# lazy: <why>`
+on its line or in the comment lines right above it; consecutive imports share one mark).
 
 The layers, bottom first (a package may import its own layer and those below):
 
@@ -23,6 +25,7 @@ listed one that is gone (delete it from the list).
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -42,6 +45,9 @@ LAYERS = [
     {"cli", "__main__"},
 ]
 KNOWN: set[tuple[str, str]] = set()
+# blockdraft modules a function may import: importing them loads a heavy dependency
+LAZY_MODULES = {"blockdraft.objectives.edr.kernels": "numba and its compiled kernels"}
+LAZY_MARK = "# lazy:"
 
 
 def modules(src: Path) -> dict[str, tuple[Path, bool]]:
@@ -150,6 +156,107 @@ def violations(src: Path, root: str = "blockdraft") -> set[tuple[str, str]]:
     return out
 
 
+def _resolve(node: ast.ImportFrom | ast.Import, mod: str, is_pkg: bool) -> list[str]:
+    """The modules (or `module.name` for from-imports) an import statement names."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+        pkg = pkg[: len(pkg) - (node.level - 1)]
+        base = ".".join(pkg + ([base] if base else []))
+    return [f"{base}.{a.name}" for a in node.names]
+
+
+def function_import_violations(src: Path, root: str = "blockdraft") -> set[tuple[str, str]]:
+    """Imports inside function bodies of a module under `root` into `root` (unless of a
+    `LAZY_MODULES` module), and any without a `# lazy:` mark."""
+    out = set()
+    for mod, (file, is_pkg) in modules(src).items():
+        text = file.read_text()
+        lines = text.splitlines()
+        found = {}
+        for fn in ast.walk(ast.parse(text, str(file))):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)):
+                        found[node.lineno] = node
+        marked_ends: set[int] = set()
+        for line, node in sorted(found.items()):
+            where = f"{mod}:{line}"
+            names = _resolve(node, mod, is_pkg)
+            for name in names:
+                inside = name == root or name.startswith(root + ".")
+                if inside and not any(name == m or name.startswith(m + ".") for m in LAZY_MODULES):
+                    out.add(("function-level", f"{where} imports {name}"))
+            if _marked(lines, node, marked_ends):
+                marked_ends.add(node.end_lineno)
+            else:
+                out.add(("unmarked", f"{where} imports {', '.join(names)} without {LAZY_MARK!r}"))
+    return out
+
+
+def _marked(lines: list[str], node: ast.stmt, marked_ends: set[int]) -> bool:
+    """A `# lazy:` mark on the statement's lines, in the comment lines right above it, or
+    on the marked import statement that ends right above it."""
+    if any(LAZY_MARK in lines[i] for i in range(node.lineno - 1, node.end_lineno)):
+        return True
+    i = node.lineno - 2  # 0-based index of the line above
+    while i >= 0 and lines[i].lstrip().startswith("#"):
+        if LAZY_MARK in lines[i]:
+            return True
+        i -= 1
+    return (i + 1) in marked_ends
+
+
+def test_function_level_imports_are_lazy_third_party_imports_and_say_why():
+    found = function_import_violations(SRC)
+    assert not found, "function-level imports:\n" + "\n".join(map(str, sorted(found)))
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        (  # a blockdraft module imported in a function, marked or not
+            {"data/a.py": "def f():\n    # lazy: no reason is good enough\n"
+                          "    from blockdraft.data.b import x\n",
+             "data/b.py": "x = 1\n"},
+            {("function-level", "blockdraft.data.a:3 imports blockdraft.data.b.x")},
+        ),
+        (  # relative, and a plain `import blockdraft.errors`, unmarked
+            {"drafters/m.py": "def f():\n    from .n import y\n\n"
+                              "def g():\n    import blockdraft.errors\n",
+             "drafters/n.py": "y = 1\n", "errors.py": ""},
+            {("function-level", "blockdraft.drafters.m:2 imports blockdraft.drafters.n.y"),
+             ("unmarked", "blockdraft.drafters.m:2 imports blockdraft.drafters.n.y without "
+                          "'# lazy:'"),
+             ("function-level", "blockdraft.drafters.m:5 imports blockdraft.errors"),
+             ("unmarked", "blockdraft.drafters.m:5 imports blockdraft.errors without "
+                          "'# lazy:'")},
+        ),
+        (  # a third-party import without the mark (in a method: functions nest)
+            {"targets/t.py": "class T:\n    def f(self):\n        import yaml\n"},
+            {("unmarked", "blockdraft.targets.t:3 imports yaml without '# lazy:'")},
+        ),
+        (  # the mark above a comment block, on the line, and shared by consecutive imports;
+           # a blank line or a statement in between ends the sharing
+            {"targets/t.py": "def f():\n    # lazy: slow\n    # (more why)\n"
+                             "    import transformers\n    from transformers import A\n"
+                             "    import datasets  # lazy: optional\n\n    import wandb\n"
+                             "def g():\n    # lazy: optional\n    import gguf\n    x = 1\n"
+                             "    import accelerate\n",
+             "objectives/edr/recursion.py": "def k():\n    # lazy: numba\n"
+                                            "    from blockdraft.objectives.edr import kernels\n",
+             "objectives/edr/kernels.py": ""},
+            {("unmarked", "blockdraft.targets.t:8 imports wandb without '# lazy:'"),
+             ("unmarked", "blockdraft.targets.t:13 imports accelerate without '# lazy:'")},
+        ),
+    ],
+)  # fmt: skip
+def test_planted_function_level_imports_are_found(tmp_path, files, expected):
+    assert function_import_violations(_tree(tmp_path, files)) == expected
+
+
 def test_the_house_has_no_new_structural_violations():
     found = violations(SRC)
     new, fixed = found - KNOWN, KNOWN - found
@@ -206,3 +313,17 @@ def test_a_package_outside_the_layers_is_named(tmp_path):
     src = _tree(tmp_path, {"gadgets/g.py": "from blockdraft.errors import E\n", "errors.py": ""})
     with pytest.raises(AssertionError, match="'gadgets' is in no layer"):
         violations(src)
+
+
+def test_every_module_imports():
+    """A module nobody's test imports still has to load (a stale import after a move is
+    otherwise found by the first user); `__main__` runs the CLI and is left out."""
+    failed = []
+    for name in sorted(modules(SRC)):
+        if name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, with its module
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+    assert not failed, "\n".join(failed)

@@ -1,24 +1,11 @@
 """Stored artefacts: one writer per directory, every file checked against its record.
 
 Rollout sets, feature sets, run directories and exports are written by different stages
-but go wrong in the same few ways: two writers interleave in one directory, a byte flips
-or a file is cut short, a rerun writes other bytes for the same inputs, the disk fills up
-half way. Every stage uses the functions here, so each of these fails the same way
-everywhere, as one line naming the file:
-
-- `writer_lock(directory)`: an advisory `fcntl.flock` on `directory/.blockdraft.lock`
-  (pid and command inside), held for the whole run; a second writer is refused naming
-  the holder's pid. The kernel drops the lock when its holder dies (even `kill -9`), so a
-  lock file left behind is simply taken over.
-- `file_problem` / `check_file`: size first (cheap), then a streamed SHA-256 against the
-  `{"bytes", "sha256"}` record a manifest or config keeps, each file hashed once per
-  process (`BLOCKDRAFT_VERIFY=size` skips the hash).
-- `write_atomic`, `canonical_json`, `safetensors_bytes`: temp file + fsync + rename (the
-  temp file removed on failure, a full disk naming the file), and bytes that depend only
-  on the content (sorted keys), so identical inputs give identical files and set ids.
-- `ensure_free_space`: refuse a long stage up front when the disk cannot hold its output.
-- `stored_artifact` / `enclosing_artifact`: what a directory holds (run, rollout set,
-  feature set, checkpoint, export), so nothing deletes what it does not own.
+but fail in the same few ways: two writers interleave, a byte flips or a file is cut
+short, a rerun writes other bytes for the same inputs, the disk fills up half way. Every
+stage goes through the lock, integrity check, atomic writes, disk check and artefact
+kinds here, so each of these fails the same way everywhere, as one line naming the file.
+The contracts are in docs/architecture.md ("Utilities").
 """
 
 from __future__ import annotations
@@ -34,6 +21,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from safetensors.torch import save
 
 from blockdraft.errors import BlockdraftError
 
@@ -214,8 +203,6 @@ def safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str]) -> byte
     two saves of the same tensors give different bytes; the header is rewritten here with
     sorted metadata (same tensors, same offsets, padded to 8 bytes as safetensors does).
     """
-    from safetensors.torch import save
-
     data = save(tensors, metadata=metadata)
     n = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + n])

@@ -1,38 +1,28 @@
 """`--device` / `--dtype` for every CLI stage that runs a model, resolved in one place.
 
-Why one module: each stage used to pick its own device (most of them: none, so a GPU
-machine scored and decoded on the CPU in fp32). The rules live here so `rollout`,
-`eval`, `compare`, `decode`, the demo and training agree:
-
-- device `auto` is this rank's GPU when there is one, else the CPU; plain `cuda` also
-  means this rank's GPU (`LOCAL_RANK` under torchrun);
-- dtype `auto` is bfloat16 on a GPU (half the memory and the bandwidth of fp32 for the
-  same results up to rounding) and float32 on the CPU (CPU bf16 matmuls are slow and
-  the tests compare in fp32).
-
-Usage: `add_device_args(parser)` in a CLI's `register`, then
-`device, dtype = device_and_dtype(args)` in its `run`; bad values are a one-line
-`UserError` naming the flag.
+Why one module: so `rollout`, `eval`, `compare`, `decode`, `features`, the demo and
+training agree. Device `auto` is this rank's GPU when there is one, else the CPU (plain
+`cuda` is this rank's GPU too, `LOCAL_RANK` under torchrun); dtype `auto` is bfloat16 on
+a GPU (half fp32's memory and bandwidth) and float32 on the CPU (CPU bf16 matmuls are
+slow, and the tests compare in fp32). `add_device_args(parser)` in a stage's `register`,
+`device_and_dtype(args)` in its `run`; a bad value is a one-line `UserError` naming the
+flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
+
+import torch
 
 from blockdraft.errors import UserError
-
-if TYPE_CHECKING:  # torch is imported lazily: CLI modules import this file to register
-    import torch
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     """`auto` picks CUDA when present; under torchrun, plain `cuda` means this rank's GPU."""
-    import torch
-
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cuda":
@@ -50,8 +40,6 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
 
 def resolve_dtype(spec: str | None, device: torch.device | str) -> torch.dtype:
     """`auto` (or None): bfloat16 on CUDA, float32 elsewhere; else the named dtype."""
-    import torch
-
     if spec in (None, "auto"):
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if spec not in DTYPES:
@@ -100,8 +88,6 @@ def drafter_dtype(spec: str | None, device: torch.device | str) -> torch.dtype |
     checkpoint's own dtype, so CPU evaluation of a bf16 checkpoint (public DFlash
     drafters) gives the numbers it always gave.
     """
-    import torch
-
     if spec in (None, "auto") and torch.device(device).type != "cuda":
         return None
     return resolve_dtype(spec, device)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 
 
 class BlockdraftError(Exception):
@@ -48,8 +49,6 @@ def os_error_message(exc: OSError) -> str:
 def disk_write_error(path: os.PathLike | str, exc: BaseException) -> OSError:
     """An OSError naming `path` for a failed write that torch reports as a RuntimeError
     (`[enforce fail at inline_container.cc] unexpected pos`: usually a full disk)."""
-    import shutil
-
     try:
         free = shutil.disk_usage(os.path.dirname(os.fspath(path)) or ".").free
         cause = "the disk is full" if free < (1 << 20) else f"write failed ({str(exc)[:80]})"

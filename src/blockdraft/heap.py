@@ -1,17 +1,11 @@
 """Keep freed CPU memory for reuse instead of returning it to the OS (glibc malloc).
 
-Why: glibc serves every allocation above 32 MB (its largest mmap threshold) with a fresh
-`mmap` and unmaps it on free, so each training step page-faults its big buffers in again:
-the `[rows, V]` logits of the cross-entropy (59 MB at the tiny demo's step), attention
-scores, MLP activations. Measured on one thread: the tiny step's head product
-(3,584 x 128 x 4,096) takes 42 ms into a fresh buffer and 22 ms into a reused one, and
-`bench/train_step.py` (`heap` rows) times whole steps both ways side by side.
-
-`retain_freed_memory()` sets `M_MMAP_MAX = 0` (every allocation from the heap, which
-reuses freed blocks) and a trim threshold of 1 TiB (freed memory stays mapped), for the
-rest of the process. The cost: a process's resident memory stays at its peak, which is
-what a training process reaches every step anyway. Called by the stages that train; not
-by the library on import (a user's own process keeps glibc's defaults).
+Why: glibc serves every allocation above its mmap threshold with a fresh `mmap` and
+unmaps it on free, so each training step page-faults its big buffers (logits, attention
+scores, activations) in again. `retain_freed_memory()` takes every allocation from the
+heap and keeps freed memory mapped for the rest of the process: resident memory stays at
+its peak, which a training process reaches every step anyway. Called by the stages that
+train, never on import; `bench/train_step.py --part heap` measures it (docs/training.md).
 """
 
 from __future__ import annotations

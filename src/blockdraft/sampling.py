@@ -1,16 +1,12 @@
-""" "The distribution we sample from", as used by decoding, verification and scoring.
+""" "The distribution we sample from", as used by rollouts, decoding, verification and scoring.
 
-Lossless speculative sampling is lossless with respect to *some* distribution p, and the
-offline evaluator only agrees with the online decoder if both use the same p as the
-rollouts were drawn from. So there is exactly one implementation of the logits
-processing (temperature, then top-k, then top-p, HF order), `sampling_logprobs` here,
-which the rollout sampler uses, and one `SamplingSettings`. For decoding and
-verification:
-
-- `temperature == 0` means greedy: p is one-hot on the first argmax (what `torch.argmax`
-  picks), so the greedy rule is the T -> 0 limit of speculative sampling. (Rollouts store
-  T=1 log-probs for greedy rows; the greedy acceptance never looks at them.)
-- float64 logits stay float64 (exact-enumeration tests), others become float32.
+Lossless speculative sampling is lossless with respect to *some* p, and the offline
+evaluator agrees with the online decoder only if both use the p the rollouts were drawn
+from; so there is one `SamplingSettings` and one logits processing (temperature, then
+top-k, then top-p, HF's order), `sampling_logprobs`. `temperature == 0` is greedy: p is
+one-hot on the first argmax, the T -> 0 limit of speculative sampling (greedy rollouts
+store T = 1 log-probs, which the greedy acceptance never reads). float64 logits stay
+float64 (exact-enumeration tests); others become float32.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """How torch runs on the CPU (threads, denormals), set once for every stage that runs models.
 
-Why this exists: on a small shared machine torch's default (one thread per core) is the
-worst choice whenever another process is busy. OpenMP worker threads spin while they
-wait for a core, so two threads on two cores shared with one other busy process ran
-5-10x *slower* than one thread (the demo's online stage measured 50 tok/s on `tiny`
-against 583 tok/s with one thread). The default therefore counts the cores that are
-idle *right now* (sampled from /proc/stat over a fraction of a second, the same rule
-`targets/tiny.py` uses for its build), capped at torch's own choice and at
-`DEFAULT_CAP`. `--threads N` (every CLI stage that runs models) overrides it, and
-`BLOCKDRAFT_THREADS` overrides the default for a whole shell session.
-
-Denormals: `configure_cpu` also flushes denormal floats to zero (FTZ/DAZ). Why: x86
-arithmetic on denormals (|x| < 1.2e-38 in float32) is ~100x slower, and the training
-objectives make them: a gradient like EDR's `dA/dz_v = A q_v (...)` multiplies small
-probabilities, so at a 32k draft vocabulary most of the LM head's gradient is denormal
-(one `[1860, 32768] x [32768, 640]` product took 11.4 s instead of ~0.4 s; greedy EDR's
-step at the Gemma shape was 6x slower than `uniform`'s, 1.03x with FTZ). Values that small
-are zero for every purpose here (GPUs flush them in their fast paths too).
-
-Usage: `add_threads_arg(parser)` in a CLI's `register`, then `configure_cpu(args.threads)`
-first thing in its `run` (it returns the thread count it set, so callers can print it).
+Threads: torch's default (one per core) is the worst choice on a shared machine, because
+OpenMP workers spin while they wait for a busy core; the default here is the cores idle
+now (/proc/stat), capped at torch's count and `DEFAULT_CAP`, overridden by `--threads N`
+or `$BLOCKDRAFT_THREADS`. Denormals are flushed to zero (FTZ/DAZ): the objectives'
+gradients multiply small probabilities, x86 arithmetic on denormals is far slower, and
+values that small are zero for every purpose here. `add_threads_arg(parser)` in a stage's
+`register`, `configure_cpu(args.threads)` first thing in its `run` (docs/decoding.md).
 """
 
 from __future__ import annotations
@@ -28,6 +15,8 @@ import argparse
 import os
 import time
 from pathlib import Path
+
+import torch
 
 ENV = "BLOCKDRAFT_THREADS"
 DEFAULT_CAP = 8  # batch-1 decoding of small models gains nothing beyond a few threads
@@ -54,8 +43,6 @@ def idle_cores(window_s: float = 0.3) -> int | None:
 
 def default_threads(cap: int = DEFAULT_CAP) -> int:
     """`$BLOCKDRAFT_THREADS`, else the idle cores now, capped at torch's count and `cap`."""
-    import torch  # lazily: CLI modules import this file at registration (`--help` stays fast)
-
     env = os.environ.get(ENV)
     if env:
         return _positive(env, ENV)
@@ -67,8 +54,6 @@ def default_threads(cap: int = DEFAULT_CAP) -> int:
 def configure_cpu(threads: int | None = None, device: str = "cpu") -> int:
     """Set torch's intra-op thread count (`None` = `default_threads()`) and, when the work
     runs on a CPU (`device`), flush denormals (`flush_denormals`); return the thread count."""
-    import torch
-
     n = default_threads() if threads is None else _positive(threads, "--threads")
     torch.set_num_threads(n)
     if runs_on_cpu(device):
@@ -78,8 +63,6 @@ def configure_cpu(threads: int | None = None, device: str = "cpu") -> int:
 
 def runs_on_cpu(device: str) -> bool:
     """True for `cpu`, and for `auto` on a machine without CUDA (what `devices` resolves)."""
-    import torch
-
     if device == "auto":
         return not torch.cuda.is_available()
     try:
@@ -92,8 +75,6 @@ def flush_denormals() -> bool:
     """Treat denormal floats as zero on this CPU (FTZ/DAZ; see the module docstring for
     why). Process-wide: torch's worker threads follow it. False where the CPU has no such
     mode (then nothing changes)."""
-    import torch
-
     return bool(torch.set_flush_denormal(True))
 
 

@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 
+import blockdraft.cli.decode as decode_cli
 import blockdraft.decoding.loop as online
 import blockdraft.evaluation.scoring as scoring
 from blockdraft.devices import drafter_dtype, resolve_device, resolve_dtype
@@ -101,7 +102,7 @@ def test_decode_runs_both_models_in_the_requested_dtype(setup, monkeypatch, caps
         ran.append((target.dtype, drafter.dtype, drafter.fc.weight.device.type))
         return real(target, drafter, *args, **kwargs)
 
-    monkeypatch.setattr(online, "decode", spy)
+    monkeypatch.setattr(decode_cli, "decode", spy)
     argv = ["decode", "--target", model, "--drafter", a, "--rollouts", rollouts, "--dtype",
             "bfloat16", "--no-ar", "--no-progress", "--json", root / "dec.json"]  # fmt: skip
     code, out, err = run_cli(capsys, *argv, "--cache-dir", root / "cache-dec")

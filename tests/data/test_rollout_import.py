@@ -215,10 +215,10 @@ def test_bad_files_are_one_line_errors_and_write_nothing(random_target, tmp_path
 
 
 def test_cli_rollout_import_joins_prompts_by_id(random_target, tmp_path, monkeypatch, capsys):
+    import blockdraft.cli.rollout as rollout_cli
     from blockdraft.cli import main
-    from blockdraft.targets import registry
 
-    monkeypatch.setattr(registry, "load_target", lambda name, **kw: random_target)
+    monkeypatch.setattr(rollout_cli, "load_target", lambda name, **kw: random_target)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
         "".join(json.dumps({"id": f"q{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS))

@@ -308,12 +308,12 @@ def test_split_by_prompt_and_subsets(random_target, tmp_path):
 
 
 def test_cli_rollout(random_target, tmp_path, monkeypatch, capsys):
+    import blockdraft.cli.rollout as rollout_cli
     from blockdraft.cli import main
-    from blockdraft.targets import registry
 
     loaded = []
     monkeypatch.setattr(
-        registry, "load_target", lambda name, **kw: loaded.append(name) or random_target
+        rollout_cli, "load_target", lambda name, **kw: loaded.append(name) or random_target
     )
     src = tmp_path / "p.jsonl"
     src.write_text("".join(json.dumps({"question": t}) + "\n" for t in TEXTS))

@@ -16,6 +16,7 @@ import torch
 from blockdraft.decoding import proposers
 from blockdraft.decoding.cpu import argmax_screen, packed_linear
 from blockdraft.decoding.cpu.argmax_screen import ScreenedArgmaxHead
+from blockdraft.decoding.cpu.lean_target import LeanTarget
 from blockdraft.decoding.cpu.packed_linear import int8_products_exact
 from blockdraft.decoding.loop import decode
 from blockdraft.decoding.steps import TargetRunner
@@ -135,6 +136,8 @@ def test_greedy_speculative_with_screened_head_equals_ar(monkeypatch, drafter_ki
     if kind == "int8" and not int8_products_exact():
         pytest.skip("no exact int8 products on this CPU")
     monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
+    # the HF forward's head: a random target is small enough for the lean forward
+    monkeypatch.setattr(LeanTarget, "supports", staticmethod(lambda model: False))
     if kind == "bf16":
         monkeypatch.setattr(argmax_screen.Int8Screen, "build", classmethod(lambda cls, w, n: None))
         monkeypatch.setattr(packed_linear, "packing_supported", lambda: False)
@@ -221,7 +224,7 @@ def test_packed_target_keeps_only_a_fast_screen(monkeypatch) -> None:
     target = make_random_target("llama", seed=1)
     for packed_low in (None, torch.zeros(1)):
         monkeypatch.setattr(argmax_screen, "_HEADS", argmax_screen.weakref.WeakKeyDictionary())
-        run = TargetRunner(target)
+        run = TargetRunner(target, lean=False)  # the HF forward's head
         run.screen.screen.packed_low = packed_low
         run.use_packed_weights()
         assert (run.screen is not None) == (packed_low is not None)
@@ -229,6 +232,6 @@ def test_packed_target_keeps_only_a_fast_screen(monkeypatch) -> None:
         monkeypatch.undo()
         monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0)
         monkeypatch.setattr(argmax_screen, "_HEADS", argmax_screen.weakref.WeakKeyDictionary())
-        run = TargetRunner(target)
+        run = TargetRunner(target, lean=False)
         run.use_packed_weights()
         assert isinstance(run.screen.screen, argmax_screen.Int8Screen)

@@ -15,7 +15,6 @@ import math
 
 import pytest
 import torch
-from fake_drafter import FakeTarget, MemoDrafter, oracle_drafter
 
 import blockdraft.evaluation.scoring as scoring
 from blockdraft.data.generation import SamplingSettings, generate_batch
@@ -27,6 +26,7 @@ from blockdraft.evaluation.offline import mal_ci, offline_stats
 from blockdraft.evaluation.scoring import acceptance_tensor, score_rollouts
 from blockdraft.sampling import processed_probs
 from blockdraft.targets.testing import make_random_target
+from fake_drafter import FakeTarget, MemoDrafter, oracle_drafter
 
 Z = 3.29  # two-sided 99.9%
 

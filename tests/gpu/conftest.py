@@ -21,7 +21,7 @@ import torch
 ON_CPU_ENV = "BLOCKDRAFT_GPU_TESTS_ON_CPU"
 HERE = Path(__file__).resolve().parent
 # the CPU suites' helpers (chi-square, exact enumeration, live-bytes meter), by public name
-for helpers in ("evaluation", "training"):
+for helpers in ("decoding", "training"):
     if str(HERE.parent / helpers) not in sys.path:
         sys.path.insert(0, str(HERE.parent / helpers))
 

@@ -341,3 +341,22 @@ def test_terminal_summary_shows_online_next_to_offline_on_the_same_text() -> Non
     ]
     old_row = next(line for line in lines if line.startswith("old"))
     assert old_row.split()[-3:] == ["-", "1.41x", "-"]
+
+
+def test_summary_says_plainly_which_drafters_are_slower_than_hf_generate() -> None:
+    from blockdraft.pipeline.report import speed_verdict, terminal_summary
+
+    def row(name, vs_ar, vs_hf):  # type: ignore[no-untyped-def]
+        return {"name": name, "mal_offline": 2.0, "mal_offline_ci95": [1.9, 2.1],
+                "tau_online": 2.0, "speedup": vs_ar, "speedup_vs_hf": vs_hf}  # fmt: skip
+
+    drafters = [row("ngram", 1.1, 0.97), row("dpace", 1.4, 1.3)]
+    report = {"target": "tiny", "block_size": 8, "temperature": 0.0, "rollouts": {},
+              "comparisons": [], "drafters": drafters}  # fmt: skip
+    text = terminal_summary(report)
+    assert "SLOWER than HF `generate` on this machine: ngram 0.97x (" in text
+    assert "Every timed drafter decodes faster than our AR loop (at least 1.10x)." in text
+    assert "dpace 1.30x" not in text
+    fast = speed_verdict([{"name": "a", "speedup": 1.2, "speedup_vs_hf": 1.5}])
+    assert fast[0] == "Every timed drafter decodes faster than HF `generate` (at least 1.50x)."
+    assert speed_verdict([{"name": "a", "speedup": None, "speedup_vs_hf": None}]) == []

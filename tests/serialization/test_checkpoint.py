@@ -144,7 +144,12 @@ def test_unsupported_public_variants_are_refused(random_target, tmp_path):
     path = save_drafter(drafter.bind_target(random_target), tmp_path / "c")
     cfg = json.loads((path / "config.json").read_text())
     cfg.pop("blockdraft")
-    cfg["dflash_config"]["conv_kernel_size"] = 2  # DFlash2 layout
+    cfg["dflash_config"]["conv_kernel_size"] = 2  # DFlash2 keys under the DFlash name
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="conv_kernel_size=2 is not supported"):
+    with pytest.raises(ValueError, match="DFlash2 keys"):
+        load_drafter(path, random_target)
+    del cfg["dflash_config"]["conv_kernel_size"]
+    cfg["dflash_config"]["attention_sink_bias"] = True
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="attention_sink_bias=True is not supported"):
         load_drafter(path, random_target)

@@ -60,12 +60,12 @@ def test_last_layer_feature_falls_back_to_full_forward():
 
 def test_auto_dtype_is_bf16_on_cuda_fp32_on_cpu(monkeypatch):
     """`target.dtype: auto` resolves per device (no GPU: the loader is replaced)."""
-    import blockdraft.targets.registry as registry
+    import blockdraft.training.setup as setup
     from blockdraft.training.config import load_config
     from blockdraft.training.setup import load_target_for
 
     seen = {}
-    monkeypatch.setattr(registry, "load_target", lambda name, **kw: seen.update(kw))
+    monkeypatch.setattr(setup, "load_target", lambda name, **kw: seen.update(kw))
     cfg = load_config(None, ["data.train_rollouts=unused"])
     load_target_for(cfg, torch.device("cuda", 0))
     assert seen["dtype"] == torch.bfloat16 and seen["device"] == torch.device("cuda", 0)

@@ -15,7 +15,7 @@ from blockdraft.objectives.registry import make_objective
 from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.draft_space import DraftSpace, sampling_targets
-from blockdraft.training.features import OnlineTargetFeatures
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step, label_positions
 from blockdraft.training.target_distributions import target_probs_for
 

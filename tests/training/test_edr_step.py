@@ -11,7 +11,7 @@ from blockdraft.data.anchors import round_start_anchors
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.features import OnlineTargetFeatures
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import pad_anchor_lists
 
 

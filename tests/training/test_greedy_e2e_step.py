@@ -11,7 +11,7 @@ from trainkit import random_step_batch
 from blockdraft.objectives.e2e import e2e_from_overlap
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.features import OnlineTargetFeatures
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import (
     block_micro_step,
     labels_and_prev,

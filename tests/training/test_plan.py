@@ -219,10 +219,10 @@ def test_cli_plan_tiny_without_weights(capsys, monkeypatch):
     """`--plan` reads only the config (the tiny target is never built here)."""
     import argparse
 
-    import blockdraft.targets.tiny as tiny
+    import blockdraft.targets.registry as registry
     from blockdraft.cli.train import register, run
 
-    monkeypatch.setattr(tiny, "load_tiny_target", lambda *a, **k: pytest.fail("loaded weights"))
+    monkeypatch.setattr(registry, "load_tiny_target", lambda *a, **k: pytest.fail("loaded weights"))
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(

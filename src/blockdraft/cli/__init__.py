@@ -1,14 +1,11 @@
 """The `blockdraft` command: one sub-command per pipeline stage.
 
-Each stage lives in its own module `blockdraft.cli.<stage>` exposing
-`register(subparsers)`, which adds its parser and sets `func` to a callable taking the
-parsed `argparse.Namespace` and returning an exit code.
-
-Exit codes, the same for every sub-command: 0 done; 2 a user or file error (a bad flag,
-key, path or file: one `error: ...` line, as argparse does for a bad command line); 130
-interrupted by Ctrl-C (SIGINT) and 143 stopped by SIGTERM, both after keeping finished
-work so the same command resumes; 1 a check that ran and said no (`export --check`
-found problems, `train --plan` does not fit); 3 training stopped on a non-finite loss.
+Each stage is a module `blockdraft.cli.<stage>` whose `register(subparsers)` adds its
+parser and sets `func(args) -> exit code`, so a stage only parses, runs and prints.
+Exit codes are the same for every sub-command: 0 done; 2 a user or file error (one
+`error: ...` line, as argparse does for a bad command line); 130 Ctrl-C and 143 SIGTERM,
+both after keeping finished work so the same command resumes; 1 a check that ran and said
+no (`export --check`, `train --plan`); 3 training stopped on a non-finite loss.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import signal
 import sys
 
 from blockdraft.cli.arguments import OneLineParser
+from blockdraft.errors import BlockdraftError, os_error_message
 
 STAGES = [
     "rollout",
@@ -71,8 +69,6 @@ def main(argv: list[str] | None = None) -> int:
 
     `BLOCKDRAFT_TRACEBACK=1` re-raises them instead (for debugging).
     """
-    from blockdraft.errors import BlockdraftError, os_error_message
-
     parser = build_parser()
     args = parser.parse_args(argv)  # a bad command line: one line, SystemExit(2)
     previous = _install_sigterm()

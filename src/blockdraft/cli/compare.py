@@ -22,6 +22,7 @@ from blockdraft.cli.eval import (
     run_scored_command,
 )
 from blockdraft.evaluation.runs import compare  # noqa: F401 - the Python API, re-exported
+from blockdraft.pipeline.report import comparison_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,8 +50,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockdraft.pipeline.report import comparison_table
-
     if len(args.drafters) < 2:
         print("error: compare needs at least two drafters", file=sys.stderr)
         return 2

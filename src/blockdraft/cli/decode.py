@@ -29,6 +29,13 @@ from blockdraft.cli.eval import (
     setup_target,
     write_json,
 )
+from blockdraft.data.prompts import PromptError, check_fits_context, load_prompts, render_prompt
+from blockdraft.data.rollout_store import RolloutSet, check_target
+from blockdraft.decoding.hf_generate import has_hf_generate, versus_hf
+from blockdraft.decoding.loop import decode
+from blockdraft.evaluation.offline import mal_ci
+from blockdraft.evaluation.scoring import score_rollout_set
+from blockdraft.serialization.drafter_spec import checkpoint_of, load_drafter_spec
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -94,8 +101,6 @@ def _prompts_and_settings(
     settings: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 128}
     rollouts = None
     if args.rollouts:
-        from blockdraft.data.rollout_store import RolloutSet, check_target
-
         rollouts = RolloutSet.open(args.rollouts)
         check_target(rollouts, target, "--rollouts")  # as `eval` does: same target only
         if args.limit:
@@ -107,8 +112,6 @@ def _prompts_and_settings(
         prompts = [r.prompt_ids.tolist() for r in rollouts]
         prompt_ids = [str(r.prompt_id) for r in rollouts]
     else:
-        from blockdraft.data.prompts import load_prompts, render_prompt
-
         loaded = load_prompts(args.prompts, limit=args.limit)
         prompts = [render_prompt(target.tokenizer, p) for p in loaded]
         prompt_ids = [p.id for p in loaded]
@@ -121,7 +124,6 @@ def _prompts_and_settings(
                     f"{settings[key]}: the offline comparison needs the same settings"
                 )
             settings[key] = value
-    from blockdraft.data.prompts import check_fits_context
 
     check_fits_context(prompt_ids, prompts, target.context_length, settings["max_new_tokens"])
     return prompts, settings, rollouts
@@ -129,8 +131,6 @@ def _prompts_and_settings(
 
 def _check_vs_hf(target: Any, no_ar: bool) -> None:
     """`--vs-hf` problems, raised before any decoding is spent."""
-    from blockdraft.decoding.hf_generate import has_hf_generate
-
     if not has_hf_generate(target):
         raise ValueError("--vs-hf: the target is not a Hugging Face model with generate()")
     if no_ar:
@@ -138,12 +138,7 @@ def _check_vs_hf(target: Any, no_ar: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockdraft.data.prompts import PromptError
-    from blockdraft.decoding.loop import decode
-
     try:
-        from blockdraft.serialization.drafter_spec import checkpoint_of, load_drafter_spec
-
         ckpt = checkpoint_of(args.drafter)  # a missing checkpoint fails before the target loads
         target = setup_target(args)
         drafter, drafter_id = load_drafter_spec(
@@ -169,13 +164,8 @@ def run(args: argparse.Namespace) -> int:
             **result.to_dict(),
         }
         if args.vs_hf:
-            from blockdraft.decoding.hf_generate import versus_hf
-
             out.update(versus_hf(target, prompts, result.speedup, **settings))
         if rollouts is not None:
-            from blockdraft.evaluation.offline import mal_ci
-            from blockdraft.evaluation.scoring import score_rollout_set
-
             acc = score_rollout_set(
                 drafter,
                 target,

@@ -30,6 +30,7 @@ from blockdraft.evaluation.runs import (  # noqa: F401
 )
 from blockdraft.pipeline.report import eval_markdown
 from blockdraft.serialization.drafter_spec import checkpoint_of
+from blockdraft.targets.registry import load_target
 from blockdraft.threads import add_threads_arg, configure_cpu
 
 
@@ -56,7 +57,6 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
 def setup_target(args: argparse.Namespace) -> Any:
     """The target on `--device` in `--dtype` (drafters follow it: `drafter_dtype_of`)."""
     configure_cpu(args.threads, args.device)
-    from blockdraft.targets.registry import load_target
 
     device, dtype = device_and_dtype(args)
     return load_target(args.target, device=device, dtype=dtype, progress=not args.no_progress)

@@ -10,6 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
+from blockdraft.serialization.checkpoint import resolve_checkpoint, verify_weights
+from blockdraft.serialization.export import export_drafter, serve_commands, validate_for_serving
+from blockdraft.targets.registry import load_target
+
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -40,11 +46,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from blockdraft.serialization.checkpoint import resolve_checkpoint, verify_weights
-    from blockdraft.serialization.export import export_drafter, serve_commands, validate_for_serving
-
     ckpt = resolve_checkpoint(args.ckpt)
     if args.check:
         verify_weights(ckpt)
@@ -58,8 +59,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     target = None
     if args.target:
-        from blockdraft.targets.registry import load_target
-
         target = load_target(args.target)
     try:
         out = export_drafter(

@@ -12,7 +12,11 @@ import argparse
 import sys
 
 from blockdraft.cli.arguments import int_at_least_2, nonnegative_int, positive_float, positive_int
-from blockdraft.devices import DTYPES
+from blockdraft.data.feature_store import FeatureError
+from blockdraft.data.feature_writer import plan_features, write_features
+from blockdraft.data.rollout_store import RolloutError
+from blockdraft.devices import DTYPES, resolve_flags
+from blockdraft.targets.registry import load_target
 from blockdraft.threads import add_threads_arg, configure_cpu
 
 
@@ -80,11 +84,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
-    from blockdraft.data.feature_store import FeatureError
-    from blockdraft.data.features import plan_features, write_features
-    from blockdraft.data.rollout_store import RolloutError
-    from blockdraft.devices import resolve_flags
-    from blockdraft.targets.registry import load_target
 
     device, dtype = resolve_flags(args.device, args.target_dtype)  # one-line error if bad
     try:

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from blockdraft.pipeline.report import drafters_from_eval, write_report
+
 
 def _load(path: str) -> Any:
     try:
@@ -60,8 +62,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockdraft.pipeline.report import drafters_from_eval, write_report
-
     try:
         drafters = [d for f in args.eval for d in drafters_from_eval(_load(f))]
         comparisons = [c for f in args.compare for c in _load(f).get("comparisons", [])]

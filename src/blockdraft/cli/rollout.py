@@ -13,6 +13,8 @@ import argparse
 import sys
 from typing import Any
 
+import torch.distributed as dist
+
 from blockdraft.cli.arguments import (
     nonnegative_float,
     nonnegative_int,
@@ -21,7 +23,15 @@ from blockdraft.cli.arguments import (
     seed_int,
     top_k_or_minus_one,
 )
-from blockdraft.devices import add_device_args
+from blockdraft.data.distributed_rollouts import init_from_env
+from blockdraft.data.prompts import PromptError, load_prompts
+from blockdraft.data.rollout_import import import_rollouts
+from blockdraft.data.rollout_store import RolloutError
+from blockdraft.data.rollouts import generate_rollouts
+from blockdraft.devices import add_device_args, resolve_dtype
+from blockdraft.errors import UserError
+from blockdraft.sampling import SamplingSettings
+from blockdraft.targets.registry import load_target
 from blockdraft.threads import add_threads_arg, configure_cpu
 
 
@@ -132,10 +142,6 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
 
 def _load(args: argparse.Namespace, device: Any) -> Any:
     """The target; a bad name or path is a one-line UserError (the CLI handler prints it)."""
-    from blockdraft.devices import resolve_dtype
-    from blockdraft.errors import UserError
-    from blockdraft.targets.registry import load_target
-
     try:
         return load_target(
             args.target,
@@ -152,10 +158,6 @@ def _load(args: argparse.Namespace, device: Any) -> Any:
 
 def run_import(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
-    from blockdraft.data.distributed_rollouts import init_from_env
-    from blockdraft.data.prompts import PromptError, load_prompts
-    from blockdraft.data.rollout_import import import_rollouts
-    from blockdraft.data.rollout_store import RolloutError
 
     flags = {
         "temperature": args.temperature,
@@ -195,8 +197,6 @@ def run_import(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
-    from blockdraft.data.prompts import PromptError, load_prompts
-    from blockdraft.sampling import SamplingSettings
 
     try:
         settings = SamplingSettings(
@@ -210,7 +210,6 @@ def run(args: argparse.Namespace) -> int:
     except (PromptError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from blockdraft.data.distributed_rollouts import init_from_env
 
     try:
         ctx, device, created = init_from_env(args.device)
@@ -221,16 +220,10 @@ def run(args: argparse.Namespace) -> int:
         return _generate(args, settings, prompts, ctx, device)
     finally:
         if created:
-            import torch.distributed as dist
-
             dist.destroy_process_group()
 
 
 def _generate(args: argparse.Namespace, settings: Any, prompts: Any, ctx: Any, device: Any) -> int:
-
-    from blockdraft.data.prompts import PromptError
-    from blockdraft.data.rollouts import RolloutError, generate_rollouts
-
     target = _load(args, device)  # a bad target is one line from the CLI's handler
     try:
         rollouts = generate_rollouts(

@@ -11,10 +11,15 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from blockdraft.cli.arguments import nonnegative_float, positive_int, seed_int
+from blockdraft.data.prompts import check_fits_context
+from blockdraft.errors import BlockdraftError
+from blockdraft.targets import gemma, registry, tiny
+from blockdraft.targets.registry import list_targets, load_target, target_fingerprint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,8 +58,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace):
-    from blockdraft.targets.registry import load_target
-
     return load_target(
         args.name,
         mask_token=args.mask_token,
@@ -64,8 +67,6 @@ def _load(args: argparse.Namespace):
 
 
 def _build(args: argparse.Namespace) -> int:
-    from blockdraft.targets import gemma, registry, tiny
-
     t0 = time.perf_counter()
     if args.name == registry.TINY:
         config = tiny.TinyConfig() if args.seed is None else tiny.TinyConfig(seed=args.seed)
@@ -98,8 +99,6 @@ def _summary(manifest: dict) -> dict:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from blockdraft.targets.registry import target_fingerprint
-
     t0 = time.perf_counter()
     target = _load(args)
     load_s = time.perf_counter() - t0
@@ -121,8 +120,6 @@ def _info(args: argparse.Namespace) -> int:
     }
     path = getattr(target.model, "name_or_path", None)
     if path:
-        from pathlib import Path
-
         manifest = Path(path) / "blockdraft_manifest.json"
         info["path"] = str(path)
         names = ("chat_template.jinja", "chat_template.json")
@@ -142,8 +139,6 @@ def _sample(args: argparse.Namespace) -> int:
     tok = target.tokenizer
     if args.chat:
         if not getattr(tok, "chat_template", None):
-            from blockdraft.errors import BlockdraftError
-
             raise BlockdraftError(
                 f"--chat: target {args.name!r} has no chat template in use (a base model "
                 "continues plain text); drop --chat"
@@ -154,7 +149,6 @@ def _sample(args: argparse.Namespace) -> int:
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     else:
         ids = tok(args.prompt)["input_ids"]
-    from blockdraft.data.prompts import check_fits_context
 
     check_fits_context(["--prompt"], [list(ids)], target.context_length, args.max_new_tokens)
     print(_generate_text(target, list(ids), args.max_new_tokens, args.temperature, args.seed))
@@ -184,8 +178,6 @@ def _generate_text(
 
 
 def _list(args: argparse.Namespace) -> int:
-    from blockdraft.targets.registry import list_targets
-
     for t in list_targets():
         state = "ready" if t["ready"] else "not built"
         print(f"{t['name']:<14} {state:<10} {t['description']}\n{'':<25}{t['path']}")

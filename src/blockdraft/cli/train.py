@@ -13,8 +13,14 @@ import sys
 from pathlib import Path
 
 from blockdraft.cli.arguments import positive_float, positive_int
+from blockdraft.data.rollout_store import RolloutError
 from blockdraft.heap import retain_freed_memory
 from blockdraft.threads import add_threads_arg, configure_cpu, runs_on_cpu
+from blockdraft.training.config import ConfigError, dump_yaml, load_config
+from blockdraft.training.loop import NonFiniteLossError
+from blockdraft.training.plan import plan_memory
+from blockdraft.training.setup import TrainSetupError
+from blockdraft.training.trainer import train
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,8 +86,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockdraft.training.config import ConfigError, dump_yaml, load_config
-
     allow_changed = [k.strip() for v in args.allow_changed for k in v.split(",") if k.strip()]
     try:
         cfg = load_config(args.config, args.overrides)
@@ -94,8 +98,6 @@ def run(args: argparse.Namespace) -> int:
         print(dump_yaml(cfg), end="")
         return 0
     if args.plan:
-        from blockdraft.training.plan import plan_memory
-
         world = args.nproc if args.nproc is not None else int(os.environ.get("WORLD_SIZE", "1"))
         try:
             plan = plan_memory(cfg, world, args.plan_device)
@@ -108,10 +110,6 @@ def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, cfg.device)
     if runs_on_cpu(cfg.device):
         retain_freed_memory()  # training steps reuse their big buffers (heap.py)
-    from blockdraft.data.rollout_store import RolloutError
-    from blockdraft.training.loop import NonFiniteLossError
-    from blockdraft.training.setup import TrainSetupError
-    from blockdraft.training.trainer import train
 
     try:
         final = train(

@@ -1,14 +1,11 @@
 """Anchors and block labels: which drafting rounds a training sequence is cut into.
 
-Conventions (docs/architecture.md): a sequence is `prompt + response` with prompt length
-P and response `x_1..x_L` at indices P..P+L-1. `x_1` comes from the prefill, so drafting
-rounds start at n = 1..L-1 with anchor `x_n` at index `a = P + n - 1`, i.e. anchors lie
-in `[P, P+L-2]`. The block of anchor `a` proposes the tokens at indices `a+1..a+K`
-(K = block_size - 1); slots past the end of the sequence are unsupervised.
-
-DFlash trains on a random subset of round starts per sequence (a fixed budget of blocks
-per forward pass) instead of all L-1, which is what `sample_anchors` draws. Anchor
-tensors use -1 as padding throughout.
+With prompt length P and response `x_1..x_L`, `x_1` comes from the prefill, so drafting
+rounds start at n = 1..L-1 with anchor index `a = P + n - 1` in `[P, P+L-2]`; the block of
+anchor a proposes indices `a+1..a+K`, and slots past the end are unsupervised
+(docs/architecture.md, "Conventions"). DFlash trains on a random subset of round starts
+per sequence (a fixed budget of blocks per forward pass), which `sample_anchors` draws.
+Anchor tensors use -1 as padding throughout.
 """
 
 from __future__ import annotations

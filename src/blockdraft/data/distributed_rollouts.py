@@ -1,27 +1,12 @@
 """Rollouts from N processes (torchrun, one or several nodes) into one rollout directory.
 
 Why it can be simple: a rollout depends only on its prompt, the seed and the target
-(per-row counter-based randomness, `generation.py`), never on its batch, shard or
-process. So the shard grid of a one-process run is kept as is, shards are dealt out to
-ranks round-robin, and the set N processes write is the set one process writes, row for
-row (same shard boundaries, same batches inside a shard, same bytes).
-
-Who writes what:
-
-- `manifest.json` is written by rank 0 only. Its `shards` list is always a contiguous
-  prefix of rows (what `RolloutSet` reads); `num_rollouts` is where the prefix ends.
-- Every other finished shard is recorded by the rank that wrote it in its own part file
-  `manifest.rank-RRRRR.json` (atomic rewrite, one writer per file), right after the
-  shard itself was renamed into place. Rank 0 folds part entries into the manifest as
-  soon as they extend the prefix, and deletes the part files once the set is complete.
-- A run that dies (any rank, even `kill -9`; torchrun then stops the others) leaves
-  listed shards intact and part files naming the shards finished beyond the prefix. The
-  next run (any number of processes, also one) plans only the rows nobody finished:
-  `plan_tasks` walks from the end of the prefix and skips recorded shards.
-
-Planning happens on rank 0, which broadcasts the task list (or the error that stopped
-it, so no rank waits forever on a refusal). Every rank then checks that it sees the same
-`manifest.json` as rank 0: several nodes need a shared filesystem for `--out`.
+(counter-based randomness, `generation.py`), never on its batch, shard or process. So the
+one-process shard grid is kept, shards are dealt to ranks round-robin, and N processes
+write what one process writes, byte for byte. Rank 0 alone writes `manifest.json` (a
+contiguous prefix of shards) and plans; other ranks record finished shards in their own
+part files, which rank 0 folds in; a run that dies keeps every finished shard and the next
+one, with any number of processes, writes only the rest (docs/architecture.md, "data").
 """
 
 from __future__ import annotations

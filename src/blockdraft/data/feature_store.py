@@ -1,27 +1,11 @@
 """Cached target features on disk: safetensors shards plus a `manifest.json`, like rollouts.
 
-Why cache them: a drafter training step runs the frozen target over every sequence of the
-batch only to read `len(layer_ids)` hidden states per token; for a fixed rollout set those
-never change, so `blockdraft features` computes them once and training reads them back
-(`data.features=DIR`) instead of re-running the target on every step of every epoch.
-
-Layout of a features directory::
-
-    manifest.json            identity (target, layers, rollout set, dtype) + finished shards
-    shard-00000.safetensors  features of rollout rows 0..shard_size-1 (stored order)
-    ...
-
-A shard holds its rows as one flat tensor with offsets (ragged rows without padding):
-`features` `[sum T_i, F]` in the stored dtype, `offsets` int64 `[n+1]` and `prompt_cut`
-int64 `[n]` (prompt tokens dropped from the start by `--max-seq-len` truncation, which
-changes every later feature). Row `i` covers sequence indices `0..T_i-1` of
-`truncate(prompt, response, max_seq_len)`: prompt and response, because the context of a
-block is every position before its anchor. The safetensors metadata `rows` is JSON with the
-prompt ids (`prompt_id`) and `first_row`. Shards are written atomically and only
-then listed, so a killed writer resumes at the first unlisted shard.
-
-Size on disk: `sum_i T_i x len(layer_ids) x hidden_size x bytes(dtype)` (2 for
-bfloat16/float16, 4 for float32) plus a few bytes per row.
+Why cache them: a training step runs the frozen target over its batch only to read
+`len(layer_ids)` hidden states per token, which never change for a fixed rollout set, so
+`blockdraft features` computes them once and training reads them back (`data.features`).
+This module reads and checks a features directory (`FeatureStore`) and owns its identity
+(`rollout_set_id`) and the truncation rule both sides apply (`truncated_span`). Shard
+layout and size on disk: docs/architecture.md ("data") and docs/training.md.
 """
 
 from __future__ import annotations

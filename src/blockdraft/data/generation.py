@@ -1,28 +1,12 @@
 """Batched sampling from a `Target`: the exact distribution used, token by token.
 
-We write our own loop on the target's HF model with a KV cache instead of HF `generate`
-because we need, for every realised token, its log-probability under the distribution
-it was *actually drawn from* (temperature, then top-k, then top-p, as HF applies them),
-and randomness that belongs to the prompt, not to the batch: a rollout must not depend
-on which other prompts share its batch, its shard or its rank (up to float rounding of
-padded batched matmuls). That is what makes an interrupted run resume to the same
-result, and N data-parallel processes produce the rows of one process.
-
-Randomness is counter-based: the uniform number behind token `t` of a row is a hash of
-(seed, prompt id, t) computed with integer tensor ops on the target's device
-(`row_keys`, `counter_uniform`), and the token is drawn by inverse CDF from the processed
-distribution (`draw_tokens`). So sampling is one vectorised step for the whole batch on
-the device (no `[B, V]` copy to the host, no per-row Python loop), gives the same draws
-on CPU and GPU, and a row's draws depend only on its own logits and key.
-
-Greedy (temperature 0) takes the argmax; its stored log-probs are under the plain T=1
-softmax of the logits (the greedy "distribution" is a point mass and carries no
-information), which is what acceptance-style objectives need.
-
-Throughput: prompts are length-bucketed by the caller (`rollouts._generate_shard`),
-finished rows leave the batch and its KV cache at once (`batch_select_indices`), the
-model is called without hidden states and with `logits_to_keep=1`, and the only host
-sync per token is one boolean ("did a row finish?").
+Why our own KV-cache loop and not HF `generate`: every realised token needs its
+log-probability under the distribution it was *actually drawn from* (temperature, top-k,
+top-p as HF applies them), and randomness that belongs to the prompt, not to the batch:
+the uniform behind token t of a row is a hash of (seed, prompt id, t) on the device, and
+the token is drawn by inverse CDF (`row_keys`, `counter_uniform`, `draw_tokens`). So a row
+never depends on its batch, shard or rank, a resumed run equals an uninterrupted one,
+and CPU and GPU draw alike. Greedy rows store T = 1 log-probs (docs/architecture.md).
 """
 
 from __future__ import annotations

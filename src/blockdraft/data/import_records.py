@@ -1,31 +1,11 @@
 """Reading responses written by serving engines: one JSON object per line, many dialects.
 
 `blockdraft rollout-import` accepts what people already have on disk instead of asking
-them to reshape it: a flat record of our own, an OpenAI-compatible completion or chat
-completion (as returned by `vllm serve`, SGLang, TGI's Messages API, or the OpenAI batch
-API's output lines), vLLM's offline `RequestOutput` dumped as JSON, SGLang's native
-`/generate` answer, or TGI's `/generate` answer. This module only finds the fields; the
+them to reshape it: our own flat record, OpenAI-compatible (chat) completions (`vllm
+serve`, SGLang, TGI's Messages API, OpenAI batch output), vLLM's offline `RequestOutput`,
+SGLang's and TGI's native `/generate` answers. This module only finds the fields (every
+key, in the order it is looked for: docs/rollouts.md, "What a line may look like"); the
 tokenizer and the target are applied in `rollout_import.py`.
-
-Where each field is looked for, first match wins ("choice" is `choices[0]`, `outputs[0]`,
-`response.body.choices[0]`, `response.choices[0]`, else the record itself):
-
-- id: `prompt_id`, `custom_id`, `id`, `meta_info.id`; else `line-N`.
-- prompt: `prompt_token_ids` / `prompt_ids` (token ids), `messages` (a chat, rendered
-  with the target's chat template like `blockdraft rollout` does), `prompt` (text or
-  token ids); also inside `request`, `body`, `response` (vLLM's `return_token_ids`
-  puts `prompt_token_ids` in the response); else joined by id from `--prompts`.
-- response ids: choice `token_ids` / `output_token_ids` / `output_ids` /
-  `response_token_ids` / `completion_token_ids` (vLLM's `return_token_ids`, SGLang).
-- response text: choice `message.content`, `text`, `generated_text`; record `response`,
-  `completion`, `output`, `generated_text` (when they are strings).
-- finish: choice `finish_reason` (+ vLLM's `stop_reason`), SGLang
-  `meta_info.finish_reason {type, matched}`, TGI `details.finish_reason`.
-- settings: `settings`, `sampling_params`, `sampling`, `request`, `body`, `parameters`
-  (keys temperature, top_p, top_k, max_tokens / max_new_tokens /
-  max_completion_tokens, seed; vLLM's top_k -1 means off).
-- an `error` that is not null, or a `response.status_code` other than 200: the engine
-  failed on this request (dropped and counted).
 """
 
 from __future__ import annotations

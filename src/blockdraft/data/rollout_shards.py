@@ -1,13 +1,10 @@
-"""One rollout record and its on-disk shard encoding (safetensors bytes).
+"""One rollout record (`Rollout`) and its on-disk shard encoding (safetensors bytes).
 
-A shard holds its rollouts as flat tensors with offsets (ragged rows without padding):
-`prompt_tokens` int32 `[sum P]` + `prompt_offsets` int64 `[n+1]`, `response_tokens`
-int32 `[sum L]` + `response_offsets`, `logprobs` float32 `[sum L]` (log-prob of each
-realised response token under the sampling distribution; see `generation.py`), and
-with top-k storage `topk_ids` int32 `[sum L, N]`, `topk_logprobs` float32 `[sum L, N]`
-(the N most likely tokens of that same distribution). The safetensors metadata holds
-the prompt ids (`prompt_id`, a JSON list) and `first_row`, in sorted key order, so the
-same rollouts always give the same bytes (`artifacts.safetensors_bytes`).
+A shard holds its rollouts as flat tensors with offsets (ragged rows, no padding): the
+prompt and response tokens, each realised response token's log-prob under the sampling
+distribution, and optionally its top-k; the safetensors metadata (prompt ids, first row)
+is written in sorted order, so the same rollouts always give the same bytes. Tensor
+names and dtypes: docs/architecture.md ("data").
 """
 
 from __future__ import annotations

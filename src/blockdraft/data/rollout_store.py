@@ -1,17 +1,11 @@
 """Rollout sets on disk: safetensors shards plus a `manifest.json` that says what they are.
 
-Layout of a rollout directory::
-
-    manifest.json            what, how, and which shards are finished (source of truth)
-    shard-00000.safetensors  rows 0..shard_size-1, in prompt order
-    shard-00001.safetensors  ...
-
-A shard's layout and encoding live in `rollout_shards.py`.
-
-Safetensors (not pickle, not Arrow) because a shard is one small self-describing file
-that can be written to a temp name and renamed into place atomically, checksummed, and
-memory-mapped back without trusting its contents. Only shards listed in the manifest
-count; a shard file is never rewritten once listed.
+`RolloutSet.open(dir)` reads and checks a set; the manifest is the source of truth (what,
+how, which shards are finished) and only listed shards count; a listed shard is never
+rewritten. Safetensors (not pickle, not Arrow) because a shard is one small
+self-describing file that can be written to a temporary name and renamed into place,
+checksummed, and memory-mapped back without trusting its contents. Shard encoding:
+`rollout_shards.py`; directory layout: docs/architecture.md ("data").
 """
 
 from __future__ import annotations

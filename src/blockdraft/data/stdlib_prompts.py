@@ -1,14 +1,11 @@
-"""Code prompts cut from the Python standard library: a prompt source every machine has.
+"""Code prompts cut from the Python standard library (`stdlib:*`): a source every machine has.
 
-Each prompt is a function's signature plus its docstring (dedented), the classic
-"complete the body" code prompt. The split is by *file*: a file belongs to `eval` when
-the SHA-256 of its path relative to the stdlib root falls in the first `EVAL_FRACTION`
-of the hash range, else to `train`. Hashing paths (not shuffling a list) makes the split
-deterministic, independent of which other files exist, and guarantees that a drafter
-evaluated on `stdlib:eval` never saw a function from the same file in training.
-
-The prompts depend on the Python version's stdlib; the rollout manifest records the
-version so a set can be told apart from one made under another Python.
+Each prompt is a function's signature plus its docstring, the classic "complete the
+body" prompt. The split is by *file*, by the SHA-256 of its path relative to the stdlib
+root (the first `EVAL_FRACTION` of the hash range is `eval`), so `stdlib:eval` shares no
+file with training. A split's prompts come in rounds over its files (hashed order, each
+file's functions hashed too), so the first N spread over as many files as N allows, not
+a few files' repetitive functions. Prompts depend on the stdlib, which the manifest records.
 """
 
 from __future__ import annotations
@@ -37,10 +34,13 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def _fraction(key: str) -> float:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+
+
 def stdlib_split_of(relpath: str) -> str:
     """`"eval"` or `"train"` for a stdlib file path relative to the stdlib root."""
-    h = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:8], "big") / 2**64
-    return "eval" if h < EVAL_FRACTION else "train"
+    return "eval" if _fraction(relpath) < EVAL_FRACTION else "train"
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,15 +91,22 @@ def _functions(node: ast.AST, prefix: str):
             yield from _functions(child, qual + ".")
 
 
+@functools.lru_cache(maxsize=2)
+def _split_prompts(split: str) -> tuple[Prompt, ...]:
+    """Every prompt of a split, in rounds over its files (module docstring)."""
+    files = sorted(
+        (rel for rel in stdlib_files() if stdlib_split_of(rel) == split),
+        key=lambda rel: _fraction(f"order/{rel}"),
+    )
+    per_file = [
+        sorted(file_prompts(rel, split), key=lambda p: _fraction(f"order/{p.id}")) for rel in files
+    ]
+    rounds = max(map(len, per_file), default=0)
+    return tuple(ps[r] for r in range(rounds) for ps in per_file if r < len(ps))
+
+
 def stdlib_prompts(split: str, limit: int | None = None) -> list[Prompt]:
-    """Prompts of the `train` or `eval` split (files in sorted order), at most `limit`."""
+    """Prompts of the `train` or `eval` split, spread over its files, at most `limit`."""
     if split not in ("train", "eval"):
         raise PromptError(f"unknown stdlib split {split!r}: use stdlib:train or stdlib:eval")
-    out: list[Prompt] = []
-    for rel in stdlib_files():
-        if stdlib_split_of(rel) != split:
-            continue
-        out.extend(file_prompts(rel, split))
-        if limit is not None and len(out) >= limit:
-            return out[:limit]
-    return out
+    return list(_split_prompts(split)[:limit])

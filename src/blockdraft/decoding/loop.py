@@ -1,26 +1,12 @@
 """Real speculative decoding at batch 1: a target with a KV cache plus a block drafter.
 
-The loop (METHODS.md §0, docs/architecture.md indexing):
-
-1. Prefill the prompt (length P): the target gives x_1 and the features of positions
-   0..P-1, which become the drafter's context. x_1 is not a drafting round.
-2. A round with anchor x_n at sequence index a: the drafter (context = positions < a)
-   proposes K tokens; one target forward over `[x_n, y_1..y_K]` (positions a..a+K) gives
-   the K+1 verification distributions; the verifier accepts m proposals and adds one
-   token (correction or bonus). The round emits m+1 tokens.
-3. Cut the target cache back to a+m+1 positions (anchor + accepted proposals; the new
-   anchor is not fed yet), append the features of positions a..a+m to the drafter
-   context (strictly before the new anchor at a+m+1), and repeat.
-
-Stop tokens and `max_new_tokens` truncate the output; a round crossing either emits only
-what fits, and tau counts what was emitted, so it is comparable with the offline MAL of
-the same rollouts (which ends the last round at the end of the rollout).
-
-Distributions: the target's p is `processed_probs` at the sampling settings; the
-drafter's q is the *same* processing of the drafter's logits (temperature, top-k, top-p),
-which is also what `scoring.py` uses, so online tau and offline MAL measure one thing.
-For a semi-AR drafter the slots are drafted one by one through `compute_logits` with the
-previously drafted token (its Markov head); a parallel drafter drafts all K at once.
+Prefill gives x_1 and the drafter's first context; each round drafts K tokens from the
+anchor, verifies them in one target forward, accepts m and adds one, crops both caches
+and feeds the newly verified features. Stop tokens and `max_new_tokens` cut the last
+round to what fits, and tau counts what was emitted, so online tau and the offline MAL
+of the same rollouts measure one thing: both apply the same processing to the target's
+and the drafter's logits. `ar_generate` is the baseline every speedup is timed against,
+alternately in the same run. Round steps and indices: docs/architecture.md ("decoding").
 """
 
 from __future__ import annotations
@@ -33,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from blockdraft.decoding.cpu import cpu_kernels_apply
 from blockdraft.decoding.cpu.packed_linear import packed_linears
@@ -67,13 +54,15 @@ def ar_generate(
     max_new_tokens: int = 64,
     generator: torch.Generator | None = None,
     stats: StepStats | None = None,
+    lean: bool = True,
 ) -> list[int]:
     """Plain autoregressive decoding: the baseline every speedup is measured against.
 
     It does what HF `generate` does per token and no more (last-row logits only, no
-    hidden states, inference mode), so it is at least as fast (bench/decode.py)."""
+    hidden states, inference mode), so it is at least as fast (bench/decode.py); a small
+    target takes the speculative loop's lean forward (`lean=False`: the HF forward)."""
     stops = set(target.stop_token_ids)
-    run = TargetRunner(target)
+    run = TargetRunner(target, lean=lean)
     t0 = time.perf_counter()
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)
     out = run.step(ids)
@@ -121,7 +110,8 @@ def speculative_generate(
         raise ValueError("speculative decoding needs a non-empty prompt")
     run = TargetRunner(target)
     proposer = proposer_for(drafter, Sampling(temperature, top_p, top_k, generator))
-    models = [target.model if run.hf else None, drafter if isinstance(drafter, nn.Module) else None]
+    target_model = target.model if run.hf and run.lean is None else None  # lean: no packing
+    models = [target_model, drafter if isinstance(drafter, nn.Module) else None]
     on_cpu = cpu_kernels_apply(target.device)
     with packed_linears(*(models if on_cpu else [])) as packed:
         if packed and packed[0]:
@@ -261,8 +251,6 @@ def decode(
 
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=len(prompts_ids), desc="decoding", unit="prompt", leave=False)
     traces: list[Trace] = []
     ar_outputs: list[list[int]] = []

@@ -18,6 +18,7 @@ import torch
 
 from blockdraft.decoding.cpu import cpu_kernels_apply
 from blockdraft.decoding.cpu.argmax_screen import ScreenedArgmaxHead
+from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.cpu.packed_linear import pack_weight
 from blockdraft.drafters.dflash import BlockDrafter
 from blockdraft.drafters.hybrid import HybridDrafter
@@ -130,23 +131,30 @@ class BlockProposer:
 
     def __init__(self, drafter: Any, sampling: Sampling) -> None:
         self.drafter, self.sampling = drafter, sampling
-        self.state = drafter.new_state()
         greedy_head = sampling.greedy and GreedyDraftHead.applies(drafter)
         self.head = GreedyDraftHead.of(drafter) if greedy_head else None
         reads_lookup = getattr(getattr(drafter, "config", None), "lookup_inputs", False)
         self.block_lookup = (
             NgramIndex(lookup_rule(proposals_per_round(drafter))) if reads_lookup else None
         )
+        # a small plain drafter at T = 0 on a CPU: context update and block in one lean
+        # pass (decoding/cpu/lean_drafter.py); the context and state are then its own
+        plain = (
+            self.head is not None and not reads_lookup and not isinstance(drafter, HybridDrafter)
+        )
+        lean = LeanDrafter.of(drafter) if plain and cpu_kernels_apply(_device(drafter)) else None
+        self.context = lean or drafter
+        self.state = self.context.new_state()
 
     def start(self, features: torch.Tensor | None) -> None:
-        self.drafter.extend_context(self.state, features, 0)
+        self.context.extend_context(self.state, features, 0)
 
     def propose(self, tokens: list[int], anchor: int, position: int) -> Proposal:
         if self.block_lookup is not None:
             self.state.lookup = self.block_lookup.propose(tokens)
         if self.head is not None:
             return Proposal(
-                self.head.pick(self.drafter.draft_hidden(self.state, anchor, position)), None
+                self.head.pick(self.context.draft_hidden(self.state, anchor, position)), None
             )
         s = self.sampling
         return Proposal(
@@ -165,7 +173,7 @@ class BlockProposer:
     def advance(self, features: torch.Tensor | None, position: int) -> None:
         if self.state.length > position:  # a drafter that cached beyond the verified context
             self.state.crop(position)
-        self.drafter.extend_context(self.state, features, position)
+        self.context.extend_context(self.state, features, position)
 
 
 class HybridProposer(BlockProposer):
@@ -192,6 +200,11 @@ class HybridProposer(BlockProposer):
                 s.generator,
             )
         )
+
+
+def _device(drafter: Any) -> torch.device:
+    p = next(drafter.parameters(), None) if hasattr(drafter, "parameters") else None
+    return p.device if p is not None else torch.device("cpu")
 
 
 # --- drafting one block ------------------------------------------------------------------
@@ -233,8 +246,12 @@ class GreedyDraftHead:
 
     @staticmethod
     def applies(drafter: Any) -> bool:
-        """True for a parallel BlockDrafter (a semi-AR one drafts slot by slot)."""
-        return isinstance(drafter, BlockDrafter) and getattr(drafter, "markov_head", None) is None
+        """True for a parallel BlockDrafter (semi-AR and DFlash2 ones draft slot by slot)."""
+        return (
+            isinstance(drafter, BlockDrafter)
+            and getattr(drafter, "markov_head", None) is None
+            and not _is_sequential(drafter)
+        )
 
     def pick(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy proposals `[K]` (target ids) from `drafter.draft_hidden(...)` `[K, H]`."""

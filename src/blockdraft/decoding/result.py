@@ -1,6 +1,6 @@
 """What a decode returns: per-prompt traces, the run's result and its tau with a CI.
 
-Kept apart from the loop (`online.py`) so that readers of results (the CLI, the demo,
+Kept apart from the loop (`loop.py`) so that readers of results (the CLI, the demo,
 reports) do not need the loop's machinery, and the loop file reads top to bottom.
 """
 

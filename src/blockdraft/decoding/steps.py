@@ -5,7 +5,9 @@ batch 1 on a CPU the loop is dominated by exactly that generality, and at a 262k
 vocabulary the LM head costs more than all decoder layers. So `TargetRunner.step` keeps
 only the verified rows' logits, asks for hidden states only when a drafter reads them,
 crops the cache in place (API detected once per cache), and at T = 0 on a CPU takes the
-argmax through the exact int8 screen (`decoding/cpu/`). Numbers: docs/decoding.md.
+argmax through the exact int8 screen (`decoding/cpu/`); small Qwen3 / Llama targets on a
+CPU run the lean forward instead (`decoding/cpu/lean_target.py`), in the AR baseline too,
+so the two loops stay comparable. Numbers: docs/decoding.md.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 
 from blockdraft.decoding.cpu import cpu_kernels_apply
 from blockdraft.decoding.cpu.argmax_screen import ScreenedArgmaxHead
+from blockdraft.decoding.cpu.lean_target import LeanCache, LeanTarget
 from blockdraft.sampling import processed_probs, sample
 
 
@@ -41,7 +44,8 @@ class StepOutput:
 class TargetRunner:
     """Incremental batch-1 target forwards with the least work per call (see module doc)."""
 
-    def __init__(self, target: Any) -> None:
+    def __init__(self, target: Any, lean: bool = True) -> None:
+        """`lean=False`: always the HF forward (bench/decode.py times both)."""
         self.target = target
         model = getattr(target, "model", None)
         self.hf = isinstance(model, nn.Module) and hasattr(target, "_cache_kwarg")
@@ -50,7 +54,9 @@ class TargetRunner:
         self.layer_ids = list(getattr(target, "layer_ids", []))
         self._crop_negative: bool | None = None  # transformers 5: crop(-n); 4.x crop(max_len)
         on_cpu = self.hf and cpu_kernels_apply(target.device)
-        self.screen = ScreenedArgmaxHead.for_target(target) if on_cpu else None
+        self.lean = LeanTarget.of(model, self.layer_ids) if on_cpu and lean else None
+        use_screen = on_cpu and self.lean is None
+        self.screen = ScreenedArgmaxHead.for_target(target) if use_screen else None
 
     def use_packed_weights(self) -> None:
         """The target's linears are packed (decoding/cpu/packed_linear.py): keep the screen only
@@ -78,6 +84,12 @@ class TargetRunner:
         if not self.hf:
             out = self.target.forward(ids, cache=cache, use_cache=True)
             return StepOutput(out.logits[0, -keep:], out.features if features else None, out.cache)
+        if self.lean is not None:
+            if cache is None:
+                cache = self.lean.new_cache(ids.shape[1])
+            hidden, feats = self.lean.forward(ids[0], cache, features)
+            logits = self.lean.logits(hidden[-keep:])
+            return StepOutput(logits, None if feats is None else feats[None], cache)
         kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
         if features:
             kwargs["output_hidden_states"] = True
@@ -107,6 +119,9 @@ class TargetRunner:
 
     def crop(self, cache: Any, length: int) -> None:
         """Keep the first `length` positions of `cache`, in place (no-op if already so)."""
+        if isinstance(cache, LeanCache):
+            cache.crop(length)
+            return
         remove = cache.get_seq_length() - length
         if remove < 0:
             raise ValueError(f"cannot crop a cache of {length - remove} positions to {length}")

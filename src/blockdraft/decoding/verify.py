@@ -1,24 +1,12 @@
 """Verification rules for one speculative round: pure tensor code, no models.
 
-A round has K proposals `y_1..y_K`, the drafter distributions `q [K,V]` they were drawn
-from and the target distributions `p [K+1,V]` (row k is the target's processed
-distribution for proposal k+1 given the anchor and `y_1..y_k`; row K is the bonus
-position). Every verifier returns how many proposals it accepts and one more token
-(the correction after a rejection, or the bonus after full acceptance), so a round
-always emits `accepted + 1` tokens (METHODS.md §0).
-
-- `verify_greedy`: accept while the proposal equals the target argmax.
-- `verify_onehot`: `verify_standard` for deterministic proposals (n-gram drafter).
-- `verify_standard`: lossless speculative sampling (Leviathan et al. / Chen et al.):
-  accept `y_k` with prob `min(1, p(y_k)/q(y_k))`, on rejection resample from
-  `norm([p - q]_+)`, bonus from `p` after K acceptances.
-- `verify_block`: block verification (Sun et al. 2024, arXiv 2403.10444, Alg. 2). It
-  judges the draft as a whole instead of token by token and is also lossless; its
-  expected accepted length is never lower than the standard rule's (their Thm. 2).
-
-The acceptance probabilities are exposed (`standard_accept_probs`, `block_stop_probs`,
-`block_residual`) because exact-enumeration tests and analyses need them; the
-verifiers use exactly these functions.
+Each verifier takes the K proposals, the drafter distributions `q [K, V]` they were drawn
+from and the target distributions `p [K+1, V]` (row K is the bonus position), and returns
+how many proposals it accepts plus one more token, so a round always emits `accepted + 1`
+tokens: `verify_greedy`, `verify_standard` (lossless speculative sampling),
+`verify_onehot` (the same for deterministic proposals) and `verify_block` (Sun et al.
+2024, also lossless, never shorter on average). The acceptance probabilities are public
+because the exact-enumeration tests need the very functions the verifiers use.
 """
 
 from __future__ import annotations

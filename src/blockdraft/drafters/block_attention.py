@@ -1,28 +1,13 @@
 """Who each block query may attend to in `forward_blocks`, and three exact ways to do it.
 
-Training lays A blocks of `Kb = block_size` slots end to end: the keys of one layer are
-`[context 0..T-1; block 0 slots; block 1 slots; ...]`, and block j's queries may see
-context `< anchors[:, j]` and the `Kb` slots of block j, nothing else. Three
-implementations, equal to float tolerance (tests/drafters/test_block_attention.py):
-
-- `dense`: the readable reference. One boolean mask `[B, 1, A*Kb, T + A*Kb]` and one SDPA
-  call over every (query, key) pair; at DFlash's recipe (T = 3,072, 512 anchors, block
-  16) the mask alone is 92 MB per sequence and >= 73% of the scores are thrown away.
-- `tiled`: the CPU default. Anchors are cut into tiles of a few blocks (sampled anchors
-  are sorted, so a tile's blocks have similar context limits); each tile is one fused
-  SDPA call over `[context 0..max anchor of the tile; the tile's own slots]` with a
-  small additive mask. Scores are never materialised (the fused CPU kernel keeps only
-  out + logsumexp) and the masks total `A*Kb*(T + tile*Kb)` entries: memory linear in
-  `A*Kb*(T + Kb)` for a fixed tile. The attention alone measured 1.7x faster than `dense`
-  forward+backward at the tiny demo's shape and 4.4x at T=1024, 256 anchors x block 16
-  (one-off micro-benchmark, one thread); whole-step ratios: bench/train_step.py.
-- `flex`: the CUDA default. `flex_attention` with a `BlockMask` (SpecForge's approach):
-  128x128 tiles with no allowed entry are skipped and scores never exist. torch 2.13 has
-  no flex backward on CPU, so on CPU it only runs without gradients (tests compare it
-  there); on CUDA it runs compiled.
-
-Padding anchors (-1) see only their own block in every implementation, so every query
-row has a key and the softmax stays finite.
+Blocks are laid end to end after the T context keys; block j's queries see context
+`< anchors[:, j]` and block j's own slots, nothing else (DFlash2-era layers may also be
+causal in the block and/or sliding-window: `allowed_slots`, `context_visible`). `dense` is
+the readable reference (one boolean mask, one SDPA call); `tiled` the CPU default (fused
+SDPA per tile of sorted anchors: no scores or dense mask, memory linear in
+`A*Kb*(T + Kb)`); `flex` the CUDA default (`flex_attention` with a `BlockMask` skipping
+empty tiles; forward-only on CPU). All agree to float tolerance; a padding anchor (-1)
+sees only its own block. Layout and costs: docs/architecture.md ("drafters").
 """
 
 from __future__ import annotations
@@ -31,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 ATTENTION_IMPLS = ("dense", "tiled", "flex")
 
@@ -40,20 +26,73 @@ ATTENTION_IMPLS = ("dense", "tiled", "flex")
 TILE_QUERIES = 128
 
 
-def block_attention_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+def allowed_slots(
+    query_slot: torch.Tensor, key_slot: torch.Tensor, causal: bool, window: int | None
+) -> torch.Tensor:
+    """May block slot `query_slot` attend to slot `key_slot` of the same block?"""
+    ok = (query_slot >= 0) & (key_slot >= 0)  # slots are never negative: all True, broadcast
+    if causal:
+        ok = ok & (key_slot <= query_slot)
+    if window is not None:
+        ok = ok & (query_slot - key_slot < window)
+        if not causal:
+            ok = ok & (key_slot - query_slot < window)
+    return ok
+
+
+def context_visible(
+    key_pos: torch.Tensor, anchor: torch.Tensor, query_slot: torch.Tensor, window: int | None
+) -> torch.Tensor:
+    """May the query at slot `query_slot` of the block anchored at `anchor` see context
+    position `key_pos`? (Context `< anchor`; within the window of position anchor + slot.)"""
+    ok = key_pos < anchor
+    if window is not None:
+        ok = ok & (anchor + query_slot - key_pos < window)
+    return ok
+
+
+def block_attention_mask(
+    anchors: torch.Tensor,
+    seq_len: int,
+    block_size: int,
+    causal: bool = False,
+    window: int | None = None,
+) -> torch.Tensor:
     """Boolean mask `[B, 1, A*Kb, T + A*Kb]` (True = may attend): the `dense` reference.
 
     Keys are `[context 0..T-1; block 0 slots; block 1 slots; ...]`. Block j's queries see
-    context indices `< anchors[:, j]` and all slots of block j. Padding anchors (-1) see
-    only their own block, so every row has a key and the softmax stays finite.
+    context indices `< anchors[:, j]` and the slots of block j (all of them, or as
+    `causal` / `window` allow). Padding anchors (-1) see only their own block, so every
+    row has a key and the softmax stays finite.
     """
     B, A = anchors.shape
     dev = anchors.device
-    ctx = torch.arange(seq_len, device=dev)[None, None, :] < anchors[:, :, None]  # [B,A,T]
-    ctx = ctx.repeat_interleave(block_size, dim=1)  # [B,A*Kb,T]
+    slot = torch.arange(block_size, device=dev).repeat(A)  # [A*Kb]
+    query_anchor = anchors.repeat_interleave(block_size, dim=1)  # [B,A*Kb]
+    ctx = context_visible(
+        torch.arange(seq_len, device=dev)[None, None, :], query_anchor[:, :, None],
+        slot[None, :, None], window,
+    )  # fmt: skip
     block_of = torch.arange(A, device=dev).repeat_interleave(block_size)
-    own = (block_of[:, None] == block_of[None, :]).expand(B, -1, -1)  # [B,A*Kb,A*Kb]
-    return torch.cat([ctx, own], dim=-1).unsqueeze(1)
+    own = (block_of[:, None] == block_of[None, :]) & allowed_slots(
+        slot[:, None], slot[None, :], causal, window
+    )
+    return torch.cat([ctx, own.expand(B, -1, -1)], dim=-1).unsqueeze(1)
+
+
+def one_block_mask(
+    anchor_position: int,
+    block_size: int,
+    causal: bool,
+    window: int | None,
+    device: torch.device | str,
+) -> torch.Tensor | None:
+    """`[1, 1, Kb, anchor_position + Kb]` mask of one block against its context (inference),
+    or None when the block sees all of it (full, bidirectional layers)."""
+    if not causal and (window is None or window >= anchor_position + block_size):
+        return None
+    anchors = torch.tensor([[anchor_position]], device=device)
+    return block_attention_mask(anchors, anchor_position, block_size, causal, window)
 
 
 def default_attention_impl(device: torch.device | str) -> str:
@@ -68,8 +107,6 @@ def _flex_attention() -> Any:
     """Compiled `flex_attention` (compiled once per process; eager flex is a slow reference)."""
     global _COMPILED_FLEX
     if _COMPILED_FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
         _COMPILED_FLEX = torch.compile(flex_attention)
     return _COMPILED_FLEX
 
@@ -90,12 +127,15 @@ class BlockAttention:
         impl: str,
         dtype: torch.dtype = torch.float32,
         tile_queries: int | None = None,
+        causal: bool = False,
+        window: int | None = None,
     ) -> None:
         if impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, got {impl!r}")
         self.anchors, self.seq_len, self.block_size, self.impl = anchors, seq_len, block_size, impl
+        self.causal, self.window = causal, window
         if impl == "dense":
-            self.mask = block_attention_mask(anchors, seq_len, block_size)
+            self.mask = block_attention_mask(anchors, seq_len, block_size, causal, window)
         elif impl == "tiled":
             per_tile = (tile_queries or TILE_QUERIES) // block_size
             self.tiles = self._tiles(max(1, per_tile), dtype)
@@ -120,9 +160,15 @@ class BlockAttention:
             limit = max(0, int(max(limits[s:e])))  # context the tile's blocks may see
             queries = (e - s) * Kb
             query_anchor = anchors[:, s:e].repeat_interleave(Kb, dim=1)  # [B, q]
-            ctx = positions[:limit] < query_anchor[:, :, None]  # [B, q, limit]
+            slot = torch.arange(queries, device=dev) % Kb
+            ctx = context_visible(
+                positions[:limit], query_anchor[:, :, None], slot[None, :, None], self.window
+            )  # [B, q, limit]
             slot_block = torch.arange(queries, device=dev) // Kb
-            own = (slot_block[:, None] == slot_block[None, :]).expand(B, -1, -1)
+            own = (slot_block[:, None] == slot_block[None, :]) & allowed_slots(
+                slot[:, None], slot[None, :], self.causal, self.window
+            )
+            own = own.expand(B, -1, -1)
             allowed = torch.cat([ctx, own], dim=-1).unsqueeze(1)
             mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
             mask.masked_fill_(~allowed, float("-inf"))
@@ -145,16 +191,19 @@ class BlockAttention:
 
     # --- flex -------------------------------------------------------------------------------
     def _block_mask(self) -> Any:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         anchors, Kb, T = self.anchors, self.block_size, self.seq_len
         B, A = anchors.shape
         query_anchor = anchors.repeat_interleave(Kb, dim=1)  # [B, A*Kb]
+        causal, window = self.causal, self.window
 
         def mask_mod(b, h, q_idx, kv_idx):  # type: ignore[no-untyped-def]
             in_ctx = kv_idx < T
-            own = (kv_idx - T) // Kb == q_idx // Kb
-            return (in_ctx & (kv_idx < query_anchor[b, q_idx])) | (~in_ctx & own)
+            q_slot, k_slot = q_idx % Kb, (kv_idx - T) % Kb
+            own = ((kv_idx - T) // Kb == q_idx // Kb) & allowed_slots(
+                q_slot, k_slot, causal, window
+            )
+            seen = context_visible(kv_idx, query_anchor[b, q_idx], q_slot, window)
+            return (in_ctx & seen) | (~in_ctx & own)
 
         return create_block_mask(mask_mod, B, None, A * Kb, T + A * Kb, device=anchors.device)
 
@@ -174,8 +223,6 @@ class BlockAttention:
                 "attention='flex' has no backward on CPU in this torch; "
                 "use 'tiled' (the CPU default) to train"
             )
-        from torch.nn.attention.flex_attention import flex_attention
-
         return flex_attention(q, k, v, block_mask=self.block_mask, enable_gqa=gqa)
 
     # --- entry point ------------------------------------------------------------------------

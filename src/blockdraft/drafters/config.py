@@ -4,6 +4,9 @@ Kept apart from the model code so that checkpoints, the trainer's config and the
 read and validate drafter configs without building a model. `for_target` copies the
 attention geometry from a Qwen3 / Llama / Gemma 3 target config;
 `check_target_compatible` is the one place that decides whether a drafter fits a target.
+The DFlash2 keys (convolutions, candidate selector) and the attention variants published
+drafters use (sliding-window / causal layers, an output multiplier) live here too: they
+fix shapes and behaviour exactly as the others do.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-ARCHS = ("dflash", "semi_ar")
+ARCHS = ("dflash", "semi_ar", "dflash2")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass
@@ -49,6 +53,22 @@ class DrafterConfig:
     # Slots 1..K read prompt lookup's proposals instead of the mask token
     # (drafters/lookup_inputs.py); not expressible in the DFlash serving format.
     lookup_inputs: bool = False
+    # z-lab's logit scale, applied before the softcap: logits = cap(multiplier * h W^T)
+    output_multiplier: float = 1.0
+    # Per-layer attention as in HF configs: None = every layer "full_attention". A
+    # "sliding_attention" layer sees keys at most `sliding_window - 1` positions away (no
+    # limit if None, as transformers leaves it without use_sliding_window); `is_causal`
+    # None = sliding layers causal, full ones not (z-lab's rule), else all layers causal
+    # (True) or bidirectional (False) inside the block.
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    is_causal: bool | None = None
+    # dflash2 only: grouped dynamic causal convolutions around attention and MLP, and the
+    # candidate selector (drafters/dflash2.py)
+    conv_kernel_size: int = 0
+    conv_group_size: int = 16
+    selector_rank: int = 0
+    selector_top_k: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -76,6 +96,55 @@ class DrafterConfig:
             raise ValueError("lookup_inputs needs the parallel (dflash) drafter arch")
         if self.arch == "semi_ar" and self.markov_rank < 1:
             raise ValueError("a semi_ar drafter needs markov_rank >= 1")
+        if self.layer_types is not None:
+            self.layer_types = [str(t) for t in self.layer_types]
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(
+                    f"layer_types has {len(self.layer_types)} entries for "
+                    f"{self.num_hidden_layers} layers"
+                )
+            bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if bad:
+                raise ValueError(f"unknown layer_types {bad}: use {LAYER_TYPES}")
+        if "sliding_attention" not in (self.layer_types or []):
+            self.sliding_window = None  # meaningless without sliding layers: one spelling
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+        if not self.output_multiplier > 0:
+            raise ValueError(f"output_multiplier must be > 0, got {self.output_multiplier}")
+        if self.arch == "dflash2":
+            self._check_dflash2()
+
+    def _check_dflash2(self) -> None:
+        if self.conv_kernel_size < 1:
+            raise ValueError("a dflash2 drafter needs conv_kernel_size >= 1")
+        if self.conv_group_size < 1 or self.hidden_size % self.conv_group_size:
+            raise ValueError(
+                f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}"
+            )
+        if self.selector_rank < 1 or not 1 <= self.selector_top_k <= self.vocab_size:
+            raise ValueError(
+                "a dflash2 drafter needs selector_rank >= 1 and selector_top_k in "
+                f"[1, vocab_size], got {self.selector_rank} and {self.selector_top_k}"
+            )
+        if self.draft_vocab_size is not None or self.lookup_inputs:
+            raise ValueError(
+                "a dflash2 drafter scores the full target vocabulary from mask inputs "
+                "(no draft_vocab_size, no lookup_inputs)"
+            )
+
+    def layer_attention(self, index: int) -> tuple[bool, int | None]:
+        """(causal inside the block, sliding window or None) of decoder layer `index`."""
+        kind = self.layer_types[index] if self.layer_types else "full_attention"
+        sliding = kind == "sliding_attention"
+        causal = sliding if self.is_causal is None else bool(self.is_causal)
+        window = self.sliding_window if sliding else None
+        return causal, (None if window is None else int(window))
+
+    @property
+    def plain_attention(self) -> bool:
+        """True when every layer is full and bidirectional (DFlash's attention)."""
+        return all(self.layer_attention(i) == (False, None) for i in range(self.num_hidden_layers))
 
     @property
     def num_proposals(self) -> int:
@@ -99,6 +168,10 @@ class DrafterConfig:
         qk_norm: bool = True,
         intermediate_size: int | None = None,
         lookup_inputs: bool = False,
+        conv_kernel_size: int = 2,
+        conv_group_size: int = 16,
+        selector_rank: int = 256,
+        selector_top_k: int = 16,
     ) -> DrafterConfig:
         """A drafter with the target's attention geometry (Qwen3 / Llama / Gemma 3 configs)."""
         c = target.config
@@ -130,6 +203,16 @@ class DrafterConfig:
             final_logit_softcapping=getattr(c, "final_logit_softcapping", None),
             input_embedding_scale=float(getattr(target.embed_tokens, "embed_scale", 1.0)),
             lookup_inputs=lookup_inputs,
+            **(
+                {
+                    "conv_kernel_size": conv_kernel_size,
+                    "conv_group_size": conv_group_size,
+                    "selector_rank": selector_rank,
+                    "selector_top_k": selector_top_k,
+                }
+                if arch == "dflash2"
+                else {}
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,6 +228,7 @@ class DrafterConfig:
 
     def hf_rope_config(self) -> Any:
         """A transformers Qwen3Config carrying this RoPE, for transformers' rope init functions."""
+        # lazy: transformers takes seconds to import; only non-default RoPE needs it
         from transformers import Qwen3Config
 
         params = {

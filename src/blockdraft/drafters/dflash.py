@@ -1,26 +1,12 @@
-"""The DFlash parallel block drafter (METHODS.md §4).
+"""The DFlash parallel block drafter (METHODS.md §4): `BlockDrafter` and `DrafterState`.
 
-One forward pass turns a block `[x_n, MASK x K]` into K proposals. The drafter is a
-few decoder layers at the target's hidden size; target features of positions `< n`
-(concatenated chosen-layer hidden states, projected by `fc` and normed by `hidden_norm`)
-are injected in *every* layer as extra keys/values in front of the block's own. The block
-attends to itself bidirectionally. Token embedding and LM head are the target's, shared
-and frozen, and never part of the drafter's parameters or checkpoint. The layers are
-Qwen3-style (RMSNorm, q/k norm, SiLU gated MLP) for every target family, as in the public
-DFlash drafters, so that any drafter trained here loads in the serving engines.
-
-Two ways to run it, which must agree exactly (tests/drafters/test_drafter.py):
-
-- training/scoring: `forward_blocks` lays all blocks of a sequence end to end in one pass
-  (block j sees context `< anchor_j` and its own block, never another block; how that is
-  computed without a dense mask is `block_attention.py`); context K/V are computed once
-  per layer and shared.
-- inference: a `DrafterState` caches the context K/V of verified positions;
-  `extend_context` appends, `state.crop` cuts back, `draft_logits`/`sample_block` run one
-  block against the cache (block K/V are never cached).
-
-Slot convention: slot 0 is the anchor (never predicted); outputs are slots 1..K, `K =
-block_size - 1`. Slot k of anchor index a has RoPE position a + k; context feature i, i.
+One forward turns a block `[x_n, MASK x K]` into K proposals: Qwen3-style decoder layers
+at the target's width (like the public DFlash drafters, so engines load what is trained
+here) into which the target's features of positions `< n` (projected by `fc`, normed) are
+injected as keys/values, with bidirectional attention inside the block and the target's
+frozen embedding and LM head (never saved). `forward_blocks` (training and scoring: every
+block of a sequence in one pass) and the context KV cache of `DrafterState` (one block at
+a time) agree exactly. Interface and conventions: docs/architecture.md ("drafters").
 """
 
 from __future__ import annotations
@@ -36,11 +22,13 @@ from blockdraft.drafters.block_attention import (
     BlockAttention,
     block_attention_mask,
     default_attention_impl,
+    one_block_mask,
 )
 from blockdraft.drafters.config import ARCHS, DrafterConfig, check_target_compatible
-from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
+from blockdraft.drafters.draft_vocab import d2t_offsets, draft_ids_from_d2t
 from blockdraft.drafters.layers import DecoderLayer, RMSNorm, rope_cos_sin, rope_inverse_frequencies
 from blockdraft.drafters.lookup_inputs import lookup_block_inputs
+from blockdraft.sampling import sample  # inverse CDF, generator on any device
 
 __all__ = [
     "ARCHS",
@@ -69,7 +57,6 @@ def sample_from_logits(
         tokens = logits.argmax(-1)
         q = torch.zeros_like(logits).scatter_(-1, tokens.unsqueeze(-1), 1.0)
         return tokens, q
-    from blockdraft.sampling import sample  # inverse CDF, generator on any device
 
     q = torch.softmax(logits / temperature, dim=-1)
     return sample(q, generator), q
@@ -112,19 +99,7 @@ class BlockDrafter(nn.Module):
         self.config = c = config
         self.fc = nn.Linear(c.feature_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.layers = nn.ModuleList(
-            DecoderLayer(
-                c.hidden_size,
-                c.intermediate_size,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.head_dim,
-                c.rms_norm_eps,
-                c.qk_norm,
-                c.attention_bias,
-            )
-            for _ in range(c.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(self._decoder_layer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         hf_rope = c.hf_rope_config() if c.rope_scaling else None
         # A plain float32 tensor, not a buffer: `.to(bfloat16)` must not round the frequencies.
@@ -139,6 +114,20 @@ class BlockDrafter(nn.Module):
         # runtime choice (all are exact), not part of the config or checkpoint.
         self.attention = "auto"
         self.apply(self._init_weights)
+
+    @staticmethod
+    def _decoder_layer(c: DrafterConfig) -> nn.Module:
+        """One decoder layer (DFlash2 adds its convolutions around the sublayers)."""
+        return DecoderLayer(
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.rms_norm_eps,
+            c.qk_norm,
+            c.attention_bias,
+        )
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -161,8 +150,6 @@ class BlockDrafter(nn.Module):
 
     def set_draft_vocab(self, draft_ids: torch.Tensor) -> None:
         """Install the reduced vocabulary (target ids, see draft_vocab.most_frequent_tokens)."""
-        from blockdraft.drafters.draft_vocab import d2t_offsets
-
         if (
             self.config.draft_vocab_size is None
             or draft_ids.numel() != self.config.draft_vocab_size
@@ -256,11 +243,16 @@ class BlockDrafter(nn.Module):
         impl = attention or self.attention
         if impl == "auto":
             impl = default_attention_impl(x.device)
-        mask = BlockAttention(anchors, T, Kb, impl, dtype=x.dtype)
+        masks: dict[tuple[bool, int | None], BlockAttention] = {}  # one per layer kind
 
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            kind = self.config.layer_attention(i)
+            if kind not in masks:
+                masks[kind] = BlockAttention(
+                    anchors, T, Kb, impl, dtype=x.dtype, causal=kind[0], window=kind[1]
+                )
             ctx_k, ctx_v = layer.self_attn.key_value(ctx, ctx_cos, ctx_sin)
-            x = layer(x, ctx_k, ctx_v, cos, sin, mask)
+            x = layer(x, ctx_k, ctx_v, cos, sin, masks[kind])
         # slot 0 predicts nothing: dropped first, so the LM head gets contiguous rows (not a bmm)
         return self.norm(x.view(B, A, Kb, -1)[:, :, 1:])
 
@@ -276,6 +268,9 @@ class BlockDrafter(nn.Module):
         return self.to_target_vocab(self._softcap(logits))
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """z-lab's logit transform: times `output_multiplier`, then the softcap if any."""
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
@@ -375,7 +370,9 @@ class BlockDrafter(nn.Module):
         )
         for i, layer in enumerate(self.layers):
             k, v = state.keys[i][:, :, :anchor_position], state.values[i][:, :, :anchor_position]
-            x = layer(x, k, v, cos, sin, None)
+            causal, window = c.layer_attention(i)
+            mask = one_block_mask(anchor_position, c.block_size, causal, window, dev)
+            x = layer(x, k, v, cos, sin, mask)
         return self.norm(x)[0, 1:]
 
     @torch.no_grad()

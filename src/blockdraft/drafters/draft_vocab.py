@@ -1,13 +1,11 @@
 """Reduced draft vocabulary: the drafter scores only the N most frequent target tokens.
 
-With a 262k-token target (Gemma 3) the LM head dominates drafting and training cost on a
-CPU. Restricting the drafter's head to the rows of the target head for the tokens that
-actually occur in the training data cuts that cost by V/N while losing almost no
-acceptance (rare tokens are rarely accepted anyway). Verification stays lossless: the
-drafter's q is simply zero outside the draft vocabulary.
-
-Storage follows the EAGLE-3 / vLLM convention so the file needs no conversion: a buffer
-`d2t` of length N with `d2t[i] = target_id(i) - i` (an offset, not an absolute id).
+With a 262k-token target the LM head dominates drafting and training cost on a CPU;
+keeping only the head rows of the tokens that occur in the training data cuts it by V/N
+and loses almost no acceptance (rare tokens are rarely accepted anyway). Verification
+stays lossless: q is zero outside the draft vocabulary. Storage follows EAGLE-3 / vLLM,
+so files need no conversion: a buffer `d2t` of length N, `d2t[i] = target_id(i) - i`
+(an offset, not an absolute id).
 """
 
 from __future__ import annotations

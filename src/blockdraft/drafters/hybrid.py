@@ -1,18 +1,12 @@
-"""A trained drafter with prompt lookup as a per-slot fallback.
+"""A trained drafter with prompt lookup as a per-slot fallback (`hybrid[:conf=C]:PATH`).
 
-Measured on `tiny` at T = 0 (docs/results.md, "Beating prompt lookup"): the trained
-drafter wins the first slots (it predicts the target's next tokens from its features,
-AR_1 0.65 vs 0.27) while prompt lookup wins late slots of text that repeats its context
-(copying a loop is exact at any distance; AR_6 0.83 where the drafter has ~0). Their
-errors are complementary, so each slot takes the drafter's token when the drafter is
-confident (max softmax probability >= `min_confidence`) or lookup has nothing to offer
-there, and the looked-up token otherwise.
-
-Exactness: the choice for slot h depends only on the round's context (the drafter's
-confidences and the lookup over the verified text), never on sampled draft tokens, so
-the block is an ordinary proposal with per-slot distribution q'_h = the drafter's q_h or
-a one-hot on the looked-up token. Standard verification with q' stays lossless and the
-offline acceptance is `min(1, q'_h(x)/p(x))` (1[x = y] on looked-up slots).
+Why: their errors are complementary (docs/results.md): the trained drafter wins the first
+slots, prompt lookup the late slots of text that repeats its context. So slot h takes
+the drafter's token where the drafter is confident (max probability >= `min_confidence`)
+or lookup has nothing there, and the looked-up token otherwise. The choice depends only
+on the round's context, never on sampled draft tokens, so the block is an ordinary
+proposal with per-slot q'_h = the drafter's q_h or a one-hot: standard verification stays
+lossless, and the offline acceptance is `min(1, q'_h(x)/p(x))`.
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ from typing import Any
 import torch
 
 from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.sampling import processed_probs, sample
 
 DEFAULT_MIN_CONFIDENCE = 0.3
 
@@ -82,8 +77,6 @@ class HybridDrafter:
         """(tokens [K], q' [K, V] they were drawn from; None at T = 0) of one round.
 
         `looked_up` is the prompt-lookup proposal over the verified text (0..K tokens)."""
-        from blockdraft.sampling import processed_probs, sample
-
         logits = self.drafter.draft_logits(state, anchor_id, anchor_position)  # [K, V]
         use = self.use_lookup(logits, len(looked_up))
         lookup = torch.full((logits.shape[0],), -1, dtype=torch.long, device=logits.device)

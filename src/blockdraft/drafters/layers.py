@@ -1,16 +1,12 @@
 """Building blocks of the DFlash drafter: RMSNorm, RoPE, context-injected attention, MLP.
 
-The drafter's decoder layer is a Qwen3-style pre-norm block whose attention differs
-from a causal LM's in one way: its keys/values are `[k_proj(ctx); k_proj(block)]`, the
-projected target features (context) followed by the block's own tokens, and its queries
-come from the block only. The context K/V of a layer depend only on the context, so they
-are computed once (training: for all T positions, shared by every block; inference: once
-per verified position, kept in a cache) and handed to the layer; the layer itself only
-ever projects the block.
-
-Parameter names (`self_attn.q_proj`, `q_norm`, `mlp.gate_proj`, `input_layernorm`, ...)
-are those of the public DFlash checkpoints, so a state_dict is loadable by SGLang, vLLM
-and z-lab/dflash unchanged (see docs/export.md).
+The decoder layer is a Qwen3-style pre-norm block whose attention differs from a causal
+LM's in one way: keys/values are `[k_proj(ctx); k_proj(block)]` (the projected target
+features, then the block) and queries come from the block only. A layer's context K/V
+depend only on the context, so they are computed once (training: all T positions,
+shared by every block; inference: once per verified position, cached) and handed in.
+Parameter names are those of the public DFlash checkpoints, so a state_dict loads in
+SGLang, vLLM and z-lab/dflash unchanged (docs/export.md).
 """
 
 from __future__ import annotations
@@ -62,6 +58,7 @@ def rope_inverse_frequencies(
         raise ValueError(
             f"rope type {rope_type!r} is sequence-length dependent; not supported by the drafter"
         )
+    # lazy: transformers takes seconds to import; only non-default RoPE needs it
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if rope_type not in ROPE_INIT_FUNCTIONS or hf_config is None:

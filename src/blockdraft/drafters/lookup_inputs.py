@@ -1,17 +1,12 @@
 """Prompt lookup's proposals as the drafter's block inputs (`drafter.lookup_inputs`).
 
-A DFlash block is `[anchor, MASK, ..., MASK]`: the K proposal slots carry no token, so the
-drafter must work out from the target's features alone that the text is repeating itself.
-Prompt lookup (drafters/ngram.py) finds that for free, and on looping text (a base model's
-GSM8K answers) it beats a trained drafter at the late slots. With `lookup_inputs` the
-slots read the looked-up tokens instead of MASK (MASK where lookup has nothing), so the
-drafter sees both: it can copy the lookup where the features agree and override it
-where they do not, and training teaches which.
-
-Exactness: the lookup depends only on the verified text up to and including the anchor,
-never on drafted tokens, so the block's inputs are a function of the round's context and
-offline scoring, training and the decoding loop see the same inputs. The default lookup
-rule (`NgramDrafter(K)`: n-grams of 1..3 tokens, latest match) is part of the contract.
+A DFlash block's K proposal slots carry only MASK, so the drafter must tell from the
+target's features alone that the text repeats itself, which prompt lookup finds for free.
+With `lookup_inputs` the slots read the looked-up tokens (MASK where lookup has none):
+the drafter can copy them where its features agree and override them where not. The
+lookup depends only on verified text up to the anchor, so training, offline scoring and
+the decoding loop see the same inputs; the rule (`lookup_rule(K)`) is part of the
+contract (docs/architecture.md, "drafters").
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The n-gram (prompt lookup) drafter: the free baseline every trained drafter must beat.
 
-Prompt lookup proposes the tokens that followed the latest earlier occurrence of the
-text's last few tokens. It needs no training and no target features, and on text that
-repeats its context (code, quoted passages, greedy loops) it is hard to beat, which is
-why a drafter result without it in the same table says little. The rule is the one of
-HF `generate(prompt_lookup_num_tokens=K)` and vLLM's `ngram` method: try the longest
-suffix first (`max_ngram` tokens down to `min_ngram`), take its latest earlier
-occurrence, and propose up to K tokens that followed it; with no match, propose nothing
-(the round then verifies the anchor alone and emits one token).
-
-Offline, a deterministic proposal y has acceptance `min(1, q(x)/p(x)) = 1[x = y]` given
-the realised token x (METHODS.md §2 with a one-hot q): exact conditioned on the rollout
-at every temperature, so `acceptance_from_tokens` needs the token ids only.
+It proposes the tokens that followed the latest earlier occurrence of the text's last few
+tokens: no training, no target features, and hard to beat on text that repeats its
+context (code, quotations, greedy loops), so a drafter result without it says little.
+The rule is HF `prompt_lookup_num_tokens` / vLLM `ngram` (longest suffix first, latest
+match, up to K tokens; no match proposes nothing). A deterministic proposal y is accepted
+with `min(1, q(x)/p(x)) = 1[x = y]` (a one-hot q), exact at every temperature, so
+`acceptance_from_tokens` needs token ids only. Contract: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Semi-autoregressive drafter (DSpark style): the DFlash backbone plus a Markov head.
 
-The parallel backbone drafts all K slots at once, so slot k cannot react to what was
-drafted at slot k-1; its proposals for consecutive slots can be individually plausible
-but jointly inconsistent. A cheap sequential correction fixes the worst of it: a
-low-rank bigram bias from the previous token,
-
-    logits_k = U_k + W1[x_{k-1}] @ W2        (W1 [V, r], W2 [r, V_draft])
-
-teacher-forced with the ground-truth previous token in training (`prev_tokens`) and
-sampled slot by slot at inference (slot 1 uses the anchor, slot k the token drafted at
-k-1). It costs one `[r] x [r, V]` product per slot, nothing compared to the backbone.
-
-W2 starts at zero, so a fresh semi-AR drafter equals its backbone and the head learns
-only what the backbone misses (W1 is random so W2 gets gradient from step one).
-Serving engines do not implement this head: `export.validate_for_serving` refuses it.
+The parallel backbone drafts all K slots at once, so its proposals for consecutive slots
+can be individually plausible but jointly inconsistent. A low-rank bigram bias from the
+previous token, `logits_k = U_k + W1[x_{k-1}] @ W2` (W1 `[V, r]`, W2 `[r, V_draft]`),
+fixes the worst of it for one `[r] x [r, V]` product per slot: teacher-forced in training
+(`prev_tokens`), sampled slot by slot at inference. W2 starts at zero, so a fresh semi-AR
+drafter equals its backbone (W1 is random, so W2 gets gradient from step one). Serving
+engines have no such head: `export.validate_for_serving` refuses it.
 """
 
 from __future__ import annotations

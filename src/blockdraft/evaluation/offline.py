@@ -1,24 +1,11 @@
 """Exact offline evaluator (METHODS.md §3): drafter quality on fixed target rollouts.
 
-Input per rollout: the acceptance tensor `[L-1, K]` of a drafter (layout of
-`blockdraft.objectives.edr`; `A = min(1, q/p)` for sampling, `1[argmax q = x]` for
-greedy). Everything below is an exact expectation over the accept/reject randomness
-of speculative decoding given the rollout -- no decoding is run -- and, because every
-drafter is scored on the same rollouts, comparisons between drafters are paired.
-
-Definitions (all totals are over the rollout set):
-- `tokens`: tokens emitted by drafting rounds, `sum (L - 1)` (x_1 comes from prefill).
-- `expected_rounds`: `sum_rollouts sum_n omega_{n,n+1}`; `mal = tokens / expected_rounds`
-  (a ratio of sums, so long rollouts weigh in proportion to their tokens, like tau).
-- `ar_k[k-1]`: P(proposal k accepted | proposals 1..k-1 accepted) as a ratio of expected
-  counts: `sum omega_{n,n+k} A_{n,n+k} / sum omega_{n,n+k}`, over the rounds in which
-  proposal k *exists*, i.e. `n + k <= L` (near the end of a rollout a round has only
-  `L - n` proposals: the generation stops at x_L, later proposals are never verified).
-  NaN if proposal k never exists.
-- `t_ge_k[k-1]`: expected number of rounds (total over the set) that accept at least k
-  proposals, `sum omega_{n,n+k} A_{n,n+k}`. `T_{>=0}` would be `expected_rounds`; the
-  tokens satisfy `tokens = expected_rounds + sum_k t_ge_k - E[#rounds accepting x_L]`
-  (a round that accepts x_L emits no extra token).
+From each rollout's acceptance tensor `[L-1, K]` (`A = min(1, q/p)` when sampling,
+`1[argmax q = x]` when greedy) it computes exact expectations over speculative decoding's
+accept/reject randomness given the rollout, without decoding: expected rounds, MAL (a
+ratio of sums over the set, like tau), AR_k and T_{>=k}. Every drafter is scored on the
+same rollouts, so comparisons are paired (`paired_comparison`, one bootstrap draw for
+both). Definitions: docs/methods.md ("The offline evaluator").
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Offline evaluation runs: score drafters on rollout sets, evaluate, compare, write JSON.
 
 The Python API behind `blockdraft eval` and `blockdraft compare` (the CLI modules only
-parse arguments and print), also what the demo and notebooks call:
-
-    from blockdraft.evaluation.runs import compare, evaluate
-    result = evaluate(target, ["runs/dpace", "runs/edr", "ngram"], ["rollouts/heldout"])
-
-A drafter is given as a checkpoint directory, a run directory (its `final/`), or a spec
-(`ngram[:...]`, `hybrid:PATH`; `blockdraft.serialization.drafter_spec`). Checkpoints are scored
-with the target layers their own config records, so drafters trained with non-default
-`target.layer_ids` can be compared; acceptance tensors are cached per (drafter, target,
-rollouts, settings), so `compare` and `report` after `evaluate` cost nothing.
+parse arguments and print), and what the demo and notebooks call: `evaluate(target,
+drafters, rollout_dirs)` and `compare(...)`. A drafter is a checkpoint or run directory
+or a spec (`ngram[:...]`, `hybrid:PATH`); checkpoints are scored with the target layers
+their own config records, so drafters trained on other `target.layer_ids` compare, and
+acceptance tensors are cached, so `compare` and `report` after `evaluate` cost nothing.
 """
 
 from __future__ import annotations

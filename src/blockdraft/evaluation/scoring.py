@@ -1,30 +1,12 @@
 """Acceptance tensors of a drafter on a rollout set: the input of the offline evaluator.
 
-For a rollout `x_1..x_L` (prompt length P) every round start n = 1..L-1 gets its own
-block, anchored at sequence index `a = P + n - 1`, with context = target features of
-indices `< a` (architecture.md). All blocks of a rollout go through the drafter's
-training forward (`forward_blocks`, many blocks in one pass) on the features of *one*
-target forward over the whole sequence; anchors and LM-head rows are chunked so memory
-stays bounded for long rollouts and large vocabularies.
-
-Acceptance of proposal h of round n (token `x_{n+h}` at index `a + h`):
-- greedy rollouts (temperature 0): `A = 1[argmax q = x]`;
-- sampled rollouts: `A = min(1, q(x) / p(x))`, with p(x) = exp(stored log-prob) (the
-  processed target distribution the rollout was drawn from) and q the drafter's
-  distribution processed with the same settings (`blockdraft.sampling`), exactly what
-  the online decoder samples proposals from. A semi-AR drafter sees the teacher-forced
-  previous token (slot k-1 = `x_{n+k-1}`).
-Entries with `n + h > L` are 0 (ignored by the evaluator).
-
-(`objectives.edr.acceptance_and_cost` is not used: it needs the full target distribution
-per position, while rollouts store the realised token's log-prob, and it scores the
-drafter at temperature only, without the top-k/top-p the decoder applies.)
-
-An `NgramDrafter` (prompt lookup) is scored from the token ids alone: its proposal is
-deterministic, so `A = min(1, q(x)/p(x)) = 1[x = y]` at every temperature.
-
-Results are cached on disk per (drafter weights, target, rollouts, settings) as one
-safetensors file, so `eval`, `compare` and `report` never recompute a drafter.
+Every round start of a rollout gets its own block, and all of them go through the
+drafter's training forward (`forward_blocks`) on the features of *one* target forward
+over the sequence, in chunks so memory stays bounded. A proposal's acceptance is
+`1[argmax q = x]` on greedy rollouts and `min(1, q(x) / p(x))` on sampled ones, with p(x)
+the stored log-prob and q processed with the same settings, exactly what the decoder
+samples from; an `NgramDrafter` is scored from token ids alone. Results are cached per
+(drafter weights, target, rollouts, settings): no stage recomputes a drafter (docs/methods.md).
 """
 
 from __future__ import annotations
@@ -153,10 +135,10 @@ class FeatureMemo:
     (same target object and feature layers), up to `max_bytes` (least recently used
     dropped first).
 
-    Why: after scoring moved to the draft vocabulary the target forward is most of the
-    per-rollout cost (Gemma: 0.40 of 0.65 s), and evaluating several drafters (or one
-    drafter at several hybrid thresholds, or one drafter at every held-out evaluation of
-    a training run) on one rollout set repeated it each time."""
+    Why: with scoring in the draft vocabulary the target forward is most of the
+    per-rollout cost (docs/methods.md, "The offline evaluator"), and evaluating several
+    drafters (or one drafter at several hybrid thresholds, or one drafter at every
+    held-out evaluation of a training run) on one rollout set would repeat it each time."""
 
     def __init__(self, max_bytes: int = 1 << 30) -> None:
         self.max_bytes, self.held = max_bytes, 0

@@ -1,24 +1,12 @@
-"""Log-probabilities of target tokens and the weighted cross-entropy all block objectives share.
+"""`log q(target)` from the drafter's hidden states, and the weighted cross-entropy that
+every block objective but E2E is (`sum(w * -log q) / sum(w)`, the weights detached).
 
-Every block objective except E2E is `sum(w * -log q) / sum(w)` with different detached
-weights, so the only vocabulary-sized work is `log q(target)`. `target_logprobs` goes from
-the drafter's final hidden states straight to `log q(target)` in one of two memory modes,
-and one place decides which (`keeps_probabilities`, a byte budget):
-
-- the `[rows, V]` probabilities fit the budget (the tiny demo: 3,584 x 4,096, 59 MB): they
-  are computed once in forward, kept, and turned into the gradient in place in backward;
-- they do not (real vocabularies: `[N*K, 262144]` for Gemma is gigabytes): one chunk of
-  rows at a time, each chunk's logits recomputed in backward, so peak extra memory is
-  O(chunk_rows * V) forward *and* backward.
-
-Why not `F.cross_entropy` on materialised logits for the first case: it allocates four
-`[rows, V]` tensors (logits, log-softmax, the nll gradient, the softmax gradient) where
-the kept mode has one, turned into probabilities and then into the gradient in place.
-One-thread micro-benchmark at the tiny demo's 3,584 x 4,096 (forward+backward vs the
-chunked mode): `F.cross_entropy` 1.05x, kept mode 1.75x.
-
-Convention for all functions here: a negative target id means "no label" (padding,
-past the end of the sequence); its log-probability is 0 and it gets no gradient.
+`log q(target)` is those objectives' only vocabulary-sized work, so it has two memory
+modes and one place that chooses (`keeps_probabilities`, a byte budget): `[rows, V]`
+probabilities kept from forward and turned into the gradient in place (one such tensor,
+where `F.cross_entropy` allocates four), or, past the budget (real vocabularies), one row
+chunk at a time with its logits recomputed in backward. A negative target id means "no
+label": log-probability 0, no gradient.
 """
 
 from __future__ import annotations
@@ -76,9 +64,9 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """`log softmax(logits)[target]`, shape `logits.shape[:-1]`; for logits that already exist.
 
-    Goes through the fused `cross_entropy(reduction="none")` kernel: measured ~1.5-2x
-    faster forward+backward on CPU than gather-minus-logsumexp, and the weighted loss
-    built on it then costs the same as plain cross-entropy (bench/objectives.py).
+    Goes through the fused `cross_entropy(reduction="none")` kernel, faster forward +
+    backward on CPU than gather-minus-logsumexp, so the weighted loss built on it costs
+    what plain cross-entropy costs (bench/objectives.py; docs/training.md, "Benchmark").
     """
     if logits.dim() < 1:
         raise ValueError("logits must have a trailing vocabulary dimension")

@@ -1,17 +1,11 @@
-"""D-PACE position weights (METHODS.md §1).
+"""D-PACE position weights (METHODS.md §1; docs/methods.md, "D-PACE").
 
-The expected accepted length of a parallel block is approximated by the smooth surrogate
-`S(q) = sum_k prod_{i<=k} q_i`; D-PACE weights each proposal's cross-entropy by its
-sensitivity `w_j = q_j dS/dq_j`, so training effort goes to the positions that currently
-limit acceptance of *this* block. The weights are computed on the smoothed confidences
-`q~ = (1 - alpha) q + alpha` (so one bad early position cannot zero every later weight)
-and are detached: they steer the gradient, they never carry it.
-
-Masked positions (padding, past the end of the sequence, outside the loss mask) are
-removed from the surrogate: they contribute no term to S and act as `q~ = 1` inside the
-products, so they neither break nor shrink the products of the real positions around
-them. Their weight is 0. Equivalently, with R the set of real positions,
-`S = sum_{k in R} prod_{i in R, i<=k} q~_i` and `w_j = q~_j dS/dq~_j` for j in R.
+Each proposal's cross-entropy is weighted by its sensitivity `w_j = q~_j dS/dq~_j` of the
+smooth accepted-length surrogate `S = sum_k prod_{i<=k} q~_i`, so training effort goes to
+the positions that currently limit acceptance of *this* block. The confidences are
+smoothed (`q~ = (1 - alpha) q + alpha`: one bad early position cannot zero every later
+weight) and the weights are detached: they steer the gradient, never carry it. Masked
+positions add no term to S, act as `q~ = 1` inside the products and get weight 0.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""E2E: the block-local expected-accepted-length objective (METHODS.md §1, baselines).
+"""E2E, the block-local expected-accepted-length objective (METHODS.md §1, baselines).
 
-Under lossless speculative sampling, proposal i of a block is accepted (given the earlier
-ones were) with probability `alpha_i = sum_v min(p_i(v), q_i(v)) = 1 - TV(p_i, q_i)`.
-Treating positions as independent, the expected number of accepted proposals is
-`sum_j prod_{i<=j} alpha_i`, and E2E minimises `1 - (1/K) sum_j prod_{i<=j} alpha_i`.
-Unlike cross-entropy it needs the target's full distribution `p_i`.
-
-Masked proposals (padding, past the end of the sequence) are removed from the block:
-they act as `alpha = 1` inside the products (they neither break nor shrink the chain of
-the real positions around them), contribute no term to the sum, and do not count in the
-block's normaliser, which is its number of real proposals `K_b` instead of K. The loss
-is the mean over blocks with at least one real proposal.
+Proposal i is accepted under lossless sampling with probability `alpha_i = sum_v
+min(p_i(v), q_i(v))`; treating positions as independent, E2E minimises `1 - (1/K_b)
+sum_j prod_{i<=j} alpha_i` per block, averaged over the blocks with a real proposal.
+Unlike the cross-entropy objectives it needs the target's full distribution p. Masked
+proposals act as `alpha = 1` inside the products, add no term and do not count in the
+block's number of real proposals `K_b`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""The objective types behind `make_objective`: a uniform interface for the trainer.
+"""The objective types behind `make_objective`: one interface for the trainer.
 
-- block objectives (`WeightedCEObjective` for uniform/decay/D-PACE, `E2EObjective`):
-  `.loss(logq [N,K], mask [N,K] bool, *, draft_logits=None, target_probs=None,
-  overlap=None) -> LossOutput`;
-- the rounds objective (`EDRObjective`): `.rounds_loss(acceptance, cost,
-  inclusion_weights=None)`.
-
-Kept apart from the registry so each file has one concern: what an objective computes
-here, how one is named and configured there.
+Block objectives (`WeightedCEObjective` for uniform / decay / D-PACE, `E2EObjective`)
+take per-proposal `logq [N, K]` and a mask; the rounds objective (`EDRObjective`) takes
+whole-rollout acceptance and cost tensors. Kept apart from the registry so each file has
+one concern: what an objective computes here, how one is named and configured there
+(signatures: docs/architecture.md, "objectives").
 """
 
 from __future__ import annotations

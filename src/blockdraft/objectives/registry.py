@@ -1,16 +1,10 @@
 """Pick a training objective by name: the one place the trainer and the CLI go through.
 
-`make_objective(name, **params)` validates the name and every parameter up front (a
-typo in a config fails at start-up with the list of valid choices, not hours later) and
-returns an object with a uniform interface:
-
-- block objectives (`uniform`, `decay`, `dpace*`, `e2e`): `.loss(...) -> LossOutput`;
-- the rounds objective (`edr`): `.rounds_loss(acceptance, cost, inclusion_weights=None)`
-(the types are in `losses.py`).
-
-`needs_target_distribution` tells the trainer whether it must provide full target
-distributions (E2E, sampling-mode EDR) and `is_rounds_objective` whether to build
-whole-rollout acceptance tensors instead of teacher-forced blocks.
+`make_objective(name, **params)` validates the name and every parameter up front (a typo
+in a config fails at start-up with the valid choices, not hours later) and returns one of
+the types of `losses.py`. Its `needs_target_distribution` tells the trainer whether to
+provide full target distributions (E2E, sampling-mode EDR) and `is_rounds_objective`
+whether to build whole-rollout acceptance tensors instead of teacher-forced blocks.
 """
 
 from __future__ import annotations

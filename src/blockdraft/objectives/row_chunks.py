@@ -1,15 +1,11 @@
 """Row-wise maths over `[rows, V]` vocabulary tensors, a bounded number of rows at a time.
 
-Why: the sampled E2E/EDR quantities (softmax of the drafter's logits, `min(p, q)`, the
-TV gap `[p - q]_+`, `log q(x)`) are per row, but written on whole tensors each step
-creates another `[rows, V]` float32 tensor and autograd keeps several of them for the
-backward pass: at DFlash's recipe on Qwen3 (7,680 block rows x 151,936 tokens) that is
-4.3 GiB each (issue 17). Here `fn` runs on `chunk_rows` rows at a time and, under
-autograd, each chunk is checkpointed (`torch.utils.checkpoint`, non-reentrant): only the
-chunk's inputs (views of the full tensors) are kept and its `[chunk_rows, V]`
-intermediates are recomputed in backward. Values and gradients equal the unchunked
-computation (the maths is row-wise), so the chunk size is a pure memory knob;
-`default_chunk_rows` (the cross-entropy's ~64 MB fp32 budget) is the default.
+Why: the sampled E2E/EDR quantities (softmax of q, `min(p, q)`, `[p - q]_+`, `log q(x)`)
+are per row, but written on whole tensors each step makes another `[rows, V]` float32
+tensor and autograd keeps several for backward (gigabytes each at real recipes). Here
+`fn` runs on `chunk_rows` rows at a time, each chunk checkpointed under autograd, so only
+its inputs are kept. Values and gradients equal the unchunked computation (the maths is
+row-wise): the chunk size is a pure memory knob (`default_chunk_rows` by default).
 """
 
 from __future__ import annotations
@@ -45,9 +41,8 @@ def fused_chunk_rows(chunk_rows: int | None, vocab_size: int, device: torch.devi
 
     Why: those kernels read and write each `[rows, V]` chunk several times (softmax,
     `p - q`, the sums), so a chunk that fits in cache makes every pass after the first
-    cheap; the memory budget's ~64 MB chunks go to DRAM on every pass. Measured on this
-    project's CPU at V = 4,096: the fused acceptance forward 66 -> 33 ms and forward +
-    backward 171 -> 105 ms for 2,632 rows (bench/train_step.py --part objectives).
+    cheap; the memory budget's ~64 MB chunks go to DRAM on every pass (measured by
+    bench/fused_chunks.py; docs/training.md, "Fused vocabulary kernels' chunks").
     Accelerators keep the large chunks (fewer kernel launches)."""
     rows = check_chunk_rows(chunk_rows, vocab_size)
     if chunk_rows is None and device.type == "cpu":

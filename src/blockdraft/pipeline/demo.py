@@ -1,19 +1,11 @@
 """`blockdraft demo`: the whole pipeline on one target, with sensible small defaults.
 
 It is what a new user runs first, so it must finish on a laptop (the default `tiny`
-target: about twelve minutes on 2 CPU cores from a fresh clone, the target build included),
-show progress throughout, and reuse every stage whose inputs did not change (a second
-run is mostly cache hits).
-
-Stages, each in its own directory under `out`:
-
-    rollouts/train, rollouts/eval   target responses to stdlib (or user) prompts
-    runs/decay, runs/dpace          drafters trained from scratch, same data and budget
-    runs/dpace-ft                   the control: D-PACE continued for the fine-tune's steps
-    runs/e2e, runs/edr              fine-tuning stages starting from the D-PACE drafter
-    eval.json, compare.json         exact offline MAL / AR_k with paired bootstrap CIs
-    online.json                     real speculative decoding: tau and speedup
-    report/                         report.md + PNG plots; report.json beside it
+target, built on first use), show progress throughout, and reuse every stage whose inputs
+did not change (`stages.py`: a second run is mostly cache hits). Stages, each in its own
+directory under `out`: rollouts, drafters trained from scratch (decay, D-PACE), the
+continued-D-PACE control (`dpace-ft`) and the fine-tunes from D-PACE (E2E, EDR), offline
+evaluation and comparison, real decoding, and the report (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -123,6 +115,7 @@ def make_rollouts(target: Any, s: DemoSettings, out: Path) -> dict[str, Path]:
         ("train", s.train_prompts, s.num_train_prompts),
         ("eval", s.eval_prompts, s.num_eval_prompts),
     ):
+        prompts = load_prompts(spec, limit=limit)
         stage = Stage(
             out / "rollouts" / split,
             {
@@ -130,13 +123,14 @@ def make_rollouts(target: Any, s: DemoSettings, out: Path) -> dict[str, Path]:
                 "spec": spec,
                 "limit": limit,
                 "sampling": sampling.to_dict(),
+                # the prompts themselves: a changed selection or source redoes the set
+                "prompts": fingerprint({"prompts": [asdict(p) for p in prompts]}),
             },
         )
         if stage.is_done():
             _log(f"rollouts/{split}: reused ({stage.outputs().get('count')} rollouts)")
         else:
             _log(f"rollouts/{split}: generating responses to {limit} prompts from {spec}")
-            prompts = load_prompts(spec, limit=limit)
             rs = generate_rollouts(
                 target,
                 prompts,
@@ -388,7 +382,8 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         {
             "drafters": {n: recorded_key(p.parent) for n, p in trained.items() if n != CONTROL},
             "settings": fingerprint(portable(_settings_key(s, out), out)),
-            "version": 2,  # 2: offline MAL on the same prompts and length, HF generate row
+            # 2: offline MAL on the same prompts and length, HF generate row; 3: lean forwards
+            "version": 3,
         },
     )
     if online_stage.is_done():

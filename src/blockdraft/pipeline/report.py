@@ -1,17 +1,9 @@
 """The results report: PNG figures plus one markdown summary that embeds them.
 
-`write_report` takes plain data so any caller can use it:
-
-- `drafters`: offline results, one dict per (drafter, benchmark): `name`, `benchmark`,
-  `mal`, `mal_ci95`, `expected_rounds`, `ar_k`, `t_ge_k` (what `blockdraft eval --json`
-  writes; `drafters_from_eval` flattens that file);
-- `comparisons`: paired comparisons (`blockdraft compare --json`): `benchmark`, `a`, `b`,
-  `mal_a`, `mal_b`, `diff`, `diff_ci95`, `rel_gain`, `rel_gain_ci95`;
-- `training_logs`: run name -> path of a `metrics.jsonl` (or of its run directory);
-- `online`: drafter name -> `blockdraft decode --json` results (`tau`, `tau_ci95`,
-  `histogram`, `tokens_per_s`, `ar_tokens_per_s`, `speedup`, optionally `offline_mal`
-  and `offline_mal_ci95` for the online/offline agreement check, and the demo's
-  `speedup_vs_hf` / `hf_tokens_per_s`).
+`write_report` takes plain data, so any caller can use it: the offline results and paired
+comparisons that `blockdraft eval --json` / `compare --json` write, training logs
+(`metrics.jsonl`) and online decoding results (`blockdraft decode --json`); the figures
+are drawn by `report_plots.py`. Inputs key by key: docs/architecture.md ("pipeline").
 """
 
 from __future__ import annotations
@@ -21,6 +13,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from blockdraft.pipeline.report_plots import (
     plot_acceptance_rates,
@@ -177,8 +171,6 @@ def _baseline_line(online: dict[str, dict[str, Any]]) -> str:
 def _trained_with_dpace(metrics_path: str | Path) -> bool:
     """Whether the run whose metrics.jsonl this is used a D-PACE objective (from its
     run.yaml; True when that cannot be read, so nothing is hidden by mistake)."""
-    import yaml
-
     try:
         run_dir = Path(metrics_path) if Path(metrics_path).is_dir() else Path(metrics_path).parent
         cfg = yaml.safe_load((run_dir / "run.yaml").read_text()) or {}
@@ -237,7 +229,12 @@ def write_report(
             _baseline_line(online),
             "",
         ]
-        md += _online_table(online) + ["", "![accepted length histogram](accepted_lengths.png)", ""]
+        rows = [{"name": n, **o} for n, o in online.items()]
+        md += (
+            _online_table(online)
+            + ["", *speed_verdict(rows)]
+            + ["", "![accepted length histogram](accepted_lengths.png)", ""]
+        )
     if training_logs:
         curves, profiles = {}, {}
         for name, path in training_logs.items():
@@ -265,6 +262,28 @@ def write_report(
     return path
 
 
+def speed_verdict(rows: list[dict[str, Any]]) -> list[str]:
+    """Plain words on the wall clock: which drafters decode *slower* than HF `generate` or
+    than our AR loop (ratios below 1), or that every timed one is faster. `rows`: dicts
+    with `name`, `speedup` (vs our AR loop) and `speedup_vs_hf`, either may be None."""
+    lines = []
+    for key, what in (("speedup_vs_hf", "HF `generate`"), ("speedup", "our AR loop")):
+        timed = [(r["name"], r[key]) for r in rows if r.get(key) is not None]
+        if not timed:
+            continue
+        slower = [f"{name} {x:.2f}x" for name, x in timed if x < 1.0]
+        if slower:
+            lines.append(
+                f"SLOWER than {what} on this machine: {', '.join(slower)} (a drafting round "
+                "costs more here than the tokens it saves; bench/decode.py splits a round's "
+                "cost)."
+            )
+        else:
+            low = min(x for _, x in timed)
+            lines.append(f"Every timed drafter decodes faster than {what} (at least {low:.2f}x).")
+    return lines
+
+
 def terminal_summary(report: dict[str, Any]) -> str:
     """The demo's `report.json` as a plain-text table for the terminal."""
     lines = [
@@ -290,6 +309,7 @@ def terminal_summary(report: dict[str, Any]) -> str:
         "(tau online: the first held-out prompts, decoded; in parentheses the offline MAL "
         "of that same text, which it equals at T = 0)"
     ]
+    lines += speed_verdict(report["drafters"])
     lines += ["", f"{'B vs A':<18} {'MAL gain':>9} {'95% CI':>20} {'rel.':>8}"]
     for c in report["comparisons"]:
         lo, hi = c["mal_gain_ci95"]

@@ -1,29 +1,12 @@
 """Drafter checkpoints: `config.json` + `model.safetensors`, in the public DFlash layout.
 
-A checkpoint directory written here *is* a DFlash draft model directory as published by
-z-lab (e.g. `z-lab/Qwen3-8B-DFlash-b16`) and read by SGLang (`models/dflash.py`), vLLM
-(`models/qwen3_dflash.py`) and z-lab/dflash (`dflash/model.py`):
-
-- weight names are the drafter's own state_dict keys, which match those loaders
-  (`fc.weight`, `hidden_norm.weight`, `norm.weight`, `layers.{i}.self_attn.{q,k,v,o}_proj`,
-  `layers.{i}.self_attn.{q,k}_norm`, `layers.{i}.mlp.{gate,up,down}_proj`,
-  `layers.{i}.{input,post_attention}_layernorm`; optional `d2t` for a reduced vocab);
-  the target's embedding and LM head are never stored;
-- `config.json` is a Qwen3-style HF config with `architectures: ["DFlashDraftModel"]`,
-  `dflash_config: {mask_token_id, target_layer_ids, block_size}`, top-level `block_size`
-  and `num_target_layers` (as in the published configs), full-attention `layer_types`
-  and `is_causal: false`;
-- blockdraft's own, complete `DrafterConfig` plus caller extras live under the
-  namespaced key `"blockdraft"`, which the engines ignore.
-
-Loading uses safetensors only (no pickle) and refuses a checkpoint made for another
-target with a one-line error naming the key and both values. Writes are atomic: the
-directory is built under a temporary name and renamed into place, so an interrupted save
-never leaves a half-written checkpoint or loses the previous one. The size and SHA-256
-of `model.safetensors` are recorded under `blockdraft.weights` and checked on every load,
-so a truncated or corrupted file is a one-line `CheckpointError`, never a traceback or
-silently wrong weights. Files are written with the usual permissions (0644 under umask
-022; safetensors itself writes 0600).
+Why that layout: a checkpoint directory written here *is* a DFlash draft model directory
+as z-lab publishes them and SGLang, vLLM and z-lab/dflash read them, so export converts
+nothing (weight names and config keys: docs/export.md, "The format"). blockdraft's own
+complete `DrafterConfig` lives under the namespaced `"blockdraft"` key the engines
+ignore. Loading uses safetensors only and refuses another target's checkpoint naming the
+key; saves are atomic (built under a temporary name, then renamed) and record the
+weights' size and SHA-256, checked on every load, so damage is a one-line error.
 """
 
 from __future__ import annotations
@@ -38,16 +21,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from blockdraft.artifacts import check_file, ensure_free_space, file_digest
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig, check_target_compatible
-from blockdraft.errors import CheckpointError
+from blockdraft.drafters.dflash2 import DFlash2Drafter
+from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
+from blockdraft.drafters.semi_ar import SemiARDrafter
+from blockdraft.errors import CheckpointError, disk_write_error
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 NAMESPACE = "blockdraft"
 FORMAT_VERSION = 1
 SERVING_ARCHITECTURE = "DFlashDraftModel"
+DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
+# z-lab's DFlash2DraftModel keeps the codebooks in nn.Embedding modules and its
+# `from_pretrained` maps the file's names to them; files may carry either spelling
+_CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -65,8 +58,14 @@ def serving_config(config: DrafterConfig, dtype: torch.dtype = torch.float32) ->
         dflash["input_embedding_scale"] = c.input_embedding_scale
     if c.final_logit_softcapping:
         dflash["final_logit_softcapping"] = c.final_logit_softcapping
+    if c.output_multiplier != 1.0:
+        dflash["output_multiplier"] = c.output_multiplier
+    if c.arch == "dflash2":
+        dflash.update({key: getattr(c, key) for key in DFLASH2_KEYS})
+    layer_types = list(c.layer_types or ["full_attention"] * c.num_hidden_layers)
+    sliding = "sliding_attention" in layer_types and c.sliding_window is not None
     out: dict[str, Any] = {
-        "architectures": [SERVING_ARCHITECTURE],
+        "architectures": [DFLASH2_ARCHITECTURE if c.arch == "dflash2" else SERVING_ARCHITECTURE],
         "model_type": "qwen3",
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
@@ -84,11 +83,11 @@ def serving_config(config: DrafterConfig, dtype: torch.dtype = torch.float32) ->
         "rope_scaling": dict(c.rope_scaling) if c.rope_scaling else None,
         "rope_parameters": rope_parameters,
         "tie_word_embeddings": False,
-        "use_sliding_window": False,
-        "sliding_window": None,
+        "use_sliding_window": sliding,
+        "sliding_window": c.sliding_window if sliding else None,
         "max_window_layers": c.num_hidden_layers,
-        "layer_types": ["full_attention"] * c.num_hidden_layers,
-        "is_causal": False,
+        "layer_types": layer_types,
+        **_causal_key(c),
         "block_size": c.block_size,
         "num_target_layers": c.num_target_layers,
         "target_hidden_size": c.target_hidden_size,
@@ -98,6 +97,15 @@ def serving_config(config: DrafterConfig, dtype: torch.dtype = torch.float32) ->
     if c.draft_vocab_size is not None:
         out["draft_vocab_size"] = c.draft_vocab_size
     return out
+
+
+def _causal_key(c: DrafterConfig) -> dict[str, Any]:
+    """`is_causal` when every layer agrees (what loaders read first); omitted when layers
+    differ, so z-lab's per-layer rule (sliding = causal) gives the mix we have."""
+    kinds = {c.layer_attention(i)[0] for i in range(c.num_hidden_layers)}
+    if c.is_causal is not None or len(kinds) == 1:
+        return {"is_causal": bool(c.is_causal if c.is_causal is not None else kinds.pop())}
+    return {}
 
 
 def write_checkpoint_dir(
@@ -112,8 +120,6 @@ def write_checkpoint_dir(
     `extra_files` (name -> bytes) are written alongside; `check(tmp_dir)` may raise to
     abort before anything at `path` is touched.
     """
-    from safetensors.torch import save_file
-
     path = Path(path)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
@@ -130,8 +136,6 @@ def write_checkpoint_dir(
         except OSError:
             raise
         except Exception as exc:  # safetensors reports a full disk as SafetensorError
-            from blockdraft.errors import disk_write_error
-
             raise disk_write_error(path / WEIGHTS_NAME, exc) from None
         os.chmod(weights, _file_mode())
         if NAMESPACE in config_json:
@@ -174,8 +178,6 @@ def verify_weights(path: str | Path, cfg: dict[str, Any] | None = None) -> Path:
     this version), and always a parse of the safetensors header. Returns the file path;
     raises `CheckpointError` naming the file and what is wrong.
     """
-    from safetensors import safe_open
-
     cfg = read_config(path) if cfg is None else cfg
     file = Path(path) / WEIGHTS_NAME
     if not file.is_file():
@@ -252,25 +254,46 @@ def read_config(path: str | Path) -> dict[str, Any]:
 def config_from_serving(cfg: dict[str, Any], target: Any) -> DrafterConfig:
     """A `DrafterConfig` from the serving keys of a public DFlash config.json.
 
-    Lets blockdraft fine-tune or score published drafters (z-lab DFlash) and proves that
-    the serving keys we write fully determine our model (tests/serialization/test_checkpoint.py).
-    Variants we do not implement (sliding/causal layers, DFlash2 convolutions and
-    selector, output multipliers) are refused rather than loaded wrongly.
+    Lets blockdraft fine-tune or score published drafters (z-lab DFlash and DFlash2) and
+    proves that the serving keys we write fully determine our model
+    (tests/serialization/test_checkpoint.py). Layers are read as transformers' Qwen3Config
+    and z-lab's loader read them: `sliding_window` only counts with `use_sliding_window`,
+    missing `layer_types` follow `max_window_layers`, and `is_causal` (else
+    `dflash_config.causal`) overrides the per-layer rule (sliding = causal). Variants we
+    do not implement (attention sink bias, DFlash2 without a selector) are refused.
     """
     dflash = cfg.get("dflash_config") or {}
 
     def get(key: str, default: Any = None) -> Any:
         return dflash.get(key, cfg.get(key, default))
 
-    if cfg.get("architectures") != [SERVING_ARCHITECTURE]:
-        raise ValueError(f"architectures {cfg.get('architectures')} is not a DFlash drafter")
-    if any(t != "full_attention" for t in cfg.get("layer_types") or []) or cfg.get("is_causal"):
-        raise ValueError("DFlash drafters with sliding or causal layers are not supported")
-    for key in ("conv_kernel_size", "selector_rank", "attention_sink_bias"):
-        if get(key):
-            raise ValueError(f"DFlash variant with {key}={get(key)} is not supported")
-    if float(get("output_multiplier", 1.0)) != 1.0:
-        raise ValueError("DFlash drafters with an output_multiplier are not supported")
+    arch = cfg.get("architectures")
+    if arch not in ([SERVING_ARCHITECTURE], [DFLASH2_ARCHITECTURE]):
+        raise ValueError(f"architectures {arch} is not a DFlash or DFlash2 drafter")
+    dflash2 = arch == [DFLASH2_ARCHITECTURE]
+    if get("attention_sink_bias"):
+        raise ValueError(f"DFlash variant with attention_sink_bias={get('attention_sink_bias')} "
+                         "is not supported")  # fmt: skip
+    if not dflash2 and (get("conv_kernel_size") or get("selector_rank")):
+        raise ValueError("a DFlashDraftModel config with DFlash2 keys: name it DFlash2DraftModel")
+    if dflash2 and not all(get(key) for key in ("conv_kernel_size", "selector_rank",
+                                                 "selector_top_k")):  # fmt: skip
+        raise ValueError(
+            "a DFlash2 config needs conv_kernel_size, selector_rank and selector_top_k"
+        )
+    layers = int(cfg["num_hidden_layers"])
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    layer_types = cfg.get("layer_types") or [
+        "sliding_attention" if window is not None and i >= int(cfg.get("max_window_layers", 28))
+        else "full_attention"
+        for i in range(layers)
+    ]  # fmt: skip
+    causal = cfg.get("is_causal", dflash.get("causal"))
+    if causal is not None and all(bool(causal) == (t == "sliding_attention") for t in layer_types):
+        causal = None  # what the per-layer rule gives anyway: one spelling per model
+    extra: dict[str, Any] = {}
+    if dflash2:
+        extra = {key: int(get(key)) for key in DFLASH2_KEYS if get(key) is not None}
     params = dict(cfg.get("rope_parameters") or {})
     theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
     scaling = params if params.get("rope_type", "default") != "default" else cfg.get("rope_scaling")
@@ -298,6 +321,12 @@ def config_from_serving(cfg: dict[str, Any], target: Any) -> DrafterConfig:
         draft_vocab_size=None if draft_vocab in (None, cfg["vocab_size"]) else int(draft_vocab),
         final_logit_softcapping=get("final_logit_softcapping"),
         input_embedding_scale=float(get("input_embedding_scale", 1.0)),
+        output_multiplier=float(get("output_multiplier", 1.0)),
+        layer_types=None if all(t == "full_attention" for t in layer_types) else list(layer_types),
+        sliding_window=None if window is None else int(window),
+        is_causal=None if causal is None else bool(causal),
+        arch="dflash2" if dflash2 else "dflash",
+        **extra,
     )
 
 
@@ -334,7 +363,8 @@ def load_drafter(
 ) -> BlockDrafter:
     """Load a drafter saved by `save_drafter` and bind it to `target` (safetensors only).
 
-    Returns a `SemiARDrafter` for `arch == "semi_ar"`, else a `BlockDrafter`, in the dtype
+    Returns a `SemiARDrafter` for `arch == "semi_ar"`, a `DFlash2Drafter` for "dflash2",
+    else a `BlockDrafter`, in the dtype
     it was saved in. Public DFlash drafter directories (no `"blockdraft"` key) and our
     exported copies load too. Raises a one-line ValueError if the checkpoint was made for
     another target (hidden size, vocab, layer ids, number of target layers, mask id).
@@ -345,10 +375,6 @@ def load_drafter(
     trained with non-default `target.layer_ids`. Callers scoring several drafters load
     each right before using it.
     """
-    from safetensors.torch import load_file
-
-    from blockdraft.drafters.semi_ar import SemiARDrafter
-
     config = load_drafter_config(path, target)
     wanted = list(config.target_layer_ids)
     adoptable = config.num_target_layers == target.num_layers and all(
@@ -363,7 +389,10 @@ def load_drafter(
     except Exception as exc:  # SafetensorError
         raise CheckpointError(f"{weights_file}: cannot read weights ({exc})") from None
     _drop_target_head_rows(state, target, weights_file)
-    cls = SemiARDrafter if config.arch == "semi_ar" else BlockDrafter
+    for name in _CODEBOOKS:  # z-lab's module spelling -> the file's (ours)
+        if name + ".weight" in state:
+            state[name] = state.pop(name + ".weight")
+    cls = {"semi_ar": SemiARDrafter, "dflash2": DFlash2Drafter}.get(config.arch, BlockDrafter)
     drafter = cls(config)
     expected = set(drafter.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
@@ -392,7 +421,6 @@ def _drop_target_head_rows(state: dict[str, torch.Tensor], target: Any, file: Pa
         if head is not None:
             raise ValueError(f"{file} ships an lm_head.weight; the drafter uses the target's head")
         return
-    from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 
     rows = (
         target.lm_head.weight.detach().to("cpu").index_select(0, draft_ids_from_d2t(state["d2t"]))

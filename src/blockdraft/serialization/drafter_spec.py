@@ -17,12 +17,11 @@ import torch
 
 from blockdraft.drafters.hybrid import HybridDrafter, parse_hybrid_spec
 from blockdraft.drafters.ngram import NgramDrafter, parse_drafter_spec
+from blockdraft.serialization.checkpoint import checkpoint_hash, load_drafter, resolve_checkpoint
 
 
 def checkpoint_of(spec: str | Path) -> Path | None:
     """The checkpoint directory a spec names (None for `ngram`); raises if it is missing."""
-    from blockdraft.serialization.checkpoint import resolve_checkpoint
-
     if parse_drafter_spec(spec) is not None:
         return None
     hybrid = parse_hybrid_spec(spec)
@@ -38,8 +37,6 @@ def load_drafter_spec(
     shares its embedding and head), cast to `dtype` if given (else the checkpoint's).
     Checkpoints adopt their own target layer ids (a drafter trained on `[0,1,2,3]` is
     scored on those layers); load each drafter right before using it."""
-    from blockdraft.serialization.checkpoint import checkpoint_hash, load_drafter
-
     ngram = parse_drafter_spec(spec)
     if ngram is not None:
         return ngram, None

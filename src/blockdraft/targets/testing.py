@@ -50,14 +50,17 @@ def make_random_target(
     )
     torch.manual_seed(seed)
     if arch == "qwen3":
+        # lazy: transformers takes seconds to import
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         model = Qwen3ForCausalLM(Qwen3Config(**common, tie_word_embeddings=True))
     elif arch == "llama":
+        # lazy: transformers takes seconds to import
         from transformers import LlamaConfig, LlamaForCausalLM
 
         model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))
     elif arch == "gemma3":
+        # lazy: transformers takes seconds to import
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
         model = Gemma3ForCausalLM(
@@ -133,10 +136,12 @@ def make_shaped_target(
     ids = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
     torch.manual_seed(seed)
     if arch == "qwen3":
+        # lazy: transformers takes seconds to import
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         cls, config = Qwen3ForCausalLM, Qwen3Config(**fields, **ids)
     else:
+        # lazy: transformers takes seconds to import
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
         cls, config = Gemma3ForCausalLM, Gemma3TextConfig(**fields, **ids)

@@ -1,17 +1,14 @@
 """The embedded default target `tiny`: a small Qwen3 LM that blockdraft trains itself.
 
 Why: the quick-start, the demo and the tests need a *trained* target (a random one gives
-meaningless acceptance rates) without any download. So blockdraft trains a few-million
-parameter Qwen3-architecture model on the Python standard library's source (present on
-every machine), with its own byte-level BPE tokenizer, once, in a few minutes on CPU,
-and caches it as an ordinary Hugging Face directory (safetensors + tokenizer files).
-
-Determinism: the model is a function of (`TinyConfig`, the stdlib corpus): fixed seed,
-fixed data order. The cache key hashes exactly these, so changing any field or the
-Python version builds a separate entry. The thread count is not part of the key: builds
-with 1 and 2 threads were checked to give bit-identical weights (tests/targets/test_tiny.py),
-so the build picks it from the machine's idle cores (oversubscribed OpenMP threads spin
-and made a loaded 2-core machine 5x slower with 2 threads than with 1).
+meaningless acceptance rates) without any download, so blockdraft trains a small
+Qwen3-architecture model with its own byte-level BPE on the Python standard library's
+source (on every machine), once, in minutes on a CPU, and caches it as an ordinary HF
+directory. The weights are a function of (`TinyConfig`, the stdlib corpus), in fp32 on
+every CPU, and the cache key hashes exactly these; the thread count is not in it (1 and 2
+threads give identical weights), so the build takes the idle cores. The CPU's vector ISA
+changes the last bits (not in the key; the manifest records it). The recipe and the
+cross-CPU study: docs/results.md ("The tiny target").
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import re
 import shutil
 import sys
 import time
@@ -79,7 +75,9 @@ class TinyConfig:
     heldout_every: int = 20  # every n-th file (sorted by name) is held out
     eval_windows: int = 32
     eval_seq_len: int = 256  # held-out loss on windows as long as demo rollouts (prompt + 128)
-    precision: str = "auto"  # "auto" (bf16 autocast if the CPU has native bf16), "bf16", "fp32"
+    # fp32 everywhere: bf16 autocast where the CPU has it made the same config build
+    # different models on different CPUs, and is no faster at this width (docs/results.md)
+    precision: str = "fp32"  # or "bf16" (autocast)
 
     @classmethod
     def micro(cls, seed: int = 0, **overrides: Any) -> TinyConfig:
@@ -159,6 +157,7 @@ def load_tiny_target(
     progress: bool = True,
 ) -> Target:
     """Load the cached `tiny` target, building it first if it is missing."""
+    # lazy: transformers takes seconds to import; `targets.registry` imports this module
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = build_tiny_target(config, cache_dir=cache_dir, progress=progress)
@@ -182,24 +181,14 @@ def _check_config(c: TinyConfig) -> None:
         )
     if c.vocab_size < 260:
         raise ValueError(f"tiny config: vocab_size {c.vocab_size} < 260 (256 bytes + specials)")
-    if c.precision not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"tiny config: precision {c.precision!r} is not auto, bf16 or fp32")
+    if c.precision not in ("bf16", "fp32"):
+        raise ValueError(f"tiny config: precision {c.precision!r} is not fp32 or bf16")
     if max(c.seq_len, c.eval_seq_len) > c.max_position_embeddings:
         raise ValueError("tiny config: seq_len or eval_seq_len exceeds max_position_embeddings")
 
 
-def resolve_precision(precision: str) -> str:
-    """`auto` -> bf16 autocast only where the CPU computes bf16 natively (else it is slower)."""
-    if precision != "auto":
-        return precision
-    try:  # torch has no public probe; Linux lists the CPU's flags
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "fp32"
-    return "bf16" if re.search(r"\b(avx512_bf16|amx_bf16)\b", flags) else "fp32"
-
-
 def _make_model(c: TinyConfig, tokenizer) -> torch.nn.Module:
+    # lazy: transformers takes seconds to import; only a build needs it
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
@@ -336,7 +325,7 @@ def _build_into(
             torch.linspace(0, len(train) - 1, min(c.eval_windows, len(train))).long()
         ]
         model = _make_model(c, tokenizer)
-        precision = resolve_precision(c.precision)
+        precision = c.precision
         initial = evaluate_loss(model, held)
         t_train = time.perf_counter()
         losses = _train(model, train, c, precision, progress)
@@ -346,6 +335,7 @@ def _build_into(
         torch.set_num_threads(threads)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    # lazy: transformers takes seconds to import; only a build needs it
     import transformers
 
     write_json(
@@ -374,6 +364,9 @@ def _build_into(
             "build_seconds": round(time.perf_counter() - t0, 2),
             "timings": timings,
             "torch_threads": num_threads,
+            # what sets the last bits of every product (docs/results.md, "The tiny target")
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_model": _cpu_model(),
             "python_version": platform.python_version(),
             "platform": f"{sys.platform}-{platform.machine()}",
             "cpu_count": os.cpu_count(),
@@ -382,6 +375,17 @@ def _build_into(
             "transformers_version": transformers.__version__,
         },
     )
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (Linux), else the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def _say(progress: bool, message: str) -> None:

@@ -8,9 +8,12 @@ its blocks with and the target never produces.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|mask|>"
@@ -20,6 +23,10 @@ SPECIAL_TOKENS = [EOS_TOKEN, PAD_TOKEN, MASK_TOKEN]
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on `texts`; special tokens get ids 0 (eos), 1 (pad), 2 (mask)."""
+    # lazy: transformers takes seconds to import; `targets.registry` imports this module
+    # (through `tiny`) for every stage, most of which never train a tokenizer
+    from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -1,13 +1,12 @@
 """Which sequences and anchors each process trains on at each step, as pure functions.
 
 Resume-exactness and DDP-equivalence both come from one rule: every random choice is a
-function of `(seed, step, rollout index)` and never of the process layout or of how
-many steps this process has run. The data stream is the concatenation of per-epoch
-permutations of the rollout set (permutation `e` seeded by `(seed, e)`); optimizer step
-`s` consumes stream items `[s*B, (s+1)*B)` for global batch size `B`; those are split into
-`world_size * grad_accum` equal micro-batches, and the anchors of a sequence are drawn
-with a generator seeded by `(seed, step, rollout index)`. So resuming needs only the step,
-and N processes see exactly the sequences and anchors one process would.
+function of `(seed, step, rollout index)`, never of the process layout or of how many
+steps this process has run. The data stream is the concatenation of per-epoch
+permutations (epoch e seeded by `(seed, e)`); step s consumes items `[s*B, (s+1)*B)` of
+it, split into `world_size * grad_accum` equal micro-batches; a sequence's anchors are
+drawn from `(seed, step, rollout index)`. So resuming needs only the step, and N
+processes see exactly what one process would.
 """
 
 from __future__ import annotations

@@ -45,11 +45,16 @@ class DataConfig:
 
 @dataclass
 class DrafterConfigSection:
-    arch: Literal["dflash", "semi_ar"] = "dflash"  # parallel (DFlash) or semi-AR (Markov head)
+    # parallel (DFlash), semi-AR (Markov head) or DFlash2 (convolutions + candidate selector)
+    arch: Literal["dflash", "semi_ar", "dflash2"] = "dflash"
     num_layers: int = 1  # drafter decoder layers
     block_size: int = 16  # anchor + K proposals (K = block_size - 1)
     markov_rank: int = 32  # rank of the semi-AR Markov head (semi_ar only)
     lookup_inputs: bool = False  # proposal slots read prompt lookup's tokens (dflash only)
+    selector_rank: int = 256  # dflash2: rank of the candidate selector's bilinear term
+    selector_top_k: int = 16  # dflash2: candidates re-ranked per slot
+    conv_kernel_size: int = 2  # dflash2: taps of the block-local convolutions
+    conv_group_size: int = 16  # dflash2: channels sharing one dynamic coefficient
     draft_vocab_size: int | None = None  # reduced draft vocabulary; null = full target vocab
     init_from: str | None = None  # drafter checkpoint to start from (fine-tuning stage)
 

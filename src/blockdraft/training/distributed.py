@@ -131,6 +131,7 @@ def wrap_module(module: nn.Module, ctx: DistContext, strategy: str = "ddp") -> n
     if not ctx.distributed:
         return module
     if strategy == "fsdp":
+        # lazy: torch.distributed.fsdp takes seconds to import; only FSDP runs need it
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -163,6 +164,7 @@ def _route_context_key_value(layer: nn.Module) -> None:
     several uses of a layer). Inside `layer.forward` the weights are already gathered and
     the original method runs; a forward pre/post hook pair tracks which case applies.
     """
+    # lazy: torch.distributed.fsdp takes seconds to import; only FSDP runs need it
     from torch.distributed.fsdp import register_fsdp_forward_method
 
     attn = getattr(layer, "self_attn", None)
@@ -219,6 +221,7 @@ def full_model_state(model: nn.Module, every_rank: bool = False) -> dict[str, to
 
     `every_rank=True`: the full state on every rank, on the parameters' device (the
     sharded held-out evaluation needs a whole drafter on each rank)."""
+    # lazy: torch.distributed.checkpoint takes seconds to import; only FSDP runs need it
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
@@ -231,6 +234,7 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     `get_optimizer_state_dict` keys states by parameter name; renaming them to the
     optimizer's integer ids makes the file identical in layout to a DDP checkpoint.
     """
+    # lazy: torch.distributed.checkpoint takes seconds to import; only FSDP runs need it
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -260,6 +264,7 @@ def load_full_state(
     Every rank passes the full state (read from the shared checkpoint directory, as DDP
     resume does) and keeps only its own shard of it.
     """
+    # lazy: torch.distributed.checkpoint takes seconds to import; only FSDP runs need it
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,

@@ -1,15 +1,12 @@
 """From a batch of sequences and anchors to the drafter's `log q(label)` per block slot.
 
-Pieces the objectives need but should not know about:
-
-- `map_to_draft_vocab`: target ids -> rows of a reduced draft vocabulary.
-- `DraftForward`: the one `nn.Module` whose `forward` runs every trainable parameter
-  (backbone and, for the semi-AR drafter, its Markov head). DDP/FSDP hook gradient
-  synchronisation on `forward`, so this wrapper is what gets wrapped, not the drafter.
-
-Large vocabularies: for the parallel drafter `log q(label)` goes through the chunked
-`target_logprobs` with `drafter.head_weight`, never materialising `[N, K, V]` logits
-unless an objective needs the full distribution (E2E, sampling EDR).
+The pieces the objectives need but should not know about: `map_to_draft_vocab` (target
+ids to the rows of a reduced draft vocabulary) and `DraftForward`, the one `nn.Module`
+whose `forward` runs every trainable parameter (backbone and Markov head or selector):
+DDP/FSDP hook gradient synchronisation on `forward`, so this wrapper is what gets wrapped.
+For the parallel drafter `log q(label)` goes through the chunked LM head (no `[N, K, V]`
+logits unless an objective needs them). DFlash2: every objective scores the teacher-forced
+selector; the unary logits get its per-position weights (`with_unary_gradient`).
 """
 
 from __future__ import annotations
@@ -17,7 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from blockdraft.drafters.draft_vocab import target_to_draft
+from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.objectives.cross_entropy import target_logprobs, token_logprobs
+from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
 from blockdraft.training.draft_space import DraftSpace
 
 
@@ -33,11 +33,30 @@ def map_to_draft_vocab(
     draft_ids = getattr(drafter, "draft_ids", None)
     if draft_ids is None:
         return labels, labels >= 0
-    from blockdraft.drafters.draft_vocab import target_to_draft
 
     table = target_to_draft(draft_ids.to(labels.device), int(drafter.config.vocab_size))
     mapped = torch.where(labels >= 0, table[labels.clamp_min(0)], torch.full_like(labels, -1))
     return mapped, mapped >= 0
+
+
+LOGQ_FLOOR = -30.0  # log q of a label the selector cannot propose (q = 1e-13)
+
+
+def has_selector(drafter: nn.Module) -> bool:
+    """True for a DFlash2 drafter (proposals re-ranked by a candidate selector)."""
+    return hasattr(drafter, "candidate_selector")
+
+
+def with_unary_gradient(selector_term: torch.Tensor, unary_term: torch.Tensor) -> torch.Tensor:
+    """The selector's value, and the gradients of both: what the objective sees for a
+    DFlash2 drafter, so its per-position weights (computed from the value) also weight the
+    unary logits' term."""
+    return selector_term + (unary_term - unary_term.detach())
+
+
+def floored_logq(logq: torch.Tensor) -> torch.Tensor:
+    """`log q` with -inf (label not a candidate) replaced by `LOGQ_FLOOR` (no gradient)."""
+    return torch.where(torch.isfinite(logq), logq, torch.full_like(logq, LOGQ_FLOOR))
 
 
 class DraftForward(nn.Module):
@@ -48,6 +67,9 @@ class DraftForward(nn.Module):
         self.drafter = drafter
         self.chunk_rows = chunk_rows
 
+    def _selector_logq(self, hidden, labels, prev, temperature=1.0):
+        return _selector_logq_impl(self.drafter, hidden, labels, prev, self.chunk_rows, temperature)
+
     def forward(
         self,
         features: torch.Tensor,
@@ -57,7 +79,8 @@ class DraftForward(nn.Module):
         prev: torch.Tensor,
         full_logits: bool = False,
         temperature: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        unary: bool = False,
+    ):
         """Returns (hidden [B,A,K,H], logq [B,A,K] float32 (0 where label < 0), logits or None).
 
         `labels` are target ids (-1 = none); `logits` (only with `full_logits`) are in the
@@ -66,10 +89,27 @@ class DraftForward(nn.Module):
         `temperature` (without `full_logits`): logq is `log softmax(z / temperature)(label)`,
         greedy EDR's tempered relaxation; the plain parallel head divides the hidden state,
         the same as dividing the logits since `z = h W^T`.
+
+        DFlash2: logq and logits are the selector's (logq floored); `logq` carries the
+        unary cross-entropy's gradient too unless `unary=True`, which returns the
+        selector's terms alone plus a fourth element `(unary logits, unary logq)` for the
+        caller to weight (`with_unary_gradient`).
         """
         if full_logits and temperature != 1.0:
             raise ValueError("temperature scales logq only; not with full_logits")
         hidden = self.drafter.forward_blocks(features, input_ids, anchors)
+        if has_selector(self.drafter):
+            if full_logits:
+                u = self.drafter.unary_logits(hidden)
+                sel = self.drafter.selector_logits(hidden, prev, u)
+                logq = floored_logq(chunked_token_logprobs(sel, labels, self.chunk_rows))
+                logq_u = chunked_token_logprobs(u, labels, self.chunk_rows)
+            else:  # log q(label) only: no [N, K, V] tensor is kept (`select_compact`)
+                u, sel = None, None
+                logq, logq_u = self._selector_logq(hidden, labels, prev, temperature)
+            if unary:
+                return hidden, logq, sel, (u, logq_u)
+            return hidden, with_unary_gradient(logq, logq_u), sel
         space = DraftSpace.of(self.drafter) if full_logits else None
         if space is not None:
             logits = DraftSpace.drafter_logits(self.drafter, space, hidden, prev)
@@ -88,14 +128,32 @@ class DraftForward(nn.Module):
         return hidden, logq, None
 
 
+def _selector_logq_impl(drafter, hidden, labels, prev, chunk_rows, temperature=1.0):
+    """(floored selector log q(label), unary log q(label)) without full logits, both at
+    the drafter temperature (the candidates, a top-k, do not depend on it)."""
+    candidates, scores = drafter.select_compact(hidden, prev)
+    hit = candidates == labels.clamp_min(0).unsqueeze(-1)
+    logp = torch.log_softmax(scores.float() / temperature, -1)
+    inside = hit.any(-1) & (labels >= 0)
+    sel = torch.where(hit, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(-1)
+    sel = torch.where(inside, sel, torch.full_like(sel, LOGQ_FLOOR))
+    sel = torch.where(labels >= 0, sel, torch.zeros_like(sel))
+    if _is_plain_head(drafter):
+        weight = drafter.head_weight
+        h = hidden.to(weight.dtype) / temperature
+        logq_u = target_logprobs(h, weight, labels, chunk_rows)
+    else:
+        unary = drafter.unary_logits(hidden) / temperature
+        logq_u = chunked_token_logprobs(unary, labels, chunk_rows)
+    return sel, logq_u
+
+
 def chunked_token_logprobs(
     logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int | None = None
 ) -> torch.Tensor:
     """`token_logprobs` a bounded number of rows at a time (`objectives.row_chunks`): the
     fused cross-entropy keeps its `[rows, V]` float32 log-softmax for backward, a second
     full-vocabulary tensor next to the logits (4.3 GiB at DFlash's recipe on Qwen3)."""
-    from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
-
     vocab = logits.shape[-1]
     if logits.numel() == 0:
         return token_logprobs(logits, labels)
@@ -107,12 +165,22 @@ def chunked_token_logprobs(
     return out.reshape(labels.shape)
 
 
-def _is_plain_parallel(drafter: nn.Module) -> bool:
-    """A drafter whose logits are just `hidden @ head_weight.T` (no Markov head, no softcap),
-    so `log q(label)` can be chunked over the vocabulary."""
-    from blockdraft.drafters.semi_ar import SemiARDrafter
+def _is_plain_head(drafter: nn.Module) -> bool:
+    """Unary logits are `hidden @ head_weight.T` (no softcap, no multiplier)."""
+    c = drafter.config
+    return not c.final_logit_softcapping and c.output_multiplier == 1.0
 
-    return not isinstance(drafter, SemiARDrafter) and not drafter.config.final_logit_softcapping
+
+def _is_plain_parallel(drafter: nn.Module) -> bool:
+    """A drafter whose logits are just `hidden @ head_weight.T` (no Markov head or
+    selector, no softcap or multiplier), so `log q(label)` can be chunked over the vocabulary."""
+    c = drafter.config
+    return (
+        not isinstance(drafter, SemiARDrafter)
+        and not getattr(drafter, "sequential", False)
+        and not c.final_logit_softcapping
+        and c.output_multiplier == 1.0
+    )
 
 
 @torch.no_grad()

@@ -1,22 +1,12 @@
 """Sampling E2E/EDR in the drafter's own vocabulary: `[.., D + 2]` instead of `[.., V]`.
 
-Why: a drafter with a reduced vocabulary D (the Gemma recipe: 32,768 of 262,144 tokens)
-proposes nothing outside D (q = 0 there), so every vocabulary sum the sampling
-acceptance, the TV cost and E2E's overlap take splits into D's columns plus two numbers
-per row, the target's mass outside D off and on the stop set S:
-
-    sum_{v not in S} [p_v - q_v]_+ = sum_{v in D, not in S} [p_v - q_v]_+ + p(not D, not S)
-    p(S)                         = p(S in D) + p(S not in D)
-    sum_v min(p_v, q_v)          = sum_{v in D} min(p_v, q_v)
-
-Two extra columns hold those masses, with draft logit -inf (q = 0, as outside D in target
-space), the second one marked as a stop token. A label outside D points at one of them:
-its q is 0, so `A = min(1, q(x)/p(x)) = 0` as in target space. The fused kernels then run
-unchanged on `D + 2` columns (8x fewer at the Gemma recipe; the sampling EDR step there
-spent most of its time in `[rows, 262144]` passes), and the target distribution is built
-once per distinct position and reduced there, before the block layout copies each position
-up to K times. Values equal the target-space computation up to summation order (tested).
-A full-vocabulary drafter keeps target space (`DraftSpace.of` returns None).
+Why: a drafter with a reduced vocabulary D proposes nothing outside D (q = 0 there), so
+every vocabulary sum of the sampling acceptance, the TV cost and E2E's overlap splits
+into D's columns plus two numbers per row: the target's mass outside D off and on the
+stop set. Two extra columns hold them (draft logit -inf, the second marked as a stop
+token), and a label outside D points at one of them, so A = 0 as in target space; the
+fused kernels then run unchanged on D + 2 columns, equal to the target-space result up to
+summation order (tested). A full-vocabulary drafter keeps target space (`DraftSpace.of`).
 """
 
 from __future__ import annotations

@@ -1,39 +1,13 @@
 """One EDR micro-batch: every round start of every rollout, as the paper trains it.
 
-EDR's loss couples rounds (the occupancy of a round start depends on every earlier
-round), so unlike the block objectives it cannot train on a random handful of anchors:
-each rollout's acceptance `A [L-1, K]` and cost `c [L-1, K]` must cover all round starts.
-The last round start (n = L-1, drafting only x_L, which is emitted anyway) has no
-gradient and no share of J, so it is never given a drafter block: its row enters the
-recursions as zeros, which they never read. When a rollout has more than
-`objective.max_anchors` other round starts, at most `max_anchors` rows are drafted with
-gradient, the other rows enter the recursions detached with weight 0, and the sampled
-rows carry inverse-inclusion weights, so loss and gradient stay unbiased. Every row's
-current acceptance is still needed (the occupancy and value of a sampled row depend on
-all of them), so the other rows are scored by a no-grad pass. `objective.anchor_sampler`:
-
-- "occupancy": a no-grad pass scores every usable row, one batched recursion
-  gives the round-start occupancies, `sample_round_starts` draws rows proportionally to
-  them, and the drawn rows are drafted again with gradient (each drawn row twice).
-- "gradient" (the default): the same no-grad pass and recursion, PPS on
-  `gradient_sizes`, an estimate of each row's gradient norm from the occupancies, TD
-  terms and the proposals' logit-gradient moments (sampling mode: computed in the
-  scoring pass, `scores_with_gradient_moments`; greedy: from A): about the cost of
-  "occupancy", less gradient variance (bench/edr_sampler.py, docs/training.md).
-- "uniform": draw `max_anchors` rows uniformly first, then score only the rows the
-  gradient pass does not draft (each usable row once): a cheaper step, but on real
-  rollouts 1.4-18x more gradient noise per second of training than "occupancy"
-  (bench/edr_sampler.py, docs/training.md), so it is not the default.
-
-The no-grad pass runs `score_chunk` round starts per rollout at a time (default
-`max_anchors`, so it never holds more blocks than the gradient pass): at a long rollout
-it would otherwise score thousands of blocks in one pass.
-
-Acceptance follows the rollouts: sampling rollouts use lossless speculative sampling
-(`A = min(1, q(x)/p(x))`, TV-form cost, p = the rollout's processed sampling
-distribution from the same target forward that gave the features, q = softmax(logits / T)
-as the decoder samples proposals at the rollout temperature T); greedy rollouts use the
-"greedy EDR" relaxation `A = softmax(z / beta)(x)` (beta = objective.greedy_temperature).
+EDR's loss couples rounds (a round start's occupancy depends on every earlier round), so
+each rollout's acceptance and cost must cover all its round starts. Beyond
+`objective.max_anchors`, only that many rows are drafted with gradient, drawn by
+`objective.anchor_sampler` and weighted by inverse inclusion probabilities; the others
+are scored by a chunked no-grad pass (sampled rows' occupancies depend on all of them);
+the last round start is never drafted. Sampling rollouts use `A = min(1, q(x)/p(x))` and
+the TV cost, greedy ones `A = softmax(z / beta)(x)`, beta = `objective.greedy_temperature`
+(samplers, costs: docs/training.md, "What a step does").
 """
 
 from __future__ import annotations
@@ -62,7 +36,9 @@ from blockdraft.objectives.row_chunks import by_row_chunks, fused_chunk_rows
 from blockdraft.training.batching import Batch, derived_seed
 from blockdraft.training.draft_forward import (
     DraftForward,
+    has_selector,
     map_to_draft_vocab,
+    with_unary_gradient,
 )
 from blockdraft.training.draft_space import DraftSpace, sampling_targets
 from blockdraft.training.objective_step import (
@@ -95,6 +71,7 @@ def _acceptance(
     logit-gradient moments `[B, A, K, 3]` (`scores_with_gradient_moments`), else None.
     `greedy_beta`: greedy mode's drafter temperature (`A = softmax(z / beta)(x)`)."""
     drafter = fwd.module.drafter if hasattr(fwd, "module") else fwd.drafter
+    selector = has_selector(drafter)  # DFlash2: A, c of the selector; unary gets the weights
     block_size = drafter.config.block_size
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
     grad_moments = None
@@ -120,27 +97,35 @@ def _acceptance(
                 fwd.drafter, space, hidden, prev, p, ids, columns, settings, stops, moments
             )
         elif sampling:
-            hidden, logq, logits = fwd(tout.features, batch.input_ids, anchors, labels, prev, True)
+            out = fwd(tout.features, batch.input_ids, anchors, labels, prev, True,
+                      unary=selector)  # fmt: skip
+            hidden, logq, logits = out[:3]
             if moments:  # the gradient sampler's scoring pass: A, c and moments at once
                 acc, cost, grad_moments = scores_and_moments(logits, p, ids, settings, stops)
             else:
-                acc, cost = acceptance_and_cost(
-                    logits,
-                    p,
-                    ids,
-                    mode="sampling",
-                    temperature=settings.temperature,
-                    target_is_probs=True,
-                    stop_token_ids=stops,
-                )
+                acc, cost = _sampling_scores(logits, p, ids, settings, stops)
+                if selector and with_grad:  # the unary logits get the same weights
+                    acc_u, cost_u = _sampling_scores(out[3][0], p, ids, settings, stops)
+                    acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
         else:  # greedy EDR needs only q(x): no [.., K, V] logits (262k vocab = gigabytes)
             # A = softmax(z / beta)(x): beta = objective.greedy_temperature (docs/methods.md)
-            hidden, logq, _ = fwd(
-                tout.features, batch.input_ids, anchors, labels, prev, False, greedy_beta
+            out = fwd(
+                tout.features,
+                batch.input_ids,
+                anchors,
+                labels,
+                prev,
+                False,
+                greedy_beta,
+                unary=selector,
             )
+            hidden, logq = out[:2]
             _, in_vocab = map_to_draft_vocab(drafter, labels)
             logq_x = torch.where(in_vocab, logq, torch.full_like(logq, -math.inf))
             acc, cost = greedy_soft_from_logprobs(logq_x, ids, stop_ids)
+            if selector and with_grad:
+                acc_u, cost_u = greedy_soft_from_logprobs(out[3][1], ids, stop_ids)
+                acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
     return acc, cost, hidden, logq, labels, mask, prev, grad_moments
 
 
@@ -386,10 +371,10 @@ def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings,
         z = DraftSpace.drafter_logits(drafter, space, h, prv)
         if moments:
             return scores_and_moments(z, pp, x, settings, stops)
-        acc, cost = acceptance_and_cost(
-            z, pp, x, mode="sampling", temperature=settings.temperature,
-            target_is_probs=True, stop_token_ids=stops,
-        )  # fmt: skip
+        acc, cost = _sampling_scores(z, pp, x, settings, stops)
+        if has_selector(drafter) and torch.is_grad_enabled():  # DFlash2: unary, same weights
+            acc_u, cost_u = _sampling_scores(drafter.unary_logits(h), pp, x, settings, stops)
+            acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
         if col is None:
             return acc, cost
         with torch.no_grad():
@@ -411,6 +396,14 @@ def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings,
     if moments:
         return acc, cost, None, extra.view(*ids.shape, 3)
     return acc, cost, None if extra is None else extra.view(ids.shape), None
+
+
+def _sampling_scores(logits, p, ids, settings, stops):
+    """Sampling-mode `(A, c)` of proposals scored with `logits` at the rollout temperature."""
+    return acceptance_and_cost(
+        logits, p, ids, mode="sampling", temperature=settings.temperature,
+        target_is_probs=True, stop_token_ids=stops,
+    )  # fmt: skip
 
 
 def scores_and_moments(logits, p, ids, settings, stop_token_ids):

@@ -1,17 +1,12 @@
 """Held-out offline MAL during training: the number users care about, not the loss.
 
-The drafter is scored with the shared `blockdraft.evaluation.scoring` (every round start
-of every held-out rollout; greedy `1[argmax q = x]`, sampling `min(1, q(x)/p(x))` with q
-processed like the decoder does) and the exact offline evaluator turns the acceptance
-tensors into the mean accepted length, so training curves and `blockdraft eval` report
-the same number for the same drafter and rollouts.
-
-Why sharded and autocast: rank 0 alone scoring the whole held-out set in fp32 while the
-other ranks wait in a barrier cost ~90 s per evaluation at 8B (issue 17) and timed out
-the process group on larger sets. Each rank now scores every `world_size`-th rollout in
-the training step's autocast dtype; the acceptance tensors (`[L-1, K]` floats each, a
-few MB in total) are gathered and put back in rollout order, so the MAL is the one an
-unsharded run computes (up to the float rounding of the scoring itself).
+The drafter is scored with `evaluation.scoring` and the exact offline evaluator, so
+training curves and `blockdraft eval` report the same number for the same drafter and
+rollouts. Sharded and under autocast, because rank 0 scoring the whole held-out set in
+fp32 while the others wait would stall the process group: each rank scores every
+`world_size`-th rollout in the training step's autocast dtype, and the acceptance
+tensors (a few MB) are gathered back in rollout order, so the MAL is the one an unsharded
+run computes (up to the float rounding of the scoring itself).
 """
 
 from __future__ import annotations
@@ -22,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from blockdraft.evaluation.offline import offline_stats
+from blockdraft.evaluation.scoring import score_rollouts, shared_target_features
 from blockdraft.training.distributed import DistContext, all_gather_objects
 
 
@@ -50,9 +47,6 @@ def evaluate_mal(
     scoring under autocast on the drafter's device, like the training step. `memo` (a
     `scoring.FeatureMemo`) keeps the target's features across calls: the trainer passes
     one per run, so later evaluations skip the target forward."""
-    from blockdraft.evaluation.offline import offline_stats
-    from blockdraft.evaluation.scoring import score_rollouts, shared_target_features
-
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     mine = shard_indices(len(rollouts), rank, world)
     device = next(drafter.parameters()).device

@@ -81,11 +81,13 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.run_dir / METRICS_FILE, "a")  # noqa: SIM115 - closed in close()
         if tensorboard:
+            # lazy: tensorboard is slow to import and only `logging.tensorboard` runs use it
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
         if wandb:
             try:
+                # lazy: optional extra (blockdraft[wandb])
                 import wandb as wandb_mod
             except ImportError:
                 raise RuntimeError(

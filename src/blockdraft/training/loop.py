@@ -28,7 +28,7 @@ from blockdraft.training.distributed import (
     no_grad_sync,
 )
 from blockdraft.training.edr_step import edr_micro_step
-from blockdraft.training.features import FeatureSource
+from blockdraft.training.feature_sources import FeatureSource
 from blockdraft.training.objective_step import StepStats, block_micro_step
 
 
@@ -42,7 +42,7 @@ class LoopParts:
 
     cfg: Any
     ctx: DistContext
-    features: FeatureSource  # online target or cached features (`training/features.py`)
+    features: FeatureSource  # online target or cached features (`training/feature_sources.py`)
     stop_token_ids: list[int]  # the target's: EDR's cost is 0 at a stop token
     drafter: nn.Module
     fwd: nn.Module  # DraftForward, possibly DDP/FSDP-wrapped

@@ -1,15 +1,12 @@
 """One micro-batch through target, drafter and objective: loss numerator, denominator, stats.
 
-Why a numerator/denominator split: every objective is a ratio whose denominator is a
-detached count or weight sum over the batch (summed CE weights for uniform/decay/D-PACE,
-blocks for E2E, emitted tokens for EDR). To make N processes x M accumulation steps give
-exactly the gradient of one process on the whole global batch, each micro-batch
-back-propagates its *un-normalised* numerator, and the loop divides the summed gradient
-by the global denominator (all-reduced) once all micro-batches are in. Per-micro-batch
-normalisation followed by averaging would weight micro-batches equally instead.
-
-Block objectives (uniform, decay, dpace*, e2e) train on `num_anchors` sampled anchors per
-sequence; the rounds objective (edr) lives in `edr_step.py`.
+Why the split: every objective is a ratio whose denominator is a detached count or weight
+sum over the batch (CE weights, blocks for E2E, emitted tokens for EDR). Each micro-batch
+back-propagates its *un-normalised* numerator and the loop divides the summed gradient by
+the all-reduced global denominator, so N processes x M accumulation steps give exactly
+the gradient of one process on the whole batch (averaging per-micro-batch losses would
+weight micro-batches equally instead). Block objectives train on `num_anchors` sampled
+anchors per sequence; the rounds objective (EDR) lives in `edr_step.py`.
 """
 
 from __future__ import annotations
@@ -25,8 +22,10 @@ from blockdraft.objectives.dpace import dpace_weights
 from blockdraft.objectives.e2e import overlap_with_logits
 from blockdraft.training.batching import Batch, anchor_generator
 from blockdraft.training.draft_forward import (
+    has_selector,
     map_to_draft_vocab,
     slot_argmax,
+    with_unary_gradient,
 )
 from blockdraft.training.draft_space import DraftSpace, sampling_targets
 
@@ -201,15 +200,22 @@ def block_micro_step(
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
     # greedy E2E: the overlap q(x) at the drafter temperature beta (greedy EDR's relaxation)
     beta = objective.params.get("greedy_temperature", 0.5) if greedy_overlap else 1.0
-    hidden, logq, logits = fwd(
-        tout.features, batch.input_ids, anchors, labels, prev, need_full, beta
+    selector = has_selector(drafter)
+    out = fwd(
+        tout.features, batch.input_ids, anchors, labels, prev, need_full, beta, unary=selector
     )
+    hidden, logq, logits = out[:3]
+    # DFlash2: the objective scores the selector; the unary logits get its weights
+    unary_logits, unary_logq = out[3] if selector else (None, None)
     _, in_vocab = map_to_draft_vocab(drafter, labels)
     train_mask = mask & in_vocab
     valid = anchors >= 0
     kwargs = {}
     if greedy_overlap:
-        kwargs = {"overlap": torch.where(in_vocab, logq.exp(), torch.zeros_like(logq))[valid]}
+        overlap = torch.where(in_vocab, logq.exp(), torch.zeros_like(logq))
+        if selector:
+            overlap = with_unary_gradient(overlap, unary_logq.exp())
+        kwargs = {"overlap": overlap[valid]}
     if need_full:
         positions = label_positions(anchors, k, batch.input_ids.shape[1])
         # q at the rollout temperature: the distribution the decoder draws proposals from.
@@ -222,9 +228,16 @@ def block_micro_step(
             default_chunk_rows(tout.logits.shape[-1]),
         )  # fmt: skip
         chunk = getattr(objective, "params", {}).get("chunk_rows")
-        kwargs = {"overlap": overlap_with_logits(p, logits, chunk, temperature=temp)[valid]}
+        overlap = overlap_with_logits(p, logits, chunk, temperature=temp)
+        if selector:
+            unary_overlap = overlap_with_logits(p, unary_logits, chunk, temperature=temp)
+            overlap = with_unary_gradient(overlap, unary_overlap)
+        kwargs = {"overlap": overlap[valid]}
         del p
-    out = objective.loss(logq[valid], train_mask[valid], **kwargs)
+    train_logq = logq
+    if selector and not objective.needs_target_distribution:  # weighted cross-entropy
+        train_logq = with_unary_gradient(logq, unary_logq)
+    out = objective.loss(train_logq[valid], train_mask[valid], **kwargs)
     if objective.needs_target_distribution:  # E2E: mean over blocks with a real proposal
         denom = float(train_mask[valid].any(-1).sum())
     else:

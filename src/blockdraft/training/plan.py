@@ -1,30 +1,12 @@
 """Per-GPU memory of a training config, from the HF config alone (`blockdraft train --plan`).
 
-Why: a run that does not fit finds out after minutes of loading an 8B target on every
-rank. Every term below is a count of the tensors the code creates, written from reading
-it (target forward in `targets/target.py`, `forward_blocks` in `drafters/dflash.py` and
-`layers.py`, the attention paths of `block_attention.py`, the chunked cross-entropy of
-`objectives/cross_entropy.py`, AdamW, DDP/FSDP2), not a fit; `tests/training/test_plan.py`
-checks the CPU estimate against the live tensor bytes of small CPU runs (within 20%).
-
-What is counted, per GPU and per micro-batch of `batch_size / (world * grad_accum)`
-sequences of `max_seq_len` tokens (the worst case; shorter rollouts need less):
-
-- target weights in their dtype (`target.dtype: auto` = bf16 on CUDA, fp32 on CPU);
-- drafter weights, gradients and AdamW state in fp32 (divided by the world size under
-  FSDP; DDP adds a gradient bucket copy on CUDA); bf16 weight copies under autocast;
-- the target forward (no grad): the feature layers' outputs it keeps, the concatenated
-  features and one decoder layer's transient tensors;
-- the drafter step: what autograd keeps from `forward_blocks` (context projection and
-  keys/values per layer, block queries/keys/values, norms, MLP), the attention's own
-  memory on the path the device takes (`flex` on CUDA: q/k/v/out and the BlockMask,
-  scores never exist; `tiled` on CPU: per-tile keys/values and additive masks), and the
-  cross-entropy's kept probabilities or per-chunk logits; for sampled E2E/EDR the
-  target's logits and the vocabulary-sized tensors of `_sampled_distribution_bytes`.
-
-Peak = persistent (weights, grads, optimizer) + max(target forward, drafter step).
-Not counted: the allocator's fragmentation and cache (on CUDA leave ~10% headroom), CUDA
-context (~0.5 GiB), NCCL buffers, evaluation (runs between steps and needs less).
+Why: a run that does not fit should find out before minutes of loading an 8B target on
+every rank. Every term is a count of the tensors the code creates, written from reading
+it (the target forward, `forward_blocks`, the attention path the device takes, the
+cross-entropy or the sampled E2E/EDR buffers, AdamW, DDP/FSDP2), not a fit, and
+`tests/training/test_plan.py` checks it against the live tensor bytes of small CPU runs.
+Peak = persistent (weights, grads, optimizer) + max(target forward, drafter step), per
+micro-batch of `max_seq_len` sequences; what is and is not counted: docs/training.md.
 """
 
 from __future__ import annotations
@@ -35,6 +17,7 @@ from typing import Any
 from blockdraft.drafters.block_attention import TILE_QUERIES
 from blockdraft.objectives.cross_entropy import MAX_KEPT_PROBS_BYTES, default_chunk_rows
 from blockdraft.targets.target import default_layer_ids
+from blockdraft.targets.tiny import TinyConfig
 
 GiB = 1 << 30
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -143,9 +126,8 @@ def _layer_params(s: _Shapes, qk_norm: bool) -> int:
 def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
     """The target's HF config without its weights (`tiny`: built from `TinyConfig`)."""
     if name == "tiny":
+        # lazy: transformers takes seconds to import; only `--plan` needs it
         from transformers import Qwen3Config
-
-        from blockdraft.targets.tiny import TinyConfig
 
         c = TinyConfig()
         return Qwen3Config(
@@ -158,6 +140,7 @@ def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
             head_dim=c.hidden_size // c.num_heads,
             tie_word_embeddings=True,
         )
+    # lazy: transformers takes seconds to import; only `--plan` needs it
     from transformers import AutoConfig
 
     try:

@@ -1,16 +1,11 @@
 """What a resumed run may change: a `--resume` with another objective or drafter shape is refused.
 
 Why: `train --resume` continues a checkpoint exactly where it stopped, so the config must
-still describe the run that made it. Another `objective.name` used to continue without a
-word (and rewrite `run.yaml`, so the run's record no longer said what made its first
-steps); another `drafter.num_layers` ended in a state_dict traceback. The checkpoint's own
-`run.yaml` is compared with the new config before the target loads:
-
-- shape keys (the drafter's weights would not fit) are always refused;
-- meaning keys (objective, target) are refused unless named in `allow_changed`
-  (`blockdraft train --resume --allow-changed objective.name`), e.g. for a deliberate
-  switch of objective in the middle of a run;
-- everything else (steps, learning rate, logging, evaluation) may change freely.
+still describe the run that made it. The checkpoint's own `run.yaml` is compared with the
+new config before the target loads: shape keys (the drafter's weights would not fit) are
+always refused; meaning keys (objective, target) are refused unless named in
+`allow_changed` (`--allow-changed objective.name`, a deliberate switch mid-run); everything
+else (steps, learning rate, logging, evaluation) may change freely (docs/training.md).
 """
 
 from __future__ import annotations
@@ -29,6 +24,10 @@ SHAPE_KEYS = (
     "drafter.block_size",
     "drafter.markov_rank",
     "drafter.lookup_inputs",
+    "drafter.selector_rank",
+    "drafter.selector_top_k",
+    "drafter.conv_kernel_size",
+    "drafter.conv_group_size",
     "drafter.draft_vocab_size",
     "target.layer_ids",
 )

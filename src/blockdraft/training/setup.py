@@ -8,14 +8,24 @@ that contradicts how the rollouts were generated, an incompatible init checkpoin
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from blockdraft.data.rollout_store import RolloutError, check_target
+from blockdraft.data.rollouts import RolloutSet
+from blockdraft.devices import resolve_device, resolve_dtype
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.drafters.dflash2 import DFlash2Drafter
+from blockdraft.drafters.draft_vocab import most_frequent_tokens
+from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.errors import BlockdraftError
 from blockdraft.objectives.registry import make_objective
+from blockdraft.serialization.checkpoint import load_drafter
+from blockdraft.targets.registry import load_target
 from blockdraft.training.config import ConfigError, DataConfig, TrainConfig, objective_spec
 
 
@@ -37,9 +47,6 @@ def load_target_for(cfg: TrainConfig, device: torch.device):
     GPU, and the features the drafter reads are bf16 under autocast anyway) and float32
     elsewhere (CPU bf16 matmuls are slow and the tests compare in fp32).
     """
-    from blockdraft.devices import resolve_dtype
-    from blockdraft.targets.registry import load_target
-
     kwargs: dict[str, Any] = {"device": device, "progress": cfg.logging.progress}
     kwargs["dtype"] = resolve_dtype(cfg.target.dtype, device)
     target = load_target(cfg.target.name, **kwargs)
@@ -56,10 +63,6 @@ def load_target_for(cfg: TrainConfig, device: torch.device):
 
 def check_device(cfg: TrainConfig) -> None:
     """`device` names a device this machine has (before any process group or file)."""
-    import os
-
-    from blockdraft.devices import resolve_device
-
     try:
         resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     except (RuntimeError, ValueError) as exc:
@@ -106,9 +109,6 @@ def check_against_target(cfg: TrainConfig, target, say=print) -> None:
 
 def _open_checked(directory: str, key: str, target, allow_incomplete: bool = False):
     """Open a rollout directory (whole, intact, complete) and check this target made it."""
-    from blockdraft.data.rollout_store import RolloutError, check_target
-    from blockdraft.data.rollouts import RolloutSet
-
     if not directory:
         raise ConfigError(f"{key}: required (a rollout directory)")
     path = Path(directory)
@@ -189,10 +189,6 @@ def dpace_profile_args(cfg: TrainConfig) -> tuple[float, str]:
 
 def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.device):
     """A fresh drafter (seeded) or the `drafter.init_from` checkpoint, bound to the target."""
-    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
-    from blockdraft.drafters.semi_ar import SemiARDrafter
-    from blockdraft.serialization.checkpoint import load_drafter
-
     d = cfg.drafter
     if d.init_from:
         if not Path(d.init_from).is_dir():
@@ -207,20 +203,26 @@ def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.de
                 f"block_size {drafter.config.block_size}"
             )
         return drafter.float().to(device)
-    dcfg = DrafterConfig.for_target(
-        target,
-        num_layers=d.num_layers,
-        block_size=d.block_size,
-        arch=d.arch,
-        markov_rank=d.markov_rank,
-        draft_vocab_size=d.draft_vocab_size,
-        lookup_inputs=d.lookup_inputs,
-    )
-    torch.manual_seed(cfg.seed)
-    drafter = (SemiARDrafter if d.arch == "semi_ar" else BlockDrafter)(dcfg)
+    try:  # a bad combination (e.g. a conv group size not dividing the width): one line
+        dcfg = DrafterConfig.for_target(
+            target,
+            num_layers=d.num_layers,
+            block_size=d.block_size,
+            arch=d.arch,
+            markov_rank=d.markov_rank,
+            draft_vocab_size=d.draft_vocab_size,
+            lookup_inputs=d.lookup_inputs,
+            selector_rank=d.selector_rank,
+            selector_top_k=d.selector_top_k,
+            conv_kernel_size=d.conv_kernel_size,
+            conv_group_size=d.conv_group_size,
+        )
+        torch.manual_seed(cfg.seed)
+        classes = {"semi_ar": SemiARDrafter, "dflash2": DFlash2Drafter}
+        drafter = classes.get(d.arch, BlockDrafter)(dcfg)
+    except ValueError as exc:  # e.g. a conv group size that does not divide the width
+        raise TrainSetupError(f"drafter: {exc}") from None
     if d.draft_vocab_size is not None:
-        from blockdraft.drafters.draft_vocab import most_frequent_tokens
-
         ids = most_frequent_tokens(
             (torch.cat([r.prompt_ids, r.response_ids]) for r in train.rollouts),
             d.draft_vocab_size,

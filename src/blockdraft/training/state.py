@@ -1,23 +1,12 @@
 """Checkpoints a run can be resumed from exactly, written so a crash never corrupts one.
 
-A checkpoint directory holds the drafter (`model.safetensors` + `config.json`, written by
-`blockdraft.serialization.checkpoint.save_drafter`), `trainer_state.pt` (optimizer, scheduler
-and RNG states: only tensors and plain containers, loaded with `weights_only=True`),
-`trainer_state.json` (step, best MAL, data position: human-readable) and `run.yaml` (the
-resolved config with package version and git sha).
-
-Atomicity: everything is written into a hidden temporary sibling directory which is
-renamed into place only when complete; replacing `best/` or `final/` renames the old copy
-aside first and deletes it last, and `recover_interrupted_swaps` repairs the one window
-where neither name exists. The data position is just the optimizer step: batches and
-anchors are pure functions of (seed, step) (see `batching.py`), so nothing else about the
-data stream needs saving.
-
-Integrity: `trainer_state.json` (written last) records the size and SHA-256 of every other
-file of the checkpoint, so `--resume` can tell a whole checkpoint from one a disk error or
-a stray edit broke, and falls back to the newest *valid* one (`latest_valid_checkpoint`).
-Every leftover of a killed write (temporary or half-pruned directories, from either this
-module or `models.checkpoint`) is removed by `recover_interrupted_swaps`.
+A checkpoint is the drafter (`serialization.checkpoint`), `trainer_state.pt` (optimizer,
+scheduler, RNG; plain tensors, `weights_only=True`), `trainer_state.json` and `run.yaml`.
+It is built in a hidden sibling directory and renamed into place; replacing `best/` or
+`final/` moves the old copy aside first, and `recover_interrupted_swaps` repairs every
+leftover of a killed write. `trainer_state.json`, written last, records the size and
+SHA-256 of the other files, so `--resume` falls back to the newest *valid* checkpoint.
+The data position is just the step (`batching.py`). Layout: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -26,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,12 +32,13 @@ from blockdraft.artifacts import (
     stored_artifact,
 )
 from blockdraft.errors import CheckpointError, disk_write_error
+from blockdraft.serialization.checkpoint import verify_weights
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
 CHECKED_FILES = ("model.safetensors", "config.json", STATE_PT, "run.yaml")
-# leftovers of killed writes: ours (.tmp-*, .old-*, .prune-*) and models.checkpoint's
+# leftovers of killed writes: ours (.tmp-*, .old-*, .prune-*) and serialization.checkpoint's
 # (.NAME.tmp-XXXXXXXX, .NAME.old-XXXXXXXX, e.g. `..tmp-step-4-123.tmp-1a2b3c4d`)
 _LEFTOVER = re.compile(r"^\.(tmp-|prune-|.+\.(tmp|old)-[0-9a-f]{8}$)")
 
@@ -197,8 +188,6 @@ def checkpoint_problem(path: Path) -> str | None:
     Checks the recorded size and SHA-256 of each file (checkpoints of this version) and,
     for older ones, that the state JSON, the weights header and the state zip parse.
     """
-    import zipfile
-
     path = Path(path)
     try:
         data = json.loads((path / STATE_JSON).read_text())
@@ -212,8 +201,6 @@ def checkpoint_problem(path: Path) -> str | None:
                 return problem
         return None
     try:
-        from blockdraft.serialization.checkpoint import verify_weights
-
         verify_weights(path)
         with zipfile.ZipFile(path / STATE_PT) as z:
             bad = z.testzip()

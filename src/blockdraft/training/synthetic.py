@@ -19,7 +19,7 @@ from blockdraft.data.rollout_shards import Rollout
 from blockdraft.training.batching import total_steps
 from blockdraft.training.distributed import DistContext
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.features import OnlineTargetFeatures
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.loop import LoopParts
 from blockdraft.training.setup import (
     RolloutData,
@@ -69,6 +69,7 @@ def synthetic_run(
         cfg=cfg,
         ctx=DistContext(0, 1, 0, device),
         features=OnlineTargetFeatures(target),
+        stop_token_ids=list(target.stop_token_ids),
         drafter=drafter,
         fwd=DraftForward(drafter),
         objective=objective,

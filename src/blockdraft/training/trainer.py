@@ -1,15 +1,11 @@
 """`train(config)`: build everything, resume if asked, run the loop, save best and final.
 
-Output layout of a run directory:
-
-    run_dir/run.yaml            resolved config + package version + git sha
-    run_dir/metrics.jsonl       one JSON object per log/eval event (read by the report)
-    run_dir/tensorboard/        the same metrics for tensorboard
-    run_dir/checkpoints/step-N/ the last `checkpoint.keep_last` step checkpoints
-    run_dir/best/               best held-out offline MAL so far
-    run_dir/final/              the finished drafter
-
-Only rank 0 writes files; every rank runs the same steps on its share of each batch.
+The one entry point of `blockdraft train`, the demo and the Python API: it checks the
+config against the target and the machine before writing anything, holds the run
+directory's lock on rank 0, and writes `run.yaml`, `metrics.jsonl`, step checkpoints,
+`best/` (best held-out MAL) and `final/` (layout: docs/training.md, "Outputs and
+logging"). Only rank 0 writes files; every rank runs the same steps on its share of
+each batch.
 """
 
 from __future__ import annotations
@@ -22,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from blockdraft import __version__
 from blockdraft.artifacts import DirectoryInUseError, write_atomic, writer_lock
 from blockdraft.errors import os_error_message
 from blockdraft.evaluation.scoring import FeatureMemo
+from blockdraft.serialization.checkpoint import save_drafter
 from blockdraft.threads import flush_denormals
 from blockdraft.training import state as ckpt
 from blockdraft.training.batching import total_steps
@@ -46,7 +44,7 @@ from blockdraft.training.distributed import (
 )
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.evaluate import evaluate_mal
-from blockdraft.training.features import build_feature_source
+from blockdraft.training.feature_sources import build_feature_source
 from blockdraft.training.logging import MetricsLogger, truncate_metrics
 from blockdraft.training.loop import LoopParts, NonFiniteLossError, run_loop
 from blockdraft.training.resume import check_resumed_config
@@ -205,7 +203,7 @@ def _train(
     )
     if ctx.is_main:
         write_atomic(run_dir / "run.yaml", run_yaml(cfg, ctx).encode())
-    io = _RunIO(
+    run = _TrainingRun(
         cfg, ctx, target, drafter, optimizer, scheduler, progress, logger, eval_data, mode, sharded
     )
     alpha, variant = dpace_profile_args(cfg)
@@ -227,10 +225,10 @@ def _train(
         amp_dtype=amp_dtype(cfg, ctx.device),
         profile_alpha=alpha,
         profile_variant=variant,
-        hooks={"log": logger.log, "evaluate": io.evaluate, "save": io.save},
+        hooks={"log": logger.log, "evaluate": run.evaluate, "save": run.save},
     )
     try:
-        return io.run(parts)
+        return run.run(parts)
     finally:
         logger.close()
 
@@ -295,8 +293,9 @@ def _start_progress(
     return progress
 
 
-class _RunIO:
-    """Held-out evaluation and checkpoint writing of one run (the loop's hooks).
+class _TrainingRun:
+    """One training run around the loop: evaluation at the start, the loop, the final
+    evaluation and checkpoints; `evaluate` and `save` are also the loop's hooks.
 
     Every rank calls `evaluate` and `save`: with FSDP gathering the full state is
     collective; only rank 0 scores, logs and writes.
@@ -387,8 +386,6 @@ class _RunIO:
         barrier(self.ctx)
 
     def _write(self, step: int, kind: str, model, optim_state: dict | None) -> None:
-        from blockdraft.serialization.checkpoint import save_drafter
-
         cfg, run_dir = self.cfg, self.run_dir
         path = {
             "step": run_dir / "checkpoints" / f"step-{step}",
@@ -425,8 +422,6 @@ def _restore(
 
     Checkpoints are full-state whatever wrote them; with FSDP each rank keeps its shard.
     """
-    from safetensors.torch import load_file
-
     state = load_file(str(path / "model.safetensors"))
     tensors = ckpt.read_trainer_tensors(path)
     if sharded:

@@ -1,31 +1,12 @@
 """Exact fp32 argmax of a large LM head over a few rows, through a cheap screen.
 
-Why: at T = 0 verification needs only the target's argmax at K+1 positions, and at
-Gemma 3's 262k vocabulary the fp32 head over 8 rows costs more than all decoder layers
-(152 ms with `F.linear`, 63 ms packed, against 44 ms for the 1-row head an AR step pays).
-So a cheaper, lower-precision product (the *screen*) computes every logit `y_v` with a
-rigorous per-logit error bound `E_v`; only tokens with `y_v + E_v >= y_m - E_m` (m the
-screen's own argmax) can be the fp32 argmax, and those few (median 1-3 per row on real
-Gemma states) get exact fp32 logits. The result is the argmax of fp32 logits: like the
-1-row and 8-row fp32 kernels themselves, it can differ from another fp32 summation order
-only on a tie within float rounding, which the bound's `gamma` term covers.
-
-Every bound has the form `E_v = a ||W_v|| + b e_v + c |y_v|` (per row `a, b, c`; per
-token the weight row's norm `||W_v||` and its quantisation error `e_v = ||W_v - W^_v||`),
-so one relaxed comparison pass over `y` (with `max_v` of each term) finds a superset,
-and the exact per-token bound then trims it before the fp32 re-check.
-
-Two screens, picked by `ScreenedArgmaxHead` (measured, Gemma head, 8 rows, one thread):
-- `Int8Screen`, ~29 ms: u8 x s8 products on oneDNN's VNNI kernels (`torch.ops.onednn.
-  qlinear_pointwise`, the x86 quantisation backend's own operator). Weights per-row
-  symmetric int8; activations as two int8 passes (`x ~ s1 q1 + s2 q2`, the second
-  quantising the first's residual) stacked into one 16-row call, because Gemma's final
-  hidden states carry outliers (max |x| ~ 17x rms) that one pass turns into a bound too
-  loose to screen anything. Integer accumulation is exact (|acc| < 2^24, so also exact in
-  fp32); a one-time probe checks that on this CPU (pre-VNNI kernels saturate int16 pairs)
-  and otherwise leaves the int8 screen off.
-- `Bf16Screen`, ~54 ms: a bf16 copy of the head (oneDNN-packed where available). It is
-  compute-bound at 8 rows without AMX, hence the int8 screen first.
+Why: at T = 0 verification needs only the target's argmax at K+1 positions, and at a 262k
+vocabulary the fp32 head over 8 rows costs more than all the decoder layers. A cheaper
+product (the *screen*: `Int8Screen` on oneDNN's VNNI kernels, else `Bf16Screen`) gives
+every logit with a rigorous error bound `E_v = a ||W_v|| + b e_v + c |y_v|`; only tokens
+whose bound reaches the screen's maximum can be the fp32 argmax, and those few get exact
+fp32 logits, so the result is the fp32 argmax. A one-time probe keeps the int8 screen off
+where this CPU's integer sums are not exact. Bounds and costs: docs/decoding.md.
 """
 
 from __future__ import annotations

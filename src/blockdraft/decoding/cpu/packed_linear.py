@@ -1,32 +1,12 @@
 """MKL-packed fp32 weights for the few-row products of speculative decoding on CPU.
 
-Why: verification runs K+1 (typically 8) rows through every linear layer of the target,
-and the drafter runs K rows through its own. `F.linear` on a CPU re-packs the whole
-weight matrix into MKL's blocked layout on *every* call, which at 8 rows costs more than
-the product: measured on Gemma 3 270M (one thread, idle core) a 2048 x 640 layer takes
-0.18 ms for 1 row and 0.52 ms for 8 rows, and the 262k x 640 head 44 ms and 152 ms; with
-the weight packed once (`torch.ops.mkl._mkl_reorder_linear_weight`, what inductor's
-freezing uses) 8 rows take 0.21 ms and 63 ms. The whole 8-token verification forward went
-from 1.94 to 1.47 AR steps with the fp32 head, 1.38 with the packed bf16 screen of the
-head and 1.04 with its int8 screen (`decoding/cpu/argmax_screen.py`; `bench/decode.py`,
-forward table). This module also
-packs the screens' bf16 and int8 weights with oneDNN (`pack_bf16_onednn`,
-`pack_int8_onednn`).
-
-Scope, so that nothing else changes numerically:
-- only inside `PackedLinears.active()` (the speculative loop enters it; the AR baseline,
-  HF generate rows, training and feature extraction never do);
-- only for inputs with 2+ rows, no autograd, fp32 on CPU, and a weight whose in-place
-  version is the one that was packed (a changed weight falls back to `F.linear`);
-- one-row products (an AR step) keep `F.linear`: packing does not help a memory-bound
-  GEMV (43.2 vs 42.3 ms on the head).
-The packed product sums in another order than `F.linear`'s, so logits differ by float
-rounding (~1e-6 relative; the 1-row and 8-row `F.linear` kernels differ likewise): a
-greedy token can change only on a tie within rounding.
-
-Packing keeps a second copy of every packed weight (Gemma 3 270M: up to +1.07 GB), so
-models above `MAX_PACKED_BYTES`, weights below `MIN_PACKED_ELEMENTS` and builds without
-MKL (e.g. aarch64 wheels) are left unpacked.
+Why: verification runs K+1 rows through every linear layer of the target (the drafter K
+through its own), and `F.linear` on a CPU re-packs the whole weight into MKL's blocked
+layout on *every* call, which at 8 rows costs more than the product. Weights are packed
+once instead, and used only inside `PackedLinears.active()` (the speculative loop) for
+2+-row, no-grad, fp32 CPU inputs whose weight is unchanged, so the AR baseline, training
+and features never change. Also packs the screens' bf16 / int8 weights with oneDNN.
+Scope, memory and costs: docs/architecture.md ("decoding"), docs/decoding.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""EDR: Expected Decoding Rounds (METHODS.md §2) -- the public import point.
+"""EDR, Expected Decoding Rounds (METHODS.md §2): the public import point.
 
-The implementation is split by concern:
-- `edr/acceptance.py`: per-proposal acceptance A and immediate cost c from logits;
-- `edr/recursion.py`: occupancy / value recursions, the exact objective and its slow
-  autograd reference (`rounds_objective`);
-- `edr/round_starts.py`: round-start (anchor) sub-sampling with inverse-inclusion weights;
-- this module: the TD-form training loss `edr_surrogate`.
-
-Layout of one rollout of L response tokens: `acceptance[n-1, h-1]` / `cost[n-1, h-1]`
-(`[L-1, K]`) for proposal h of the round starting at n (token x_{n+h}); batched forms
-take `[B, L_max-1, K]` plus `lengths [B]`. See `edr/recursion.py` for the exact objective.
+Split by concern: `acceptance.py` (per-proposal acceptance A and cost c from logits),
+`recursion.py` (occupancy / value recursions, the exact objective), `kernels.py` and
+`reference.py` (those recursions compiled, and as a readable torch reference),
+`round_starts.py` (round-start sub-sampling with inverse-inclusion weights), and here the
+TD-form training loss `edr_surrogate`. Layouts: docs/architecture.md ("objectives").
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Compiled (numba) EDR recursions: occupancies, values and TD terms in O(L*K).
 
 Why a compiled scalar loop: the recursions are sequential over positions with only K+1
-states per position, so a vectorised tensor formulation pays one or more kernel launches
-per position (~25 us each on CPU, the old torch loop) for a few nanoseconds of work. A
-scalar loop over the batch, the rows and the proposals does the same O(B*L*K) work at
-memory speed, ~1,000x faster. On a GPU the acceptance tensors are copied to the host and
-back (`edr/recursion.py` does that): a few MB per step, against thousands of tiny launches.
-
-Conventions are those of `edr/recursion.py` (row i = round start n = i+1, column h-1 =
-state (n, n+h), column K = bonus state). Inputs may be float32 or float64; everything is
-computed in float64 (occupancies also stored in float64; the other outputs in whatever
-dtype the caller allocates): the round-start probabilities are sums of many positive
-handover terms (no `1 - coverage` cancellation), and TD terms are differences of values
-of size ~L, which float32 would resolve only to ~L * 6e-8. Outputs are written in full
-(padding rows and states that do not exist get exact zeros), so callers pass `np.empty`.
-
-The kernels are cached on disk (`cache=True`): the first import in a fresh checkout
-compiles them (a few seconds), later processes load the cached machine code.
+states each, so a tensor formulation pays kernel launches per position for nanoseconds of
+work, while a scalar loop over rollouts, rows and proposals runs at memory speed (on a GPU
+`recursion.py` copies the tensors to the host and back). Layout: that of `recursion.py`;
+all arithmetic in float64 (docs/methods.md, "Precision"); outputs are written in full
+(exact zeros where no state exists), so callers pass `np.empty`. Cached on disk
+(`cache=True`): only the first import in a fresh checkout compiles them.
 """
 
 from __future__ import annotations

@@ -1,41 +1,12 @@
-"""Occupancy / value recursions of the EDR Markov reward process (METHODS.md §2).
+"""The EDR Markov reward process (METHODS.md §2): occupancy / value recursions and the exact
+objective, with the host glue that runs them compiled.
 
-Conditioned on a target rollout `x_1..x_L`, speculative decoding is a Markov chain on
-states `(n, t)`: the round that started at `n` is deciding position `t`. Layouts:
-
-- inputs `acceptance[n-1, h-1]`, `cost[n-1, h-1]` (`[L-1, K]`, or `[B, L_max-1, K]` with
-  `lengths [B]`) for the decision state `(n, n+h)`, h = 1..K;
-- state outputs `[..., L-1, K+1]`: column `h-1` is state `(n, n+h)`, the last column
-  (h = K+1) is the *bonus* state reached after K acceptances.
-
-Transitions: from `(n, t)`, `t <= n+K`, `t < L`: with prob `A` go to `(n, t+1)`, else the
-round ends and the next one starts at t, i.e. state `(t, t+1)`. From the bonus state
-`(n, n+K+1)`, `n+K+1 < L`, the next round starts at `n+K+1`. Any state with `t = L`
-ends the generation (x_L is emitted whatever happens, no bonus after it), so acceptance
-and cost entries with `n+h >= L` never influence the objective (entries with `n+h = L`
-still matter for the per-proposal statistics of the evaluator).
-
-Objective with an immediate cost (the *rounds objective*):
-
-    J = 1 + sum_{t<L, t<=n+K} omega_{n,t} c_{n,t} + sum_{n+K+1<L} omega_{n,n+K+1}
-
-for L >= 2 (J = 0 for L = 1: no drafting round). The bonus state's cost is the constant
-1 (a bonus always starts a new round). With `c = 1 - A` every term counts one round start
-and J is the expected number of rounds `sum_n omega_{n,n+1}`.
-
-How it is computed: `edr/kernels.py` (numba) runs both recursions as scalar loops over
-rollouts, rows and proposals, O(B*L*K), in float64 whatever the input dtype. Why
-float64: round starts propagated in float32 were off by up to 3e-3 (relative) at
-near-certain acceptance, L = 4,096; values are sums of ~L terms, and TD terms are
-differences of values of size ~L, which float32 accumulation got wrong by ~5e-4 absolute
-at L = 4,096 (`bench/edr_dp.py` prints both errors). Storing the float64 results in
-float32 costs only their rounding (relative 6e-8), so values, TD terms and row values are
-returned in the input's dtype (float32 in training: half the memory traffic), while
-occupancies stay float64 (the anchor sampler's inclusion probabilities come from them).
-`edr/reference.py` holds the same recursions as readable torch loops over positions: the
-reference the tests compare against and the fallback without numba.
-`rounds_objective` is the slow, independent autograd reference: a list-based recurrence
-over round starts with an inner loop over proposals, differentiated by autograd.
+Conditioned on a rollout, speculative decoding is a Markov chain on states `(n, t)` (the
+round started at n is deciding position t). `state_occupancy`, `occupancy_and_value` and
+`expected_rounds` run its recursions through `kernels.py` (numba) or `reference.py`
+(torch) in float64; `rounds_objective` is the slow, independent autograd reference.
+States, transitions and J: docs/methods.md ("EDR"); layouts and dtypes returned:
+docs/architecture.md ("objectives").
 """
 
 from __future__ import annotations
@@ -160,8 +131,7 @@ def _kernels(backend: str):
         return None
     if _KERNELS is None:
         try:
-            # lazy: importing the module compiles numba kernels (seconds), which the torch
-            # backend and pure-tensor callers never need
+            # lazy: importing it loads numba and its kernels (seconds); "torch" never needs it
             from blockdraft.objectives.edr import kernels as edr_kernels
         except ImportError as err:  # pragma: no cover - numba is a declared dependency
             warnings.warn(
@@ -395,8 +365,8 @@ def host_arrays(
 
 
 def as_numpy(t: Tensor, dtype: torch.dtype) -> np.ndarray:
-    """C-contiguous numpy view (no copy when possible) of a CPU tensor in `dtype`; each
-    skipped no-op call saves ~0.5 us, which matters for short rollouts."""
+    """C-contiguous numpy view (no copy when possible) of a CPU tensor in `dtype`; no-op
+    calls are skipped, since their fixed cost matters for short rollouts."""
     if t.requires_grad:
         t = t.detach()
     if t.dtype != dtype:

@@ -1,17 +1,12 @@
 """The EDR recursions in plain torch: the readable reference and the no-numba fallback.
 
-`edr/kernels.py` (compiled) is what `edr/recursion.py` runs; this module computes the same
-quantities with one Python loop over positions each way, vectorised over proposals and
-rollouts, and is what the tests compare the compiled kernels against (besides brute-force
-path enumeration and autograd). It works in float64 throughout, like the kernels.
-
-- forward: omega_{n,n+h} = R_n * prod_{i<h} A_{n,n+i}, so only the round-start
-  occupancies R need a sequential pass (`round_starts`: one fused in-place op per
-  position, using that exactly one round is active at every position);
-- backward (values): states deciding the same position t form one anti-diagonal of the
-  `[n, h]` grid, and V_{n,t} needs V at position t+1 only, so the value recursion steps
-  along t on a *skewed* copy of the tensors (`_to_skew`, a strided view, in place).
-Inputs are the normalised batch of `edr.recursion.as_batch` with ignored entries zeroed.
+Same quantities as `kernels.py`, one Python loop over positions each way, vectorised over
+proposals and rollouts, in float64: what the tests compare the compiled kernels against
+(besides path enumeration and autograd). Forward: only the round-start occupancies need a
+sequential pass (exactly one round is active at each position). Backward: the states
+deciding one position form an anti-diagonal of the `[n, h]` grid, so the value recursion
+steps along t on a skewed strided view. Inputs: the normalised batch of
+`recursion.as_batch`, ignored entries zeroed.
 """
 
 from __future__ import annotations

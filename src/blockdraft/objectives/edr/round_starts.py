@@ -1,30 +1,12 @@
 """Round-start (anchor) sub-sampling for long rollouts (METHODS.md §2, "Anchors").
 
-Each round start n needs its own drafter block, so for long rollouts only a subset of
-at most `max_anchors` starts carries gradient. Starts are drawn with probability
-proportional to their round-start occupancy `omega_{n,n+1}` (capped at 1), and the
-sampled rows are weighted by `1 / pi_n` (Horvitz-Thompson), which keeps both the loss
-and its gradient unbiased.
-
-Why PPS on occupancy: every term of row n of the EDR loss and of its gradient carries
-the factor `omega_{n,n+1}`, so rows that are rarely round starts matter little; rows with
-zero occupancy contribute exactly zero and are never drawn (no bias). The last row
-(n = L-1) is not a candidate either: its only proposal drafts x_L, which is emitted
-whatever happens, so it carries no gradient and no share of the objective (`row_value`
-is 0 there; J's leading 1 is charged to no row), and a drafter block spent on it would
-be wasted (`round_start_candidates`). The design is systematic sampling over a random
-permutation: it returns exactly `min(max_anchors, #candidates with positive occupancy)`
-distinct rows and each row's inclusion probability is exactly `pi_n`.
-
-`gradient_sizes` gives better sizes (`objective.anchor_sampler: gradient`, the default):
-an estimate of each row's gradient norm from the same recursion outputs and per-proposal
-logit-gradient moments, so rows whose proposals barely move the objective are drawn less
-often.
-
-`sample_round_starts_uniformly` is the alternative that needs no occupancies (simple
-random sampling, `pi_n = m / N`), so the gradient pass can score the sampled rows itself
-(`objective.anchor_sampler: uniform`, `training/edr_step.py`): cheaper steps, noisier
-gradients.
+Each round start needs its own drafter block, so in long rollouts at most `max_anchors` of
+them carry gradient: drawn by systematic PPS sampling (exactly min(max_anchors, #drawable)
+distinct rows, each with inclusion probability exactly pi_n) on sizes, either the
+round-start occupancy or `gradient_sizes` (estimated row gradient norms, the default), or
+uniformly (`sample_round_starts_uniformly`, which needs no occupancies). Sampled rows are
+weighted by `1 / pi_n`, so loss and gradient stay unbiased; the last round start (it only
+drafts x_L) is never a candidate. Why each choice: docs/methods.md ("EDR").
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """`blockdraft features`: compute a rollout set's target features once, resumably.
 
-`plan_features` reads the rollout set and says what the job is (rows, tokens, bytes on
-disk, how much is already done) so the CLI can print the disk it will take and refuse a
-set above `--max-gb` *before* any work; `write_features` then fills the directory shard
-by shard. Each shard is written atomically and only then listed in the manifest, so a
-killed run (even `kill -9`) keeps every listed shard and the next run computes exactly
-the unlisted ones; shard contents depend only on the rows and the batch size, so a
-resumed directory equals an uninterrupted one.
-
-A directory holds the features of one rollout set under one target, layer set, dtype and
-truncation: resuming with any of them changed is refused, naming the differing key.
-Storage layout and the disk formula: `blockdraft.data.feature_store`.
+`plan_features` says what the job is (rows, tokens, bytes on disk, what is done already),
+so the CLI can print the disk it takes and refuse a set above `--max-gb` *before* any
+work; `write_features` then fills the directory shard by shard, each written atomically
+and only then listed, so a killed run keeps every listed shard and a resumed directory
+equals an uninterrupted one. A directory holds one rollout set's features under one
+target, layer set, dtype and truncation; resuming with any of them changed is refused,
+naming the key. Layout: `feature_store.py`.
 """
 
 from __future__ import annotations

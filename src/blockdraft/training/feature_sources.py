@@ -1,17 +1,11 @@
 """Where a training step gets the drafter's context features: the live target or a cache.
 
-The loop asks one `FeatureSource` for the features of each micro-batch and never
-branches on where they come from:
-
-- `OnlineTargetFeatures(target)` runs the frozen target on the padded batch (the
-  default; also the only source of target logits, which sampling E2E/EDR need).
-- `CachedFeatures` reads the rows `blockdraft features` stored for the rollout set
-  (`data.features=DIR`), so the target never runs during training. At Gemma 3 270M's
-  shape the target forward is most of a step (see `bench/train_features.py`).
-
-Step functions (`block_micro_step`, `edr_micro_step`) are handed the source itself and
-call `features(batch, with_logits=..., logits_to_keep=...)`: each step decides whether it
-needs the target's logits (only sampling E2E/EDR do), so it asks for exactly that.
+The loop asks one `FeatureSource` per micro-batch and never branches on where features
+come from: `OnlineTargetFeatures(target)` runs the frozen target (the default, and the only
+source of the target logits sampling E2E/EDR need); `CachedFeatures` reads what `blockdraft
+features` stored (`data.features=DIR`), so the target never runs (bench/train_features.py).
+Step functions are handed the source and call `features(batch, with_logits=...,
+logits_to_keep=...)`, asking for exactly what they need.
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_set_id, truncated_span
+from blockdraft.data.rollout_store import read_manifest, target_fingerprint
 from blockdraft.targets.target import TargetOutput
 from blockdraft.training.batching import Batch
 from blockdraft.training.setup import TrainSetupError
@@ -106,8 +101,6 @@ class CachedFeatures:
         device: torch.device | str = "cpu",
     ) -> CachedFeatures:
         """Open and check `directory` against this target, its layer ids and rollout set."""
-        from blockdraft.data.rollout_store import read_manifest, target_fingerprint
-
         try:
             store = FeatureStore(directory, KEY)
         except FeatureError as exc:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from trainkit import make_config
 
-import blockdraft.data.features as features_mod
+import blockdraft.data.feature_writer as features_mod
 from blockdraft.data.feature_store import FeatureError, FeatureStore
-from blockdraft.data.features import plan_features, write_features
+from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollouts import RolloutSet
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
@@ -20,7 +20,7 @@ from blockdraft.training import train
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
-from blockdraft.training.features import (
+from blockdraft.training.feature_sources import (
     CachedFeatures,
     OnlineTargetFeatures,
     build_feature_source,
@@ -256,7 +256,7 @@ def test_interrupted_writer_resumes_to_identical_shards(
 
 
 def test_disk_formula_and_max_gb_guard(target, rollout_dirs, tmp_path, monkeypatch, capsys):
-    import blockdraft.targets.registry as registry
+    import blockdraft.cli.features as features_cli
     from blockdraft.cli import main
 
     rs = RolloutSet.open(rollout_dirs["greedy"])
@@ -264,7 +264,7 @@ def test_disk_formula_and_max_gb_guard(target, rollout_dirs, tmp_path, monkeypat
     plan = plan_features(target, rollout_dirs["greedy"], tmp_path / "x", dtype="bfloat16")
     assert plan.num_tokens == tokens
     assert plan.total_bytes == tokens * 1 * 64 * 2  # tokens x layers x hidden x bytes
-    monkeypatch.setattr(registry, "load_target", lambda *a, **k: target)
+    monkeypatch.setattr(features_cli, "load_target", lambda *a, **k: target)
     argv = ["features", "--target", "t", "--rollouts", str(rollout_dirs["greedy"]), "--no-progress"]
     code = main(argv + ["--out", str(tmp_path / "x"), "--max-gb", "1e-6"])
     out, err = capsys.readouterr()

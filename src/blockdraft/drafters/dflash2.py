@@ -1,0 +1,199 @@
+"""DFlash2 (z-lab `DFlash2DraftModel`): DFlash plus block-local convolutions and a selector.
+
+Every decoder layer wraps attention and MLP in grouped dynamic causal convolutions over
+the block's rows (a base kernel per channel plus per-group coefficients projected from the
+sublayer input); they never cross a block, so training's many blocks and one inference
+block agree. A candidate selector re-ranks each slot's top-k unary candidates with a
+low-rank bilinear term between the token chosen at the previous slot (the anchor for slot
+1) and the candidate, modulated by the slot's hidden state; the choice runs left to right,
+so like the semi-AR drafter slot k is teacher-forced in training and scoring (`prev`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.drafters.layers import DecoderLayer
+
+
+def grouped_dynamic_conv(
+    x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """Causal convolution over each block's rows: `out[t] = sum_o (base[o] + d[t, o]) x[t-o]`.
+
+    x `[B, L, H]` with L a multiple of `block_size` (blocks end to end); dynamic
+    `[B, L, taps, G]`, one coefficient per channel group of `H / G` channels at each output
+    row; base `[taps, H]`. Rows before a block's first row count as zero.
+    """
+    b, length, h = x.shape
+    taps, groups = dynamic.shape[-2], dynamic.shape[-1]
+    rows = x.view(b, length // block_size, block_size, groups, h // groups)
+    coef = dynamic.view(b, length // block_size, block_size, taps, groups, 1)
+    out = torch.zeros_like(rows)
+    for o in range(taps):
+        shifted = rows if o == 0 else F.pad(rows[:, :, : block_size - o], (0, 0, 0, 0, o, 0))
+        kernel = base[o].view(groups, h // groups).to(x.dtype)
+        out = out + (kernel + coef[:, :, :, o]) * shifted
+    return out.view(b, length, h)
+
+
+class GroupedDynamicConv(nn.Module):
+    """The pair of convolutions around one sublayer: `prepare` before it, `finish` after.
+
+    Both sides' dynamic coefficients are projected from the sublayer's (normed) input.
+    Parameter names are z-lab's (`base_kernel [2, taps, H]`, `kernel_projection`).
+    """
+
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int) -> None:
+        super().__init__()
+        self.kernel_size, self.groups = kernel_size, hidden_size // group_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden_size))
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)
+        self.block_size = 0  # set by the drafter
+
+    def reset_to_identity(self) -> None:
+        """Tap 0 = 1, the rest 0, no dynamic part: the sublayer is left unchanged."""
+        with torch.no_grad():
+            self.base_kernel.zero_()
+            self.base_kernel[:, 0] = 1.0
+            self.kernel_projection.weight.zero_()
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dynamic = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, self.groups)
+        out = grouped_dynamic_conv(x, dynamic[..., 0, :, :], self.base_kernel[0], self.block_size)
+        return out, dynamic[..., 1, :, :]
+
+    def finish(self, x: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+        return grouped_dynamic_conv(x, dynamic, self.base_kernel[1], self.block_size)
+
+
+class ConvDecoderLayer(DecoderLayer):
+    """DecoderLayer with `attention_conv` around attention and `mlp_conv` around the MLP."""
+
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__(
+            c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+            c.head_dim, c.rms_norm_eps, c.qk_norm, c.attention_bias,
+        )  # fmt: skip
+        taps, group = c.conv_kernel_size, c.conv_group_size
+        self.attention_conv = GroupedDynamicConv(c.hidden_size, taps, group)
+        self.mlp_conv = GroupedDynamicConv(c.hidden_size, taps, group)
+        self.attention_conv.block_size = self.mlp_conv.block_size = c.block_size
+
+    def forward(self, x, ctx_k, ctx_v, cos, sin, mask):  # type: ignore[no-untyped-def]
+        h, dynamic = self.attention_conv.prepare(self.input_layernorm(x))
+        h = self.self_attn(h, ctx_k, ctx_v, cos, sin, mask)
+        x = x + self.attention_conv.finish(h, dynamic)
+        h, dynamic = self.mlp_conv.prepare(self.post_attention_layernorm(x))
+        return x + self.mlp_conv.finish(self.mlp(h), dynamic)
+
+
+class CandidateSelector(nn.Module):
+    """Scores `unary(c) + <P[prev] * W h, S[c]>` for the top-k unary candidates c."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int, top_k: int) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = nn.Parameter(torch.randn(vocab_size, rank))
+        self.successor_codebook = nn.Parameter(torch.randn(vocab_size, rank))
+        # zero: a fresh selector keeps the unary order; the codebooks still get gradient
+        self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
+        nn.init.zeros_(self.hidden_projection.weight)
+
+    def forward(
+        self, hidden: torch.Tensor, unary: torch.Tensor, prev: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(candidate ids `[..., k]`, their scores `[..., k]`) for hidden `[..., H]`, unary
+        logits `[..., V]` and previous tokens `[...]` (negative ids: padding, any row)."""
+        top, candidates = torch.topk(unary, self.top_k, dim=-1)
+        return candidates, self.score(hidden, candidates, top, prev)
+
+    def score(
+        self, hidden: torch.Tensor, candidates: torch.Tensor, top: torch.Tensor, prev: torch.Tensor
+    ) -> torch.Tensor:
+        """Scores `[..., k]` of given candidates whose unary logits are `top [..., k]`."""
+        mod = self.hidden_projection(hidden)
+        pred = self.predecessor_codebook[prev.clamp_min(0).to(mod.device)].to(mod.dtype) * mod
+        succ = self.successor_codebook[candidates].to(mod.dtype)  # [..., k, r]
+        pair = (succ @ pred.unsqueeze(-1)).squeeze(-1)
+        return top + pair.to(top.dtype)
+
+
+class DFlash2Drafter(BlockDrafter):
+    """BlockDrafter with conv decoder layers and the candidate selector (module docstring).
+
+    `compute_draft_logits(hidden)` are the unary (parallel) logits; with `prev` they are
+    the selector's scores on the candidates and -inf elsewhere, so softmax / argmax /
+    q(x) of them are the selector's choice distribution, as the decoder samples it.
+    """
+
+    sequential = True  # slot k's proposal depends on slot k-1's (decoding/steps.py)
+
+    def __init__(self, config: DrafterConfig) -> None:
+        if config.arch != "dflash2":
+            raise ValueError(f"DFlash2Drafter needs arch='dflash2', got {config.arch!r}")
+        super().__init__(config)
+        for layer in self.layers:
+            layer.attention_conv.reset_to_identity()
+            layer.mlp_conv.reset_to_identity()
+        c = config
+        self.candidate_selector = CandidateSelector(
+            c.vocab_size, c.hidden_size, c.selector_rank, c.selector_top_k
+        )
+
+    @staticmethod
+    def _decoder_layer(c: DrafterConfig) -> nn.Module:
+        return ConvDecoderLayer(c)
+
+    def unary_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The backbone's logits `[..., V]` (multiplier and softcap applied)."""
+        return super().compute_draft_logits(hidden)
+
+    def select(
+        self, hidden: torch.Tensor, prev: torch.Tensor, unary: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(candidates, scores) `[..., k]` given the previous tokens `prev [...]`."""
+        unary = self.unary_logits(hidden) if unary is None else unary
+        return self.candidate_selector(hidden, unary, prev)
+
+    def selector_logits(
+        self, hidden: torch.Tensor, prev: torch.Tensor, unary: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`[..., V]`: the selector's scores on the candidates, -inf elsewhere."""
+        unary = self.unary_logits(hidden) if unary is None else unary
+        candidates, scores = self.select(hidden, prev, unary)
+        out = unary.new_full(unary.shape, float("-inf"))
+        return out.scatter(-1, candidates, scores.to(out.dtype))
+
+    @torch.no_grad()
+    def candidates(self, hidden: torch.Tensor, chunk_rows: int = 4096) -> torch.Tensor:
+        """Top-k unary candidate ids `[..., k]`, `chunk_rows` rows of logits at a time."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        k = self.candidate_selector.top_k
+        out = torch.empty((flat.shape[0], k), dtype=torch.long, device=flat.device)
+        for lo in range(0, flat.shape[0], chunk_rows):
+            out[lo : lo + chunk_rows] = (
+                self.unary_logits(flat[lo : lo + chunk_rows]).topk(k).indices
+            )
+        return out.view(*hidden.shape[:-1], k)
+
+    def select_compact(
+        self, hidden: torch.Tensor, prev: torch.Tensor, chunk_rows: int = 4096
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`select` without `[..., V]` logits kept: candidates by row chunks (no gradient:
+        top-k is discrete), their unary logits recomputed from the head rows
+        (differentiable), so memory is `O(rows x k)` whatever the vocabulary."""
+        candidates = self.candidates(hidden, chunk_rows)
+        rows = self.head_weight.to(device=hidden.device, dtype=hidden.dtype)[candidates]
+        top = self._softcap((rows @ hidden.unsqueeze(-1)).squeeze(-1))
+        return candidates, self.candidate_selector.score(hidden, candidates, top, prev)
+
+    def compute_draft_logits(
+        self, hidden: torch.Tensor, prev_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if prev_tokens is None:
+            return self.unary_logits(hidden)
+        return self.selector_logits(hidden, prev_tokens)

@@ -1,0 +1,108 @@
+"""The lean forwards of the decoding loop compute what the HF target and the drafter
+compute: logits and features against a full HF forward of the whole sequence (no cache),
+drafts against `BlockDrafter`'s own `extend_context` + `draft_hidden`, over rounds with
+rejected suffixes cropped; and the loop that uses them still reproduces greedy AR."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
+from blockdraft.decoding.cpu.lean_target import LeanTarget
+from blockdraft.decoding.hf_generate import hf_generate_job
+from blockdraft.decoding.loop import ar_generate, decode
+from blockdraft.decoding.proposers import GreedyDraftHead
+from blockdraft.decoding.steps import TargetRunner
+from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.targets.testing import make_random_target
+
+
+def _full_forward(target, ids):  # type: ignore[no-untyped-def]
+    with torch.no_grad():
+        out = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)
+    return out.logits[0], feats[0]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_lean_target_equals_the_hf_forward(arch) -> None:
+    target = make_random_target(arch, num_layers=4)
+    target.layer_ids = [0, 2, 3]  # the last layer: HF's state after the final norm
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(3, target.vocab_size, (40,), generator=g).tolist()
+    logits, feats = _full_forward(target, seq)
+    run = TargetRunner(target)
+    assert run.lean is not None
+    with torch.inference_mode():
+        out = run.step(torch.tensor([seq[:20]]), keep=20, features=True)
+        cache, n = out.cache, 20
+        got_logits, got_feats = [out.logits], [out.features[0]]
+        for width in (1, 5, 3, 1, 7):
+            # a rejected suffix first: run garbage, crop it off, then the real tokens
+            run.step(torch.tensor([[7] * width]), cache, keep=width)
+            run.crop(cache, n)
+            step = run.step(torch.tensor([seq[n : n + width]]), cache, keep=width, features=True)
+            got_logits.append(step.logits)
+            got_feats.append(step.features[0])
+            n += width
+    n_done = sum(t.shape[0] for t in got_logits)
+    torch.testing.assert_close(torch.cat(got_logits), logits[:n_done], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat(got_feats), feats[:n_done], rtol=1e-5, atol=1e-5)
+
+
+def test_lean_target_declines_what_it_does_not_compute() -> None:
+    assert LeanTarget.of(make_random_target("gemma3").model, [0]) is None
+    bf16 = make_random_target("qwen3", dtype=torch.bfloat16)
+    assert LeanTarget.of(bf16.model, [0]) is None
+    assert TargetRunner(make_random_target("qwen3"), lean=False).lean is None
+
+
+def _drafter(target, qk_norm=True):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(target, num_layers=2, block_size=5, qk_norm=qk_norm)
+    drafter = BlockDrafter(cfg).bind_target(target).eval()
+    for p in drafter.parameters():  # not the init's small weights: exercise the norms
+        p.data.add_(torch.randn_like(p) * 0.1)
+    return drafter
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_lean_drafter_equals_extend_and_draft(qk_norm) -> None:
+    target = make_random_target("qwen3")
+    drafter = _drafter(target, qk_norm)
+    lean = LeanDrafter.of(drafter)
+    assert lean is not None
+    g = torch.Generator().manual_seed(1)
+    feats = torch.randn(1, 60, target.feature_size, generator=g)
+    ref, fast = drafter.new_state(), lean.new_state()
+    with torch.no_grad():
+        for s in (ref, fast):
+            (drafter if s is ref else lean).extend_context(s, feats[:, :12], 0)
+        a = 12
+        for accepted in (0, 3, 1, 4, 2, 0, 4):
+            anchor = int(torch.randint(3, target.vocab_size, (1,), generator=g))
+            want = drafter.draft_hidden(ref, anchor, a)
+            torch.testing.assert_close(lean.draft_hidden(fast, anchor, a), want)
+            new = feats[:, a : a + accepted + 1]
+            drafter.extend_context(ref, new, a)
+            lean.extend_context(fast, new, a)
+            a += accepted + 1
+    assert LeanDrafter.of(drafter) is lean  # cached while the weights are unchanged
+    with torch.no_grad():
+        drafter.fc.weight.mul_(2)
+    assert LeanDrafter.of(drafter) is not lean
+
+
+def test_greedy_loop_with_lean_forwards_equals_ar() -> None:
+    target = make_random_target("qwen3", num_layers=4)
+    drafter = _drafter(target)
+    assert GreedyDraftHead.applies(drafter) and LeanDrafter.of(drafter) is not None
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, target.vocab_size, (9,), generator=g).tolist() for _ in range(3)]
+    ar = [ar_generate(target, p, max_new_tokens=40) for p in prompts]
+    res = decode(target, drafter, prompts, max_new_tokens=40, measure_ar=False)
+    assert res.outputs == ar
+    # the lean AR loop itself emits what the HF forward's loop and HF generate emit
+    assert [ar_generate(target, p, max_new_tokens=40, lean=False) for p in prompts] == ar
+    assert [hf_generate_job(target, p, 0.0, 40)() for p in prompts] == ar

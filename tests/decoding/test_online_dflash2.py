@@ -1,0 +1,157 @@
+"""DFlash2 online: lossless, and the exact offline evaluator predicts it.
+
+- T = 0: output equals autoregressive greedy decoding, and when the rollouts are those
+  greedy outputs the offline expected rounds of every rollout equal the online rounds of
+  its prompt exactly (acceptance is 0/1 there, from teacher-forced predecessors).
+- T > 0: the proposals of a round are drawn from the q the loop hands the verifier (the
+  selector's distribution over the top-k candidates, predecessor = the token drawn
+  before): chi-square on the joint law of the first two proposals; then online tau and
+  offline MAL on sampled rollouts of the same prompts agree within their CI.
+
+The drafter is trained for a few dozen steps on the random target's greedy text from the
+prompts the tests decode (its own teacher-forced unary + selector cross-entropy, written
+out here), so acceptance is far from 0 and the comparisons have power.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from blockdraft.data.generation import SamplingSettings, generate_batch
+from blockdraft.data.rollout_store import Rollout
+from blockdraft.decoding.loop import ar_generate, decode
+from blockdraft.decoding.proposers import draft_block
+from blockdraft.drafters.dflash import DrafterConfig
+from blockdraft.drafters.dflash2 import DFlash2Drafter
+from blockdraft.evaluation.offline import mal_ci, offline_stats
+from blockdraft.evaluation.scoring import score_rollouts
+from blockdraft.targets.testing import make_random_target
+from fake_drafter import chi2_pvalue
+
+BLOCK, TOP_K = 5, 6
+
+
+def _prompts(target, n, seed, length=6):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, target.vocab_size, (length,), generator=g).tolist() for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = make_random_target("qwen3", seed=1)
+    with torch.no_grad():  # a confident target (tied head: the embedding scales too), so
+        target.lm_head.weight.mul_(6.0)  # its sampled text is close to its greedy text
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=BLOCK, arch="dflash2",
+                                   selector_rank=8, selector_top_k=TOP_K)  # fmt: skip
+    torch.manual_seed(0)
+    drafter = DFlash2Drafter(cfg).bind_target(target)
+    prompts = _prompts(target, 16, seed=1, length=5)
+    seqs = [torch.tensor(p + ar_generate(target, p, max_new_tokens=24)) for p in prompts]
+    ids = torch.stack(seqs)
+    feats = target.forward(ids).features
+    anchors = torch.arange(5, ids.shape[1] - BLOCK).expand(ids.shape[0], -1)
+    idx = anchors[..., None] + torch.arange(1, BLOCK)
+    labels = torch.stack([ids[b][idx[b]] for b in range(ids.shape[0])])
+    prev = torch.stack([ids[b][idx[b] - 1] for b in range(ids.shape[0])])
+    opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
+    for _ in range(40):
+        hidden = drafter.forward_blocks(feats, ids, anchors)
+        unary = drafter.unary_logits(hidden)
+        loss = torch.nn.functional.cross_entropy(unary.flatten(0, 2), labels.flatten())
+        cand, scores = drafter.select(hidden, prev, unary)
+        inside = (cand == labels[..., None]).any(-1)
+        if inside.any():
+            col = (cand == labels[..., None]).float().argmax(-1)
+            loss = loss + torch.nn.functional.cross_entropy(scores[inside], col[inside])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return target, drafter.eval(), prompts
+
+
+def test_greedy_is_autoregressive_and_offline_rounds_equal_online(setup, tmp_path):
+    target, drafter, prompts = setup
+    prompts = prompts[:5]
+    online = decode(target, drafter, prompts, temperature=0.0, max_new_tokens=30)
+    assert online.outputs == online.ar_outputs
+    rollouts = [
+        Rollout(str(i), torch.tensor(p), torch.tensor(o), torch.zeros(len(o)))
+        for i, (p, o) in enumerate(zip(prompts, online.outputs, strict=True))
+    ]
+    acc = score_rollouts(drafter, target, rollouts, 0.0, cache_dir=tmp_path)
+    stats = offline_stats(acc)
+    assert stats.per_rollout_rounds.tolist() == [float(n) for n in online.per_prompt_rounds()]
+    assert stats.mal == pytest.approx(online.tau, abs=1e-12)
+    assert stats.mal > 1.5  # non-trivial: accepted runs and rejections
+
+
+def test_proposals_are_drawn_from_the_q_given_to_the_verifier(setup):
+    target, drafter, prompts = setup
+    drafter = copy.deepcopy(drafter)  # a strong predecessor effect, so the law is sharp
+    with torch.no_grad():
+        drafter.candidate_selector.hidden_projection.weight.normal_(std=0.5)
+    temperature = 1.0
+    ids = torch.tensor([prompts[0] + ar_generate(target, prompts[0], max_new_tokens=5)])
+    feats = target.forward(ids).features
+    state = drafter.new_state()
+    drafter.extend_context(state, feats[:, :9], 0)
+    anchor = int(ids[0, 9])
+    g = torch.Generator().manual_seed(0)
+    counts: dict[tuple[int, int], int] = {}
+    n = 2000
+    for _ in range(n):
+        tokens, q = draft_block(drafter, state, anchor, 9, temperature, 1.0, 0, g)
+        key = (int(tokens[0]), int(tokens[1]))
+        counts[key] = counts.get(key, 0) + 1
+    with torch.no_grad():
+        hidden = drafter.draft_hidden(state, anchor, 9)
+
+        def q(row, prev):
+            logits = drafter.compute_logits(hidden[row : row + 1], torch.tensor([prev]))[0]
+            return torch.softmax(logits / temperature, -1)
+
+        q1 = q(0, anchor)
+        cells, probs = [], []
+        for y1 in q1.nonzero().flatten().tolist():
+            q2 = q(1, y1)
+            for y2 in q2.nonzero().flatten().tolist():
+                cells.append((y1, y2))
+                probs.append(float(q1[y1] * q2[y2]))
+    assert len(cells) <= TOP_K * TOP_K and set(counts) <= set(cells)
+    observed = torch.tensor([counts.get(c, 0) for c in cells], dtype=torch.float64)
+    pval, stat, df = chi2_pvalue(observed, torch.tensor(probs, dtype=torch.float64))
+    assert df >= 4 and pval > 1e-4, (stat, df)
+    # and the harness has power: slot 2 with the anchor as predecessor is another law
+    with torch.no_grad():
+        q2_anchor = torch.softmax(
+            drafter.compute_logits(hidden[1:2], torch.tensor([anchor]))[0] / temperature, -1
+        )
+    wrong = torch.tensor([float(q1[a] * q2_anchor[b]) for a, b in cells], dtype=torch.float64)
+    assert chi2_pvalue(observed, wrong / wrong.sum().clamp_min(1e-30))[0] < 1e-4
+
+
+def test_sampling_online_tau_agrees_with_offline_mal(setup):
+    target, drafter, prompts = setup
+    settings = SamplingSettings(temperature=1.0, top_p=0.95, top_k=0, max_new_tokens=20, seed=3)
+    gen = generate_batch(target, prompts, [str(i) for i in range(16)], settings)
+    rollouts = [
+        Rollout(
+            str(i),
+            torch.tensor(p),
+            torch.as_tensor(r.response_ids),
+            torch.as_tensor(r.logprobs, dtype=torch.float32),
+        )
+        for i, (p, r) in enumerate(zip(prompts, gen, strict=True))
+    ]
+    acc = score_rollouts(drafter, target, rollouts, 1.0, 0.95, 0, use_cache=False)
+    mal, (lo, hi) = mal_ci(acc, n_boot=1000)
+    online = decode(target, drafter, prompts, temperature=1.0, top_p=0.95, max_new_tokens=20,
+                    seed=5, measure_ar=False)  # fmt: skip
+    se_off = (hi - lo) / (2 * 1.96)
+    se_on = (online.tau_ci95[1] - online.tau_ci95[0]) / (2 * 1.96)
+    assert mal > 1.15 and online.tau > 1.15  # accepted proposals, not only bonus tokens
+    assert abs(online.tau - mal) < 3.29 * math.hypot(se_off, se_on), (online.tau, mal)

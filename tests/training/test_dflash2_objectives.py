@@ -1,0 +1,221 @@
+"""Every objective trains DFlash2's selector teacher-forced and weights its unary logits
+the same way: the micro-steps' gradients equal hand-built ones.
+
+D-PACE: weights from the selector's q of the label (0 outside the candidates), applied to
+the selector's and the unary cross-entropy. E2E: the gradient of the block objective at
+the selector's overlaps, applied to both overlaps. EDR: the exact rounds objective of the
+selector's acceptances (the slow autograd recursion, not the TD surrogate), its
+derivatives applied to the unary acceptances too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.data.anchors import round_start_anchors
+from blockdraft.data.rollout_store import Rollout
+from blockdraft.drafters.dflash import DrafterConfig
+from blockdraft.drafters.dflash2 import DFlash2Drafter
+from blockdraft.objectives.dpace import dpace_weights
+from blockdraft.objectives.e2e import e2e_from_overlap
+from blockdraft.objectives.edr.recursion import rounds_objective
+from blockdraft.objectives.registry import make_objective
+from blockdraft.targets.testing import make_random_target
+from blockdraft.training.batching import collate
+from blockdraft.training.draft_forward import DraftForward
+from blockdraft.training.edr_step import edr_micro_step
+from blockdraft.training.feature_sources import OnlineTargetFeatures
+from blockdraft.training.objective_step import (
+    block_micro_step,
+    labels_and_prev,
+    pad_anchor_lists,
+    sampled_anchors,
+)
+
+BLOCK, TOP_K = 4, 48
+
+
+class _Greedy:
+    temperature, top_p, top_k, greedy = 0.0, 1.0, 0, True
+
+
+_COMMON = dict(settings=_Greedy, want_acc=False, alpha=0.5, variant="full")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    target = make_random_target("qwen3", hidden_size=32, num_layers=2, num_heads=2)
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=BLOCK, arch="dflash2",
+                                   selector_rank=4, selector_top_k=TOP_K)  # fmt: skip
+    drafter = DFlash2Drafter(cfg).bind_target(target)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if "conv" in name or "hidden_projection" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+            elif p.dim() == 2 and "codebook" not in name:
+                p.mul_(20.0)  # confident unary logits: labels often among the candidates
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for i, n in enumerate([9, 6, 3]):
+        prompt = torch.randint(3, target.vocab_size, (5,), generator=gen)
+        resp = torch.randint(3, target.vocab_size, (n,), generator=gen)
+        rows.append(Rollout(f"r{i}", prompt, resp, torch.full((n,), -1.0)))
+    return target, drafter, collate(rows, list(range(len(rows))), 0, 4096)
+
+
+def _grads(drafter, loss):
+    drafter.zero_grad(set_to_none=True)
+    loss.backward()
+    return {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
+
+
+def _assert_same(got, want, atol=1e-7):
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=atol, msg=name)
+
+
+def _pieces(target, drafter, batch, anchors):
+    """(mask, q_sel(x), q_u(x)) of every block slot, teacher-forced, by the drafter's own
+    public functions."""
+    tout = target.forward(batch.input_ids, attention_mask=batch.attention_mask.long())
+    labels, mask, prev = labels_and_prev(batch, anchors, BLOCK)
+    hidden = drafter.forward_blocks(tout.features, batch.input_ids, anchors)
+    x = labels.clamp_min(0).unsqueeze(-1)
+    q_sel = torch.softmax(drafter.compute_logits(hidden, prev), -1).gather(-1, x)[..., 0]
+    q_u = torch.softmax(drafter.unary_logits(hidden), -1).gather(-1, x)[..., 0]
+    return mask & (anchors >= 0)[..., None], q_sel, q_u
+
+
+def test_dpace_weights_both_terms_by_the_selector(setup):
+    target, drafter, batch = setup
+    obj = make_objective("dpace", alpha=0.5)
+    out = block_micro_step(
+        DraftForward(drafter), drafter, OnlineTargetFeatures(target), obj, batch,
+        num_anchors=4, seed=0, step=2, **_COMMON,
+    )  # fmt: skip
+    got = _grads(drafter, out.numerator / out.denominator)
+    anchors = sampled_anchors(batch, 4, BLOCK, 0, 2)
+    mask, q_sel, q_u = _pieces(target, drafter, batch, anchors)
+    inside = q_sel > 0
+    assert inside[mask].any() and (~inside[mask]).any()  # both cases occur
+    w = dpace_weights(torch.where(mask, q_sel, 0.0).detach(), alpha=0.5, mask=mask)
+    ce = -torch.where(inside, q_sel.clamp_min(1e-30).log(), 0.0) - q_u.log()
+    want = _grads(drafter, (w * torch.where(mask, ce, 0.0)).sum() / w.sum())
+    _assert_same(got, want)
+
+
+def test_e2e_applies_the_selector_gradient_to_both_overlaps(setup):
+    target, drafter, batch = setup
+    obj = make_objective("e2e", greedy_temperature=1.0)  # the reference below is at beta = 1
+    out = block_micro_step(
+        DraftForward(drafter), drafter, OnlineTargetFeatures(target), obj, batch,
+        num_anchors=4, seed=0, step=3, **_COMMON,
+    )  # fmt: skip
+    got = _grads(drafter, out.numerator / out.denominator)
+    anchors = sampled_anchors(batch, 4, BLOCK, 0, 3)
+    mask, q_sel, q_u = _pieces(target, drafter, batch, anchors)
+    valid = anchors >= 0
+    point = q_sel.detach()[valid].requires_grad_()
+    (grad,) = torch.autograd.grad(e2e_from_overlap(point, mask[valid]), point)
+    want = _grads(drafter, (grad * (q_sel[valid] + q_u[valid])).sum())
+    _assert_same(got, want)
+
+
+def test_edr_exact_rounds_gradient_for_selector_and_unary(setup):
+    target, drafter, batch = setup
+    obj = make_objective(
+        "edr", mode="greedy", max_anchors=64, anchor_sampler="uniform", greedy_temperature=1.0
+    )
+    out = edr_micro_step(
+        DraftForward(drafter), drafter, OnlineTargetFeatures(target), target.stop_token_ids,
+        obj, batch, seed=0, step=1, mode="greedy", **_COMMON,
+    )  # fmt: skip
+    got = _grads(drafter, out.numerator)
+    starts = [round_start_anchors(int(p), int(n))
+              for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)]  # fmt: skip
+    anchors = pad_anchor_lists(starts)
+    _, q_sel, q_u = _pieces(target, drafter, batch, anchors)
+    stops = torch.tensor(target.stop_token_ids)
+    labels, _, _ = labels_and_prev(batch, anchors, BLOCK)
+    total = 0.0
+    for i, s in enumerate(starts):
+        rows = s.numel()
+        stop = torch.isin(labels[i, :rows], stops)
+        a_sel, a_u = q_sel[i, :rows], q_u[i, :rows]
+        c_sel, c_u = (torch.where(stop, 0.0, 1 - a) for a in (a_sel, a_u))
+        pa, pc = a_sel.detach().requires_grad_(), c_sel.detach().requires_grad_()
+        ga, gc = torch.autograd.grad(rounds_objective(pa, pc), (pa, pc))
+        total = total + rounds_objective(a_sel, c_sel) + (ga * a_u + gc * c_u).sum()
+    want = _grads(drafter, total)
+    _assert_same(got, want)
+
+
+class _Sampling:
+    temperature, top_p, top_k, greedy = 0.8, 1.0, 0, False
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "gradient"])
+def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler):
+    """The unwrapped step (selector and unary scored inside checkpointed row chunks) and
+    a wrapped one (through `forward`) give the same loss and gradients."""
+    target, drafter, batch = setup
+
+    class Wrapped(DraftForward):
+        pass
+
+    obj = make_objective("edr", mode="sampling", max_anchors=3, anchor_sampler=sampler)
+    results = []
+    for fwd in (DraftForward(drafter), Wrapped(drafter)):
+        out = edr_micro_step(
+            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, obj, batch,
+            seed=0, step=1, mode="sampling", **{**_COMMON, "settings": _Sampling},
+        )  # fmt: skip
+        results.append((out.numerator.detach(), _grads(drafter, out.numerator)))
+    (na, ga), (nb, gb) = results
+    torch.testing.assert_close(na, nb)
+    _assert_same(ga, gb)
+    assert all(torch.isfinite(g).all() for g in ga.values())
+    assert ga["fc.weight"].abs().sum() > 0
+    assert ga["candidate_selector.hidden_projection.weight"].abs().sum() > 0
+
+
+def test_sampling_e2e_runs_on_dflash2(setup):
+    target, drafter, batch = setup
+    out = block_micro_step(
+        DraftForward(drafter), drafter, OnlineTargetFeatures(target), make_objective("e2e"),
+        batch, num_anchors=4, seed=0, step=1, **{**_COMMON, "settings": _Sampling},
+    )  # fmt: skip
+    grads = _grads(drafter, out.numerator / out.denominator)
+    assert torch.isfinite(out.numerator) and grads["fc.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_compact_selector_logq_equals_the_full_logits_one(setup, softcap):
+    """Without full logits (cross-entropy, greedy EDR) log q(label) of selector and unary
+    come from the candidates' head rows and the chunked head: same values and gradients as
+    from `[N, K, V]` logits."""
+    target, drafter, batch = setup
+    drafter.config.final_logit_softcapping = softcap
+    try:
+        tout = target.forward(batch.input_ids, attention_mask=batch.attention_mask.long())
+        anchors = sampled_anchors(batch, 4, BLOCK, 0, 5)
+        labels, _, prev = labels_and_prev(batch, anchors, BLOCK)
+        fwd = DraftForward(drafter)
+        outs = []
+        for full in (False, True):
+            _, logq, _, (_, logq_u) = fwd(
+                tout.features, batch.input_ids, anchors, labels, prev, full, unary=True
+            )
+            loss = (logq * torch.arange(logq.numel()).view(logq.shape).sin()).sum() + logq_u.sum()
+            outs.append((logq.detach(), logq_u.detach(), _grads(drafter, loss)))
+        (a, au, ga), (b, bu, gb) = outs
+        assert (a == -30.0).any() and (a > -30.0).any()
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(au, bu, rtol=1e-5, atol=1e-5)
+        _assert_same(ga, gb, atol=1e-5)  # another summation order (chunked head)
+    finally:
+        drafter.config.final_logit_softcapping = None
