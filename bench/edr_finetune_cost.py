@@ -18,8 +18,6 @@ import argparse
 import statistics
 import time
 
-from blockdraft.training.features import OnlineTargetFeatures
-
 from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.objectives.registry import make_objective
 from blockdraft.serialization.drafter_spec import load_drafter_spec
@@ -28,6 +26,7 @@ from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
+from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step
 
 
