@@ -14,14 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import torch
 
 from blockdraft.data.feature_store import truncated_span  # one truncation rule, shared with caching
-
-if TYPE_CHECKING:
-    from blockdraft.data.rollouts import Rollout
+from blockdraft.data.rollouts import Rollout
 
 _MIX = 0x9E3779B1  # large odd constant: keeps derived seeds apart
 
