@@ -139,9 +139,7 @@ class BlockProposer:
         )
         # a small plain drafter at T = 0 on a CPU: context update and block in one lean
         # pass (decoding/cpu/lean_drafter.py); the context and state are then its own
-        plain = (
-            self.head is not None and not reads_lookup and not isinstance(drafter, HybridDrafter)
-        )
+        plain = self.head is not None and not reads_lookup  # (a hybrid never has the head)
         lean = LeanDrafter.of(drafter) if plain and cpu_kernels_apply(_device(drafter)) else None
         self.context = lean or drafter
         self.state = self.context.new_state()
