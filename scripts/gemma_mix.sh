@@ -6,14 +6,17 @@
 # Each stage skips finished work, so an interrupted run resumes.
 #   rollouts  greedy, 128 new tokens, the mix below (never a suite benchmark's prompts)
 #   features  the target's layers for every training rollout, once (bfloat16)
-#   train     plain D-PACE and lookup-input D-PACE, side by side, one thread each
-#   suite     `blockdraft suite`: ngram first, then both drafters, per benchmark and mean
+#   train     plain D-PACE and lookup-input D-PACE on all of it, side by side, one thread each
+#   scaling   the data-scaling curve: plain D-PACE on nested subsets of SIZES rollouts
+#             (`data.train_subset`), two at a time, one thread each
+#   suite     `blockdraft suite`: ngram first, then every finished drafter, per benchmark and mean
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BD=.venv/bin/blockdraft
 OUT=${OUT:-results_runs/gemma-mix}
 DATA=${DATA:-../shared/data}
-MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@384+stdlib:train@256+pydoc:train@256"}
+MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@1216+stdlib:train@1216+pydoc:train@640"}
+SIZES=${SIZES:-"768 1536 3072"}
 LAYERS=${LAYERS:-"[1,5,9,13,17]"}
 STEPS=${STEPS:-1000}
 LR=${LR:-2e-3}
@@ -44,8 +47,8 @@ for section in $SECTIONS; do case $section in
 rollouts)
   log "rollouts start: $MIX"
   grep -qs '"complete": true' "$OUT/rollouts/train/manifest.json" ||
-    $BD rollout $TGT --prompts "$MIX" --temperature 0 --max-new-tokens 128 --batch-size 32 \
-        --threads 2 --out "$OUT/rollouts/train" --no-progress
+    $BD rollout $TGT --prompts "$MIX" --temperature 0 --max-new-tokens 128 --batch-size 128 \
+        --shard-size 256 --threads 2 --out "$OUT/rollouts/train" --no-progress
   log "rollouts done" ;;
 features)
   log "features start"
@@ -60,11 +63,20 @@ train)
   train lookup-dpace-s$SEED drafter.lookup_inputs=true & b=$!
   wait $a; wait $b
   log "train done" ;;
+scaling)
+  log "scaling start (sizes $SIZES, $STEPS steps)"
+  pids=()
+  for n in $SIZES; do
+    train dpace-n$n-s$SEED data.train_subset="$n" & pids+=($!)
+    if [ ${#pids[@]} -eq 2 ]; then wait "${pids[0]}"; pids=("${pids[1]}"); fi
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  log "scaling done" ;;
 suite)
   log "suite start"
   $BD suite $TGT --suite configs/suites/gemma-3-270m.yaml --rollouts-dir "$SUITE_ROLLOUTS" \
       --cache-dir "$OUT/cache" --threads 2 --no-progress --json "$OUT/suite.json" \
-      --plot "$OUT/suite.png" "$OUT/runs/dpace-s$SEED" "$OUT/runs/lookup-dpace-s$SEED" \
+      --plot "$OUT/suite.png" $(for r in "$OUT"/runs/*/; do [ -d "$r/final" ] && echo "${r%/}"; done) \
       | tee "$OUT/suite.txt"
   log "suite done" ;;
 *) echo "unknown section $section" >&2; exit 2 ;;

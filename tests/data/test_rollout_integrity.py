@@ -59,6 +59,16 @@ def _train_setup(setup, rollouts, **data):
     return load_train_eval(cfg, setup["target"])
 
 
+def test_train_subset_keeps_n_training_rollouts_and_the_same_held_out_set(setup):
+    full, ev_full = _train_setup(setup, setup["rollouts"], eval_split=0.34)
+    sub, ev_sub = _train_setup(setup, setup["rollouts"], eval_split=0.34, train_subset=2)
+    assert len(full.rollouts) == 4 and len(sub.rollouts) == 2
+    ids = lambda data: [r.prompt_id for r in data.rollouts]  # noqa: E731
+    assert set(ids(sub)) <= set(ids(full)) and ids(ev_sub) == ids(ev_full)
+    with pytest.raises(Exception, match="data.train_subset: 5 but .* has 4 training rollouts"):
+        _train_setup(setup, setup["rollouts"], eval_split=0.34, train_subset=5)
+
+
 def _train_cli(capsys, setup, rollouts, tmp_path):
     return run_cli(
         capsys,

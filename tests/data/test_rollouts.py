@@ -28,6 +28,7 @@ from blockdraft.data.rollouts import (
     sampling_logprobs,
     split_by_prompt,
 )
+from blockdraft.data.rollout_store import nested_subset
 from blockdraft.targets.target import Target
 from blockdraft.targets.testing import make_random_target
 
@@ -305,6 +306,21 @@ def test_split_by_prompt_and_subsets(random_target, tmp_path):
         rs[8]
     with pytest.raises(RolloutError, match="no rollout manifest"):
         RolloutSet.open(tmp_path)
+
+
+def test_nested_subset_is_nested_order_free_and_spread_over_a_mix():
+    ids = [f"gsm{i}" for i in range(300)] + [f"code{i}" for i in range(300)]
+    small, large = nested_subset(ids, 60), nested_subset(ids, 240)
+    assert len(small) == 60 and len(set(small)) == 60 and small == sorted(small)
+    assert set(small) <= set(large)  # every smaller set lies inside every larger one
+    rev = ids[::-1]  # chosen by id, not by position
+    assert {rev[i] for i in nested_subset(rev, 60)} == {ids[i] for i in small}
+    # a prefix of the mix would be all `gsm`; a hash choice takes both halves (binomial
+    # 60 draws of p = 1/2: 12..48 holds with probability > 1 - 1e-5)
+    assert 12 <= sum(ids[i].startswith("gsm") for i in small) <= 48
+    assert nested_subset(ids, 0) == [] and nested_subset(ids, 600) == list(range(600))
+    with pytest.raises(ValueError, match="subset of 601"):
+        nested_subset(ids, 601)
 
 
 def test_cli_rollout(random_target, tmp_path, monkeypatch, capsys):

@@ -126,6 +126,19 @@ def split_by_prompt(
     return [i for i in range(n) if i not in eval_set], sorted(eval_set)
 
 
+def nested_subset(ids: Sequence[str], n: int) -> list[int]:
+    """Sorted positions of `n` of `ids`, chosen by an unseeded hash of each prompt id.
+
+    Why unseeded: a data-scaling curve needs every smaller set inside every larger one and
+    the same data for every training seed; ranking by hash makes the choice depend only on
+    the ids (not on order or domain), so a prefix of a mix is not over-represented.
+    """
+    if not 0 <= n <= len(ids):
+        raise ValueError(f"a subset of {n} from {len(ids)} rows")
+    rank = sorted(range(len(ids)), key=lambda i: hashlib.sha256(f"subset\x00{ids[i]}".encode()).digest())
+    return sorted(rank[:n])
+
+
 class RolloutSet(Sequence):
     """Read access to the finished shards of a rollout directory (optionally a subset)."""
 

@@ -38,6 +38,7 @@ class DataConfig:
     train_rollouts: str = ""  # directory written by `blockdraft rollout` (training set)
     eval_rollouts: str | None = None  # held-out rollouts for offline MAL (overrides eval_split)
     eval_split: float | None = 0.0  # without eval_rollouts: hold out this fraction of train prompts
+    train_subset: int | None = None  # train on N of the (non-held-out) rollouts; nested in N
     allow_incomplete: bool = False  # use rollout sets whose `blockdraft rollout` was interrupted
     max_seq_len: int = 2048  # prompt+response longer than this are truncated (from the right)
     features: str | None = None  # `blockdraft features` dir: skip the target forward; null = online
@@ -284,6 +285,10 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.optim.grad_clip >= 0, "optim.grad_clip: must be >= 0"),
         (0.0 <= (cfg.data.eval_split or 0.0) < 1.0, "data.eval_split: must be in [0, 1)"),
         (cfg.data.max_seq_len >= 2, "data.max_seq_len: must be >= 2"),
+        (
+            cfg.data.train_subset is None or cfg.data.train_subset >= 1,
+            "data.train_subset: must be >= 1 (or null: every rollout)",
+        ),
         (cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last: must be >= 1"),
         (cfg.logging.every >= 1, "logging.every: must be >= 1"),
         (cfg.distributed.timeout_minutes > 0, "distributed.timeout_minutes: must be > 0"),

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from blockdraft.data.rollout_store import RolloutError, check_target
+from blockdraft.data.rollout_store import RolloutError, check_target, nested_subset
 from blockdraft.data.rollouts import RolloutSet
 from blockdraft.devices import resolve_device, resolve_dtype
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
@@ -133,22 +133,28 @@ def _materialise(rs, key: str, limit: int | None = None) -> RolloutData:
 
 
 def load_train_eval(cfg: TrainConfig, target) -> tuple[RolloutData, RolloutData | None]:
-    """Training rollouts and the held-out set (its own directory or a split by prompt id)."""
+    """Training rollouts and the held-out set (its own directory or a split by prompt id);
+    `data.train_subset` then keeps N of the training ones (the held-out set is unchanged)."""
     d = cfg.data
     train_set = _open_checked(d.train_rollouts, "data.train_rollouts", target, d.allow_incomplete)
+    ev = None
     if d.eval_rollouts:
         ev = _materialise(
             _open_checked(d.eval_rollouts, "data.eval_rollouts", target, d.allow_incomplete),
             "data.eval_rollouts",
             cfg.eval.max_rollouts,
         )
-        return _materialise(train_set, "data.train_rollouts"), ev
-    if (d.eval_split or 0.0) > 0:
-        tr, ev = train_set.split(d.eval_split, seed=cfg.seed)
-        return _materialise(tr, "data.train_rollouts"), _materialise(
-            ev, "data.eval_split", cfg.eval.max_rollouts
-        )
-    return _materialise(train_set, "data.train_rollouts"), None
+    elif (d.eval_split or 0.0) > 0:
+        train_set, held_out = train_set.split(d.eval_split, seed=cfg.seed)
+        ev = _materialise(held_out, "data.eval_split", cfg.eval.max_rollouts)
+    if d.train_subset is not None:
+        if d.train_subset > len(train_set):
+            raise TrainSetupError(
+                f"data.train_subset: {d.train_subset} but {train_set.directory} has "
+                f"{len(train_set)} training rollouts (after the held-out split)"
+            )
+        train_set = train_set.subset(nested_subset(train_set.prompt_ids, d.train_subset))
+    return _materialise(train_set, "data.train_rollouts"), ev
 
 
 def resolve_mode(cfg: TrainConfig, train: RolloutData, evaluation: RolloutData | None) -> str:
