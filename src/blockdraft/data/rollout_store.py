@@ -135,7 +135,8 @@ def nested_subset(ids: Sequence[str], n: int) -> list[int]:
     """
     if not 0 <= n <= len(ids):
         raise ValueError(f"a subset of {n} from {len(ids)} rows")
-    rank = sorted(range(len(ids)), key=lambda i: hashlib.sha256(f"subset\x00{ids[i]}".encode()).digest())
+    key = [hashlib.sha256(f"subset\x00{pid}".encode()).digest() for pid in ids]
+    rank = sorted(range(len(ids)), key=key.__getitem__)
     return sorted(rank[:n])
 
 

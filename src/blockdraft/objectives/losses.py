@@ -76,6 +76,7 @@ class Objective:
         draft_logits: torch.Tensor | None = None,
         target_probs: torch.Tensor | None = None,
         overlap: torch.Tensor | None = None,
+        soft_logq: torch.Tensor | None = None,
     ) -> LossOutput:
         raise TypeError(
             f"objective {self.name!r} is a rounds objective: call rounds_loss, not loss"
@@ -95,7 +96,13 @@ class Objective:
 
 
 class WeightedCEObjective(Objective):
-    """`sum sg(w) (-log q) / sum sg(w)` with weights from `weight_fn(logq, mask) -> [N,K]`."""
+    """`sum sg(w) (-log q) / sum sg(w)` with weights from `weight_fn(logq, mask) -> [N,K]`.
+
+    With `soft_weight` lambda > 0 each slot's `log q` becomes `(1 - lambda) log q(label) +
+    lambda soft_logq`, `soft_logq = sum_j p(j) log q(j)` over the target's stored top-k
+    (a soft target: more signal per rollout for a data-starved drafter); the weights stay
+    those of the hard label, the quantity D-PACE's acceptance surrogate is made of.
+    """
 
     def __init__(
         self,
@@ -106,7 +113,9 @@ class WeightedCEObjective(Objective):
         super().__init__(name, params)
         self._weight_fn = weight_fn
 
-    def loss(self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None) -> LossOutput:
+    def loss(
+        self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None, soft_logq=None
+    ) -> LossOutput:
         _check_block_inputs(logq, mask)
         weights = self._weight_fn(logq.detach(), mask)
         weights = torch.where(
@@ -114,7 +123,16 @@ class WeightedCEObjective(Objective):
             weights.expand_as(logq).to(logq.dtype),
             torch.zeros((), dtype=logq.dtype, device=logq.device),
         )
-        loss = weighted_cross_entropy(logq, weights, mask)
+        lam = self.params.get("soft_weight", 0.0)
+        scored = logq
+        if lam > 0:
+            if soft_logq is None or soft_logq.shape != logq.shape:
+                raise ValueError(
+                    f"soft_weight {lam} needs soft_logq of shape {tuple(logq.shape)}, got "
+                    f"{None if soft_logq is None else tuple(soft_logq.shape)}"
+                )
+            scored = (1 - lam) * logq + lam * soft_logq
+        loss = weighted_cross_entropy(scored, weights, mask)
         metrics = _block_metrics(logq, mask)
         metrics["weight_sum"] = float(weights.sum())
         return LossOutput(loss=loss, weights=weights.detach(), metrics=metrics)
@@ -125,7 +143,9 @@ class E2EObjective(Objective):
 
     needs_target_distribution = True
 
-    def loss(self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None) -> LossOutput:
+    def loss(
+        self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None, soft_logq=None
+    ) -> LossOutput:
         """`overlap` [N,K] (differentiable `sum_v min(p, q)`) may replace the two full
         distributions; for a greedy target it is just `q(x)`, which avoids `[N,K,V]`."""
         _check_block_inputs(logq, mask)

@@ -51,6 +51,12 @@ def _alpha(value: Any) -> float:
     return float(value)
 
 
+def _soft_weight(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"soft_weight must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
 def _optional_gamma(value: Any) -> float | None:
     if value is None:
         return None
@@ -121,11 +127,11 @@ def _anchor_sampler(value: Any) -> str:
 
 # name -> {param: (default, validator)}
 _PARAM_SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], Any]]]] = {
-    "uniform": {},
-    "decay": {"gamma": (None, _optional_gamma)},
-    "dpace": {"alpha": (0.5, _alpha)},
-    "dpace-cumulative": {"alpha": (0.5, _alpha)},
-    "dpace-continuation": {"alpha": (0.5, _alpha)},
+    "uniform": {"soft_weight": (0.0, _soft_weight)},
+    "decay": {"gamma": (None, _optional_gamma), "soft_weight": (0.0, _soft_weight)},
+    "dpace": {"alpha": (0.5, _alpha), "soft_weight": (0.0, _soft_weight)},
+    "dpace-cumulative": {"alpha": (0.5, _alpha), "soft_weight": (0.0, _soft_weight)},
+    "dpace-continuation": {"alpha": (0.5, _alpha), "soft_weight": (0.0, _soft_weight)},
     "e2e": {
         "chunk_rows": (None, _optional_positive_int("chunk_rows")),
         "greedy_temperature": (0.5, _positive_number("greedy_temperature")),
@@ -206,7 +212,9 @@ def make_objective(name: str, **params: Any) -> Objective:
     """Build the objective `name` (one of OBJECTIVE_NAMES) with validated `params`.
 
     Parameters: decay `gamma` (None = DFlash default for the block size, resolved from K
-    at loss time); dpace* `alpha` (smoothing, default 0.5); e2e `chunk_rows` (rows per
+    at loss time); dpace* `alpha` (smoothing, default 0.5); uniform, decay and dpace*
+    `soft_weight` (lambda: the share of the target's stored top-k distribution in each
+    slot's cross-entropy, next to the hard label; default 0); e2e `chunk_rows` (rows per
     vocabulary chunk, None = ~64 MB chunks) and `greedy_temperature` (greedy rollouts: the
     overlap is `softmax(z / beta)(x)`, as greedy EDR's acceptance; default 0.5); edr
     `mode` ("sampling" | "greedy") and `max_anchors` (round starts sampled per rollout,

@@ -77,7 +77,9 @@ class Batch:
     `input_ids [B,T]`, `attention_mask [B,T]`, `loss_mask [B,T]` (True on response tokens,
     i.e. labels a drafter is trained to predict), `logprobs [B,T]` (target log-prob of the
     token at that sequence index under the rollout's sampling distribution, 0 elsewhere),
-    `prompt_lens [B]`, `response_lens [B]`, `rollout_index [B]`.
+    `prompt_lens [B]`, `response_lens [B]`, `rollout_index [B]`; where every rollout
+    stored one, the target's top-k distribution of the token at each sequence index:
+    `topk_ids [B,T,k]` (-1 elsewhere) and `topk_logprobs [B,T,k]` (-inf elsewhere).
     """
 
     input_ids: torch.Tensor
@@ -87,9 +89,11 @@ class Batch:
     prompt_lens: torch.Tensor
     response_lens: torch.Tensor
     rollout_index: torch.Tensor
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(**{k: v.to(device) for k, v in self.__dict__.items()})
+        return Batch(**{k: None if v is None else v.to(device) for k, v in self.__dict__.items()})
 
     @property
     def num_tokens(self) -> int:
@@ -131,6 +135,15 @@ def collate(rollouts: list[Rollout], indices: list[int], pad_id: int, max_seq_le
         loss_mask[i, p : p + n] = True
         if lps:
             logprobs[i, p : p + len(lps)] = torch.tensor(lps, dtype=torch.float32)
+    topk_ids = topk_logprobs = None
+    if rollouts and all(getattr(r, "topk_ids", None) is not None for r in rollouts):
+        k = int(rollouts[0].topk_ids.shape[-1])
+        topk_ids = torch.full((b, width, k), -1, dtype=torch.long)
+        topk_logprobs = torch.full((b, width, k), float("-inf"), dtype=torch.float32)
+        for i, (r, (prompt, resp, _)) in enumerate(zip(rollouts, seqs, strict=True)):
+            p, n = len(prompt), len(resp)
+            topk_ids[i, p : p + n] = r.topk_ids[:n].long()
+            topk_logprobs[i, p : p + n] = r.topk_logprobs[:n].float()
     return Batch(
         input_ids=input_ids,
         attention_mask=attention,
@@ -139,6 +152,8 @@ def collate(rollouts: list[Rollout], indices: list[int], pad_id: int, max_seq_le
         prompt_lens=torch.tensor([len(p) for p, _, _ in seqs]),
         response_lens=torch.tensor([len(r) for _, r, _ in seqs]),
         rollout_index=torch.tensor(indices),
+        topk_ids=topk_ids,
+        topk_logprobs=topk_logprobs,
     )
 
 

@@ -80,6 +80,9 @@ class ObjectiveConfig:
     # true 0/1 argmax acceptance as beta -> 0 (docs/methods.md, "Greedy EDR"); 1.0 = the
     # old A = q(x), whose fine-tunes hurt at T = 0; 0.5 chosen on validation rollouts
     greedy_temperature: float = 0.5
+    # uniform / decay / dpace: lambda, the share of the target's stored top-k distribution
+    # (rollouts written with --store-topk) in each slot's cross-entropy; 0 = hard labels
+    soft_target_weight: float = 0.0
 
 
 @dataclass
@@ -254,9 +257,10 @@ def objective_spec(objective: ObjectiveConfig, mode: str) -> tuple[str, dict[str
     """The registry name and parameters that a config's `objective` section means, for
     rollouts of `mode` ("greedy" | "sampling")."""
     o = objective
+    soft = {"soft_weight": o.soft_target_weight} if o.soft_target_weight else {}
     params: dict[str, Any] = {
-        "uniform": {},
-        "decay": {"gamma": o.gamma},
+        "uniform": dict(soft),
+        "decay": {"gamma": o.gamma, **soft},
         "e2e": {"greedy_temperature": o.greedy_temperature},
         "edr": {
             "mode": mode,
@@ -264,7 +268,7 @@ def objective_spec(objective: ObjectiveConfig, mode: str) -> tuple[str, dict[str
             "anchor_sampler": o.anchor_sampler,
             "greedy_temperature": o.greedy_temperature,
         },
-    }.get(o.name, {"alpha": o.alpha})
+    }.get(o.name, {"alpha": o.alpha, **soft})
     name = f"dpace-{o.variant}" if o.name == "dpace" and o.variant != "full" else o.name
     return name, params
 
@@ -285,6 +289,18 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.optim.grad_clip >= 0, "optim.grad_clip: must be >= 0"),
         (0.0 <= (cfg.data.eval_split or 0.0) < 1.0, "data.eval_split: must be in [0, 1)"),
         (cfg.data.max_seq_len >= 2, "data.max_seq_len: must be >= 2"),
+        (
+            0.0 <= cfg.objective.soft_target_weight <= 1.0,
+            "objective.soft_target_weight: must be in [0, 1]",
+        ),
+        (
+            not cfg.objective.soft_target_weight
+            or (
+                cfg.objective.name in ("uniform", "decay", "dpace") and cfg.drafter.arch == "dflash"
+            ),
+            "objective.soft_target_weight: only for the cross-entropy objectives (uniform, "
+            "decay, dpace) of a parallel drafter (drafter.arch: dflash)",
+        ),
         (
             cfg.data.train_subset is None or cfg.data.train_subset >= 1,
             "data.train_subset: must be >= 1 (or null: every rollout)",

@@ -183,6 +183,41 @@ def _is_plain_parallel(drafter: nn.Module) -> bool:
     )
 
 
+def soft_target_logq(
+    drafter: nn.Module,
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_logprobs: torch.Tensor,
+    fallback: torch.Tensor,
+    chunk_rows: int = 4096,
+) -> torch.Tensor:
+    """`sum_j p(j) log q(j)` per slot `[B,A,K]`: the cross-entropy term of a soft target.
+
+    `topk_ids / topk_logprobs [B,A,K,k]` are the target's stored top-k at each slot's
+    label position; `p` is that distribution renormalised over the ids the drafter can
+    propose (its draft vocabulary). A slot with none of them keeps `fallback` (its hard
+    `log q(label)`). Plain parallel heads only: `log q` over the draft vocabulary is one
+    product per row chunk, never a `[.., V]` target-space tensor.
+    """
+    if not _is_plain_parallel(drafter):
+        raise ValueError("soft targets need a plain parallel drafter head (drafter.arch: dflash)")
+    ids, usable = map_to_draft_vocab(drafter, topk_ids)
+    logp = torch.where(usable, topk_logprobs.float(), torch.full_like(topk_logprobs, -torch.inf))
+    any_usable = usable.any(-1)
+    p = torch.softmax(torch.where(any_usable.unsqueeze(-1), logp, torch.zeros_like(logp)), -1)
+    p = torch.where(usable, p, torch.zeros_like(p))
+    weight = drafter.head_weight
+    flat_h = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
+    flat_ids = ids.clamp_min(0).reshape(flat_h.shape[0], -1)
+    parts = []
+    for start in range(0, flat_h.shape[0], chunk_rows):
+        logq = torch.log_softmax((flat_h[start : start + chunk_rows] @ weight.T).float(), -1)
+        parts.append(logq.gather(-1, flat_ids[start : start + chunk_rows]))
+    logq_top = torch.cat(parts).reshape(ids.shape)
+    soft = (p * torch.where(usable, logq_top, torch.zeros_like(logq_top))).sum(-1)
+    return torch.where(any_usable, soft, fallback)
+
+
 @torch.no_grad()
 def slot_argmax(
     drafter: nn.Module, hidden: torch.Tensor, prev: torch.Tensor, chunk_rows: int = 4096

@@ -25,6 +25,7 @@ from blockdraft.training.draft_forward import (
     has_selector,
     map_to_draft_vocab,
     slot_argmax,
+    soft_target_logq,
     with_unary_gradient,
 )
 from blockdraft.training.draft_space import DraftSpace, sampling_targets
@@ -237,6 +238,19 @@ def block_micro_step(
     train_logq = logq
     if selector and not objective.needs_target_distribution:  # weighted cross-entropy
         train_logq = with_unary_gradient(logq, unary_logq)
+    if objective.params.get("soft_weight", 0.0) > 0:
+        if batch.topk_ids is None:
+            raise ValueError(
+                "objective.soft_target_weight: the training rollouts store no top-k "
+                "distribution (write them with `blockdraft rollout --store-topk N`)"
+            )
+        positions = label_positions(anchors, k, batch.input_ids.shape[1])
+        rows = torch.arange(positions.shape[0], device=device)[:, None, None]
+        soft = soft_target_logq(
+            drafter, hidden, batch.topk_ids[rows, positions], batch.topk_logprobs[rows, positions],
+            logq,
+        )  # fmt: skip
+        kwargs["soft_logq"] = soft[valid]
     out = objective.loss(train_logq[valid], train_mask[valid], **kwargs)
     if objective.needs_target_distribution:  # E2E: mean over blocks with a real proposal
         denom = float(train_mask[valid].any(-1).sum())

@@ -154,7 +154,13 @@ def load_train_eval(cfg: TrainConfig, target) -> tuple[RolloutData, RolloutData 
                 f"{len(train_set)} training rollouts (after the held-out split)"
             )
         train_set = train_set.subset(nested_subset(train_set.prompt_ids, d.train_subset))
-    return _materialise(train_set, "data.train_rollouts"), ev
+    train = _materialise(train_set, "data.train_rollouts")
+    if cfg.objective.soft_target_weight > 0 and any(r.topk_ids is None for r in train.rollouts):
+        raise TrainSetupError(
+            f"objective.soft_target_weight: {train_set.directory} stores no top-k distribution "
+            "(write the rollouts with `blockdraft rollout --store-topk N`)"
+        )
+    return train, ev
 
 
 def resolve_mode(cfg: TrainConfig, train: RolloutData, evaluation: RolloutData | None) -> str:
