@@ -282,7 +282,7 @@ def test_greedy_step_with_tempered_relaxation_equals_autograd_of_the_recursion(s
         starts = round_start_anchors(int(p), int(n))
         if starts.numel() == 0:
             continue
-        sub = type(batch)(**{key: v[i : i + 1] for key, v in batch.__dict__.items()})
+        sub = batch.rows(slice(i, i + 1))
         labels, _, prev = labels_and_prev(sub, starts[None], drafter.config.block_size)
         hidden = drafter.forward_blocks(tout.features[i : i + 1], sub.input_ids, starts[None])
         logits = drafter.compute_logits(hidden, prev)[0].double()

@@ -95,6 +95,10 @@ class Batch:
     def to(self, device: torch.device) -> Batch:
         return Batch(**{k: None if v is None else v.to(device) for k, v in self.__dict__.items()})
 
+    def rows(self, index: torch.Tensor | slice) -> Batch:
+        """The micro-batch of the sequences `index` selects (every field indexed alike)."""
+        return Batch(**{k: None if v is None else v[index] for k, v in self.__dict__.items()})
+
     @property
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum())

@@ -214,7 +214,7 @@ def _draw_round_starts(
             scored.append(left.nonzero().flatten())
     else:  # occupancy PPS: score every usable row, then draw from the occupancies
         scored = [torch.arange(usable[i]) for i in long_rows]
-    sub = Batch(**{k: None if v is None else v[long_rows] for k, v in batch.__dict__.items()})
+    sub = batch.rows(long_rows)
     logits = None if tout.logits is None else tout.logits[long_rows]
     sub_out = dataclasses.replace(tout, logits=logits, features=tout.features[long_rows])
     anchors = pad_anchor_lists([starts[i][r] for i, r in zip(long_rows, scored, strict=True)])
