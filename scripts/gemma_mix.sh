@@ -9,7 +9,8 @@
 #   features  the target's layers for every training rollout, once (bfloat16)
 #   train     plain D-PACE and lookup-input D-PACE on all of it, side by side, one thread each
 #   scaling   the data-scaling curve: plain D-PACE on nested subsets of SIZES rollouts
-#             (`data.train_subset`), two at a time, one thread each
+#             (`data.train_subset`), and at the largest with soft targets (SOFT), two at a
+#             time, one thread each
 #   suite     `blockdraft suite`: ngram first, then every finished drafter, per benchmark and mean
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ OUT=${OUT:-results_runs/gemma-mix}
 DATA=${DATA:-../shared/data}
 MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@1216+stdlib:train@1216+pydoc:train@640"}
 SIZES=${SIZES:-"725 1450 2900"}   # of the 95% left after the held-out split
+SOFT=${SOFT:-0.5}                 # scaling: soft-target weight of one more run at the largest size (0: none)
 LAYERS=${LAYERS:-"[1,5,9,13,17]"}
 STEPS=${STEPS:-1000}
 LR=${LR:-2e-3}
@@ -65,10 +67,13 @@ train)
   wait $a; wait $b
   log "train done" ;;
 scaling)
-  log "scaling start (sizes $SIZES, $STEPS steps)"
+  log "scaling start (sizes $SIZES, $STEPS steps; soft targets $SOFT at the largest)"
+  largest=${SIZES##* }
+  queue=(); for n in $SIZES; do queue+=("dpace-n$n-s$SEED data.train_subset=$n"); done
+  [ "$SOFT" != 0 ] && queue+=("dpace-soft$SOFT-n$largest-s$SEED data.train_subset=$largest objective.soft_target_weight=$SOFT")
   pids=()
-  for n in $SIZES; do
-    train dpace-n$n-s$SEED data.train_subset="$n" & pids+=($!)
+  for job in "${queue[@]}"; do
+    train $job & pids+=($!)
     if [ ${#pids[@]} -eq 2 ]; then wait "${pids[0]}"; pids=("${pids[1]}"); fi
   done
   for p in "${pids[@]}"; do wait "$p"; done
