@@ -17,8 +17,8 @@ cd "$(dirname "$0")/.."
 BD=.venv/bin/blockdraft
 OUT=${OUT:-results_runs/gemma-mix}
 DATA=${DATA:-../shared/data}
-MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@1216+stdlib:train@1216+pydoc:train@640"}
-SIZES=${SIZES:-"725 1450 2900"}   # of the 95% left after the held-out split
+MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@1024+stdlib:train@768+pydoc:train@640"}
+SIZES=${SIZES:-"575 1150 2300"}   # of the 2,310 left after the held-out split
 SOFT=${SOFT:-0.5}                 # scaling: soft-target weight of one more run at the largest size (0: none)
 LAYERS=${LAYERS:-"[1,5,9,13,17]"}
 STEPS=${STEPS:-1000}
