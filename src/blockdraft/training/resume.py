@@ -40,6 +40,8 @@ MEANING_KEYS = (
     "objective.max_anchors",
     "objective.anchor_sampler",
     "objective.greedy_temperature",
+    "objective.soft_target_weight",
+    "data.train_subset",
     "target.name",
 )
 
