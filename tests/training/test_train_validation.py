@@ -89,6 +89,10 @@ def test_resume_refuses_a_config_that_changes_the_checkpoint(local, tmp_path, ca
     line = one_line_error(err)
     assert code == 2 and "drafter.num_layers 1 -> 2" in line, line
     code, _, err = _train(
+        capsys, local, run_dir, "optim.max_steps=3", *common, "data.train_subset=4", "--resume"
+    )  # another training set is another run
+    assert code == 2 and "data.train_subset None -> 4" in one_line_error(err)
+    code, _, err = _train(
         capsys, local, run_dir, "optim.max_steps=3", *common, "drafter.num_layers=2",
         "--resume", "--allow-changed", "drafter.num_layers",
     )  # fmt: skip
