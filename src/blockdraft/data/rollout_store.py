@@ -105,6 +105,13 @@ def ids_hash(prompt_ids: Sequence[str], prompt_tokens: Sequence[Sequence[int]]) 
 # --- reading ----------------------------------------------------------------------------
 
 
+def rank_by_id(ids: Sequence[str], salt: str) -> list[int]:
+    """Positions of `ids` ordered by SHA-256(salt, id): a choice that follows the ids alone,
+    never the order rollouts were written (the held-out split and the nested subsets)."""
+    keys = [hashlib.sha256(f"{salt}\x00{pid}".encode()).digest() for pid in ids]
+    return sorted(range(len(ids)), key=keys.__getitem__)
+
+
 def split_by_prompt(
     ids: Sequence[str], eval_fraction: float, seed: int = 0
 ) -> tuple[list[int], list[int]]:
@@ -121,8 +128,7 @@ def split_by_prompt(
     n_eval = round(eval_fraction * n)
     if eval_fraction > 0 and n >= 2:
         n_eval = max(1, n_eval)
-    rank = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}\x00{ids[i]}".encode()).digest())
-    eval_set = set(rank[:n_eval])
+    eval_set = set(rank_by_id(ids, str(seed))[:n_eval])
     return [i for i in range(n) if i not in eval_set], sorted(eval_set)
 
 
@@ -135,9 +141,7 @@ def nested_subset(ids: Sequence[str], n: int) -> list[int]:
     """
     if not 0 <= n <= len(ids):
         raise ValueError(f"a subset of {n} from {len(ids)} rows")
-    key = [hashlib.sha256(f"subset\x00{pid}".encode()).digest() for pid in ids]
-    rank = sorted(range(len(ids)), key=key.__getitem__)
-    return sorted(rank[:n])
+    return sorted(rank_by_id(ids, "subset")[:n])
 
 
 class RolloutSet(Sequence):
