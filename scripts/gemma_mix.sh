@@ -11,10 +11,12 @@
 #   scaling   the data-scaling curve: plain D-PACE on nested subsets of SIZES rollouts
 #             (`data.train_subset`), and at the largest with soft targets (SOFT), two at a
 #             time, one thread each
+#   recipe    the recipe study at the largest size: RECIPE runs (name and overrides, `;`
+#             between runs) next to plain D-PACE, JOBS at a time, one thread each
 #   suite     `blockdraft suite`: ngram first, then every finished drafter, per benchmark and mean
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BD=.venv/bin/blockdraft
+BD=${BD:-.venv/bin/blockdraft}
 OUT=${OUT:-results_runs/gemma-mix}
 DATA=${DATA:-../shared/data}
 MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@1024+stdlib:train@768+pydoc:train@640"}
@@ -24,6 +26,8 @@ LAYERS=${LAYERS:-"[1,5,9,13,17]"}
 STEPS=${STEPS:-1000}
 LR=${LR:-2e-3}
 SEED=${SEED:-0}
+JOBS=${JOBS:-2}                   # trainings at a time (one thread each): never more than the cores
+RECIPE=${RECIPE:-"lookup-dpace drafter.lookup_inputs=true; dpace-L2 drafter.num_layers=2"}
 SUITE_ROLLOUTS=${SUITE_ROLLOUTS:-results_runs/suite-gemma/rollouts}
 SECTIONS=${*:-"rollouts features train suite"}
 TGT="--target gemma-3-270m"
@@ -44,6 +48,15 @@ train() {  # train NAME key=value...
       eval.every=250 eval.max_rollouts=32 eval.at_start=false \
       checkpoint.save_every=250 checkpoint.keep_last=1 \
       logging.every=25 logging.progress=false logging.tensorboard=false "$@" > "$run.log" 2>&1
+}
+
+run_queue() {  # run_queue JOB... : each JOB is "NAME key=value...", JOBS at a time
+  local pids=() job
+  for job in "$@"; do
+    train $job & pids+=($!)
+    if [ ${#pids[@]} -ge "$JOBS" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+  done
+  for job in "${pids[@]}"; do wait "$job"; done
 }
 
 for section in $SECTIONS; do case $section in
@@ -71,13 +84,20 @@ scaling)
   largest=${SIZES##* }
   queue=(); for n in $SIZES; do queue+=("dpace-n$n-s$SEED data.train_subset=$n"); done
   [ "$SOFT" != 0 ] && queue+=("dpace-soft$SOFT-n$largest-s$SEED data.train_subset=$largest objective.soft_target_weight=$SOFT")
-  pids=()
-  for job in "${queue[@]}"; do
-    train $job & pids+=($!)
-    if [ ${#pids[@]} -eq 2 ]; then wait "${pids[0]}"; pids=("${pids[1]}"); fi
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
+  run_queue "${queue[@]}"
   log "scaling done" ;;
+recipe)
+  largest=${SIZES##* }
+  log "recipe start (n$largest, $STEPS steps): $RECIPE"
+  queue=()
+  IFS=';' read -ra runs <<< "$RECIPE"
+  for r in "${runs[@]}"; do
+    set -- $r
+    name=$1; shift
+    queue+=("$name-n$largest-s$SEED data.train_subset=$largest $*")
+  done
+  run_queue "${queue[@]}"
+  log "recipe done" ;;
 suite)
   log "suite start"
   $BD suite $TGT --suite configs/suites/gemma-3-270m.yaml --rollouts-dir "$SUITE_ROLLOUTS" \

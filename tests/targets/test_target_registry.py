@@ -7,6 +7,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from blockdraft.targets import tiny
 from blockdraft.targets.registry import (
     choose_mask_token_id,
     list_targets,
@@ -120,7 +121,8 @@ def test_fingerprint_is_stable_and_tells_targets_apart(saved_random):
 def test_list_targets_names():
     names = {t["name"]: t for t in list_targets()}
     assert set(names) == {"tiny", "gemma-3-270m"}
-    assert names["tiny"]["ready"] is False  # fresh cache dir
+    assert names["tiny"]["ready"] is True  # shipped weights, even with a fresh cache dir
+    assert names["tiny"]["path"] == str(tiny.SHIPPED_DIR)
 
 
 def test_cli_info_and_sample_on_a_local_path(saved_random, capsys):

@@ -1,8 +1,8 @@
 """`blockdraft target build|info|sample NAME`: build, inspect and try out targets.
 
-Building the embedded `tiny` target (or converting Gemma) is the only slow step of the
-quick-start, so it gets its own command with a progress bar; `sample` is the quickest
-way to see that a target produces sensible text before training a drafter for it.
+`build tiny` trains the embedded target from source into the cache (minutes) and says
+whether it equals the weights the package ships; `build gemma-3-270m` converts the GGUF
+once. `sample` is the quickest way to see that a target produces sensible text.
 """
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("name", help="tiny | gemma-3-270m")
     build.add_argument(
         "--seed", type=seed_int, default=None, help="seed of the tiny build (default 0)"
+    )
+    build.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch threads of the tiny build (default: the idle cores); the count changes "
+        "the weights' last bits, the shipped weights were built with the one in their manifest",
     )
     build.set_defaults(func=_build)
 
@@ -70,8 +77,10 @@ def _build(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if args.name == registry.TINY:
         config = tiny.TinyConfig() if args.seed is None else tiny.TinyConfig(seed=args.seed)
-        path = tiny.build_tiny_target(config, progress=True)
+        path = tiny.build_tiny_target(config, progress=True, num_threads=args.threads)
         manifest = tiny.read_manifest(path)
+        if args.seed is None and tiny.shipped_tiny_path() is not None:
+            print(_against_shipped(path))
     elif args.name == registry.GEMMA:
         path = gemma.convert_gemma(progress=True)
         manifest = gemma.read_manifest()
@@ -85,6 +94,31 @@ def _build(args: argparse.Namespace) -> int:
     print(f"{args.name}: {path} (ready in {time.perf_counter() - t0:.1f}s)")
     print(json.dumps(_summary(manifest), indent=2))
     return 0
+
+
+def _against_shipped(path: Path) -> str:
+    """How a local build of the default config compares with the shipped weights (which
+    `tiny` loads): equal on a CPU like the one that built them, else the last bits."""
+    # lazy: safetensors is only needed here
+    from safetensors.torch import load_file
+
+    ours, shipped = (load_file(p / "model.safetensors") for p in (path, tiny.SHIPPED_DIR))
+    if ours.keys() != shipped.keys():
+        return f"this build has other tensors than the shipped tiny weights ({tiny.SHIPPED_DIR})"
+    diff = max((ours[k] - shipped[k]).abs().max().item() for k in ours)
+    here, there = (_build_machine(tiny.read_manifest(p)) for p in (path, tiny.SHIPPED_DIR))
+    if diff == 0:
+        return f"identical to the shipped tiny weights (built with {there})"
+    return (
+        f"differs from the shipped tiny weights by max |diff| {diff:.3g} (this build: {here}; "
+        f"shipped: {there}): the vector ISA and the thread count change the rounding "
+        "(docs/results.md, 'Across CPUs'); `tiny` loads the shipped weights"
+    )
+
+
+def _build_machine(manifest: dict) -> str:
+    m = manifest
+    return f"{m.get('torch_threads')} thread(s), {m.get('cpu_capability')}, {m.get('cpu_model')}"
 
 
 def _summary(manifest: dict) -> dict:

@@ -10,9 +10,14 @@ evaluation and comparison, real decoding, and the report (docs/architecture.md).
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from blockdraft.data.prompts import load_prompts
 from blockdraft.data.rollout_store import RolloutSet
@@ -94,6 +99,7 @@ COMPARISONS = [
     ("ngram", "edr"),
 ]
 BASELINE = "ngram"  # prompt lookup with K = block_size - 1: the free drafter to beat
+TRAIN_THREADS = 1  # per training on a CPU: fixed, so the weights do not depend on the load
 
 
 def baseline_spec(s: DemoSettings) -> str:
@@ -188,29 +194,84 @@ def train_drafters(
     target: Any, s: DemoSettings, out: Path, rollouts: dict[str, Path]
 ) -> dict[str, Path]:
     """Train decay and D-PACE from scratch, then the fine-tunes of the D-PACE one (E2E, EDR
-    and the continued-D-PACE control)."""
+    and the continued-D-PACE control): each group's trainings side by side."""
     finals: dict[str, Path] = {}
-    plan = [(n, o, None) for n, o in SCRATCH] + [(n, o, "dpace") for n, o in FINETUNE]
-    for name, overrides, start in plan:
-        start_ckpt = finals[start] if start else None
-        cfg = _train_config(s, out / "runs" / name, rollouts, overrides, start_ckpt)
-        inputs = {
-            "config": portable(cfg.to_dict(), out),
-            "start": recorded_key(out / "runs" / start) if start else None,
-            # the rollout stages' keys, so regenerated rollouts retrain every drafter
-            "rollouts": {k: recorded_key(v.parent) for k, v in sorted(rollouts.items())},
-        }
-        stage = Stage(out / "runs" / name, inputs)
-        if stage.is_done():
-            _log(f"train {name}: reused")
-        else:
-            how = f"fine-tuning from {start}" if start else "from scratch"
-            _log(f"train {name} ({how})")
-            resume = (stage.directory / "checkpoints").is_dir()
-            train(cfg, target=target, resume=resume)
-            stage.finish({})
-        finals[name] = stage.directory / "final"
+    for group in ([(n, o, None) for n, o in SCRATCH], [(n, o, "dpace") for n, o in FINETUNE]):
+        todo: list[tuple[str, Any, bool, Stage]] = []
+        for name, overrides, start in group:
+            start_ckpt = finals[start] if start else None
+            cfg = _train_config(s, out / "runs" / name, rollouts, overrides, start_ckpt)
+            inputs = {
+                "config": portable(cfg.to_dict(), out),
+                "start": recorded_key(out / "runs" / start) if start else None,
+                # the rollout stages' keys, so regenerated rollouts retrain every drafter
+                "rollouts": {k: recorded_key(v.parent) for k, v in sorted(rollouts.items())},
+            }
+            stage = Stage(out / "runs" / name, inputs)
+            finals[name] = stage.directory / "final"
+            if stage.is_done():
+                _log(f"train {name}: reused")
+                continue
+            _log(f"train {name} ({f'fine-tuning from {start}' if start else 'from scratch'})")
+            todo.append((name, cfg, (stage.directory / "checkpoints").is_dir(), stage))
+        stages = [stage for *_, stage in todo]
+        run_trainings(
+            target,
+            [(cfg, resume) for _, cfg, resume, _ in todo],
+            on_done=lambda i, stages=stages: stages[i].finish({}),
+        )
     return finals
+
+
+def run_trainings(target: Any, jobs: list[tuple[Any, bool]], on_done: Any) -> None:
+    """Run independent trainings `(config, resume)`, calling `on_done(i)` as each ends.
+
+    On a CPU every training uses TRAIN_THREADS threads, so its weights do not depend on
+    how many cores were idle when it started (the thread count changes MKL's reductions),
+    and as many run side by side, each in its own process, as there are cores. Elsewhere
+    (a GPU) they run one after another in this process."""
+    if target.device.type != "cpu":
+        for i, (cfg, resume) in enumerate(jobs):
+            train(cfg, target=target, resume=resume)
+            on_done(i)
+        return
+    workers = min(len(jobs), _usable_cores() // TRAIN_THREADS)
+    if workers <= 1:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(TRAIN_THREADS)
+        try:
+            for i, (cfg, resume) in enumerate(jobs):
+                train(cfg, target=target, resume=resume)
+                on_done(i)
+        finally:
+            torch.set_num_threads(threads)
+        return
+    context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = {
+            pool.submit(_train_in_process, cfg, resume, position): position
+            for position, (cfg, resume) in enumerate(jobs)
+        }
+        try:
+            for future in as_completed(futures):
+                future.result()  # the worker's exception, re-raised here
+                on_done(futures[future])
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
+def _train_in_process(cfg: Any, resume: bool, position: int) -> str:
+    """One training in a worker process (it loads the target named in `cfg` itself)."""
+    torch.set_num_threads(TRAIN_THREADS)
+    return str(train(cfg, resume=resume, bar_position=position))
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def eval_prompt_spec(rollouts: dict[str, Path]) -> str:
@@ -371,7 +432,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     device, dtype = resolve_flags(s.device, s.dtype)
     where = f"{device}, {str(dtype).removeprefix('torch.')}"
-    _log(f"target {s.target!r} on {where} (built and cached on first use)")
+    _log(f"target {s.target!r} on {where}")
     target = load_target(s.target, device=device, dtype=dtype)
     rollouts = make_rollouts(target, s, out)
     trained = train_drafters(target, s, out, rollouts)

@@ -48,7 +48,7 @@ def list_targets() -> list[dict[str, Any]]:
     return [
         {
             "name": TINY,
-            "description": "embedded Qwen3 LM trained on the Python stdlib (built on first use)",
+            "description": "embedded Qwen3 LM trained on the Python stdlib (weights shipped)",
             "ready": tiny.is_built(tiny_path),
             "path": str(tiny_path),
         },

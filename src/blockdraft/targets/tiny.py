@@ -1,18 +1,16 @@
 """The embedded default target `tiny`: a small Qwen3 LM that blockdraft trains itself.
 
-Why: the quick-start, the demo and the tests need a *trained* target (a random one gives
-meaningless acceptance rates) without any download, so blockdraft trains a small
-Qwen3-architecture model with its own byte-level BPE on the Python standard library's
-source (on every machine), once, in minutes on a CPU, and caches it as an ordinary HF
-directory. The weights are a function of (`TinyConfig`, the stdlib corpus), in fp32 on
-every CPU, and the cache key hashes exactly these; the thread count is not in it (1 and 2
-threads give identical weights), so the build takes the idle cores. The CPU's vector ISA
-changes the last bits (not in the key; the manifest records it). The recipe and the
-cross-CPU study: docs/results.md ("The tiny target").
+Why: the demo and the tests need a *trained* target without any download. blockdraft
+trains a small Qwen3 model with its own BPE on the Python standard library's source
+(`build_tiny_target`, minutes on a CPU, cached by a key over `TinyConfig` and the corpus).
+The default build ships in the package (`tiny_weights/`, checksummed): the same weights on
+every machine, since the CPU's vector ISA and the Python version's stdlib change a local
+build's (docs/results.md, "The tiny target"). Other configs build on first use.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import platform
@@ -28,6 +26,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import blockdraft
+from blockdraft.errors import BlockdraftError
 from blockdraft.targets.target import Target
 from blockdraft.targets.tiny_corpus import Corpus, load_corpus, pack_documents, windows
 from blockdraft.targets.tokenizer import EOS_TOKEN, MASK_TOKEN, train_bpe_tokenizer
@@ -41,6 +40,8 @@ from blockdraft.user_cache import (
 
 MANIFEST = "blockdraft_manifest.json"
 FORMAT_VERSION = 1  # bump when the build procedure changes in a way that alters weights
+SHIPPED_DIR = Path(__file__).with_name("tiny_weights")  # the default build, in the package
+CHECKSUMS = "SHA256SUMS"  # sha256 of every shipped file, `sha256sum` format
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,49 @@ def cache_key(config: TinyConfig, corpus_digest: str) -> str:
 
 
 def tiny_target_path(config: TinyConfig | None = None, cache_dir: str | Path | None = None) -> Path:
-    """Where the build for `config` lives (whether or not it has been built yet)."""
+    """Where the target for `config` lives (whether or not it has been built yet): the
+    shipped weights for the default (`config=None`), else the cache's build."""
+    if config is None and shipped_tiny_path() is not None:
+        return SHIPPED_DIR
     config = config or TinyConfig()
     corpus = load_corpus(config.max_chars, config.heldout_every)
     return targets_dir(cache_dir) / f"tiny-{cache_key(config, corpus.digest)[:16]}"
+
+
+def shipped_tiny_path() -> Path | None:
+    """The shipped default build, or None when the package holds none for today's
+    `TinyConfig()` (its defaults changed and the weights were not rebuilt)."""
+    if not is_built(SHIPPED_DIR):
+        return None
+    manifest = read_manifest(SHIPPED_DIR)
+    return SHIPPED_DIR if manifest.get("config") == asdict(TinyConfig()) else None
+
+
+def verify_shipped(path: Path = SHIPPED_DIR) -> None:
+    """Refuse shipped files that differ from their checksums (a truncated checkout, an
+    edited file): the target's fingerprint would change and every cached stage with it."""
+    sums = path / CHECKSUMS
+    if not sums.is_file():
+        raise BlockdraftError(f"{sums}: missing; the shipped tiny target cannot be verified")
+    for line in sums.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        got = _sha256(path / name) if (path / name).is_file() else "missing"
+        if got != digest:
+            raise BlockdraftError(
+                f"{path / name}: sha256 {got[:16]} != {digest[:16]} in {CHECKSUMS}; "
+                "reinstall blockdraft or rebuild with `blockdraft target build tiny`"
+            )
+
+
+def write_checksums(path: Path) -> None:
+    """`SHA256SUMS` over every file of a build directory (what `verify_shipped` checks)."""
+    names = sorted(f.name for f in path.iterdir() if f.is_file() and f.name != CHECKSUMS)
+    (path / CHECKSUMS).write_text("".join(f"{_sha256(path / n)}  {n}\n" for n in names))
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def is_built(path: Path) -> bool:
@@ -156,11 +196,16 @@ def load_tiny_target(
     dtype: torch.dtype = torch.float32,
     progress: bool = True,
 ) -> Target:
-    """Load the cached `tiny` target, building it first if it is missing."""
+    """Load the `tiny` target: the shipped weights for the default (`config=None`), else
+    the cached build of `config`, building it first if it is missing."""
     # lazy: transformers takes seconds to import; `targets.registry` imports this module
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = build_tiny_target(config, cache_dir=cache_dir, progress=progress)
+    path = shipped_tiny_path() if config is None else None
+    if path is not None:
+        verify_shipped(path)
+    else:
+        path = build_tiny_target(config, cache_dir=cache_dir, progress=progress)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     return Target(
@@ -290,7 +335,8 @@ def build_threads(window_s: float = 0.3) -> int:
     window): two threads on cores shared with another busy process were seen 5-10x slower
     than one. The 1-minute load average is not used: it still counts the `pip install`
     that typically ran just before, and would halve the build speed of a fresh machine.
-    The thread count does not change the built weights (tested)."""
+    The count changes the last bits of the default build's weights (not of the micro
+    build's: MKL splits only large products), which is one reason the default ships."""
     n = torch.get_num_threads()
     try:
         idle0, total0 = _cpu_times()

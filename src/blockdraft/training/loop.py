@@ -57,6 +57,7 @@ class LoopParts:
     amp_dtype: torch.dtype | None
     profile_alpha: float
     profile_variant: str
+    bar_position: int = 0  # the progress bar's terminal line (trainings side by side)
     hooks: dict[str, Any] = field(
         default_factory=dict
     )  # evaluate(step), save(step, kind), log(step, dict)
@@ -174,6 +175,7 @@ def run_loop(parts: LoopParts, start_step: int, progress_state: Any) -> None:
         desc=f"train {cfg.objective.name}",
         disable=not (ctx.is_main and cfg.logging.progress),
         dynamic_ncols=True,
+        position=parts.bar_position,
     )
     t0, tok0 = time.perf_counter(), progress_state.tokens_seen
     try:

@@ -106,6 +106,7 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     allow_changed: Collection[str] = (),
+    bar_position: int = 0,
 ) -> Path:
     """Train a drafter as configured; returns the `final/` checkpoint directory.
 
@@ -113,7 +114,8 @@ def train(
     `config.target.name`. `resume=True` continues from the newest complete step
     checkpoint in `run_dir` exactly (same data order, anchors, optimizer and RNG state);
     a config that changes what that checkpoint means is refused (`training/resume.py`)
-    unless its keys are in `allow_changed`.
+    unless its keys are in `allow_changed`. `bar_position` is the progress bar's line
+    (tqdm's `position`) when several trainings share one terminal.
     """
     cfg = copy.deepcopy(config)  # setup may resolve defaults in it (the caller's stays)
     check_device(cfg)  # a one-line ConfigError, not torch's RuntimeError
@@ -122,7 +124,7 @@ def train(
         flush_denormals()
     try:
         with _run_dir_lock(Path(cfg.run_dir), ctx):
-            final = _train(cfg, ctx, target, resume, overwrite, allow_changed)
+            final = _train(cfg, ctx, target, resume, overwrite, allow_changed, bar_position)
             # every rank done before any leaves: a rank tearing gloo down while a peer still
             # has work in flight can abort the peer (not on errors: a failed rank must exit)
             barrier(ctx)
@@ -159,6 +161,7 @@ def _train(
     resume: bool,
     overwrite: bool = False,
     allow_changed: Collection[str] = (),
+    bar_position: int = 0,
 ) -> Path:
     run_dir = Path(cfg.run_dir)
     check_batch_split(cfg, ctx.world_size)  # every check before anything is written
@@ -226,6 +229,7 @@ def _train(
         profile_alpha=alpha,
         profile_variant=variant,
         hooks={"log": logger.log, "evaluate": run.evaluate, "save": run.save},
+        bar_position=bar_position,
     )
     try:
         return run.run(parts)
