@@ -278,6 +278,27 @@ def test_extend_with_leftovers_equals_one_run(random_target, tmp_path):
     RolloutSet.open(out).verify()
 
 
+def test_a_shorter_request_completes_an_interrupted_longer_one(random_target, tmp_path):
+    """Resuming an interrupted 8-prompt run with its first 6 prompts finishes those 6 and
+    marks the set complete (it used to keep `requested` 8 and stay incomplete forever)."""
+    s = SamplingSettings(temperature=1.0, max_new_tokens=4, seed=3)
+    out = tmp_path / "shrink"
+    kw = dict(batch_size=2, shard_size=2, progress=False)
+    generate_rollouts(random_target, prompts(4), out, s, **kw)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["prompts"]["requested"], manifest["complete"] = 8, False  # killed at row 4 of 8
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match="incomplete rollout set"):
+        RolloutSet.open(out)
+    shorter = generate_rollouts(random_target, prompts(6), out, s, **kw)
+    assert shorter.complete and len(RolloutSet.open(out)) == 6
+    assert RolloutSet.open(out).manifest["prompts"]["requested"] == 6
+    again = generate_rollouts(random_target, prompts(2), out, s, **kw)  # all stored already
+    assert again.complete and len(again) == 6
+    longer = generate_rollouts(random_target, prompts(8), out, s, **kw)  # extends it
+    assert longer.complete and len(longer) == 8
+
+
 def test_split_by_prompt_and_subsets(random_target, tmp_path):
     ids = [f"id{i}" for i in range(200)]
     train, ev = split_by_prompt(ids, 0.1, seed=0)

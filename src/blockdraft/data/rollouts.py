@@ -156,7 +156,9 @@ def _generate_into(
             repair_damaged_shards(out, manifest, pool, len(ids))
             check_finished_rows(out, manifest["shards"] + list(pool.values()), ids, tokens)
             extend_prefix(manifest, pool)
-            manifest["prompts"]["requested"] = max(len(prompts), manifest["prompts"]["requested"])
+            # this request, or the rows already stored if more: a shorter request (a prefix
+            # of an interrupted longer one) completes the set once its own rows are done
+            manifest["prompts"]["requested"] = max(len(prompts), manifest["num_rollouts"])
             write_manifest(out, manifest)
             tasks = plan_tasks(manifest, pool, len(prompts), shard_size)
             rows = [r for t in tasks for r in range(t.first_row, t.first_row + t.rows)]
