@@ -197,7 +197,7 @@ def train_drafters(
     and the continued-D-PACE control): each group's trainings side by side."""
     finals: dict[str, Path] = {}
     for group in ([(n, o, None) for n, o in SCRATCH], [(n, o, "dpace") for n, o in FINETUNE]):
-        todo: list[tuple[str, Any, bool, Stage]] = []
+        todo: list[tuple[Any, bool, Stage]] = []
         for name, overrides, start in group:
             start_ckpt = finals[start] if start else None
             cfg = _train_config(s, out / "runs" / name, rollouts, overrides, start_ckpt)
@@ -213,11 +213,11 @@ def train_drafters(
                 _log(f"train {name}: reused")
                 continue
             _log(f"train {name} ({f'fine-tuning from {start}' if start else 'from scratch'})")
-            todo.append((name, cfg, (stage.directory / "checkpoints").is_dir(), stage))
+            todo.append((cfg, (stage.directory / "checkpoints").is_dir(), stage))
         stages = [stage for *_, stage in todo]
         run_trainings(
             target,
-            [(cfg, resume) for _, cfg, resume, _ in todo],
+            [(cfg, resume) for cfg, resume, _ in todo],
             on_done=lambda i, stages=stages: stages[i].finish({}),
         )
     return finals
@@ -230,15 +230,11 @@ def run_trainings(target: Any, jobs: list[tuple[Any, bool]], on_done: Any) -> No
     how many cores were idle when it started (the thread count changes MKL's reductions),
     and as many run side by side, each in its own process, as there are cores. Elsewhere
     (a GPU) they run one after another in this process."""
-    if target.device.type != "cpu":
-        for i, (cfg, resume) in enumerate(jobs):
-            train(cfg, target=target, resume=resume)
-            on_done(i)
-        return
-    workers = min(len(jobs), _usable_cores() // TRAIN_THREADS)
+    cpu = target.device.type == "cpu"
+    workers = min(len(jobs), _usable_cores() // TRAIN_THREADS) if cpu else 1
     if workers <= 1:
         threads = torch.get_num_threads()
-        torch.set_num_threads(TRAIN_THREADS)
+        torch.set_num_threads(TRAIN_THREADS if cpu else threads)
         try:
             for i, (cfg, resume) in enumerate(jobs):
                 train(cfg, target=target, resume=resume)
