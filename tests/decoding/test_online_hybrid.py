@@ -64,6 +64,28 @@ def test_hybrid_greedy_online_rounds_equal_offline_per_prompt() -> None:
     assert stats.per_rollout_rounds.tolist() == [float(n) for n in online.per_prompt_rounds()]
 
 
+def test_hybrid_of_a_lookup_input_drafter_decodes_as_scored_offline() -> None:
+    """The block reads prompt lookup's tokens and the slots fall back to them: online, the
+    loop must hand the drafter its lookup too (it raised instead), and at T = 0 each
+    prompt's rounds equal the offline evaluator's."""
+    torch.manual_seed(0)
+    target = make_random_target("qwen3", seed=2)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5, lookup_inputs=True)
+    drafter = BlockDrafter(cfg).bind_target(target).eval()
+    hybrid = HybridDrafter(drafter, min_confidence=0.5)
+    g = torch.Generator().manual_seed(1)
+    base = torch.randint(3, target.vocab_size, (4,), generator=g).tolist()
+    prompts = [base * 3 + [5 + i] for i in range(4)]  # repeats: lookup has proposals
+    outs = [ar_generate(target, p, max_new_tokens=20) for p in prompts]
+    online = decode(target, hybrid, prompts, temperature=0.0, max_new_tokens=20, measure_ar=False)
+    assert online.outputs == outs
+    rollouts = [_rollout(i, p, o) for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
+    stats = offline_stats(score_rollouts(hybrid, target, rollouts, 0.0, use_cache=False))
+    assert stats.per_rollout_rounds.tolist() == [float(n) for n in online.per_prompt_rounds()]
+
+
 def test_hybrid_sampling_online_tau_agrees_with_offline_mal() -> None:
     target, hybrid, prompts = _confident_setup()
     settings = SamplingSettings(temperature=1.0, max_new_tokens=20, seed=3)

@@ -186,6 +186,8 @@ class HybridProposer(BlockProposer):
     def propose(self, tokens: list[int], anchor: int, position: int) -> Proposal:
         s = self.sampling
         looked_up = self.lookup.propose(tokens)
+        if self.block_lookup is not None:  # a lookup-input drafter reads its own rule's lookup
+            self.state.lookup = self.block_lookup.propose(tokens)
         return Proposal(
             *self.drafter.draft_block(
                 self.state,
