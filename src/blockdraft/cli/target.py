@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from blockdraft.cli.arguments import nonnegative_float, positive_int, seed_int
 from blockdraft.data.prompts import check_fits_context
@@ -99,9 +100,6 @@ def _build(args: argparse.Namespace) -> int:
 def _against_shipped(path: Path) -> str:
     """How a local build of the default config compares with the shipped weights (which
     `tiny` loads): equal on a CPU like the one that built them, else the last bits."""
-    # lazy: safetensors is only needed here
-    from safetensors.torch import load_file
-
     ours, shipped = (load_file(p / "model.safetensors") for p in (path, tiny.SHIPPED_DIR))
     if ours.keys() != shipped.keys():
         return f"this build has other tensors than the shipped tiny weights ({tiny.SHIPPED_DIR})"
@@ -116,8 +114,7 @@ def _against_shipped(path: Path) -> str:
     )
 
 
-def _build_machine(manifest: dict) -> str:
-    m = manifest
+def _build_machine(m: dict) -> str:
     return f"{m.get('torch_threads')} thread(s), {m.get('cpu_capability')}, {m.get('cpu_model')}"
 
 

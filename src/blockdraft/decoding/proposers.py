@@ -181,13 +181,18 @@ class HybridProposer(BlockProposer):
     def __init__(self, drafter: HybridDrafter, sampling: Sampling) -> None:
         super().__init__(drafter, sampling)
         self.head = None  # the merge needs the drafter's logits, not only its argmax
-        self.lookup = NgramIndex(drafter.ngram)
+        # a lookup-input drafter under a fallback of the same rule: one lookup serves both
+        shared = self.block_lookup is not None and (
+            self.block_lookup.drafter.config == drafter.ngram.config
+        )
+        self.lookup = self.block_lookup if shared else NgramIndex(drafter.ngram)
 
     def propose(self, tokens: list[int], anchor: int, position: int) -> Proposal:
         s = self.sampling
         looked_up = self.lookup.propose(tokens)
-        if self.block_lookup is not None:  # a lookup-input drafter reads its own rule's lookup
-            self.state.lookup = self.block_lookup.propose(tokens)
+        if self.block_lookup is not None:  # a lookup-input drafter reads its rule's lookup
+            same = self.lookup is self.block_lookup
+            self.state.lookup = looked_up if same else self.block_lookup.propose(tokens)
         return Proposal(
             *self.drafter.draft_block(
                 self.state,
