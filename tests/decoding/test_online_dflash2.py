@@ -27,6 +27,7 @@ from blockdraft.decoding.loop import ar_generate, decode
 from blockdraft.decoding.proposers import draft_block
 from blockdraft.drafters.dflash import DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
+from blockdraft.drafters.draft_vocab import most_frequent_tokens, target_to_draft
 from blockdraft.evaluation.offline import mal_ci, offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
 from blockdraft.targets.testing import make_random_target
@@ -40,28 +41,38 @@ def _prompts(target, n, seed, length=6):
     return [torch.randint(3, target.vocab_size, (length,), generator=g).tolist() for _ in range(n)]
 
 
-@pytest.fixture(scope="module")
-def setup():
+@pytest.fixture(scope="module", params=[None, 0.5], ids=["full-vocab", "draft-vocab"])
+def setup(request):
+    """The drafter on the full vocabulary, and on a reduced one (the most frequent half of
+    the ids in the training text: prompt tokens and predecessors fall outside it)."""
     target = make_random_target("qwen3", seed=1)
     with torch.no_grad():  # a confident target (tied head: the embedding scales too), so
         target.lm_head.weight.mul_(6.0)  # its sampled text is close to its greedy text
-    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=BLOCK, arch="dflash2",
-                                   selector_rank=8, selector_top_k=TOP_K)  # fmt: skip
-    torch.manual_seed(0)
-    drafter = DFlash2Drafter(cfg).bind_target(target)
     prompts = _prompts(target, 16, seed=1, length=5)
     seqs = [torch.tensor(p + ar_generate(target, p, max_new_tokens=24)) for p in prompts]
+    draft = None if request.param is None else int(request.param * target.vocab_size)
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=BLOCK, arch="dflash2",
+                                   selector_rank=8, selector_top_k=TOP_K,
+                                   draft_vocab_size=draft)  # fmt: skip
+    torch.manual_seed(0)
+    drafter = DFlash2Drafter(cfg).bind_target(target)
+    column = torch.arange(target.vocab_size)  # target id -> drafter column (-1: none)
+    if draft is not None:
+        drafter.set_draft_vocab(most_frequent_tokens(seqs, draft, target.vocab_size))
+        column = target_to_draft(drafter.draft_ids, target.vocab_size)
     ids = torch.stack(seqs)
     feats = target.forward(ids).features
     anchors = torch.arange(5, ids.shape[1] - BLOCK).expand(ids.shape[0], -1)
     idx = anchors[..., None] + torch.arange(1, BLOCK)
-    labels = torch.stack([ids[b][idx[b]] for b in range(ids.shape[0])])
+    labels = column[torch.stack([ids[b][idx[b]] for b in range(ids.shape[0])])]
     prev = torch.stack([ids[b][idx[b] - 1] for b in range(ids.shape[0])])
     opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
     for _ in range(40):
         hidden = drafter.forward_blocks(feats, ids, anchors)
         unary = drafter.unary_logits(hidden)
-        loss = torch.nn.functional.cross_entropy(unary.flatten(0, 2), labels.flatten())
+        loss = torch.nn.functional.cross_entropy(
+            unary.flatten(0, 2), labels.flatten(), ignore_index=-1
+        )
         cand, scores = drafter.select(hidden, prev, unary)
         inside = (cand == labels[..., None]).any(-1)
         if inside.any():

@@ -151,6 +151,40 @@ def test_selector_scores_by_hand(target):
                     torch.testing.assert_close(logits[i, k, c], want, rtol=1e-5, atol=1e-5)
 
 
+def test_reduced_vocabulary_selector_by_hand(target):
+    """Draft vocabulary D: candidates are the top-k of D's unary logits, the predecessor
+    row is the draft id of the previous token or row D outside D, the rest is -inf."""
+    base = make_dflash2(target).config.to_dict()
+    drafter = DFlash2Drafter(DrafterConfig.from_dict({**base, "draft_vocab_size": 40}))
+    drafter = randomize(drafter.bind_target(target)).eval()
+    ids = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(2))[:40]
+    drafter.set_draft_vocab(ids.sort().values)
+    sel = drafter.candidate_selector
+    assert sel.predecessor_codebook.shape[0] == 41 and sel.successor_codebook.shape[0] == 40
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(3, BLOCK - 1, target.hidden_size, generator=g)
+    prev = torch.randint(0, target.vocab_size, (3, BLOCK - 1), generator=g)
+    prev[0, 0] = int(drafter.draft_ids[7])  # one predecessor surely inside D
+    draft_ids = drafter.draft_ids.tolist()
+    with torch.no_grad():
+        logits = drafter.compute_logits(hidden, prev)
+        unary = hidden @ target.lm_head.weight[drafter.draft_ids].T  # [.., 40]
+        for i in range(3):
+            for k in range(BLOCK - 1):
+                cand = unary[i, k].topk(6).indices
+                finite = logits[i, k].isfinite().nonzero().flatten()
+                assert set(finite.tolist()) == {draft_ids[c] for c in cand.tolist()}
+                p = int(prev[i, k])
+                row = draft_ids.index(p) if p in draft_ids else 40
+                w = sel.hidden_projection.weight @ hidden[i, k]
+                for c in cand.tolist():
+                    pair = (sel.predecessor_codebook[row] * w * sel.successor_codebook[c]).sum()
+                    torch.testing.assert_close(
+                        logits[i, k, draft_ids[c]], unary[i, k, c] + pair, rtol=1e-5, atol=1e-5
+                    )
+    assert (~torch.isin(prev, drafter.draft_ids)).any()  # the shared row is exercised
+
+
 def test_sliding_and_causal_masks_by_rule():
     anchors = torch.tensor([[3, 0, -1, 5]])
     T, Kb, W = 6, 3, 3
@@ -218,7 +252,7 @@ def test_config_validation(target):
         ({"conv_kernel_size": 0}, "conv_kernel_size"),
         ({"layer_types": ["sliding_attention"], "sliding_window": 0}, "sliding_window"),
         ({"layer_types": ["full_attention"] * 3}, "entries"),
-        ({"draft_vocab_size": 10}, "full target vocabulary"),
+        ({"draft_vocab_size": 3}, r"selector_top_k in \[1, 3\]"),  # top-k 4 > 3 columns
     ]:
         with pytest.raises(ValueError, match=msg):
             DrafterConfig.from_dict({**good, **bad})

@@ -26,7 +26,7 @@ from blockdraft.serialization.checkpoint import (
     load_drafter,
     save_drafter,
 )
-from blockdraft.serialization.export import export_drafter, validate_for_serving
+from blockdraft.serialization.export import ExportError, export_drafter, validate_for_serving
 from blockdraft.targets.testing import make_random_target
 
 FIXTURE = Path(__file__).parent / "fixtures" / "zlab-dflash2-tiny"
@@ -169,6 +169,26 @@ def test_round_trip_and_serving_keys_alone(target, tmp_path, layers):
     again = load_drafter(served, target)
     assert again.config == drafter.config
     assert torch.equal(_logits(again, target), _logits(drafter, target))
+
+
+def test_reduced_vocabulary_round_trips_and_export_refuses_it(target, tmp_path):
+    """A DFlash2 drafter on a reduced draft vocabulary saves and loads (codebooks of D and
+    D + 1 rows, its `d2t`), and export says in one line why z-lab's format cannot hold it."""
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5, arch="dflash2",
+                                   selector_rank=8, selector_top_k=6,
+                                   draft_vocab_size=50)  # fmt: skip
+    torch.manual_seed(0)
+    drafter = DFlash2Drafter(cfg).bind_target(target).eval()
+    drafter.set_draft_vocab(torch.arange(3, 103, 2))
+    with torch.no_grad():
+        drafter.candidate_selector.hidden_projection.weight.normal_(std=0.5)
+    path = save_drafter(drafter, tmp_path / "c")
+    loaded = load_drafter(path, target)
+    assert torch.equal(loaded.draft_ids, drafter.draft_ids)
+    assert torch.equal(_logits(loaded, target), _logits(drafter, target))
+    with pytest.raises(ExportError, match="draft_vocab_size 50: z-lab's DFlash2 format"):
+        export_drafter(path, tmp_path / "served", target=target)
+    assert not (tmp_path / "served").exists()
 
 
 def test_automodel_builds_the_dflash2_export(target, tmp_path):

@@ -314,11 +314,14 @@ def draft_block(
     hidden = drafter.draft_hidden(state, anchor_id, anchor_position)  # [K, H]
     prev = torch.tensor([int(anchor_id)], device=hidden.device)
     tokens, qs = [], []
+    # greedy: the argmax in the drafter's own vocabulary (a reduced one: mapped back)
+    draft_logits = getattr(drafter, "compute_draft_logits", drafter.compute_logits)
     for k in range(hidden.shape[0]):
-        logits = drafter.compute_logits(hidden[k : k + 1], prev)[0]
         if greedy:
-            tok = logits.argmax(-1)
+            best = draft_logits(hidden[k : k + 1], prev)[0].argmax(-1)
+            tok = best if ids is None else ids.to(best.device)[best]
         else:
+            logits = drafter.compute_logits(hidden[k : k + 1], prev)[0]
             q = processed_probs(logits, temperature, top_p, top_k)
             tok = sample(q, generator)
             qs.append(q)

@@ -122,15 +122,11 @@ class DrafterConfig:
             raise ValueError(
                 f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}"
             )
-        if self.selector_rank < 1 or not 1 <= self.selector_top_k <= self.vocab_size:
+        columns = self.draft_vocab_size or self.vocab_size
+        if self.selector_rank < 1 or not 1 <= self.selector_top_k <= columns:
             raise ValueError(
                 "a dflash2 drafter needs selector_rank >= 1 and selector_top_k in "
-                f"[1, vocab_size], got {self.selector_rank} and {self.selector_top_k}"
-            )
-        if self.draft_vocab_size is not None or self.lookup_inputs:
-            raise ValueError(
-                "a dflash2 drafter scores the full target vocabulary from mask inputs "
-                "(no draft_vocab_size, no lookup_inputs)"
+                f"[1, {columns}], got {self.selector_rank} and {self.selector_top_k}"
             )
 
     def layer_attention(self, index: int) -> tuple[bool, int | None]:

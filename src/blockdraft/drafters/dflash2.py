@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.layers import DecoderLayer
 
 
@@ -92,12 +93,19 @@ class ConvDecoderLayer(DecoderLayer):
 
 
 class CandidateSelector(nn.Module):
-    """Scores `unary(c) + <P[prev] * W h, S[c]>` for the top-k unary candidates c."""
+    """Scores `unary(c) + <P[prev] * W h, S[c]>` for the top-k unary candidates c.
 
-    def __init__(self, vocab_size: int, hidden_size: int, rank: int, top_k: int) -> None:
+    `vocab_size` columns can be proposed (a reduced draft vocabulary's, or the target's);
+    `predecessors` rows of P (default `vocab_size`) index the previous token.
+    """
+
+    def __init__(
+        self, vocab_size: int, hidden_size: int, rank: int, top_k: int,
+        predecessors: int | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.top_k = top_k
-        self.predecessor_codebook = nn.Parameter(torch.randn(vocab_size, rank))
+        self.predecessor_codebook = nn.Parameter(torch.randn(predecessors or vocab_size, rank))
         self.successor_codebook = nn.Parameter(torch.randn(vocab_size, rank))
         # zero: a fresh selector keeps the unary order; the codebooks still get gradient
         self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
@@ -106,8 +114,8 @@ class CandidateSelector(nn.Module):
     def forward(
         self, hidden: torch.Tensor, unary: torch.Tensor, prev: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(candidate ids `[..., k]`, their scores `[..., k]`) for hidden `[..., H]`, unary
-        logits `[..., V]` and previous tokens `[...]` (negative ids: padding, any row)."""
+        """(candidate columns `[..., k]`, their scores `[..., k]`) for hidden `[..., H]`,
+        unary logits `[..., V]` and predecessor rows `[...]` (negative: padding, any row)."""
         top, candidates = torch.topk(unary, self.top_k, dim=-1)
         return candidates, self.score(hidden, candidates, top, prev)
 
@@ -139,30 +147,49 @@ class DFlash2Drafter(BlockDrafter):
         for layer in self.layers:
             layer.attention_conv.reset_to_identity()
             layer.mlp_conv.reset_to_identity()
-        c = config
+        c, draft = config, config.draft_vocab_size
+        # a reduced draft vocabulary D: D candidate columns, and D + 1 predecessor rows (the
+        # anchor and teacher-forced predecessors can be any token; those outside D share one)
         self.candidate_selector = CandidateSelector(
-            c.vocab_size, c.hidden_size, c.selector_rank, c.selector_top_k
-        )
+            draft or c.vocab_size, c.hidden_size, c.selector_rank, c.selector_top_k,
+            predecessors=None if draft is None else draft + 1,
+        )  # fmt: skip
+        self._predecessor_table: tuple[tuple, torch.Tensor] | None = None
 
     @staticmethod
     def _decoder_layer(c: DrafterConfig) -> nn.Module:
         return ConvDecoderLayer(c)
 
     def unary_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The backbone's logits `[..., V]` (multiplier and softcap applied)."""
+        """The backbone's logits `[..., V_draft]` (multiplier and softcap applied)."""
         return super().compute_draft_logits(hidden)
+
+    def predecessor_rows(self, prev: torch.Tensor) -> torch.Tensor:
+        """Predecessor-codebook rows of target ids `prev` (negative: padding, kept): the
+        ids themselves, or with a reduced vocabulary D the draft id and row D outside D."""
+        ids = self.draft_ids
+        if ids is None:
+            return prev
+        key = (id(self.d2t), self.d2t._version, prev.device)
+        if self._predecessor_table is None or self._predecessor_table[0] != key:
+            table = target_to_draft(ids.to(prev.device), int(self.config.vocab_size))
+            table[table < 0] = ids.numel()
+            self._predecessor_table = (key, table)
+        table = self._predecessor_table[1]
+        return torch.where(prev >= 0, table[prev.clamp_min(0)], prev)
 
     def select(
         self, hidden: torch.Tensor, prev: torch.Tensor, unary: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(candidates, scores) `[..., k]` given the previous tokens `prev [...]`."""
+        """(candidate columns, scores) `[..., k]` given the previous tokens `prev [...]`
+        (target ids; the columns are draft ids with a reduced vocabulary)."""
         unary = self.unary_logits(hidden) if unary is None else unary
-        return self.candidate_selector(hidden, unary, prev)
+        return self.candidate_selector(hidden, unary, self.predecessor_rows(prev))
 
     def selector_logits(
         self, hidden: torch.Tensor, prev: torch.Tensor, unary: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """`[..., V]`: the selector's scores on the candidates, -inf elsewhere."""
+        """`[..., V_draft]`: the selector's scores on the candidates, -inf elsewhere."""
         unary = self.unary_logits(hidden) if unary is None else unary
         candidates, scores = self.select(hidden, prev, unary)
         out = unary.new_full(unary.shape, float("-inf"))
@@ -189,7 +216,8 @@ class DFlash2Drafter(BlockDrafter):
         candidates = self.candidates(hidden, chunk_rows)
         rows = self.head_weight.to(device=hidden.device, dtype=hidden.dtype)[candidates]
         top = self._softcap((rows @ hidden.unsqueeze(-1)).squeeze(-1))
-        return candidates, self.candidate_selector.score(hidden, candidates, top, prev)
+        prev_rows = self.predecessor_rows(prev)
+        return candidates, self.candidate_selector.score(hidden, candidates, top, prev_rows)
 
     def compute_draft_logits(
         self, hidden: torch.Tensor, prev_tokens: torch.Tensor | None = None

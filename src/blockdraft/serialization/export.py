@@ -131,6 +131,13 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
             value = _get(cfg, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"dflash_config.{key} {value!r} missing or not a positive int")
+        draft = cfg.get("draft_vocab_size")
+        if draft is not None and draft != cfg.get("vocab_size"):
+            problems.append(
+                f"draft_vocab_size {draft}: z-lab's DFlash2 format has no reduced draft "
+                "vocabulary (its selector codebooks span the target's); train the DFlash2 "
+                "drafter on the full vocabulary to export it"
+            )
         group = _get(cfg, "conv_group_size")
         if isinstance(group, int) and group > 0 and isinstance(hidden, int) and hidden % group:
             problems.append(f"conv_group_size {group} does not divide hidden_size {hidden}")

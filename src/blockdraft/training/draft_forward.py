@@ -102,8 +102,15 @@ class DraftForward(nn.Module):
             if full_logits:
                 u = self.drafter.unary_logits(hidden)
                 sel = self.drafter.selector_logits(hidden, prev, u)
-                logq = floored_logq(chunked_token_logprobs(sel, labels, self.chunk_rows))
-                logq_u = chunked_token_logprobs(u, labels, self.chunk_rows)
+                space, columns = DraftSpace.of(self.drafter), labels
+                if space is not None:  # a reduced vocabulary: its DraftSpace columns
+                    u, sel = space.logits(u), space.logits(sel)
+                    columns = torch.where(labels >= 0, space.labels(labels.clamp_min(0)), -1)
+                logq = floored_logq(chunked_token_logprobs(sel, columns, self.chunk_rows))
+                logq_u = chunked_token_logprobs(u, columns, self.chunk_rows)
+                # a label outside the draft vocabulary: no unary term (not -inf: its
+                # gradient is all that is used, `with_unary_gradient`)
+                logq_u = torch.where(torch.isfinite(logq_u), logq_u, torch.zeros_like(logq_u))
             else:  # log q(label) only: no [N, K, V] tensor is kept (`select_compact`)
                 u, sel = None, None
                 logq, logq_u = self._selector_logq(hidden, labels, prev, temperature)
@@ -132,19 +139,20 @@ def _selector_logq_impl(drafter, hidden, labels, prev, chunk_rows, temperature=1
     """(floored selector log q(label), unary log q(label)) without full logits, both at
     the drafter temperature (the candidates, a top-k, do not depend on it)."""
     candidates, scores = drafter.select_compact(hidden, prev)
-    hit = candidates == labels.clamp_min(0).unsqueeze(-1)
+    columns, in_vocab = map_to_draft_vocab(drafter, labels)  # candidates are draft columns
+    hit = candidates == columns.clamp_min(0).unsqueeze(-1)
     logp = torch.log_softmax(scores.float() / temperature, -1)
-    inside = hit.any(-1) & (labels >= 0)
+    inside = hit.any(-1) & in_vocab
     sel = torch.where(hit, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(-1)
     sel = torch.where(inside, sel, torch.full_like(sel, LOGQ_FLOOR))
     sel = torch.where(labels >= 0, sel, torch.zeros_like(sel))
     if _is_plain_head(drafter):
         weight = drafter.head_weight
         h = hidden.to(weight.dtype) / temperature
-        logq_u = target_logprobs(h, weight, labels, chunk_rows)
+        logq_u = target_logprobs(h, weight, columns, chunk_rows)
     else:
         unary = drafter.unary_logits(hidden) / temperature
-        logq_u = chunked_token_logprobs(unary, labels, chunk_rows)
+        logq_u = chunked_token_logprobs(unary, columns, chunk_rows)
     return sel, logq_u
 
 

@@ -373,7 +373,9 @@ def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings,
             return scores_and_moments(z, pp, x, settings, stops)
         acc, cost = _sampling_scores(z, pp, x, settings, stops)
         if has_selector(drafter) and torch.is_grad_enabled():  # DFlash2: unary, same weights
-            acc_u, cost_u = _sampling_scores(drafter.unary_logits(h), pp, x, settings, stops)
+            u = drafter.unary_logits(h)
+            u = u if space is None else space.logits(u)
+            acc_u, cost_u = _sampling_scores(u, pp, x, settings, stops)
             acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
         if col is None:
             return acc, cost
