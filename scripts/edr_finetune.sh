@@ -9,6 +9,8 @@
 # Settings: t1 (T = 1), t07 (T = 0.7, top-p 0.8, top-k 20: the paper's other setting),
 # t0 (greedy). Sections: rollouts base sweep finetune compare (default: all);
 # SETTINGS="t1 t07 t0", SEEDS="0 1". Output: $OUT (default results_runs/edr, ignored).
+# DRAFTER: overrides for every run's drafter, e.g. the DFlash2 protocol (issue #32):
+#   OUT=results_runs/edr-dflash2 DRAFTER="drafter.arch=dflash2 drafter.selector_rank=22" ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -23,6 +25,7 @@ SEEDS=${SEEDS:-0 1}
 BASE_STEPS=${BASE_STEPS:-500}     # D-PACE from scratch at T > 0 (lr 3e-3, cosine to 0)
 SWEEP_LRS=${SWEEP_LRS:-3e-5 3e-4}
 PAPER_LR=3e-5
+DRAFTER=${DRAFTER:-}
 
 sampling() {  # rollout flags of a setting
   case $1 in
@@ -45,7 +48,7 @@ train() {  # train NAME SETTING key=value...: the recipe of docs/results.md sect
       data.train_rollouts="$OUT/rollouts/train-$set" data.eval_rollouts="$OUT/rollouts/val-$set" \
       data.eval_split=0 num_anchors=64 optim.batch_size=8 optim.lr=3e-3 \
       'target.layer_ids=[0,1,2,3]' eval.every=0 eval.max_rollouts=64 eval.at_start=false \
-      checkpoint.save_every=0 logging.every=4 "$@"
+      checkpoint.save_every=0 logging.every=4 $DRAFTER "$@"
 }
 finetune() {  # finetune NAME SETTING SEED OBJECTIVE LR [key=value...]: one epoch from the base
   local name=$1 set=$2 seed=$3 obj=$4 lr=$5; shift 5

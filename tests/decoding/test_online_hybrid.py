@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from test_online import ALPHA, _exact_and_empirical
 
@@ -33,13 +34,18 @@ def test_hybrid_sampling_is_lossless() -> None:
     assert pval > ALPHA, (stat, df)
 
 
-def _confident_setup():
+def _confident_setup(draft_vocab: bool = False):
+    """A confident random drafter; `draft_vocab`: on a reduced vocabulary of half the
+    target's ids (the merge then reads D columns, the target's tokens fall outside)."""
     torch.manual_seed(0)
     target = make_random_target("qwen3", seed=2)
     with torch.no_grad():
         target.lm_head.weight.mul_(4.0)
-    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5)
+    size = target.vocab_size // 2 if draft_vocab else None
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5, draft_vocab_size=size)
     drafter = BlockDrafter(cfg).bind_target(target).eval()
+    if draft_vocab:
+        drafter.set_draft_vocab(torch.arange(0, target.vocab_size, 2)[:size])
     with torch.no_grad():
         drafter.fc.weight.mul_(20.0)
     g = torch.Generator().manual_seed(1)
@@ -52,8 +58,9 @@ def _rollout(i, prompt, response, logprobs=None) -> Rollout:
     return Rollout(str(i), torch.tensor(prompt), torch.as_tensor(response), lp.float())
 
 
-def test_hybrid_greedy_online_rounds_equal_offline_per_prompt() -> None:
-    target, hybrid, prompts = _confident_setup()
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_hybrid_greedy_online_rounds_equal_offline_per_prompt(draft_vocab) -> None:
+    target, hybrid, prompts = _confident_setup(draft_vocab)
     outs = [ar_generate(target, p, max_new_tokens=20) for p in prompts[:4]]
     online = decode(
         target, hybrid, prompts[:4], temperature=0.0, max_new_tokens=20, measure_ar=False
@@ -86,8 +93,9 @@ def test_hybrid_of_a_lookup_input_drafter_decodes_as_scored_offline() -> None:
     assert stats.per_rollout_rounds.tolist() == [float(n) for n in online.per_prompt_rounds()]
 
 
-def test_hybrid_sampling_online_tau_agrees_with_offline_mal() -> None:
-    target, hybrid, prompts = _confident_setup()
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_hybrid_sampling_online_tau_agrees_with_offline_mal(draft_vocab) -> None:
+    target, hybrid, prompts = _confident_setup(draft_vocab)
     settings = SamplingSettings(temperature=1.0, max_new_tokens=20, seed=3)
     gen = generate_batch(target, prompts, [str(i) for i in range(len(prompts))], settings)
     rollouts = [

@@ -63,6 +63,7 @@ class HybridDrafter:
     def extend_context(self, state: Any, features: torch.Tensor, start: int) -> None:
         self.drafter.extend_context(state, features, start)
 
+    @torch.no_grad()
     def draft_block(
         self,
         state: Any,
@@ -76,14 +77,23 @@ class HybridDrafter:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(tokens [K], q' [K, V] they were drawn from; None at T = 0) of one round.
 
-        `looked_up` is the prompt-lookup proposal over the verified text (0..K tokens)."""
-        logits = self.drafter.draft_logits(state, anchor_id, anchor_position)  # [K, V]
+        `looked_up` is the prompt-lookup proposal over the verified text (0..K tokens).
+        Confidence and the greedy argmax come from the drafter's own vocabulary (a
+        reduced one: its D columns, not the target's V; the same softmax and argmax, as
+        the offline evaluator computes them); only T > 0 expands q to the target's."""
+        hidden = self.drafter.draft_hidden(state, anchor_id, anchor_position)
+        own_logits = getattr(self.drafter, "compute_draft_logits", self.drafter.compute_logits)
+        logits = own_logits(hidden)  # [K, V_draft]
         use = self.use_lookup(logits, len(looked_up))
         lookup = torch.full((logits.shape[0],), -1, dtype=torch.long, device=logits.device)
         if looked_up:
             lookup[: len(looked_up)] = torch.tensor(looked_up, device=logits.device)
+        ids = getattr(self.drafter, "draft_ids", None)
         if temperature == 0:
-            return torch.where(use, lookup, logits.argmax(-1)), None
+            best = logits.argmax(-1)
+            return torch.where(use, lookup, best if ids is None else ids.to(best.device)[best]), None
+        if ids is not None:
+            logits = self.drafter.to_target_vocab(logits)
         q = processed_probs(logits, temperature, top_p, top_k)
         tokens = torch.where(use, lookup, sample(q, generator))
         one_hot = torch.zeros_like(q).scatter_(-1, tokens.clamp_min(0).view(-1, 1), 1.0)
