@@ -14,6 +14,13 @@
 #   recipe    the recipe study at the largest size: RECIPE runs (name and overrides, `;`
 #             between runs) next to plain D-PACE, JOBS at a time, one thread each
 #   suite     `blockdraft suite`: ngram first, then every finished drafter, per benchmark and mean
+#   edr       EDR as in the paper (issue #31) on Gemma: T = 1 rollouts of EDR_MIX (training
+#             prompts of the base), then from the plain D-PACE drafter (EDR_BASE) one epoch of
+#             continued D-PACE (the control), E2E and EDR at EDR_LR, same seed and data order;
+#             scored on the suite at T = 1 (configs/suites/gemma-3-270m-t1.yaml)
+#   bench     wall-clock next to HF generate (bench/decode.py, 4 prompts x 64 tokens of each
+#             suite benchmark, T = 0, 2 threads): the drafters in BENCH (run names; hybrid:NAME
+#             for the lookup fallback), into $OUT/bench-decode.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BD=${BD:-.venv/bin/blockdraft}
@@ -29,6 +36,10 @@ SEED=${SEED:-0}
 JOBS=${JOBS:-2}                   # trainings at a time (one thread each): never more than the cores
 RECIPE=${RECIPE:-"lookup-dpace drafter.lookup_inputs=true; dpace-L2 drafter.num_layers=2"}
 SUITE_ROLLOUTS=${SUITE_ROLLOUTS:-results_runs/suite-gemma/rollouts}
+EDR_MIX=${EDR_MIX:-"$DATA/gsm8k/train.jsonl:question@192+stdlib:train@96+pydoc:train@96"}
+EDR_BASE=${EDR_BASE:-dpace-n2300-s0}
+EDR_LR=${EDR_LR:-3e-4}
+BENCH=${BENCH:-"dpace-n2300-s0 hybrid:lookup-dpace-n2300-s0"}
 SECTIONS=${*:-"rollouts features train suite"}
 TGT="--target gemma-3-270m"
 mkdir -p "$OUT/runs"
@@ -105,5 +116,35 @@ suite)
       --plot "$OUT/suite.png" $(for r in "$OUT"/runs/*/; do [ -d "$r/final" ] && echo "${r%/}"; done) \
       | tee "$OUT/suite.txt"
   log "suite done" ;;
+edr)
+  log "edr start: from $EDR_BASE, lr $EDR_LR"
+  grep -qs '"complete": true' "$OUT/rollouts/train-t1/manifest.json" ||
+    $BD rollout $TGT --prompts "$EDR_MIX" --temperature 1 --max-new-tokens 128 --batch-size 128 \
+        --shard-size 256 --threads 2 --out "$OUT/rollouts/train-t1" --no-progress
+  queue=()
+  for obj in dpace e2e edr; do
+    queue+=("ft-t1-$obj-$EDR_LR data.train_rollouts=$OUT/rollouts/train-t1 data.features=null
+             drafter.init_from=$OUT/runs/$EDR_BASE/final objective.name=$obj optim.lr=$EDR_LR
+             optim.warmup_steps=0 optim.schedule=constant optim.max_steps=null optim.epochs=1")
+  done
+  run_queue "${queue[@]}"
+  $BD suite $TGT --suite configs/suites/gemma-3-270m-t1.yaml --rollouts-dir "$SUITE_ROLLOUTS-t1" \
+      --cache-dir "$OUT/cache" --threads 2 --no-progress --json "$OUT/suite-t1.json" \
+      "$OUT/runs/$EDR_BASE" $(for obj in dpace e2e edr; do echo "$OUT/runs/ft-t1-$obj-$EDR_LR"; done) \
+      | tee "$OUT/suite-t1.txt"
+  log "edr done" ;;
+bench)
+  log "bench start: $BENCH"
+  drafters=(); for b in $BENCH; do
+    case $b in hybrid:*) drafters+=("hybrid:$OUT/runs/${b#hybrid:}") ;; *) drafters+=("$OUT/runs/$b") ;; esac
+  done
+  for spec in "gsm8k $DATA/gsm8k/test.jsonl:question" "humaneval $DATA/humaneval/HumanEval.jsonl.gz:prompt" \
+              "mt-bench $DATA/mt_bench/question.jsonl:turns"; do
+    set -- $spec
+    echo "=== $1" >> "$OUT/bench-decode.txt"
+    .venv/bin/python bench/decode.py $TGT --prompts-spec "$2" --prompts 4 --max-new-tokens 64 \
+        --temperature 0 --reps 1 --threads 2 --drafter "${drafters[@]}" | tee -a "$OUT/bench-decode.txt"
+  done
+  log "bench done" ;;
 *) echo "unknown section $section" >&2; exit 2 ;;
 esac; done

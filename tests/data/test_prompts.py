@@ -256,3 +256,6 @@ def test_prompt_mix_takes_each_source_in_turn(tmp_path):
     plus = tmp_path / "a+b.jsonl"  # a file whose name has a '+' is still a file
     plus.write_text(json.dumps({"question": "x?"}) + "\n")
     assert [p.text for p in load_prompts(f"{plus}")] == ["x?"]
+    # one source with a count is a mix of one (it read `question@2` as the field)
+    assert [p.text for p in load_prompts(f"{path}:question@2")] == ["q0?", "q1?"]
+    assert len(load_prompts("stdlib:train@3")) == 3

@@ -3,9 +3,9 @@
 Every later stage (rollouts, evaluation, the online decoder) takes a prompt *spec*, so a
 run can be repeated from its manifest alone: a `.jsonl[.gz]` / `.json` / `.parquet` file
 with an optional `:field`, `stdlib:train|eval`, `pydoc:train|eval`, `humaneval`,
-`hf:name[:config]:split:field`, or a mix `SPEC@N+SPEC@N+...`. Prompt ids must be unique,
-because a rollout's random stream is seeded from its prompt id. The syntax in full
-(field detection, chats, ids): docs/rollouts.md ("Prompt specs").
+`hf:name[:config]:split:field`, or a mix `SPEC@N+SPEC@N+...` (`SPEC@N`: the first N).
+Prompt ids must be unique, because a rollout's random stream is seeded from its prompt
+id. The syntax in full (field detection, chats, ids): docs/rollouts.md ("Prompt specs").
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
     if limit is not None and limit < 1:
         raise PromptError(f"prompt limit must be >= 1, got {limit}")
     spec = spec.strip()
-    if MIX_SEPARATOR in spec and not Path(spec).exists():
+    if _is_mix(spec):  # also one source with a count, `SPEC@N`
         prompts = [p for part in mix_parts(spec) for p in load_prompts(*part)]
     elif spec == "stdlib" or spec.startswith("stdlib:"):
         split = spec.partition(":")[2] or "train"
@@ -55,6 +56,12 @@ def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
         raise PromptError(f"{spec}: no prompts found")
     _check_unique(prompts, spec)
     return prompts
+
+
+def _is_mix(spec: str) -> bool:
+    if Path(spec).exists():
+        return False
+    return MIX_SEPARATOR in spec or re.search(r"@\d+$", spec) is not None
 
 
 def mix_parts(spec: str) -> list[tuple[str, int | None]]:

@@ -91,7 +91,8 @@ class HybridDrafter:
         ids = getattr(self.drafter, "draft_ids", None)
         if temperature == 0:
             best = logits.argmax(-1)
-            return torch.where(use, lookup, best if ids is None else ids.to(best.device)[best]), None
+            best = best if ids is None else ids.to(best.device)[best]
+            return torch.where(use, lookup, best), None
         if ids is not None:
             logits = self.drafter.to_target_vocab(logits)
         q = processed_probs(logits, temperature, top_p, top_k)
