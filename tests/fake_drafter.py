@@ -247,6 +247,13 @@ class FakeDrafter:
             return hidden
         return hidden + self.markov[prev_tokens]
 
+    # slot-by-slot drafting (decoding/proposers.draft_block), as a sequential drafter has it
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+    def slot_logits(self, hidden, prev_tokens, base: torch.Tensor) -> torch.Tensor:
+        return self.compute_logits(base, prev_tokens)
+
 
 def oracle_drafter(
     target,

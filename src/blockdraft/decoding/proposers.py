@@ -311,17 +311,20 @@ def draft_block(
             return logits.argmax(-1), None
         q = processed_probs(logits, temperature, top_p, top_k)
         return sample(q, generator), q
+    # slot by slot (semi-AR, DFlash2): what does not depend on the previous token once per
+    # block, then each slot's logits in the drafter's own vocabulary from the token before
     hidden = drafter.draft_hidden(state, anchor_id, anchor_position)  # [K, H]
+    base = drafter.base_logits(hidden)
     prev = torch.tensor([int(anchor_id)], device=hidden.device)
     tokens, qs = [], []
-    # greedy: the argmax in the drafter's own vocabulary (a reduced one: mapped back)
-    draft_logits = getattr(drafter, "compute_draft_logits", drafter.compute_logits)
     for k in range(hidden.shape[0]):
-        if greedy:
-            best = draft_logits(hidden[k : k + 1], prev)[0].argmax(-1)
+        logits = drafter.slot_logits(hidden[k : k + 1], prev, base[k : k + 1])[0]
+        if greedy:  # (a reduced vocabulary: its argmax mapped back to target ids)
+            best = logits.argmax(-1)
             tok = best if ids is None else ids.to(best.device)[best]
         else:
-            logits = drafter.compute_logits(hidden[k : k + 1], prev)[0]
+            if ids is not None:
+                logits = drafter.to_target_vocab(logits)
             q = processed_probs(logits, temperature, top_p, top_k)
             tok = sample(q, generator)
             qs.append(q)

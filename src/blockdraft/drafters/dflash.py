@@ -289,15 +289,26 @@ class BlockDrafter(nn.Module):
         """Logits `[..., K, V_draft]` in the drafter's own vocabulary (column j = target id
         `draft_ids[j]`): argmax, softmax, top-k/p and q(x) equal `compute_logits`' (tokens
         outside have -inf there) at 4k columns instead of 262k for the Gemma drafter.
-        prev_tokens `[..., K]`: the token at slot k-1, for SemiARDrafter's Markov head."""
+        prev_tokens `[..., K]`: the token at slot k-1 (semi-AR and DFlash2 drafters)."""
+        return self.slot_logits(hidden, prev_tokens, self.base_logits(hidden))
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The part of `compute_draft_logits` that does not depend on the previous token
+        (here the head's product): a drafter that drafts slot by slot computes it once per
+        block, one `[K, H] x [H, V_draft]` product instead of K one-row ones."""
         weight = self.head_weight
-        logits = torch.nn.functional.linear(
+        return torch.nn.functional.linear(
             hidden, weight.to(device=hidden.device, dtype=hidden.dtype)
         )
+
+    def slot_logits(
+        self, hidden: torch.Tensor, prev_tokens: torch.Tensor | None, base: torch.Tensor
+    ) -> torch.Tensor:
+        """`compute_draft_logits` from its `base_logits`."""
         bias = self._prev_token_bias(prev_tokens)
         if bias is not None:
-            logits = logits + bias.to(logits.dtype)
-        return self._softcap(logits)
+            base = base + bias.to(base.dtype)
+        return self._softcap(base)
 
     def compute_logits(
         self, hidden: torch.Tensor, prev_tokens: torch.Tensor | None = None

@@ -162,7 +162,17 @@ class DFlash2Drafter(BlockDrafter):
 
     def unary_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The backbone's logits `[..., V_draft]` (multiplier and softcap applied)."""
-        return super().compute_draft_logits(hidden)
+        return super().slot_logits(hidden, None, super().base_logits(hidden))
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The unary logits: what the previous token does not change."""
+        return self.unary_logits(hidden)
+
+    def slot_logits(
+        self, hidden: torch.Tensor, prev_tokens: torch.Tensor | None, base: torch.Tensor
+    ) -> torch.Tensor:
+        """The unary logits `base`, or with `prev_tokens` the selector's scores."""
+        return base if prev_tokens is None else self.selector_logits(hidden, prev_tokens, base)
 
     def predecessor_rows(self, prev: torch.Tensor) -> torch.Tensor:
         """Predecessor-codebook rows of target ids `prev` (negative: padding, kept): the
@@ -218,10 +228,3 @@ class DFlash2Drafter(BlockDrafter):
         top = self._softcap((rows @ hidden.unsqueeze(-1)).squeeze(-1))
         prev_rows = self.predecessor_rows(prev)
         return candidates, self.candidate_selector.score(hidden, candidates, top, prev_rows)
-
-    def compute_draft_logits(
-        self, hidden: torch.Tensor, prev_tokens: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        if prev_tokens is None:
-            return self.unary_logits(hidden)
-        return self.selector_logits(hidden, prev_tokens)
