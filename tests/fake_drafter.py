@@ -247,6 +247,11 @@ class FakeDrafter:
             return hidden
         return hidden + self.markov[prev_tokens]
 
+    draft_ids = None  # the full vocabulary: its own logits are the target-space ones
+
+    def compute_draft_logits(self, hidden, prev_tokens=None) -> torch.Tensor:
+        return self.compute_logits(hidden, prev_tokens)
+
     # slot-by-slot drafting (decoding/proposers.draft_block), as a sequential drafter has it
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden

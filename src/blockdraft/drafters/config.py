@@ -138,11 +138,6 @@ class DrafterConfig:
         return causal, (None if window is None else int(window))
 
     @property
-    def plain_attention(self) -> bool:
-        """True when every layer is full and bidirectional (DFlash's attention)."""
-        return all(self.layer_attention(i) == (False, None) for i in range(self.num_hidden_layers))
-
-    @property
     def num_proposals(self) -> int:
         """K: proposals per block (slot 0 is the anchor)."""
         return self.block_size - 1

@@ -82,13 +82,12 @@ class HybridDrafter:
         reduced one: its D columns, not the target's V; the same softmax and argmax, as
         the offline evaluator computes them); only T > 0 expands q to the target's."""
         hidden = self.drafter.draft_hidden(state, anchor_id, anchor_position)
-        own_logits = getattr(self.drafter, "compute_draft_logits", self.drafter.compute_logits)
-        logits = own_logits(hidden)  # [K, V_draft]
+        logits = self.drafter.compute_draft_logits(hidden)  # [K, V_draft]
         use = self.use_lookup(logits, len(looked_up))
         lookup = torch.full((logits.shape[0],), -1, dtype=torch.long, device=logits.device)
         if looked_up:
             lookup[: len(looked_up)] = torch.tensor(looked_up, device=logits.device)
-        ids = getattr(self.drafter, "draft_ids", None)
+        ids = self.drafter.draft_ids
         if temperature == 0:
             best = logits.argmax(-1)
             best = best if ids is None else ids.to(best.device)[best]
