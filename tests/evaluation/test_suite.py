@@ -43,6 +43,9 @@ def test_shipped_suites_parse_and_name_their_benchmarks(tmp_path, monkeypatch):
     assert typed.benchmarks[0].prompts == f"{tmp_path / 'data'}/gsm8k/test.jsonl:question"
     tiny = load_suite(REPO / "configs/suites/tiny.yaml")
     assert tiny.benchmarks[0].prompts == "stdlib:eval"
+    sampled = load_suite(REPO / "configs/suites/gemma-3-270m-t1.yaml", data_dir="/data")
+    assert sampled.benchmarks == gemma.benchmarks  # the same prompts, sampled at T = 1
+    assert sampled.sampling.temperature == 1 and sampled.name != gemma.name
 
 
 @pytest.mark.parametrize(
