@@ -21,6 +21,7 @@ from blockdraft.decoding.cpu.argmax_screen import ScreenedArgmaxHead
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.cpu.packed_linear import pack_weight
 from blockdraft.drafters.dflash import BlockDrafter
+from blockdraft.drafters.draft_vocab import sample_draft_logits
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.lookup_inputs import lookup_rule
 from blockdraft.drafters.ngram import NgramTable
@@ -298,13 +299,13 @@ def draft_block(
     greedy = temperature == 0
     ids = getattr(drafter, "draft_ids", None)
     if not _is_sequential(drafter) and ids is not None and not greedy:
-        # a reduced vocabulary: process and sample its K x V_draft logits (Gemma: 4k
-        # columns, not 262k of which all but 4k are -inf), then place q in target space
+        # a reduced vocabulary: process and sample its K x V_draft logits (Gemma: 8k
+        # columns, not 262k of which all but 8k are -inf), then place q in target space
         hidden = drafter.draft_hidden(state, anchor_id, anchor_position)
-        q_draft = processed_probs(drafter.compute_draft_logits(hidden), temperature, top_p, top_k)
-        ids = ids.to(q_draft.device)
-        q = q_draft.new_zeros((q_draft.shape[0], int(drafter.config.vocab_size)))
-        return ids[sample(q_draft, generator)], q.index_copy_(-1, ids, q_draft)
+        return sample_draft_logits(
+            drafter.compute_draft_logits(hidden), ids, int(drafter.config.vocab_size),
+            temperature, top_p, top_k, generator,
+        )  # fmt: skip
     if not _is_sequential(drafter):
         logits = drafter.draft_logits(state, anchor_id, anchor_position)
         if greedy:
@@ -323,11 +324,12 @@ def draft_block(
             best = logits.argmax(-1)
             tok = best if ids is None else ids.to(best.device)[best]
         else:
-            if ids is not None:
-                logits = drafter.to_target_vocab(logits)
-            q = processed_probs(logits, temperature, top_p, top_k)
-            tok = sample(q, generator)
-            qs.append(q)
+            vocab = int(drafter.config.vocab_size) if ids is not None else logits.shape[-1]
+            tok, q = sample_draft_logits(
+                logits[None], ids, vocab, temperature, top_p, top_k, generator
+            )
+            tok = tok[0]
+            qs.append(q[0])
         tokens.append(tok)
         prev = tok.reshape(1).to(hidden.device)
     return torch.stack(tokens), (torch.stack(qs) if qs else None)

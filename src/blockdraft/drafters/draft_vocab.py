@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from blockdraft.sampling import processed_probs, sample
+
 
 def most_frequent_tokens(
     sequences: Iterable[Sequence[int] | torch.Tensor],
@@ -61,3 +63,25 @@ def target_to_draft(draft_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     table = torch.full((vocab_size,), -1, dtype=torch.long, device=draft_ids.device)
     table[draft_ids.long()] = torch.arange(draft_ids.numel(), device=draft_ids.device)
     return table
+
+
+def sample_draft_logits(
+    draft_logits: torch.Tensor,
+    draft_ids: torch.Tensor | None,
+    vocab_size: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target ids `[k]`, target-space q `[k, V]`) drawn from `[k, V_draft]` logits.
+
+    Processing and the draw run on the D columns (the same top-k/top-p, softmax and
+    inverse-CDF order as on the -inf-padded target row, since `draft_ids` ascend); only
+    the returned q, which verification needs, is placed in target space."""
+    q_draft = processed_probs(draft_logits, temperature, top_p, top_k)
+    if draft_ids is None:
+        return sample(q_draft, generator), q_draft
+    ids = draft_ids.to(q_draft.device)
+    q = q_draft.new_zeros((q_draft.shape[0], vocab_size))
+    return ids[sample(q_draft, generator)], q.index_copy_(-1, ids, q_draft)

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from blockdraft.drafters.draft_vocab import sample_draft_logits
 from blockdraft.drafters.ngram import NgramDrafter
-from blockdraft.sampling import processed_probs, sample
 
 DEFAULT_MIN_CONFIDENCE = 0.3
 
@@ -92,10 +92,9 @@ class HybridDrafter:
             best = logits.argmax(-1)
             best = best if ids is None else ids.to(best.device)[best]
             return torch.where(use, lookup, best), None
-        if ids is not None:
-            logits = self.drafter.to_target_vocab(logits)
-        q = processed_probs(logits, temperature, top_p, top_k)
-        tokens = torch.where(use, lookup, sample(q, generator))
+        vocab = int(self.config.vocab_size) if ids is not None else logits.shape[-1]
+        drawn, q = sample_draft_logits(logits, ids, vocab, temperature, top_p, top_k, generator)
+        tokens = torch.where(use, lookup, drawn)
         one_hot = torch.zeros_like(q).scatter_(-1, tokens.clamp_min(0).view(-1, 1), 1.0)
         return tokens, torch.where(use.unsqueeze(-1), one_hot, q)
 
