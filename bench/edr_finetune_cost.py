@@ -5,11 +5,13 @@ epoch of the same size).
 Same rollouts and steps per epoch on every row, so the step ratio is the epoch ratio.
 Rows: D-PACE at the demo's 64 anchors per sequence (the control), D-PACE at every round
 start (the same blocks EDR trains), greedy E2E at 64 anchors, and greedy EDR at beta 0.5
-on every round start (the demo's fine-tune) and with `max_anchors` 32 (PPS-sampled, plus
-the no-grad scoring pass). Each round times every row once in rotating order, on the same
-micro-batch; the factor is the median over rounds of time(row) / time(D-PACE @64).
+on every round start and with `max_anchors` 32 / 64 (the `gradient` PPS sampler, whose
+exact gradient needs a no-grad scoring pass over every round start; the demo's fine-tune
+is the 32 row), and drawn uniformly (only the rows not drawn are scored). One thread by
+default, as the demo trains. Each round times every row once in rotating order, on the
+same micro-batch; the factor is the median over rounds of time(row) / time(D-PACE @64).
 
-    python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9]
+    python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9] [--threads 1]
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+
+import torch
 
 from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.objectives.registry import make_objective
@@ -41,7 +45,9 @@ def main() -> None:
     ap.add_argument("--target", default="tiny")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     flush_denormals()
     target = load_target(args.target)
     drafter, _ = load_drafter_spec(args.drafter, target)
@@ -64,8 +70,11 @@ def main() -> None:
             fwd, drafter, feats, obj, batch, num_anchors=anchors, step=step, **common
         )
 
-    def edr(max_anchors: int):
-        obj = make_objective("edr", mode="greedy", max_anchors=max_anchors, greedy_temperature=0.5)
+    def edr(max_anchors: int, sampler: str = "gradient"):
+        obj = make_objective(
+            "edr", mode="greedy", max_anchors=max_anchors, greedy_temperature=0.5,
+            anchor_sampler=sampler,
+        )  # fmt: skip
         return lambda step: edr_micro_step(
             fwd, drafter, feats, target.stop_token_ids, obj, batch, mode="greedy", step=step,
             **common,
@@ -77,6 +86,9 @@ def main() -> None:
         "E2E greedy beta 0.5 @64 anchors": block("e2e", 64, greedy_temperature=0.5),
         "EDR greedy beta 0.5, every round start": edr(512),
         "EDR greedy beta 0.5, max_anchors 32": edr(32),
+        "EDR greedy beta 0.5, max_anchors 32 uniform": edr(32, "uniform"),
+        "EDR greedy beta 0.5, max_anchors 64": edr(64),
+        "EDR greedy beta 0.5, max_anchors 64 uniform": edr(64, "uniform"),
     }
     names = list(rows)
 

@@ -7,7 +7,8 @@
 # Prompt sets (all disjoint): train = the first 384 stdlib:train prompts, test = the
 # first 64 stdlib:eval prompts, val (lr sweeps) = stdlib:eval prompts 65..128.
 # Settings: t1 (T = 1), t07 (T = 0.7, top-p 0.8, top-k 20: the paper's other setting),
-# t0 (greedy). Sections: rollouts base sweep finetune compare (default: all);
+# t0 (greedy). Sections: rollouts base sweep finetune compare (default: all), and the
+# T = 0 studies greedy greedy-fix budget relax;
 # SETTINGS="t1 t07 t0", SEEDS="0 1". Output: $OUT (default results_runs/edr, ignored).
 # DRAFTER: overrides for every run's drafter, e.g. the DFlash2 protocol (issue #32):
 #   OUT=results_runs/edr-dflash2 DRAFTER="drafter.arch=dflash2 drafter.selector_rank=22" ...
@@ -149,6 +150,34 @@ greedy-fix)  # T = 0, every seed: the tempered relaxation picked on validation (
     $BD compare $ev --json "$OUT/json/compare_t0-s$seed.vs-control.json" "${runs[@]}"
     $BD eval $ev --json "$OUT/json/eval_t0-s$seed.json" ngram "$R/base-t0-s$seed" "${runs[@]}"
   done ;;
+budget)  # every setting and seed: EDR on a bounded number of round starts per rollout
+  # drafted with gradient (issue #31's cost goal: max_anchors M, the rest scored without),
+  # next to EDR on all of them, E2E and the continued-D-PACE control (lr 3e-4; at T = 0
+  # the greedy-fix runs, tempered beta 0.5)
+  for s in $SETTINGS; do for seed in $SEEDS; do
+    if [ "$s" = t0 ]; then
+      p="g-s$seed"; beta="objective.greedy_temperature=0.5"
+      ctl=dpace-3e-4; e2e=e2e-b0.5-3e-4; edr=edr-b0.5-3e-4
+    else
+      p="ft-$s-s$seed"; beta=""; ctl=dpace-3e-4; e2e=e2e-3e-4; edr=edr-3e-4
+      finetune "$p-$ctl" "$s" "$seed" dpace 3e-4
+      finetune "$p-$e2e" "$s" "$seed" e2e 3e-4
+      finetune "$p-$edr" "$s" "$seed" edr 3e-4
+    fi
+    runs=("$R/$p-$ctl" "$R/$p-$e2e" "$R/$p-$edr")
+    for m in ${BUDGETS:-32}; do for sampler in ${SAMPLERS:-gradient uniform}; do
+      # shellcheck disable=SC2086
+      finetune "$p-$edr-m$m-$sampler" "$s" "$seed" edr 3e-4 $beta \
+          objective.max_anchors="$m" objective.anchor_sampler="$sampler"
+      runs+=("$R/$p-$edr-m$m-$sampler")
+    done; done
+    ev="--target tiny --rollouts $OUT/rollouts/test-$s --cache-dir $OUT/cache --no-progress"
+    j="$OUT/json/compare_budget_$s-s$seed"
+    $BD compare $ev --json "$j.json" "$R/base-$s-s$seed" "${runs[@]}"
+    $BD compare $ev --json "$j.vs-control.json" "${runs[@]}"
+    $BD compare $ev --json "$j.vs-e2e.json" "${runs[@]:1}"
+    $BD compare $ev --json "$j.vs-edr.json" "${runs[@]:2}"
+  done; done ;;
 relax)  # relaxed vs true expected rounds per checkpoint (validation rollouts)
   for seed in $SEEDS; do
     $PY scripts/edr_relaxation.py --target tiny --rollouts "$OUT/rollouts/val-t0" \

@@ -62,6 +62,30 @@ def test_values_and_gradients_match_full_logits(chunk_rows, budget) -> None:
     assert torch.all(g_h1[3] == 0)
 
 
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode, None])
+def test_no_grad_scoring_matches_full_logits_over_several_chunks(context, monkeypatch) -> None:
+    """Scoring passes take the unkept path (cache-sized chunks, no probabilities): the
+    same values as the full log-softmax, chunk boundaries and unlabelled rows included."""
+    from blockdraft.objectives import cross_entropy
+
+    monkeypatch.setattr(cross_entropy, "NO_GRAD_MIN_ROWS", 4)
+    monkeypatch.setattr(cross_entropy, "NO_GRAD_CHUNK_ELEMENTS", 5 * 37)  # 5-row chunks
+    hidden, weight, targets, _ = _case(m=13)
+    targets[[0, 7, 12]] = -1
+    kept = []
+    monkeypatch.setattr(cross_entropy, "_forward", lambda *a: kept.append(a) or 1 / 0)
+    if context is None:  # grad enabled, but nothing requires it
+        got = target_logprobs(hidden.reshape(13, 1, -1), weight, targets.reshape(13, 1))
+    else:
+        with context():
+            got = target_logprobs(hidden.reshape(13, 1, -1), weight, targets.reshape(13, 1))
+    assert kept == [] and got.shape == (13, 1)
+    torch.testing.assert_close(
+        got.reshape(-1), _reference_logprobs(hidden, weight, targets), rtol=1e-12, atol=1e-12
+    )
+    assert torch.all(got.reshape(-1)[[0, 7, 12]] == 0)
+
+
 def test_frozen_head_gets_no_gradient_and_leading_dims_are_kept() -> None:
     hidden, weight, targets, upstream = _case(m=12)
     h = hidden.reshape(3, 4, -1).clone().requires_grad_(True)

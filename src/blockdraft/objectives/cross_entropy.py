@@ -24,6 +24,12 @@ DEFAULT_CHUNK_ELEMENTS = 1 << 24
 # decides the mode; 0 forces the chunked mode (what the bench's "old path" does).
 MAX_KEPT_PROBS_BYTES = 256 << 20
 
+# Elements of one logits chunk when no gradient is wanted (4 MB fp32: about what stays in
+# cache while its softmax statistics are taken), but never fewer than this many rows, so
+# a large vocabulary's head weight is not streamed from memory once per handful of rows.
+NO_GRAD_CHUNK_ELEMENTS = 1 << 20
+NO_GRAD_MIN_ROWS = 64
+
 
 def default_chunk_rows(vocab_size: int) -> int:
     """Rows per chunk so that one fp32 `[rows, V]` buffer stays around 64 MB."""
@@ -96,6 +102,23 @@ def _softmax_(logits: torch.Tensor, normalise: bool) -> tuple[torch.Tensor, torc
     if normalise:
         probs.div_(total)
     return probs, (top + total.log()).squeeze(1)
+
+
+def _no_grad_logprobs(hidden, weight, targets):  # type: ignore[no-untyped-def]
+    """`log q(target)` with nothing kept for backward (scoring passes): each chunk's logits
+    are reduced while they are in cache, never normalised, never written out whole."""
+    rows, vocab = hidden.shape[0], weight.shape[0]
+    step = max(NO_GRAD_MIN_ROWS, NO_GRAD_CHUNK_ELEMENTS // max(1, vocab))
+    dtype = _compute_dtype(hidden.dtype)
+    valid = targets >= 0
+    safe_targets = targets.clamp_min(0)
+    logq = torch.zeros(rows, dtype=dtype, device=hidden.device)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        logits = (hidden[start:stop] @ weight.T).to(dtype)
+        picked = logits.gather(1, safe_targets[start:stop, None]).squeeze(1)
+        logq[start:stop] = picked - _softmax_(logits, normalise=False)[1]
+    return torch.where(valid, logq, torch.zeros_like(logq))
 
 
 def _forward(ctx, hidden, weight, targets, chunk_rows, keep_probs):  # type: ignore[no-untyped-def]
@@ -226,6 +249,8 @@ def target_logprobs(
     lead_shape = hidden.shape[:-1]
     flat_hidden = hidden.reshape(-1, hidden_size)
     flat_targets = targets.reshape(-1).long()
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or head_weight.requires_grad)):
+        return _no_grad_logprobs(flat_hidden, head_weight, flat_targets).reshape(lead_shape)
     keep = keeps_probabilities(flat_hidden.shape[0], vocab_size, hidden.dtype, max_kept_bytes)
     fn = _function_for(hidden.device)
     logq = fn.apply(flat_hidden, head_weight, flat_targets, chunk_rows, keep)
