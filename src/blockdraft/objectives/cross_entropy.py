@@ -5,8 +5,9 @@ every block objective but E2E is (`sum(w * -log q) / sum(w)`, the weights detach
 modes and one place that chooses (`keeps_probabilities`, a byte budget): `[rows, V]`
 probabilities kept from forward and turned into the gradient in place (one such tensor,
 where `F.cross_entropy` allocates four), or, past the budget (real vocabularies), one row
-chunk at a time with its logits recomputed in backward. A negative target id means "no
-label": log-probability 0, no gradient.
+chunk at a time with its logits recomputed in backward. Without autograd (scoring
+passes) neither: cache-sized chunks, nothing kept. A negative target id means "no label":
+log-probability 0, no gradient.
 """
 
 from __future__ import annotations
