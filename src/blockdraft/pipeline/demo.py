@@ -82,7 +82,8 @@ SCRATCH = [("decay", ["objective.name=decay"]), ("dpace", ["objective.name=dpace
 # objective improves while the true rounds get worse (docs/results.md, "EDR as in the
 # paper"); sampled rollouts ignore it. EDR drafts 32 of each rollout's ~127 round starts
 # with gradient (the `gradient` sampler; the rest scored without): as good as all of them
-# at 3 seeds, and the epoch costs ~1.2x the control's instead of ~1.8x (docs/results.md, "Cost of the fine-tune epoch").
+# at 3 seeds, and the epoch costs ~1.2x the control's instead of ~1.8x (docs/results.md,
+# "Cost of the fine-tune epoch").
 CONTROL = "dpace-ft"
 FINETUNE = [
     (CONTROL, ["objective.name=dpace"]),
