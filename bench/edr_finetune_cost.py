@@ -4,12 +4,13 @@ epoch of the same size).
 
 Same rollouts and steps per epoch on every row, so the step ratio is the epoch ratio.
 Rows: D-PACE at the demo's 64 anchors per sequence (the control), D-PACE at every round
-start (the same blocks EDR trains), greedy E2E at 64 anchors, and greedy EDR at beta 0.5
-on every round start and with `max_anchors` 32 / 64 (the `gradient` PPS sampler, whose
-exact gradient needs a no-grad scoring pass over every round start; the demo's fine-tune
-is the 32 row), and drawn uniformly (only the rows not drawn are scored). One thread by
-default, as the demo trains. Each round times every row once in rotating order, on the
-same micro-batch; the factor is the median over rounds of time(row) / time(D-PACE @64).
+start (the same blocks EDR trains), E2E at 64 anchors, and EDR (in the rollouts' mode, as
+training reads it: greedy at beta 0.5, or sampling) on every round start and with
+`max_anchors` 32 / 64 (the `gradient` PPS sampler, whose exact gradient needs a no-grad
+scoring pass over every round start; the demo's fine-tune is the greedy 32 row), and
+drawn uniformly (only the rows not drawn are scored). One thread by default, as the demo
+trains. Each round times every row once in rotating order, on the same micro-batch; the
+factor is the median over rounds of time(row) / time(D-PACE @64).
 
     python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9] [--threads 1]
 """
@@ -24,6 +25,7 @@ import torch
 
 from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.objectives.registry import make_objective
+from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.drafter_spec import load_drafter_spec
 from blockdraft.targets.registry import load_target
 from blockdraft.threads import flush_denormals
@@ -32,10 +34,6 @@ from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step
-
-
-class _Greedy:
-    temperature, top_p, top_k, greedy = 0.0, 1.0, 0, True
 
 
 def main() -> None:
@@ -55,14 +53,14 @@ def main() -> None:
     for p in drafter.parameters():
         p.requires_grad_(True)
     rs = RolloutSet.open(args.rollouts)
-    if float(rs.manifest["settings"]["temperature"]) != 0:
-        raise SystemExit(f"error: {args.rollouts}: the bench's rows are the greedy ones")
+    settings = SamplingSettings.from_dict(rs.manifest["settings"])
+    mode = "greedy" if settings.greedy else "sampling"  # as training reads it
     rollouts = list(rs.subset(range(args.batch)))
     pad = getattr(target.tokenizer, "pad_token_id", None)
     batch = collate(rollouts, list(range(len(rollouts))), int(pad or 0), 4096)
     fwd, feats = DraftForward(drafter), OnlineTargetFeatures(target)
     rows_per = int(batch.response_lens.max()) - 1
-    common = dict(seed=0, settings=_Greedy, want_acc=False, alpha=0.5, variant="full")
+    common = dict(seed=0, settings=settings, want_acc=False, alpha=0.5, variant="full")
 
     def block(name: str, anchors: int, **params):
         obj = make_objective(name, **params)
@@ -72,23 +70,24 @@ def main() -> None:
 
     def edr(max_anchors: int, sampler: str = "gradient"):
         obj = make_objective(
-            "edr", mode="greedy", max_anchors=max_anchors, greedy_temperature=0.5,
+            "edr", mode=mode, max_anchors=max_anchors, greedy_temperature=0.5,
             anchor_sampler=sampler,
         )  # fmt: skip
         return lambda step: edr_micro_step(
-            fwd, drafter, feats, target.stop_token_ids, obj, batch, mode="greedy", step=step,
+            fwd, drafter, feats, target.stop_token_ids, obj, batch, mode=mode, step=step,
             **common,
         )  # fmt: skip
 
+    kind = "greedy beta 0.5" if mode == "greedy" else f"sampling T = {settings.temperature:g}"
     rows = {
         "D-PACE @64 anchors (the control)": block("dpace", 64),
         f"D-PACE @every round start ({rows_per})": block("dpace", 4096),
-        "E2E greedy beta 0.5 @64 anchors": block("e2e", 64, greedy_temperature=0.5),
-        "EDR greedy beta 0.5, every round start": edr(512),
-        "EDR greedy beta 0.5, max_anchors 32": edr(32),
-        "EDR greedy beta 0.5, max_anchors 32 uniform": edr(32, "uniform"),
-        "EDR greedy beta 0.5, max_anchors 64": edr(64),
-        "EDR greedy beta 0.5, max_anchors 64 uniform": edr(64, "uniform"),
+        f"E2E {kind} @64 anchors": block("e2e", 64, greedy_temperature=0.5),
+        f"EDR {kind}, every round start": edr(512),
+        f"EDR {kind}, max_anchors 32": edr(32),
+        f"EDR {kind}, max_anchors 32 uniform": edr(32, "uniform"),
+        f"EDR {kind}, max_anchors 64": edr(64),
+        f"EDR {kind}, max_anchors 64 uniform": edr(64, "uniform"),
     }
     names = list(rows)
 
@@ -108,7 +107,7 @@ def main() -> None:
         for n in names:
             secs[n].append(t[n])
             ratios[n].append(t[n] / t[names[0]])
-    print(f"{len(rollouts)} greedy rollouts of {args.rollouts}, median of {args.rounds} rounds")
+    print(f"{len(rollouts)} {mode} rollouts of {args.rollouts}, median of {args.rounds} rounds")
     print("| step | seconds | vs D-PACE @64 |\n|---|---|---|")
     for n in names:
         print(f"| {n} | {statistics.median(secs[n]):.3f} | {statistics.median(ratios[n]):.3f}x |")
