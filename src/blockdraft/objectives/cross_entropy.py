@@ -105,38 +105,36 @@ def _softmax_(logits: torch.Tensor, normalise: bool) -> tuple[torch.Tensor, torc
     return probs, (top + total.log()).squeeze(1)
 
 
-def _no_grad_logprobs(hidden, weight, targets):  # type: ignore[no-untyped-def]
-    """`log q(target)` with nothing kept for backward (scoring passes): each chunk's logits
-    are reduced while they are in cache, never normalised, never written out whole."""
-    rows, vocab = hidden.shape[0], weight.shape[0]
-    step = max(NO_GRAD_MIN_ROWS, NO_GRAD_CHUNK_ELEMENTS // max(1, vocab))
-    dtype = _compute_dtype(hidden.dtype)
-    valid = targets >= 0
-    safe_targets = targets.clamp_min(0)
-    logq = torch.zeros(rows, dtype=dtype, device=hidden.device)
-    for start in range(0, rows, step):
-        stop = min(start + step, rows)
-        logits = (hidden[start:stop] @ weight.T).to(dtype)
-        picked = logits.gather(1, safe_targets[start:stop, None]).squeeze(1)
-        logq[start:stop] = picked - _softmax_(logits, normalise=False)[1]
-    return torch.where(valid, logq, torch.zeros_like(logq))
-
-
-def _forward(ctx, hidden, weight, targets, chunk_rows, keep_probs):  # type: ignore[no-untyped-def]
+def _chunked_logq(hidden, weight, safe_targets, step, normalise):  # type: ignore[no-untyped-def]
+    """`(log q(target), logsumexp, last chunk's probabilities)`, `step` rows of logits at a
+    time; the probabilities are normalised only if asked (the kept mode's backward)."""
     rows = hidden.shape[0]
-    valid = targets >= 0
-    safe_targets = targets.clamp_min(0)
     dtype = _compute_dtype(hidden.dtype)
     logq = torch.zeros(rows, dtype=dtype, device=hidden.device)
     lse = torch.zeros(rows, dtype=dtype, device=hidden.device)
-    step = max(rows, 1) if keep_probs else chunk_rows
     probs = None
     for start in range(0, rows, step):
         stop = min(start + step, rows)
         logits = (hidden[start:stop] @ weight.T).to(dtype)
         picked = logits.gather(1, safe_targets[start:stop, None]).squeeze(1)
-        probs, lse[start:stop] = _softmax_(logits, normalise=keep_probs)
+        probs, lse[start:stop] = _softmax_(logits, normalise=normalise)
         logq[start:stop] = picked - lse[start:stop]
+    return logq, lse, probs
+
+
+def _no_grad_logprobs(hidden, weight, targets):  # type: ignore[no-untyped-def]
+    """`log q(target)` with nothing kept for backward (scoring passes): each chunk's logits
+    are reduced while they are in cache, never normalised, never written out whole."""
+    step = max(NO_GRAD_MIN_ROWS, NO_GRAD_CHUNK_ELEMENTS // max(1, weight.shape[0]))
+    logq = _chunked_logq(hidden, weight, targets.clamp_min(0), step, normalise=False)[0]
+    return torch.where(targets >= 0, logq, torch.zeros_like(logq))
+
+
+def _forward(ctx, hidden, weight, targets, chunk_rows, keep_probs):  # type: ignore[no-untyped-def]
+    valid = targets >= 0
+    safe_targets = targets.clamp_min(0)
+    step = max(hidden.shape[0], 1) if keep_probs else chunk_rows
+    logq, lse, probs = _chunked_logq(hidden, weight, safe_targets, step, normalise=keep_probs)
     logq = torch.where(valid, logq, torch.zeros_like(logq))
     ctx.save_for_backward(hidden, weight, safe_targets, valid, lse)
     ctx.chunk_rows = chunk_rows
