@@ -6,10 +6,10 @@ Same rollouts and steps per epoch on every row, so the step ratio is the epoch r
 Rows: D-PACE at the demo's 64 anchors per sequence (the control), D-PACE at every round
 start (the same blocks EDR trains), E2E at 64 anchors, and EDR (in the rollouts' mode, as
 training reads it: greedy at beta 0.5, or sampling) on every round start and with
-`max_anchors` 32 / 64 (the `gradient` PPS sampler, whose exact gradient needs a no-grad
-scoring pass over every round start; the demo's fine-tune is the greedy 32 row), and
-drawn uniformly (only the rows not drawn are scored). One thread by default, as the demo
-trains. Each round times every row once in rotating order, on the same micro-batch; the
+`max_anchors` 16 / 32 / 64 (the `gradient` PPS sampler, whose exact gradient needs a
+no-grad scoring pass over every round start; the demo's fine-tune is the greedy 32 row),
+and 32 / 64 drawn uniformly (only the rows not drawn are scored). One thread by default
+and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round times every row once in rotating order, on the same micro-batch; the
 factor is the median over rounds of time(row) / time(D-PACE @64).
 
     python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9] [--threads 1]
@@ -24,6 +24,7 @@ import time
 import torch
 
 from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.heap import retain_freed_memory
 from blockdraft.objectives.registry import make_objective
 from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.drafter_spec import load_drafter_spec
@@ -47,6 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     flush_denormals()
+    retain_freed_memory()  # as `blockdraft train` does on a CPU (heap.py)
     target = load_target(args.target)
     drafter, _ = load_drafter_spec(args.drafter, target)
     drafter.train()
@@ -84,6 +86,7 @@ def main() -> None:
         f"D-PACE @every round start ({rows_per})": block("dpace", 4096),
         f"E2E {kind} @64 anchors": block("e2e", 64, greedy_temperature=0.5),
         f"EDR {kind}, every round start": edr(512),
+        f"EDR {kind}, max_anchors 16": edr(16),
         f"EDR {kind}, max_anchors 32": edr(32),
         f"EDR {kind}, max_anchors 32 uniform": edr(32, "uniform"),
         f"EDR {kind}, max_anchors 64": edr(64),

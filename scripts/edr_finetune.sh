@@ -12,6 +12,8 @@
 # SETTINGS="t1 t07 t0", SEEDS="0 1". Output: $OUT (default results_runs/edr, ignored).
 # DRAFTER: overrides for every run's drafter, e.g. the DFlash2 protocol (issue #32):
 #   OUT=results_runs/edr-dflash2 DRAFTER="drafter.arch=dflash2 drafter.selector_rank=22" ...
+# budget: BUDGETS (round starts drafted with gradient; default 32), SAMPLERS (default
+#   "gradient uniform"), TAG (a suffix for its json tables, so a later sweep keeps the last).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -172,7 +174,7 @@ budget)  # every setting and seed: EDR on a bounded number of round starts per r
       runs+=("$R/$p-$edr-m$m-$sampler")
     done; done
     ev="--target tiny --rollouts $OUT/rollouts/test-$s --cache-dir $OUT/cache --no-progress"
-    j="$OUT/json/compare_budget_$s-s$seed"
+    j="$OUT/json/compare_budget${TAG:-}_$s-s$seed"  # TAG: keeps an earlier sweep's tables
     $BD compare $ev --json "$j.json" "$R/base-$s-s$seed" "${runs[@]}"
     $BD compare $ev --json "$j.vs-control.json" "${runs[@]}"
     $BD compare $ev --json "$j.vs-e2e.json" "${runs[@]:1}"

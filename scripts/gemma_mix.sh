@@ -14,10 +14,10 @@
 #   recipe    the recipe study at the largest size: RECIPE runs (name and overrides, `;`
 #             between runs) next to plain D-PACE, JOBS at a time, one thread each
 #   suite     `blockdraft suite`: ngram first, then every finished drafter, per benchmark and mean
-#   edr       EDR as in the paper (issue #31) on Gemma: T = 1 rollouts of EDR_MIX (training
-#             prompts of the base), then from the plain D-PACE drafter (EDR_BASE) one epoch of
+#   edr       EDR as in the paper (issue #31) on Gemma: EDR_SETTING (t1: T = 1; t07: T = 0.7,
+#             top-p 0.8, top-k 20) rollouts of EDR_MIX (training prompts of the base), then from the plain D-PACE drafter (EDR_BASE) one epoch of
 #             continued D-PACE (the control), E2E and EDR at EDR_LR, same seed and data order;
-#             scored on the suite at T = 1 (configs/suites/gemma-3-270m-t1.yaml)
+#             scored on the suite in that setting (configs/suites/gemma-3-270m-$EDR_SETTING.yaml)
 #   bench     wall-clock next to HF generate (bench/decode.py, 4 prompts x 64 tokens of each
 #             suite benchmark, T = 0, 2 threads): the drafters in BENCH (run names; hybrid:NAME
 #             for the lookup fallback), into $OUT/bench-decode.txt
@@ -33,12 +33,14 @@ LAYERS=${LAYERS:-"[1,5,9,13,17]"}
 STEPS=${STEPS:-1000}
 LR=${LR:-2e-3}
 SEED=${SEED:-0}
-JOBS=${JOBS:-2}                   # trainings at a time (one thread each): never more than the cores
+JOBS=${JOBS:-2}                   # trainings at a time: JOBS x THREADS never more than the cores
+THREADS=${THREADS:-1}             # threads per training
 RECIPE=${RECIPE:-"lookup-dpace drafter.lookup_inputs=true; dpace-L2 drafter.num_layers=2"}
 SUITE_ROLLOUTS=${SUITE_ROLLOUTS:-results_runs/suite-gemma/rollouts}
 EDR_MIX=${EDR_MIX:-"$DATA/gsm8k/train.jsonl:question@192+stdlib:train@96+pydoc:train@96"}
 EDR_BASE=${EDR_BASE:-dpace-n2300-s0}
 EDR_LR=${EDR_LR:-3e-4}
+EDR_SETTING=${EDR_SETTING:-t1}     # edr: t1 (T = 1) or t07 (T = 0.7, top-p 0.8, top-k 20)
 BENCH=${BENCH:-"dpace-n2300-s0 hybrid:lookup-dpace-n2300-s0"}
 SECTIONS=${*:-"rollouts features train suite"}
 TGT="--target gemma-3-270m"
@@ -49,7 +51,7 @@ train() {  # train NAME key=value...
   local run=$OUT/runs/$1; shift
   [ -d "$run/final" ] && return 0
   local resume=""; [ -d "$run/checkpoints" ] && resume=--resume
-  $BD train --config configs/gemma-3-270m.yaml --threads 1 $resume run_dir="$run" \
+  $BD train --config configs/gemma-3-270m.yaml --threads "$THREADS" $resume run_dir="$run" \
       objective.name=dpace seed="$SEED" target.layer_ids="$LAYERS" \
       data.train_rollouts="$OUT/rollouts/train" data.features="$OUT/features/train" \
       data.eval_rollouts=null data.eval_split=0.05 \
@@ -117,21 +119,29 @@ suite)
       | tee "$OUT/suite.txt"
   log "suite done" ;;
 edr)
-  log "edr start: from $EDR_BASE, lr $EDR_LR"
-  grep -qs '"complete": true' "$OUT/rollouts/train-t1/manifest.json" ||
-    $BD rollout $TGT --prompts "$EDR_MIX" --temperature 1 --max-new-tokens 128 --batch-size 128 \
-        --shard-size 256 --threads 2 --out "$OUT/rollouts/train-t1" --no-progress
+  # EDR_SETTING t1: T = 1; t07: T = 0.7, top-p 0.8, top-k 20 (the paper's two settings)
+  case $EDR_SETTING in
+    t1) samp="--temperature 1" ;;
+    t07) samp="--temperature 0.7 --top-p 0.8 --top-k 20" ;;
+    *) echo "EDR_SETTING must be t1 or t07, got $EDR_SETTING" >&2; exit 2 ;;
+  esac
+  log "edr start ($EDR_SETTING): from $EDR_BASE, lr $EDR_LR"
+  grep -qs '"complete": true' "$OUT/rollouts/train-$EDR_SETTING/manifest.json" ||
+    $BD rollout $TGT --prompts "$EDR_MIX" $samp --max-new-tokens 128 --batch-size 128 \
+        --shard-size 256 --threads 2 --out "$OUT/rollouts/train-$EDR_SETTING" --no-progress
   queue=()
   for obj in dpace e2e edr; do
-    queue+=("ft-t1-$obj-$EDR_LR data.train_rollouts=$OUT/rollouts/train-t1 data.features=null
-             drafter.init_from=$OUT/runs/$EDR_BASE/final objective.name=$obj optim.lr=$EDR_LR
-             optim.warmup_steps=0 optim.schedule=constant optim.max_steps=null optim.epochs=1")
+    queue+=("ft-$EDR_SETTING-$obj-$EDR_LR data.train_rollouts=$OUT/rollouts/train-$EDR_SETTING
+             data.features=null drafter.init_from=$OUT/runs/$EDR_BASE/final objective.name=$obj
+             optim.lr=$EDR_LR optim.warmup_steps=0 optim.schedule=constant optim.max_steps=null
+             optim.epochs=1")
   done
   run_queue "${queue[@]}"
-  $BD suite $TGT --suite configs/suites/gemma-3-270m-t1.yaml --rollouts-dir "$SUITE_ROLLOUTS-t1" \
-      --cache-dir "$OUT/cache" --threads 2 --no-progress --json "$OUT/suite-t1.json" \
-      "$OUT/runs/$EDR_BASE" $(for obj in dpace e2e edr; do echo "$OUT/runs/ft-t1-$obj-$EDR_LR"; done) \
-      | tee "$OUT/suite-t1.txt"
+  $BD suite $TGT --suite "configs/suites/gemma-3-270m-$EDR_SETTING.yaml" \
+      --rollouts-dir "$SUITE_ROLLOUTS-$EDR_SETTING" --cache-dir "$OUT/cache" --threads 2 \
+      --no-progress --json "$OUT/suite-$EDR_SETTING.json" "$OUT/runs/$EDR_BASE" \
+      $(for obj in dpace e2e edr; do echo "$OUT/runs/ft-$EDR_SETTING-$obj-$EDR_LR"; done) \
+      | tee "$OUT/suite-$EDR_SETTING.txt"
   log "edr done" ;;
 bench)
   log "bench start: $BENCH"

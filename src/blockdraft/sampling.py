@@ -63,7 +63,8 @@ def sampling_logprobs(logits: torch.Tensor, settings: SamplingSettings) -> torch
     logits = logits.float()
     if settings.greedy:
         return torch.log_softmax(logits, dim=-1)
-    logits = logits / settings.temperature
+    if settings.temperature != 1:  # (x / 1 == x: no pass over the vocabulary at T = 1)
+        logits = logits / settings.temperature
     if 0 < settings.top_k < logits.shape[-1]:
         kth = torch.topk(logits, settings.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

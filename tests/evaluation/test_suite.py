@@ -46,6 +46,10 @@ def test_shipped_suites_parse_and_name_their_benchmarks(tmp_path, monkeypatch):
     sampled = load_suite(REPO / "configs/suites/gemma-3-270m-t1.yaml", data_dir="/data")
     assert sampled.benchmarks == gemma.benchmarks  # the same prompts, sampled at T = 1
     assert sampled.sampling.temperature == 1 and sampled.name != gemma.name
+    paper = load_suite(REPO / "configs/suites/gemma-3-270m-t07.yaml", data_dir="/data")
+    assert paper.benchmarks == gemma.benchmarks  # the paper's other setting, same prompts
+    s = paper.sampling
+    assert (s.temperature, s.top_p, s.top_k) == (0.7, 0.8, 20) and paper.name != sampled.name
 
 
 @pytest.mark.parametrize(

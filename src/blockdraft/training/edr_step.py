@@ -214,9 +214,12 @@ def _draw_round_starts(
             scored.append(left.nonzero().flatten())
     else:  # occupancy PPS: score every usable row, then draw from the occupancies
         scored = [torch.arange(usable[i]) for i in long_rows]
-    sub = batch.rows(long_rows)
-    logits = None if tout.logits is None else tout.logits[long_rows]
-    sub_out = dataclasses.replace(tout, logits=logits, features=tout.features[long_rows])
+    if len(long_rows) == batch.input_ids.shape[0]:  # every rollout: no copy of the logits
+        sub, sub_out = batch, tout
+    else:
+        logits = None if tout.logits is None else tout.logits[long_rows]
+        sub_out = dataclasses.replace(tout, logits=logits, features=tout.features[long_rows])
+        sub = batch.rows(long_rows)
     anchors = pad_anchor_lists([starts[i][r] for i, r in zip(long_rows, scored, strict=True)])
     # the gradient sampler's sizes need the proposals' logit-gradient moments: sampling
     # mode gets them from the scoring pass (every usable row is scored), greedy from A

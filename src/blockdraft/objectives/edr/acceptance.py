@@ -224,9 +224,11 @@ def _q_and_p(
     """`(q, log q, p, log p or None)` for one row chunk, computed as the reference does
     (log-softmax, then exp) so that forward and backward see the same numbers; `q` is
     written into `out` if given."""
-    q = torch.div(logits.to(dtype), temperature, out=out)
-    logq = torch.log_softmax(q, dim=-1)
-    torch.exp(logq, out=q)
+    z = logits.to(dtype)
+    if temperature != 1:  # z / 1 == z exactly: at T = 1 the division is a wasted pass
+        z = torch.div(z, temperature, out=out)
+    logq = torch.log_softmax(z, dim=-1)
+    q = torch.exp(logq, out=out)
     return (q, logq, *_p(target, temperature, target_is_probs, dtype))
 
 
@@ -236,7 +238,8 @@ def _p(
     """`(p, log p or None)` of one row chunk, as the reference computes them."""
     if target_is_probs:
         return target.to(dtype), None
-    logp = torch.log_softmax(target.to(dtype) / temperature, dim=-1)
+    z = target.to(dtype)
+    logp = torch.log_softmax(z if temperature == 1 else z / temperature, dim=-1)
     return logp.exp(), logp
 
 
