@@ -79,20 +79,21 @@ class DraftSpace:
         return torch.cat([inside, masses], dim=-1)
 
 
-def sampling_targets(
+def sampling_target_rows(
     tout, positions: Tensor, settings, space: DraftSpace | None, chunk_rows: int
-) -> Tensor:
-    """The target distribution each label was drawn from, `[B, A, K, W]` float32 (W = V,
-    or `space.width`): `target_probs_for` computed once per distinct position of each
-    sequence, `chunk_rows` positions at a time (consecutive round starts share K-1 of their
-    K label positions, so the block layout asks for each position up to K times), reduced
-    to the draft space, then copied into place. `tout`: the target's `TargetOutput`, whose
-    logits may start at `logits_start` (`response_logits_to_keep`)."""
+) -> tuple[Tensor, Tensor]:
+    """`(rows [N, W], index [B, A, K])`: the target distribution each label was drawn from
+    (W = V, or `space.width`), once per distinct position of each sequence (consecutive
+    round starts share K-1 of their K label positions, so the block layout asks for each
+    position up to K times), and each label's row: `rows[index]` is `sampling_targets`.
+    `target_probs_for` runs `chunk_rows` positions at a time, reduced to the draft space.
+    `tout`: the target's `TargetOutput`, whose logits may start at `logits_start`
+    (`response_logits_to_keep`)."""
     logits = tout.logits
     b = positions.shape[0]
     width = logits.shape[-1] if space is None else space.width
     flat = positions.reshape(b, -1) - tout.logits_start  # (padding: clamped to row 0)
-    out = torch.empty((b, flat.shape[1], width), dtype=torch.float32, device=logits.device)
+    parts, index, offset = [], torch.empty_like(flat), 0
     for i in range(b):
         uniq, inverse = torch.unique(flat[i], return_inverse=True)
         rows = torch.empty((uniq.numel(), width), dtype=torch.float32, device=logits.device)
@@ -100,5 +101,16 @@ def sampling_targets(
             part = target_probs_for(logits[i : i + 1], uniq[lo : lo + chunk_rows].view(1, 1, -1),
                                     settings)[0, 0]  # fmt: skip
             rows[lo : lo + chunk_rows] = part if space is None else space.probs(part)
-        torch.index_select(rows, 0, inverse, out=out[i])
-    return out.view(*positions.shape, width)
+        parts.append(rows)
+        index[i] = inverse + offset
+        offset += uniq.numel()
+    return torch.cat(parts), index.view(positions.shape)
+
+
+def sampling_targets(
+    tout, positions: Tensor, settings, space: DraftSpace | None, chunk_rows: int
+) -> Tensor:
+    """The target distribution each label was drawn from, `[B, A, K, W]` float32: the rows
+    of `sampling_target_rows` copied into place."""
+    rows, index = sampling_target_rows(tout, positions, settings, space, chunk_rows)
+    return rows[index]

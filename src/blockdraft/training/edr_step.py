@@ -40,7 +40,7 @@ from blockdraft.training.draft_forward import (
     map_to_draft_vocab,
     with_unary_gradient,
 )
-from blockdraft.training.draft_space import DraftSpace, sampling_targets
+from blockdraft.training.draft_space import DraftSpace, sampling_target_rows
 from blockdraft.training.objective_step import (
     MicroOutput,
     block_stats,
@@ -84,19 +84,21 @@ def _acceptance(
         if sampling:
             stops = stop_ids if space is None else space.stop_columns
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
-            p = sampling_targets(
+            p_rows, p_index = sampling_target_rows(
                 tout, positions, settings, space, default_chunk_rows(tout.logits.shape[-1])
             )
         if sampling and type(fwd) is DraftForward:
             # DraftForward's own steps with the LM head inside the row chunks: the
-            # `[blocks*K, V]` logits never exist whole (`head_chunked_scores`). Only
-            # unwrapped: DDP/FSDP must see their module's forward.
+            # `[blocks*K, V]` logits and targets never exist whole (`head_chunked_scores`).
+            # Only unwrapped: DDP/FSDP must see their module's forward.
             hidden = fwd.drafter.forward_blocks(tout.features, batch.input_ids, anchors)
             columns = torch.where(labels >= 0, ids, -1) if with_grad and want_logq else None
             acc, cost, logq, grad_moments = head_chunked_scores(
-                fwd.drafter, space, hidden, prev, p, ids, columns, settings, stops, moments
-            )
+                fwd.drafter, space, hidden, prev, p_rows, p_index, ids, columns, settings,
+                stops, moments,
+            )  # fmt: skip
         elif sampling:
+            p = p_rows[p_index]
             out = fwd(tout.features, batch.input_ids, anchors, labels, prev, True,
                       unary=selector)  # fmt: skip
             hidden, logq, logits = out[:3]
@@ -358,9 +360,13 @@ def edr_micro_step(
 # run in checkpointed row chunks ----
 
 
-def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings, stops, moments):
+def head_chunked_scores(
+    drafter, space, hidden, prev, p_rows, p_index, ids, columns, settings, stops, moments
+):
     """`(A, c, log q(label) or None, moments or None)` of every proposal, with the LM head
-    run inside row chunks of `default_chunk_rows` (~64 MB of logits): under autograd each
+    run inside row chunks of `default_chunk_rows` (~64 MB of logits), each chunk taking its
+    targets from the distinct rows `p_rows[p_index]` (`sampling_target_rows`, no `[blocks*K,
+    V]` copy of them); under autograd each
     chunk is checkpointed (`row_chunks.by_row_chunks`), so its logits are recomputed in
     backward, as `target_logprobs` does for the cross-entropy (rows that fit one chunk
     run as one piece: no recompute where the memory is small). Why: whole, the step held
@@ -368,10 +374,11 @@ def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings,
     gradient, ~1 GB each at the Gemma shape, where `uniform` holds <= 256 MB.
     `columns` (logged steps): the labels' columns, -1 where none, for the detached T = 1
     log q(label) of the statistics; `moments`: the `gradient` sampler's scoring pass."""
-    width = p.shape[-1]
+    width = p_rows.shape[-1]
 
-    def rows_fn(h, prv, pp, x, col):
+    def rows_fn(h, prv, at, x, col):
         z = DraftSpace.drafter_logits(drafter, space, h, prv)
+        pp = p_rows.index_select(0, at)
         if moments:
             return scores_and_moments(z, pp, x, settings, stops)
         acc, cost = _sampling_scores(z, pp, x, settings, stops)
@@ -388,7 +395,7 @@ def head_chunked_scores(drafter, space, hidden, prev, p, ids, columns, settings,
     flat = [
         hidden.reshape(-1, hidden.shape[-1]),
         prev.reshape(-1),
-        p.reshape(-1, width),
+        p_index.reshape(-1),
         ids.reshape(-1),
         None if columns is None else columns.reshape(-1),
     ]
