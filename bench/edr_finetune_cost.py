@@ -9,8 +9,9 @@ training reads it: greedy at beta 0.5, or sampling) on every round start and wit
 `max_anchors` 16 / 32 / 64 (the `gradient` PPS sampler, whose exact gradient needs a
 no-grad scoring pass over every round start; the demo's fine-tune is the greedy 32 row),
 and 32 / 64 drawn uniformly (only the rows not drawn are scored). One thread by default
-and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round times every row once in rotating order, on the same micro-batch; the
-factor is the median over rounds of time(row) / time(D-PACE @64).
+and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round times
+every row once in rotating order, on the same micro-batch; the factor is the median over
+rounds of time(row) / time(D-PACE @64).
 
     python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9] [--threads 1]
 """
