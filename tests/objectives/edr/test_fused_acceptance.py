@@ -225,3 +225,47 @@ def test_scores_with_gradient_moments_equal_autograd_of_the_reference(
     )
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
     assert bool((expected[:, 0] > 0).any()) and bool((expected[:, 2] != 0).any())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_all_mass_on_stop_tokens_with_flushed_denormals(temperature) -> None:
+    """A target that puts all its mass on a stop token (top-p keeps only EOS) has M = 0 outside
+    the stop set, clamped to float32's `tiny`; training flushes denormals
+    (`threads.flush_denormals`), so `tiny * T` at T < 1 is 0 and a backward that divides by
+    `M T` gets -0 / 0 = NaN. The fused gradient stays finite and equals the reference."""
+    gen = torch.Generator().manual_seed(4)
+    vocab = 9
+    draft = torch.randn(3, vocab, generator=gen)
+    draft[2, 7:] = float("-inf")  # a draft space's mass columns: q = 0 exactly
+    target = torch.softmax(torch.randn(3, vocab, generator=gen), -1)
+    target[0] = 0.0
+    target[0, 5] = 1.0  # all on the stop token
+    target[2, :7] = 0.0
+    target[2, 7:] = torch.tensor([0.25, 0.75])
+    ids = torch.tensor([5, 2, 8])
+    grads = torch.randn(2, 3, generator=gen)
+    old = torch.set_flush_denormal(True)
+    try:
+        out = {
+            fused: _value_and_grad(
+                lambda d, fused=fused: acceptance_and_cost(
+                    d,
+                    target,
+                    ids,
+                    temperature=temperature,
+                    target_is_probs=True,
+                    stop_token_ids=(5,),
+                    fused=fused,
+                ),  # fmt: skip
+                draft,
+                grads,
+            )
+            for fused in (True, False)
+        }
+    finally:
+        torch.set_flush_denormal(False)
+    assert old  # the test means something only where denormals can be flushed
+    assert torch.isfinite(out[True][2]).all()
+    for got, ref in zip(out[True], out[False], strict=True):
+        torch.testing.assert_close(got, ref)
+    assert out[True][2][1].abs().sum() > 0

@@ -317,6 +317,7 @@ class _FusedSampling(torch.autograd.Function):
         logits, target, ids, coef, masses = ctx.saved_tensors  # logits: q if q_saved
         rows, vocab = logits.shape
         dtype, temp = coef.dtype, ctx.temperature
+        tiny = torch.finfo(dtype).tiny
         grad = torch.empty((rows, vocab), dtype=ctx.logits_dtype, device=logits.device)
         # dJ/dlog q(x), and below dJ/dq, with d(z / T)/dz = 1 / T folded in (no [.., V] pass)
         g_l = torch.zeros_like(coef) if grad_acc is None else grad_acc.to(dtype) * coef / temp
@@ -334,7 +335,12 @@ class _FusedSampling(torch.autograd.Function):
             gl = g_l[lo:hi]
             out = grad[lo:hi] if direct else g
             if use_cost:  # g = dJ/dq = -gc / M * 1[p - q >= 0, v not in S]
-                scale = (-grad_cost[lo:hi].to(dtype) / (masses[lo:hi] * temp)).unsqueeze(-1)
+                # divided step by step: M T underflows to 0 when M is clamped to `tiny` and
+                # T < 1 (flushed denormals, `threads.flush_denormals`), and -0 / 0 is NaN
+                m = masses[lo:hi]
+                scale = -grad_cost[lo:hi].to(dtype) / m / temp
+                # M clamped (no target mass outside S): c = 0 for every q, so dc/dq = 0
+                scale = torch.where(m > tiny, scale, 0.0).unsqueeze(-1)
                 g.copy_(torch.ge(p, q)).mul_(scale)  # p >= q <=> p - q >= 0
                 if ctx.stops is not None:
                     g.index_fill_(1, ctx.stops, 0.0)
