@@ -4,8 +4,7 @@ Why: a drafter trained on a CPU budget is compute-starved (docs/results/gemma.md
 target's layers above the deepest feature layer already turn such hidden states into
 next-token predictions; a random layer has to learn that from the rollouts. Weights are
 copied where names and shapes agree (Qwen3/Llama names; Gemma 3's `(1 + w)` norms and its
-pre-MLP norm mapped, its GeGLU MLP through `gelu(x) ~ silu(1.702 x) / 1.702`); what cannot
-map is reported.
+pre-MLP norm mapped); a GeGLU MLP through `gelu(x) ~ silu(1.702 x) / 1.702`; what cannot map is reported.
 """
 
 from __future__ import annotations
