@@ -61,7 +61,7 @@ def test_qwen3_layers_reproduce_the_targets_top_hidden_states() -> None:
     torch.testing.assert_close(drafter.project_context(features), want, rtol=1e-5, atol=1e-6)
 
 
-def test_gemma3_norms_are_converted_and_the_gelu_mlp_is_approximated() -> None:
+def test_gemma3_norms_are_converted_and_the_gelu_mlp_is_left_fresh() -> None:
     target = make_random_target("gemma3", num_layers=6)
     for layer in target.model.model.layers:  # non-zero norm weights, so (1 + w) shows
         for name in ("input_layernorm", "pre_feedforward_layernorm"):
@@ -78,13 +78,8 @@ def test_gemma3_norms_are_converted_and_the_gelu_mlp_is_approximated() -> None:
     )
     torch.testing.assert_close(drafter.norm(x), target.model.model.norm(x))
     assert torch.equal(drafter.layers[0].self_attn.k_proj.weight, theirs.self_attn.k_proj.weight)
-    assert not torch.equal(drafter.layers[0].mlp.up_proj.weight, fresh_mlp)
-    assert not done["skipped"]
-    # the SiLU MLP on the copied weights is close to Gemma's GeGLU MLP (not equal)
-    h = torch.randn(64, drafter.config.hidden_size)
-    with torch.no_grad():
-        ours, ref = drafter.layers[0].mlp(h), theirs.mlp(h)
-    assert (ours - ref).norm() < 0.05 * ref.norm()
+    assert torch.equal(drafter.layers[0].mlp.up_proj.weight, fresh_mlp)
+    assert any("gelu" in s for s in done["skipped"])
 
 
 def test_config_refuses_a_checkpoint_and_target_init_together() -> None:

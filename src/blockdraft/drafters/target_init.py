@@ -4,7 +4,7 @@ Why: a drafter trained on a CPU budget is compute-starved (docs/results/gemma.md
 target's layers above the deepest feature layer already turn such hidden states into
 next-token predictions; a random layer has to learn that from the rollouts. Weights are
 copied where names and shapes agree (Qwen3/Llama names; Gemma 3's `(1 + w)` norms and its
-pre-MLP norm mapped); a GeGLU MLP through `gelu(x) ~ silu(1.702 x) / 1.702`; what cannot map is reported.
+pre-MLP norm mapped); what cannot map (an MLP activation other than SiLU) is reported.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from torch import nn
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
-GELU_AS_SILU = 1.702
 
 
 def target_decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -81,15 +80,12 @@ def init_from_target_layers(drafter: nn.Module, target: Any) -> dict[str, Any]:
         pre_mlp = getattr(theirs, "pre_feedforward_layernorm", theirs.post_attention_layernorm)
         _copy(ours.post_attention_layernorm.weight, _norm_weight(pre_mlp),
               f"layers.{i}.post_attention_layernorm", copied)  # fmt: skip
-        # gelu(x) ~ silu(a x) / a with a = 1.702 (max error ~0.02): the gate is scaled by a,
-        # the down projection by 1 / a, so a GeGLU MLP (Gemma 3) maps approximately
-        scale = {"silu": 1.0, "swish": 1.0}.get(act, GELU_AS_SILU if "gelu" in act else None)
-        if scale is None:
+        if act.startswith("silu") or act == "swish":
+            for name in MLP:
+                _copy(getattr(ours.mlp, name).weight, getattr(theirs.mlp, name).weight,
+                      f"layers.{i}.{name}", copied)  # fmt: skip
+        else:
             skipped.append(f"layers.{i}.mlp (target activation {act}, drafter silu)")
-            continue
-        for name, factor in zip(MLP, (scale, 1.0, 1.0 / scale), strict=True):
-            _copy(getattr(ours.mlp, name).weight, getattr(theirs.mlp, name).weight * factor,
-                  f"layers.{i}.{name}", copied)  # fmt: skip
     # context: the deepest feature layer, normed as the first copied layer norms its input
     h = c.target_hidden_size
     slot = list(c.target_layer_ids).index(max(c.target_layer_ids))
