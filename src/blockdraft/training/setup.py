@@ -22,7 +22,6 @@ from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.drafters.draft_vocab import most_frequent_tokens
 from blockdraft.drafters.semi_ar import SemiARDrafter
-from blockdraft.drafters.target_init import init_from_target_layers
 from blockdraft.errors import BlockdraftError
 from blockdraft.objectives.registry import make_objective
 from blockdraft.serialization.checkpoint import load_drafter
@@ -200,7 +199,7 @@ def dpace_profile_args(cfg: TrainConfig) -> tuple[float, str]:
     return cfg.objective.alpha, variant
 
 
-def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.device, say=print):
+def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.device):
     """A fresh drafter (seeded) or the `drafter.init_from` checkpoint, bound to the target."""
     d = cfg.drafter
     if d.init_from:
@@ -243,15 +242,6 @@ def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.de
             always_include=target.stop_token_ids,
         )
         drafter.set_draft_vocab(ids)
-    if d.init_from_target:
-        try:
-            done = init_from_target_layers(drafter, target)
-        except ValueError as exc:
-            raise TrainSetupError(f"drafter.init_from_target: {exc}") from None
-        say(
-            f"drafter.init_from_target: layers from target layers {done['target_layers']}"
-            + (f"; left fresh: {', '.join(done['skipped'])}" if done["skipped"] else "")
-        )
     return drafter.to(device).bind_target(target)
 
 

@@ -181,9 +181,7 @@ def _train(
     features = build_feature_source(
         cfg, target, train_data, objective, mode, say=print if ctx.is_main else _quiet
     )
-    drafter = build_drafter(
-        cfg, target, train_data, ctx.device, say=print if ctx.is_main else _quiet
-    )
+    drafter = build_drafter(cfg, target, train_data, ctx.device)
     # wrap (DDP / FSDP2 shards the parameters in place) before the optimizer sees them
     fwd = wrap_module(DraftForward(drafter), ctx, cfg.distributed.strategy)
     steps = total_steps(
