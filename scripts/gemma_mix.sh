@@ -16,7 +16,8 @@
 #   suite     `blockdraft suite`: ngram first, then every finished drafter, per benchmark and mean
 #   edr       EDR as in the paper (issue #31) on Gemma: EDR_SETTING (t1: T = 1; t07: T = 0.7,
 #             top-p 0.8, top-k 20) rollouts of EDR_MIX (training prompts of the base), then from the plain D-PACE drafter (EDR_BASE) one epoch of
-#             continued D-PACE (the control), E2E and EDR at EDR_LR, same seed and data order;
+#             continued D-PACE (the control), E2E and EDR at EDR_LR, same seed and data order
+#             (EDR_SEED, default 0; another seed names its runs and suite files -sN);
 #             scored on the suite in that setting (configs/suites/gemma-3-270m-$EDR_SETTING.yaml)
 #   bench     wall-clock next to HF generate (bench/decode.py, 4 prompts x 64 tokens of each
 #             suite benchmark, T = 0, 2 threads): the drafters in BENCH (run names; hybrid:NAME
@@ -41,6 +42,7 @@ EDR_MIX=${EDR_MIX:-"$DATA/gsm8k/train.jsonl:question@192+stdlib:train@96+pydoc:t
 EDR_BASE=${EDR_BASE:-dpace-n2300-s0}
 EDR_LR=${EDR_LR:-3e-4}
 EDR_SETTING=${EDR_SETTING:-t1}     # edr: t1 (T = 1) or t07 (T = 0.7, top-p 0.8, top-k 20)
+EDR_SEED=${EDR_SEED:-0}            # edr: the fine-tunes' seed (data order, round starts); same start
 BENCH=${BENCH:-"dpace-n2300-s0 hybrid:lookup-dpace-n2300-s0"}
 SECTIONS=${*:-"rollouts features train suite"}
 TGT="--target gemma-3-270m"
@@ -129,19 +131,20 @@ edr)
   grep -qs '"complete": true' "$OUT/rollouts/train-$EDR_SETTING/manifest.json" ||
     $BD rollout $TGT --prompts "$EDR_MIX" $samp --max-new-tokens 128 --batch-size 128 \
         --shard-size 256 --threads 2 --out "$OUT/rollouts/train-$EDR_SETTING" --no-progress
+  sfx=""; [ "$EDR_SEED" != 0 ] && sfx="-s$EDR_SEED"
   queue=()
   for obj in dpace e2e edr; do
-    queue+=("ft-$EDR_SETTING-$obj-$EDR_LR data.train_rollouts=$OUT/rollouts/train-$EDR_SETTING
+    queue+=("ft-$EDR_SETTING-$obj-$EDR_LR$sfx data.train_rollouts=$OUT/rollouts/train-$EDR_SETTING
              data.features=null drafter.init_from=$OUT/runs/$EDR_BASE/final objective.name=$obj
              optim.lr=$EDR_LR optim.warmup_steps=0 optim.schedule=constant optim.max_steps=null
-             optim.epochs=1")
+             optim.epochs=1 seed=$EDR_SEED")
   done
   run_queue "${queue[@]}"
   $BD suite $TGT --suite "configs/suites/gemma-3-270m-$EDR_SETTING.yaml" \
       --rollouts-dir "$SUITE_ROLLOUTS-$EDR_SETTING" --cache-dir "$OUT/cache" --threads 2 \
-      --no-progress --json "$OUT/suite-$EDR_SETTING.json" "$OUT/runs/$EDR_BASE" \
-      $(for obj in dpace e2e edr; do echo "$OUT/runs/ft-$EDR_SETTING-$obj-$EDR_LR"; done) \
-      | tee "$OUT/suite-$EDR_SETTING.txt"
+      --no-progress --json "$OUT/suite-$EDR_SETTING$sfx.json" "$OUT/runs/$EDR_BASE" \
+      $(for obj in dpace e2e edr; do echo "$OUT/runs/ft-$EDR_SETTING-$obj-$EDR_LR$sfx"; done) \
+      | tee "$OUT/suite-$EDR_SETTING$sfx.txt"
   log "edr done" ;;
 bench)
   log "bench start: $BENCH"
