@@ -302,3 +302,32 @@ def test_greedy_step_with_tempered_relaxation_equals_autograd_of_the_recursion(s
     torch.testing.assert_close(out.numerator.double(), total.detach(), rtol=1e-5, atol=1e-6)
     for g, r in zip(got, want, strict=True):
         torch.testing.assert_close(g.double(), r.double(), rtol=1e-4, atol=1e-7)
+
+
+def test_scores_and_moments_are_those_of_the_cost_edr_uses() -> None:
+    """The `gradient` sampler's moments come with the cost as EDR uses it, zeroed at a stop
+    label (`acceptance_and_cost`): there c does not depend on the logits, so its moments are
+    0; elsewhere they equal autograd's of that same cost, float64."""
+    from blockdraft.objectives.edr import acceptance_and_cost
+    from blockdraft.sampling import SamplingSettings
+
+    gen = torch.Generator().manual_seed(2)
+    shape, vocab, stops = (2, 5), 11, [0, 3]
+    logits = torch.randn(*shape, vocab, generator=gen, dtype=torch.float64)
+    probs = torch.softmax(torch.randn(*shape, vocab, generator=gen, dtype=torch.float64), -1)
+    ids = torch.multinomial(probs.reshape(-1, vocab), 1, generator=gen).view(shape)
+    ids[0, :2] = torch.tensor(stops)  # two stop labels
+    settings = SamplingSettings(temperature=0.8)
+    acc, cost, got = edr_step.scores_and_moments(logits, probs, ids, settings, stops)
+    x = logits.clone().requires_grad_(True)
+    ref_acc, ref_cost = acceptance_and_cost(
+        x, probs, ids, temperature=0.8, target_is_probs=True, stop_token_ids=stops, fused=False
+    )
+    torch.testing.assert_close(acc, ref_acc.detach())
+    torch.testing.assert_close(cost, ref_cost.detach())
+    # proposals have independent logit rows: the gradient of a sum is every row's own
+    (ga,) = torch.autograd.grad(ref_acc.sum(), x, retain_graph=True)
+    (gc,) = torch.autograd.grad(ref_cost.sum(), x)
+    want = torch.stack([(ga**2).sum(-1), (gc**2).sum(-1), (ga * gc).sum(-1)], dim=-1)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    assert bool((want[0, :2, 1:] == 0).all()) and bool((want[1, :, 1] > 0).all())

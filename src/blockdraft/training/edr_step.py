@@ -436,6 +436,11 @@ def scores_and_moments(logits, p, ids, settings, stop_token_ids):
         chunk_rows=fused_chunk_rows(None, vocab, logits.device),
     )
     acc, cost = acc.view(ids.shape), cost.view(ids.shape).clamp(max=1.0)
+    moments = moments.view(*ids.shape, 3)
     if stops is not None:
-        cost = torch.where(torch.isin(ids, stops), torch.zeros((), dtype=cost.dtype), cost)
-    return acc, cost, moments.view(*ids.shape, 3)
+        stop = torch.isin(ids, stops)
+        cost = torch.where(stop, torch.zeros((), dtype=cost.dtype), cost)
+        # c is 0 at a stop label whatever the logits: its gradient moments are 0 there too
+        keep = torch.tensor([1.0, 0.0, 0.0], dtype=moments.dtype, device=moments.device)
+        moments = torch.where(stop.unsqueeze(-1), moments * keep, moments)
+    return acc, cost, moments

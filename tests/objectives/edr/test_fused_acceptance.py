@@ -269,3 +269,44 @@ def test_all_mass_on_stop_tokens_with_flushed_denormals(temperature) -> None:
     for got, ref in zip(out[True], out[False], strict=True):
         torch.testing.assert_close(got, ref)
     assert out[True][2][1].abs().sum() > 0
+
+
+def test_gradient_moments_where_all_mass_is_on_stop_tokens() -> None:
+    """float32 at Gemma-like widths, denormals flushed as in training: where the target's mass
+    outside the stop set is 0, c is 0 for every q, so `||dc/dz||^2` and `<dA/dz, dc/dz>` are 0
+    (the roundings of s and Q_G over M^2 = tiny^2 gave inf and 1e24 sizes); every moment of
+    every row equals autograd's of the formula in float64."""
+    from blockdraft.objectives.edr.acceptance import scores_with_gradient_moments
+
+    gen = torch.Generator().manual_seed(5)
+    rows, vocab, temp = 6, 4096, 0.7
+    logits = torch.randn(rows, vocab, generator=gen)
+    probs = torch.zeros(rows, vocab)
+    probs[:3, 1] = 1.0  # all on the stop token 1
+    probs[3:, :64] = torch.softmax(torch.randn(3, 64, generator=gen), -1)  # mass outside S
+    ids = torch.tensor([1, 1, 1, 7, 9, 7])
+    stops = torch.tensor([1, 106])
+    old = torch.set_flush_denormal(True)
+    try:
+        _, _, got = scores_with_gradient_moments(
+            logits, probs, ids, temperature=temp, target_is_probs=True, stops=stops, chunk_rows=2
+        )
+    finally:
+        torch.set_flush_denormal(False)
+    assert old
+    assert torch.isfinite(got).all()
+    assert torch.equal(got[:3, 1:], torch.zeros(3, 2))
+    x = logits.double().requires_grad_(True)
+    p = probs.double()
+    q = torch.softmax(x / temp, -1)
+    at = torch.arange(rows)
+    acc = torch.clamp(q[at, ids] / p[at, ids], max=1.0)
+    keep = torch.ones(vocab, dtype=torch.float64).index_fill_(0, stops, 0.0)
+    mass = (p * keep).sum(-1)
+    cost = ((p - q).clamp_min(0) * keep).sum(-1) / mass.clamp_min(1e-300)
+    cost = torch.where(mass > 0, cost, torch.zeros_like(cost))  # c = 0 for every q there
+    (d_acc,) = torch.autograd.grad(acc.sum(), x, retain_graph=True)
+    (d_cost,) = torch.autograd.grad(cost.sum(), x)
+    want = torch.stack([(d_acc**2).sum(-1), (d_cost**2).sum(-1), (d_acc * d_cost).sum(-1)], dim=-1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-9)
+    assert bool((want[3:, 1] > 1e-6).all())

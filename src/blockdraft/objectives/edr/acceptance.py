@@ -439,7 +439,9 @@ def scores_with_gradient_moments(
             gap.index_fill_(1, stops, 0.0)  # outside S only (the reference's gap * keep)
             g_x = g_x * (~torch.isin(ids[lo:hi], stops)).to(dtype)
             p = p.index_fill(1, stops, 0.0)
-        mass = p.sum(-1).clamp_min(tiny)
+        mass = p.sum(-1)
+        live = mass > tiny  # else no target mass outside S: c = 0 for every q, dc/dz = 0
+        mass = mass.clamp_min(tiny)
         cost[lo:hi] = gap.clamp_min(0).sum(-1) / mass
         sign = gap.sign_()  # 2 G - 1
         if stops is not None:
@@ -451,6 +453,9 @@ def scores_with_gradient_moments(
         out[lo:hi, 0] = (a / t) ** 2 * (1 - 2 * q_x + big_q)
         # divided step by step: (M T)^2 underflows to 0 when M is clamped to `tiny` (all
         # target mass on stop tokens), where the numerators are 0
-        out[lo:hi, 1] = ((1 - 2 * s) * q_g + s**2 * big_q) / mass / mass / t**2
-        out[lo:hi, 2] = -a * (q_x * (g_x - s) - q_g + s * big_q) / mass / t**2
+        # (the rounding of s and Q_G, ~1e-8 where they are 0, over M^2 = tiny^2 would be inf)
+        dc2 = ((1 - 2 * s) * q_g + s**2 * big_q) / mass / mass / t**2
+        da_dc = -a * (q_x * (g_x - s) - q_g + s * big_q) / mass / t**2
+        out[lo:hi, 1] = torch.where(live, dc2, 0.0)
+        out[lo:hi, 2] = torch.where(live, da_dc, 0.0)
     return acc, cost, out
