@@ -137,7 +137,7 @@ edr)
     queue+=("ft-$EDR_SETTING-$obj-$EDR_LR$sfx data.train_rollouts=$OUT/rollouts/train-$EDR_SETTING
              data.features=null drafter.init_from=$OUT/runs/$EDR_BASE/final objective.name=$obj
              optim.lr=$EDR_LR optim.warmup_steps=0 optim.schedule=constant optim.max_steps=null
-             optim.epochs=1 seed=$EDR_SEED")
+             optim.epochs=1 seed=$EDR_SEED checkpoint.save_every=10")  # resumable: 46 steps
   done
   run_queue "${queue[@]}"
   $BD suite $TGT --suite "configs/suites/gemma-3-270m-$EDR_SETTING.yaml" \
