@@ -17,7 +17,8 @@
 #   edr       EDR as in the paper (issue #31) on Gemma: EDR_SETTING (t1: T = 1; t07: T = 0.7,
 #             top-p 0.8, top-k 20) rollouts of EDR_MIX (training prompts of the base), then from the plain D-PACE drafter (EDR_BASE) one epoch of
 #             continued D-PACE (the control), E2E and EDR at EDR_LR, same seed and data order
-#             (EDR_SEED, default 0; another seed names its runs and suite files -sN);
+#             (EDR_SEED, default 0; another seed names its runs and suite files -sN, another
+#             lr than 3e-4 names the suite files -<lr>);
 #             scored on the suite in that setting (configs/suites/gemma-3-270m-$EDR_SETTING.yaml)
 #   bench     wall-clock next to HF generate (bench/decode.py, 4 prompts x 64 tokens of each
 #             suite benchmark, T = 0, 2 threads): the drafters in BENCH (run names; hybrid:NAME
@@ -132,6 +133,7 @@ edr)
     $BD rollout $TGT --prompts "$EDR_MIX" $samp --max-new-tokens 128 --batch-size 128 \
         --shard-size 256 --threads 2 --out "$OUT/rollouts/train-$EDR_SETTING" --no-progress
   sfx=""; [ "$EDR_SEED" != 0 ] && sfx="-s$EDR_SEED"
+  suite="$OUT/suite-$EDR_SETTING$sfx"; [ "$EDR_LR" != 3e-4 ] && suite="$OUT/suite-$EDR_SETTING-$EDR_LR$sfx"
   queue=()
   for obj in dpace e2e edr; do
     queue+=("ft-$EDR_SETTING-$obj-$EDR_LR$sfx data.train_rollouts=$OUT/rollouts/train-$EDR_SETTING
@@ -142,9 +144,9 @@ edr)
   run_queue "${queue[@]}"
   $BD suite $TGT --suite "configs/suites/gemma-3-270m-$EDR_SETTING.yaml" \
       --rollouts-dir "$SUITE_ROLLOUTS-$EDR_SETTING" --cache-dir "$OUT/cache" --threads 2 \
-      --no-progress --json "$OUT/suite-$EDR_SETTING$sfx.json" "$OUT/runs/$EDR_BASE" \
+      --no-progress --json "$suite.json" "$OUT/runs/$EDR_BASE" \
       $(for obj in dpace e2e edr; do echo "$OUT/runs/ft-$EDR_SETTING-$obj-$EDR_LR$sfx"; done) \
-      | tee "$OUT/suite-$EDR_SETTING$sfx.txt"
+      | tee "$suite.txt"
   log "edr done" ;;
 bench)
   log "bench start: $BENCH"
