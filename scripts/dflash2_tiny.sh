@@ -23,7 +23,10 @@ rollouts() {  # rollouts NAME PROMPTS LIMIT
 train() {  # train NAME key=value...
   local name=$1; shift
   [ -d "$OUT/runs/$name/final" ] && return 0
-  $BD train --config configs/tiny.yaml run_dir="$OUT/runs/$name" logging.progress=false \
+  local again=""  # continue a step checkpoint; a run stopped before its first one restarts
+  if compgen -G "$OUT/runs/$name/checkpoints/step-*" > /dev/null; then again=--resume
+  elif [ -d "$OUT/runs/$name" ]; then again=--overwrite; fi
+  $BD train --config configs/tiny.yaml $again run_dir="$OUT/runs/$name" logging.progress=false \
       data.train_rollouts="$OUT/rollouts/train-t0" data.eval_rollouts="$OUT/rollouts/eval-t0" \
       data.eval_split=0 num_anchors=64 optim.batch_size=8 optim.lr=3e-3 \
       'target.layer_ids=[0,1,2,3]' objective.name=dpace \

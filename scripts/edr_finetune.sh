@@ -47,7 +47,10 @@ rollouts() {  # rollouts NAME PROMPTS LIMIT SETTING
 train() {  # train NAME SETTING key=value...: the recipe of docs/results.md section 1
   local name=$1 set=$2; shift 2
   [ -d "$R/$name/final" ] && return 0
-  $BD train --config configs/tiny.yaml run_dir="$R/$name" logging.progress=false \
+  local again=""  # continue a step checkpoint; a run stopped before its first one restarts
+  if compgen -G "$R/$name/checkpoints/step-*" > /dev/null; then again=--resume
+  elif [ -d "$R/$name" ]; then again=--overwrite; fi
+  $BD train --config configs/tiny.yaml $again run_dir="$R/$name" logging.progress=false \
       data.train_rollouts="$OUT/rollouts/train-$set" data.eval_rollouts="$OUT/rollouts/val-$set" \
       data.eval_split=0 num_anchors=64 optim.batch_size=8 optim.lr=3e-3 \
       'target.layer_ids=[0,1,2,3]' eval.every=0 eval.max_rollouts=64 eval.at_start=false \

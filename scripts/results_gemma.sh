@@ -48,7 +48,9 @@ rollouts() {  # rollouts NAME PROMPTS LIMIT
 train() {  # train NAME OBJECTIVE SEED key=value...: a drafter from scratch on the cached features
   local run=$OUT/runs/$1 obj=$2 seed=$3; shift 3
   [ -d "$run/final" ] && return 0
-  local resume=""; [ -d "$run/checkpoints" ] && resume=--resume
+  local resume=""  # continue a step checkpoint; a run stopped before its first one restarts
+  if compgen -G "$run/checkpoints/step-*" > /dev/null; then resume=--resume
+  elif [ -d "$run" ]; then resume=--overwrite; fi
   $BD train --config configs/gemma-3-270m.yaml --threads 1 $resume run_dir="$run" \
       objective.name="$obj" seed="$seed" target.layer_ids="$LAYERS" \
       data.train_rollouts="$OUT/rollouts/train" data.features="$OUT/features/train" \
