@@ -53,7 +53,9 @@ log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
 train() {  # train NAME key=value...
   local run=$OUT/runs/$1; shift
   [ -d "$run/final" ] && return 0
-  local resume=""; [ -d "$run/checkpoints" ] && resume=--resume
+  local resume=""  # continue a step checkpoint; a run stopped before its first one restarts
+  if compgen -G "$run/checkpoints/step-*" > /dev/null; then resume=--resume
+  elif [ -d "$run" ]; then resume=--overwrite; fi
   $BD train --config configs/gemma-3-270m.yaml --threads "$THREADS" $resume run_dir="$run" \
       objective.name=dpace seed="$SEED" target.layer_ids="$LAYERS" \
       data.train_rollouts="$OUT/rollouts/train" data.features="$OUT/features/train" \
