@@ -5,8 +5,10 @@
 Times, interleaved and repeated (median of per-call CPU time, robust to a loaded
 machine): the drafter's `extend_context` of 3 verified positions + `draft_hidden` + the
 greedy head, the same through `LeanDrafter` (decoding/cpu/lean_drafter.py), the head
-alone, and the target's lean 1-token and 8-token forwards; prints each in lean AR steps
-(the 1-token forward) and the largest difference between the two drafters' hidden states.
+alone, the greedy choice over the draft and target rows by torch's argmax and by
+`row_argmax` (decoding/cpu/row_argmax.py), and the target's lean 1-token and 8-token
+forwards; prints each in lean AR steps (the 1-token forward) and the largest difference
+between the two drafters' hidden states.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 import torch
 
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
+from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.decoding.proposers import GreedyDraftHead
 from blockdraft.decoding.steps import TargetRunner
 from blockdraft.serialization.drafter_spec import load_drafter_spec
@@ -63,10 +66,17 @@ def main() -> None:
             return hidden
 
         hidden = leaned()
+        logits = head.packed(hidden) if head.packed is not None else hidden @ head.weight.t()
+        target_rows = run.step(block, cache, keep=8).logits
+        run.crop(cache, a)
         jobs = {
             "BlockDrafter round + head": lambda: head.pick(reference()),
             "lean round + head": lambda: head.pick(leaned()),
             "head alone (K rows + argmax)": lambda: head.pick(hidden),
+            "argmax of the K draft rows: torch": lambda: logits.argmax(-1),
+            "argmax of the K draft rows: row_argmax": lambda: row_argmax(logits),
+            "argmax of the 8 target rows: torch": lambda: target_rows.argmax(-1),
+            "argmax of the 8 target rows: row_argmax": lambda: row_argmax(target_rows),
             "target: lean 1 token": lambda: (run.step(block[:, :1], cache), run.crop(cache, a)),
             "target: lean 8 tokens + features": lambda: (
                 run.step(block, cache, keep=8, features=True, argmax=True),
@@ -84,7 +94,7 @@ def main() -> None:
     step = med["target: lean 1 token"]
     print(f"max |hidden difference| {diff:.2e}")
     for name, sec in med.items():
-        print(f"  {name:<36}{1e3 * sec:8.3f} ms  {sec / step:5.2f} lean AR steps")
+        print(f"  {name:<42}{1e3 * sec:8.3f} ms  {sec / step:5.2f} lean AR steps")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from blockdraft.decoding.cpu import cpu_kernels_apply
 from blockdraft.decoding.cpu.argmax_screen import ScreenedArgmaxHead
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.cpu.packed_linear import pack_weight
+from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.drafters.dflash import BlockDrafter
 from blockdraft.drafters.draft_vocab import sample_draft_logits
 from blockdraft.drafters.hybrid import HybridDrafter
@@ -264,9 +265,9 @@ class GreedyDraftHead:
         if self.screen is not None:
             best = self.screen.argmax(hidden)
         elif self.packed is not None:
-            best = self.packed(hidden).argmax(-1)
+            best = row_argmax(self.packed(hidden))
         else:
-            best = torch.nn.functional.linear(hidden, self.weight).argmax(-1)
+            best = row_argmax(torch.nn.functional.linear(hidden, self.weight))
         return best if self.ids is None else self.ids[best]
 
 
@@ -309,7 +310,7 @@ def draft_block(
     if not _is_sequential(drafter):
         logits = drafter.draft_logits(state, anchor_id, anchor_position)
         if greedy:
-            return logits.argmax(-1), None
+            return row_argmax(logits), None
         q = processed_probs(logits, temperature, top_p, top_k)
         return sample(q, generator), q
     # slot by slot (semi-AR, DFlash2): what does not depend on the previous token once per
@@ -321,7 +322,7 @@ def draft_block(
     for k in range(hidden.shape[0]):
         logits = drafter.slot_logits(hidden[k : k + 1], prev, base[k : k + 1])[0]
         if greedy:  # (a reduced vocabulary: its argmax mapped back to target ids)
-            best = logits.argmax(-1)
+            best = row_argmax(logits)
             tok = best if ids is None else ids.to(best.device)[best]
         else:
             vocab = int(drafter.config.vocab_size) if ids is not None else logits.shape[-1]

@@ -23,6 +23,7 @@ from torch import nn
 from blockdraft.decoding.cpu import cpu_kernels_apply
 from blockdraft.decoding.cpu.argmax_screen import ScreenedArgmaxHead
 from blockdraft.decoding.cpu.lean_target import LeanCache, LeanTarget
+from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.sampling import processed_probs, sample
 
 
@@ -37,7 +38,7 @@ class StepOutput:
 
     def argmax(self) -> list[int]:
         """Greedy token of every kept row (from `tokens` if the head only screened)."""
-        best = self.tokens if self.tokens is not None else self.logits.argmax(-1)
+        best = self.tokens if self.tokens is not None else row_argmax(self.logits)
         return best.tolist()
 
 
@@ -135,7 +136,7 @@ class TargetRunner:
 def pick_token(logits: torch.Tensor, temperature: float, top_p: float, top_k: int, gen) -> int:
     """One token from one row of logits: argmax at T = 0 (no distribution built)."""
     if temperature == 0:
-        return int(logits.argmax())
+        return int(row_argmax(logits))
     return int(sample(processed_probs(logits, temperature, top_p, top_k), gen))
 
 
