@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollout_store import target_fingerprint
+from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter, future_tokens
@@ -111,7 +112,7 @@ def acceptance_tensor(
             prev = seq[(idx - 1).clamp_max(total - 1)]
             logits = score_logits(hidden[s : s + a.numel()], prev)
             if greedy:
-                best = logits.argmax(-1)
+                best = row_argmax(logits)
                 acc = ((best if draft_ids is None else draft_ids[best]) == labels).double()
             else:
                 q = processed_probs(logits, temperature, top_p, top_k)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.objectives.cross_entropy import target_logprobs, token_logprobs
@@ -232,12 +233,12 @@ def slot_argmax(
 ) -> torch.Tensor:
     """Target-vocab argmax of q per slot `[B,A,K]`, chunked over rows for large vocabularies."""
     if not _is_plain_parallel(drafter):
-        return drafter.compute_logits(hidden, prev).argmax(-1)
+        return row_argmax(drafter.compute_logits(hidden, prev))
     weight = drafter.head_weight
     flat = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
     out = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
     for start in range(0, flat.shape[0], chunk_rows):
-        out[start : start + chunk_rows] = (flat[start : start + chunk_rows] @ weight.T).argmax(-1)
+        out[start : start + chunk_rows] = row_argmax(flat[start : start + chunk_rows] @ weight.T)
     draft_ids = drafter.draft_ids
     if draft_ids is not None:
         out = draft_ids.to(out.device)[out]
