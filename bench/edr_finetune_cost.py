@@ -13,17 +13,27 @@ and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round 
 every row once in rotating order, on the same micro-batch; the factor is the median over
 rounds of time(row) / time(D-PACE @64).
 
+`--phases` then profiles the control, E2E @64 and EDR @16 for 3 steps each (torch profiler,
+a `record_function` label around each phase: target forward, drafter forward, the target's
+distributions, the overlap, EDR's scoring pass and its parts, backward) and prints each
+phase in ms per step.
+
     python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9] [--threads 1]
+        [--phases]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
+import blockdraft.training.edr_step as edr_step
+import blockdraft.training.objective_step as objective_step
 from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.heap import retain_freed_memory
 from blockdraft.objectives.registry import make_objective
@@ -46,6 +56,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--phases", action="store_true", help="also profile the phases of 3 rows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     flush_denormals()
@@ -115,6 +126,51 @@ def main() -> None:
     print("| step | seconds | vs D-PACE @64 |\n|---|---|---|")
     for n in names:
         print(f"| {n} | {statistics.median(secs[n]):.3f} | {statistics.median(ratios[n]):.3f}x |")
+    if args.phases:
+        profile_phases(rows, [names[0], names[2], names[4]], drafter, feats, fwd)
+
+
+PHASES = {  # module -> public functions timed as phases
+    objective_step: ["sampling_targets", "overlap_with_logits"],
+    edr_step: ["score_round_starts", "head_chunked_scores", "scores_and_moments",
+               "sampling_target_rows"],
+}  # fmt: skip
+
+
+def _labelled(name: str, fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with record_function(name):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def profile_phases(rows, names, drafter, feats, fwd, steps: int = 3) -> None:
+    """ms per step of each phase of the rows `names` (labels wrap the step's own calls)."""
+    for module, fns in PHASES.items():
+        for fn in fns:
+            setattr(module, fn, _labelled(fn, getattr(module, fn)))
+    feats.features = _labelled("target forward", feats.features)
+    fwd.forward = _labelled("drafter forward (block objectives)", fwd.forward)
+    for name in names:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for step in range(steps):
+                drafter.zero_grad(set_to_none=True)
+                with record_function("forward + objective"):
+                    out = rows[name](100 + step)
+                with record_function("backward"):
+                    out.numerator.backward()
+        phases = [e for e in prof.key_averages() if e.key in _LABELS]
+        print(f"\n{name}: ms per step (phases nest: a pass includes the ones under it)")
+        for e in sorted(phases, key=lambda e: -e.cpu_time_total):
+            print(f"  {e.key:<40}{e.cpu_time_total / 1e3 / steps:9.1f}")
+
+
+_LABELS = {
+    "forward + objective", "backward", "target forward", "drafter forward (block objectives)",
+    *(fn for fns in PHASES.values() for fn in fns),
+}  # fmt: skip
 
 
 if __name__ == "__main__":
