@@ -58,6 +58,10 @@ def test_greedy_equals_autoregressive_fake_drafter(llama_target) -> None:
     assert res.histogram[1] > 0 and res.histogram[5] > 0, res.histogram
     assert 1.5 < res.tau < 5.0 and res.tau_ci95[0] <= res.tau <= res.tau_ci95[1]
     assert res.speedup is not None and res.speedup > 0
+    lo, hi = res.speedup_ci95  # over the 6 prompts, each timed alternately with its AR decode
+    assert lo <= res.speedup <= hi
+    no_ar = decode(llama_target, drafter, prompts[:2], max_new_tokens=8, measure_ar=False)
+    assert no_ar.speedup is None and no_ar.speedup_ci95 is None
 
 
 def test_greedy_equals_autoregressive_past_the_sliding_window() -> None:

@@ -105,6 +105,7 @@ def test_write_report_from_plain_data(tmp_path) -> None:
             "tokens_per_s": 60.0,
             "ar_tokens_per_s": 25.0,
             "speedup": 2.4,
+            "speedup_ci95": [2.1, 2.7],
             "offline_mal": 2.7,
             "offline_mal_ci95": [2.6, 2.8],
         },
@@ -129,6 +130,8 @@ def test_write_report_from_plain_data(tmp_path) -> None:
     assert (
         "| dpace | 3.500 | [3.400, 3.600] | 2.700 | [2.600, 2.800] | **no** |" in md
     )  # CIs disjoint
+    assert "| 60.0 | 2.40x | [2.10, 2.70] | –" in md  # the speedup's CI over prompts
+    assert "| 50.0 | 2.00x | – | –" in md  # none given (an older report.json)
     assert "skipped 1 malformed line" in md
     events, bad = read_metrics(logs["dpace"])
     assert bad == 1 and len(events) == 7
@@ -314,10 +317,11 @@ def test_terminal_summary_shows_online_next_to_offline_on_the_same_text() -> Non
         "tau_online": 2.965,
         "mal_offline_online_prompts": 2.965,
         "speedup": 1.41,
+        "speedup_ci95": [1.204, 1.618],
         "speedup_vs_hf": 1.6,
     }
     old = {**drafter, "name": "old"}  # a report.json written before these fields existed
-    for key in ("mal_offline_online_prompts", "speedup_vs_hf"):
+    for key in ("mal_offline_online_prompts", "speedup_vs_hf", "speedup_ci95"):
         del old[key]
     report = {
         "target": "tiny",
@@ -337,10 +341,12 @@ def test_terminal_summary_shows_online_next_to_offline_on_the_same_text() -> Non
         "2.965",
         "(2.965)",
         "1.41x",
+        "[1.20,",
+        "1.62]",
         "1.60x",
     ]
     old_row = next(line for line in lines if line.startswith("old"))
-    assert old_row.split()[-3:] == ["-", "1.41x", "-"]
+    assert old_row.split()[-4:] == ["-", "1.41x", "-", "-"]
 
 
 def test_summary_says_plainly_which_drafters_are_slower_than_hf_generate() -> None:
@@ -360,3 +366,20 @@ def test_summary_says_plainly_which_drafters_are_slower_than_hf_generate() -> No
     fast = speed_verdict([{"name": "a", "speedup": 1.2, "speedup_vs_hf": 1.5}])
     assert fast[0] == "Every timed drafter decodes faster than HF `generate` (at least 1.50x)."
     assert speed_verdict([{"name": "a", "speedup": None, "speedup_vs_hf": None}]) == []
+    # vs our AR loop a slower drafter's CI over prompts is said with it (HF has none)
+    slow = speed_verdict([{"name": "b", "speedup": 0.8, "speedup_ci95": [0.7, 0.91],
+                           "speedup_vs_hf": 0.9}])  # fmt: skip
+    assert slow[0].startswith("SLOWER than HF `generate` on this machine: b 0.90x (")
+    assert slow[1].startswith("SLOWER than our AR loop on this machine: b 0.80x [0.70, 0.91] (")
+    # a CI that contains 1x is neither slower nor faster, whichever side the ratio is on
+    mixed = speed_verdict([
+        {"name": "c", "speedup": 0.93, "speedup_ci95": [0.8, 1.1], "speedup_vs_hf": None},
+        {"name": "d", "speedup": 1.05, "speedup_ci95": [0.97, 1.2], "speedup_vs_hf": None},
+        {"name": "e", "speedup": 1.3, "speedup_ci95": [1.1, 1.5], "speedup_vs_hf": None},
+    ])  # fmt: skip
+    assert mixed == [
+        "Not told apart from our AR loop on these prompts (95% CI over prompts contains 1x): "
+        "c 0.93x [0.80, 1.10], d 1.05x [0.97, 1.20]."
+    ]
+    faster = speed_verdict([{"name": "e", "speedup": 1.3, "speedup_ci95": [1.1, 1.5]}])
+    assert faster == ["Every timed drafter decodes faster than our AR loop (at least 1.30x)."]

@@ -11,6 +11,7 @@ agreement check of METHODS.md §3 in one command.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
     line = f"spec {result.tokens_per_s:.1f} tok/s"
     if result.speedup is not None:
         line += f"  AR {result.ar_tokens_per_s:.1f} tok/s  speedup {result.speedup:.2f}x"
+        if result.speedup_ci95 is not None and not math.isnan(result.speedup_ci95[0]):
+            line += " [{:.2f}, {:.2f}] over prompts".format(*result.speedup_ci95)
         line += " (timed alternately in this run)"
     print(line)
     if out.get("speedup_vs_hf") is not None:

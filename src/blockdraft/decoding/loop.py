@@ -34,6 +34,7 @@ from blockdraft.decoding.result import (
     Progress,
     StepStats,
     Trace,
+    speedup_and_ci,
     tau_and_ci,
 )
 from blockdraft.decoding.steps import DecodeClock, TargetRunner, one_hot_like, pick_token
@@ -257,6 +258,7 @@ def decode(
     ar_stats = StepStats() if measure_ar else None
     spec_s = ar_s = 0.0
     spec_tokens = ar_tokens = 0
+    per_prompt: list[tuple[int, float, int, float]] = []  # spec tokens, s, AR tokens, s
     for i, prompt in enumerate(prompts_ids):
         jobs: dict[str, Callable[[], Any]] = {}
         if measure_ar:
@@ -280,6 +282,9 @@ def decode(
             ar_outputs.append(results["ar"])
             ar_s += seconds["ar"]
             ar_tokens += len(results["ar"])
+            per_prompt.append(
+                (len(results["spec"].tokens), seconds["spec"], len(results["ar"]), seconds["ar"])
+            )
         if bar is not None or callback is not None:
             rounds = sum(len(t.emitted) for t in traces)
             info = Progress(
@@ -312,6 +317,9 @@ def decode(
     tau, ci = tau_and_ci(emitted, seed=seed)
     tps = spec_tokens / max(spec_s, 1e-12)
     ar_tps = ar_tokens / max(ar_s, 1e-12) if measure_ar else None
+    speedup_ci = None
+    if ar_tps and spec_s > 0:
+        speedup_ci = speedup_and_ci(*zip(*per_prompt, strict=True), seed=seed)[1]
     return DecodeResult(
         outputs=[t.tokens for t in traces],
         rounds_accepted=[t.accepted for t in traces],
@@ -326,4 +334,5 @@ def decode(
         settings=dict(kw, seed=seed, verifier=verifier, num_proposals=k),
         seconds=phase,
         ar_stats=ar_stats,
+        speedup_ci95=speedup_ci,
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from blockdraft.bootstrap import ratio_ci
+from blockdraft.bootstrap import percentile_interval, ratio_ci, resampled_sums
 
 
 @dataclass
@@ -45,6 +45,9 @@ class DecodeResult:
     # and the autoregressive baseline's split: what the cost model in docs/decoding.md uses.
     seconds: dict[str, float] = field(default_factory=dict)
     ar_stats: StepStats | None = None
+    # percentile bootstrap CI of `speedup` over prompts (`speedup_and_ci`); None without
+    # the AR baseline, NaNs with fewer than 2 prompts
+    speedup_ci95: tuple[float, float] | None = None
 
     @property
     def ar_step_s(self) -> float | None:
@@ -104,6 +107,36 @@ def tau_and_ci(
         torch.tensor(num, dtype=f64), torch.tensor(den, dtype=f64), n_boot=2000, seed=seed
     )
     return tau, ci
+
+
+def speedup_and_ci(
+    spec_tokens: Sequence[float],
+    spec_seconds: Sequence[float],
+    ar_tokens: Sequence[float],
+    ar_seconds: Sequence[float],
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> tuple[float, tuple[float, float]]:
+    """Speculative over autoregressive tokens/s, `(sum spec_tokens / sum spec_seconds) /
+    (sum ar_tokens / sum ar_seconds)`, with a percentile bootstrap CI over prompts.
+
+    Why: the two decodes of a prompt are timed alternately, so a prompt is the unit that
+    carries both its text's tau and the machine's drift at that moment; resampling prompts
+    (the same draw for all four sums) shows how much a speedup measured on a few prompts
+    would move on others, which one ratio hides."""
+    cols = torch.tensor(
+        [spec_tokens, spec_seconds, ar_tokens, ar_seconds], dtype=torch.float64
+    ).T  # [prompts, 4]
+    if cols.shape[0] == 0 or float(cols[:, 1].sum()) <= 0 or float(cols[:, 3].sum()) <= 0:
+        raise ValueError("speedup needs at least one prompt with timed decodes")
+
+    def ratio(sums: torch.Tensor) -> torch.Tensor:
+        return (sums[..., 0] / sums[..., 1]) / (sums[..., 2] / sums[..., 3])
+
+    point = float(ratio(cols.sum(0)))
+    if cols.shape[0] < 2:
+        return point, (math.nan, math.nan)
+    return point, percentile_interval(ratio(resampled_sums(cols, n_boot, seed)))
 
 
 @dataclass

@@ -359,6 +359,7 @@ def evaluate_online(
             "tokens_per_s": res.tokens_per_s,
             "ar_tokens_per_s": res.ar_tokens_per_s,
             "speedup": res.speedup,
+            "speedup_ci95": None if res.speedup_ci95 is None else list(res.speedup_ci95),
             "speedup_vs_hf": vs_hf,
             "hf_tokens_per_s": hf.get("hf_tokens_per_s"),
             "offline_mal": mal,
@@ -388,6 +389,7 @@ def build_report_json(
                 "tau_online": o.get("tau"),
                 "tau_online_ci95": o.get("tau_ci95"),
                 "speedup": o.get("speedup"),
+                "speedup_ci95": o.get("speedup_ci95"),
                 "speedup_vs_hf": o.get("speedup_vs_hf"),
                 # the offline MAL of the online prompts at the online length (= tau at T = 0)
                 "mal_offline_online_prompts": o.get("offline_mal"),
@@ -443,8 +445,9 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
             "drafters": {n: recorded_key(p.parent) for n, p in trained.items() if n != CONTROL},
             "settings": fingerprint(portable(_settings_key(s, out), out)),
             # 2: offline MAL on the same prompts and length, HF generate row; 3: lean forwards;
-            # 4: numpy's argmax for the greedy choice (decoding/cpu/row_argmax.py)
-            "version": 4,
+            # 4: numpy's argmax for the greedy choice (decoding/cpu/row_argmax.py);
+            # 5: the speedup's CI over prompts (`speedup_ci95`)
+            "version": 5,
         },
     )
     if online_stage.is_done():

@@ -142,8 +142,8 @@ def _agrees(o: dict[str, Any]) -> str:
 def _online_table(online: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
         "| drafter | tau | 95% CI | offline MAL | 95% CI | agree | tok/s | vs AR loop "
-        "| vs HF generate |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| 95% CI | vs HF generate |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, o in online.items():
         vs_hf = o.get("speedup_vs_hf")
@@ -151,9 +151,17 @@ def _online_table(online: dict[str, dict[str, Any]]) -> list[str]:
             f"| {name} | {_fmt(o.get('tau'))} | {_ci(o.get('tau_ci95'))} | "
             f"{_fmt(o.get('offline_mal'))} | "
             f"{_ci(o.get('offline_mal_ci95'))} | {_agrees(o)} | {_fmt(o.get('tokens_per_s'), 1)} | "
-            f"{_fmt(o.get('speedup'), 2)}x | {_fmt(vs_hf, 2) + 'x' if vs_hf else '–'} |"
+            f"{_fmt(o.get('speedup'), 2)}x | {_speedup_ci(o.get('speedup_ci95'))} | "
+            f"{_fmt(vs_hf, 2) + 'x' if vs_hf else '–'} |"
         )
     return lines
+
+
+def _speedup_ci(ci: Sequence[float] | None) -> str:
+    """`[lo, hi]` of a speedup's CI over prompts, or – (not timed, < 2 prompts, old JSON)."""
+    if not ci or any(v is None or math.isnan(v) for v in ci):
+        return "–"
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def _baseline_line(online: dict[str, dict[str, Any]]) -> str:
@@ -223,8 +231,9 @@ def write_report(
             "offline MAL: the same drafter's exact expectation on the same prompts at the same "
             "length (equal to tau at T = 0); *agree*: their 95% CIs overlap. vs AR loop: "
             "wall-clock tokens/s against our autoregressive decoding of the same target, timed "
-            "alternately in one run; vs HF generate: that ratio times our AR loop's own ratio "
-            "to HF `generate`, also timed alternately.",
+            "alternately in one run, with a bootstrap 95% CI over prompts (how much it would "
+            "move on other prompts of this set); vs HF generate: that ratio times our AR "
+            "loop's own ratio to HF `generate`, also timed alternately.",
             "",
             _baseline_line(online),
             "",
@@ -264,22 +273,38 @@ def write_report(
 
 def speed_verdict(rows: list[dict[str, Any]]) -> list[str]:
     """Plain words on the wall clock: which drafters decode *slower* than HF `generate` or
-    than our AR loop (ratios below 1), or that every timed one is faster. `rows`: dicts
-    with `name`, `speedup` (vs our AR loop) and `speedup_vs_hf`, either may be None."""
+    than our AR loop, which cannot be told from it, or that every timed one is faster.
+    `rows`: dicts with `name`, `speedup` (vs our AR loop, with `speedup_ci95` over prompts
+    where known) and `speedup_vs_hf`, either may be None. A ratio with a CI is slower only
+    if the whole CI is below 1x, and a CI containing 1x is said as such; without one, the
+    ratio alone decides."""
     lines = []
     for key, what in (("speedup_vs_hf", "HF `generate`"), ("speedup", "our AR loop")):
-        timed = [(r["name"], r[key]) for r in rows if r.get(key) is not None]
+        timed = [(r["name"], r[key], r) for r in rows if r.get(key) is not None]
         if not timed:
             continue
-        slower = [f"{name} {x:.2f}x" for name, x in timed if x < 1.0]
+        slower, unclear = [], []
+        for name, x, r in timed:
+            ci = r.get("speedup_ci95") if key == "speedup" else None
+            known = ci is not None and not any(v is None or math.isnan(v) for v in ci)
+            said = f"{name} {x:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if known else "")
+            if known and ci[0] <= 1.0 <= ci[1]:
+                unclear.append(said)
+            elif (ci[1] < 1.0) if known else (x < 1.0):
+                slower.append(said)
         if slower:
             lines.append(
                 f"SLOWER than {what} on this machine: {', '.join(slower)} (a drafting round "
                 "costs more here than the tokens it saves; bench/decode.py splits a round's "
                 "cost)."
             )
-        else:
-            low = min(x for _, x in timed)
+        if unclear:
+            lines.append(
+                f"Not told apart from {what} on these prompts (95% CI over prompts contains "
+                f"1x): {', '.join(unclear)}."
+            )
+        if not slower and not unclear:
+            low = min(x for _, x, _ in timed)
             lines.append(f"Every timed drafter decodes faster than {what} (at least {low:.2f}x).")
     return lines
 
@@ -291,7 +316,7 @@ def terminal_summary(report: dict[str, Any]) -> str:
         f"T={report['temperature']}  rollouts={report['rollouts']}",
         "",
         f"{'drafter':<8} {'MAL offline':>12} {'95% CI':>16} {'tau online':>11} "
-        f"{'(offline)':>10} {'vs AR':>7} {'vs HF':>7}",
+        f"{'(offline)':>10} {'vs AR':>7} {'95% CI':>14} {'vs HF':>7}",
     ]
     for d in report["drafters"]:
         lo, hi = d["mal_offline_ci95"]
@@ -299,11 +324,12 @@ def terminal_summary(report: dict[str, Any]) -> str:
         same = d.get("mal_offline_online_prompts")
         same = f"({same:.3f})" if same is not None else "-"
         sp = f"{d['speedup']:.2f}x" if d["speedup"] is not None else "-"
+        sp_ci = _speedup_ci(d.get("speedup_ci95")).replace("–", "-")
         hf = d.get("speedup_vs_hf")
         hf = f"{hf:.2f}x" if hf is not None else "-"
         lines.append(
             f"{d['name']:<8} {d['mal_offline']:>12.3f} {f'[{lo:.3f}, {hi:.3f}]':>16} "
-            f"{tau:>11} {same:>10} {sp:>7} {hf:>7}"
+            f"{tau:>11} {same:>10} {sp:>7} {sp_ci:>14} {hf:>7}"
         )
     lines += [
         "(tau online: the first held-out prompts, decoded; in parentheses the offline MAL "
