@@ -29,34 +29,33 @@ from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.proposers import GreedyDraftHead
 from blockdraft.decoding.steps import TargetRunner
 from blockdraft.evaluation.offline import offline_stats
+from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.objectives.edr.recursion import pad_rollouts, state_occupancy
 from blockdraft.serialization.drafter_spec import load_drafter_spec
 from blockdraft.targets.registry import load_target
 
 
-def acceptance_and_confidence(drafter, target, rollouts) -> tuple[list, list]:
-    """Per rollout: greedy acceptance `[L-1, K]` (1[argmax = x]) and the drafter's max
-    probability per slot `[L-1, K]` (softmax at T = 1, as `hybrid:` reads confidence)."""
-    accs, confs = [], []
+def slot_confidences(drafter, target, rollouts) -> list[torch.Tensor]:
+    """Per rollout the drafter's max probability per slot `[L-1, K]` at every round start
+    (softmax at T = 1, as `hybrid:` reads confidence); acceptances come from the
+    evaluator itself (`score_rollout_set`)."""
+    out = []
     k = int(drafter.config.block_size) - 1
     slots = torch.arange(1, k + 1)
     for r in rollouts:
         prompt = torch.as_tensor(r.prompt_ids).long().reshape(-1)
         response = torch.as_tensor(r.response_ids).long().reshape(-1)
-        if response.numel() < 2:
+        if response.numel() < 2:  # no drafting round: the evaluator's [0, K] too
+            out.append(torch.zeros(0, k))
             continue
         seq = torch.cat([prompt, response])
-        total = seq.numel()
         features = target.forward(seq[None], logits_to_keep=1).features
         anchors = round_start_anchors(prompt.numel(), response.numel())
         hidden = drafter.forward_blocks(features, seq[None], anchors[None])[0]
-        idx = anchors[:, None] + slots[None]
-        labels = seq[idx.clamp_max(total - 1)]
-        prev = seq[(idx - 1).clamp_max(total - 1)]
-        logits = drafter.compute_logits(hidden, prev).float()
-        accs.append(((logits.argmax(-1) == labels) & (idx < total)).double())
-        confs.append(torch.softmax(logits, -1).amax(-1))
-    return accs, confs
+        idx = (anchors[:, None] + slots[None]).clamp_max(seq.numel() - 1)
+        logits = drafter.compute_logits(hidden, seq[idx - 1]).float()
+        out.append(torch.softmax(logits, -1).amax(-1)[: response.numel() - 1])
+    return out
 
 
 def round_costs(drafter, target, k: int, reps: int) -> tuple[list[float], float]:
@@ -127,8 +126,9 @@ def main() -> None:
     rollouts = RolloutSet.open(args.rollouts)
     if not rollouts.settings.greedy:
         raise SystemExit(f"{args.rollouts}: sampled rollouts; this bench scores T = 0 only")
+    accs = [a.double() for a in score_rollout_set(drafter.eval(), target, rollouts)]
     with torch.inference_mode():
-        accs, confs = acceptance_and_confidence(drafter.eval(), target, rollouts)
+        confs = slot_confidences(drafter, target, rollouts)
         verify, draft = round_costs(drafter, target, accs[0].shape[1], args.reps)
     k = accs[0].shape[1]
     print(f"{len(accs)} rollouts; drafter round + head {draft:.2f} AR steps; target forward "

@@ -286,8 +286,8 @@ def speed_verdict(rows: list[dict[str, Any]]) -> list[str]:
         slower, unclear = [], []
         for name, x, r in timed:
             ci = r.get("speedup_ci95") if key == "speedup" else None
-            known = ci is not None and not any(v is None or math.isnan(v) for v in ci)
-            said = f"{name} {x:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if known else "")
+            known = _speedup_ci(ci) != "–"
+            said = f"{name} {x:.2f}x" + (f" {_speedup_ci(ci)}" if known else "")
             if known and ci[0] <= 1.0 <= ci[1]:
                 unclear.append(said)
             elif (ci[1] < 1.0) if known else (x < 1.0):
