@@ -8,7 +8,9 @@ start (the same blocks EDR trains), E2E at 64 anchors, and EDR (in the rollouts'
 training reads it: greedy at beta 0.5, or sampling) on every round start and with
 `max_anchors` 16 / 32 / 64 (the `gradient` PPS sampler, whose exact gradient needs a
 no-grad scoring pass over every round start; the demo's fine-tune is the greedy 32 row),
-and 32 / 64 drawn uniformly (only the rows not drawn are scored). One thread by default
+and 32 / 64 drawn uniformly (only the rows not drawn are scored); `--score-chunks 16 128`
+adds EDR @16 with its scoring pass split into passes of that many round starts per
+rollout (the default, `edr_step.DEFAULT_SCORE_CHUNK`, is one pass here). One thread by default
 and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round times
 every row once in rotating order, on the same micro-batch; the factor is the median over
 rounds of time(row) / time(D-PACE @64).
@@ -19,7 +21,7 @@ distributions, the overlap, EDR's scoring pass and its parts, backward) and prin
 phase in ms per step.
 
     python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9] [--threads 1]
-        [--phases]
+        [--phases] [--score-chunks 16 32]
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--phases", action="store_true", help="also profile the phases of 3 rows")
+    ap.add_argument(
+        "--score-chunks", type=int, nargs="*", default=[],
+        help="also EDR @16 with the scoring pass in passes of these many round starts",
+    )  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     flush_denormals()
@@ -82,14 +88,14 @@ def main() -> None:
             fwd, drafter, feats, obj, batch, num_anchors=anchors, step=step, **common
         )
 
-    def edr(max_anchors: int, sampler: str = "gradient"):
+    def edr(max_anchors: int, sampler: str = "gradient", score_chunk: int | None = None):
         obj = make_objective(
             "edr", mode=mode, max_anchors=max_anchors, greedy_temperature=0.5,
             anchor_sampler=sampler,
         )  # fmt: skip
         return lambda step: edr_micro_step(
             fwd, drafter, feats, target.stop_token_ids, obj, batch, mode=mode, step=step,
-            **common,
+            score_chunk=score_chunk, **common,
         )  # fmt: skip
 
     kind = "greedy beta 0.5" if mode == "greedy" else f"sampling T = {settings.temperature:g}"
@@ -104,6 +110,10 @@ def main() -> None:
         f"EDR {kind}, max_anchors 64": edr(64),
         f"EDR {kind}, max_anchors 64 uniform": edr(64, "uniform"),
     }
+    for chunk in args.score_chunks:
+        rows[f"EDR {kind}, max_anchors 16, scoring {chunk} round starts per pass"] = edr(
+            16, score_chunk=chunk
+        )
     names = list(rows)
 
     def timed(name: str, step: int) -> float:

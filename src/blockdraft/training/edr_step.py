@@ -19,7 +19,11 @@ import torch
 from torch import nn
 
 from blockdraft.data.anchors import round_start_anchors
-from blockdraft.objectives.cross_entropy import default_chunk_rows, token_logprobs
+from blockdraft.objectives.cross_entropy import (
+    DEFAULT_CHUNK_ELEMENTS,
+    default_chunk_rows,
+    token_logprobs,
+)
 from blockdraft.objectives.edr import (
     acceptance_and_cost,
     dense_row_weights,
@@ -49,6 +53,26 @@ from blockdraft.training.objective_step import (
     pad_anchor_lists,
     response_logits_to_keep,
 )
+
+# Most round starts per rollout per pass of the no-grad scoring pass, unless the caller
+# names a number (`default_score_chunk`): the paper's (and the library's default)
+# `max_anchors`, so a pass holds no more blocks than a default EDR step drafts with gradient.
+DEFAULT_SCORE_CHUNK = 512
+
+
+def default_score_chunk(max_anchors: int, rollouts: int, width: int | None) -> int:
+    """Round starts per rollout per scoring pass: as many as fit, not `max_anchors`.
+
+    Why: every pass re-projects the target context and re-derives its positions' target
+    rows, so passes of 16 or 32 round starts cost a T = 1 step ~10% (bench/
+    edr_finetune_cost.py --score-chunks; docs/training.md). Up to `DEFAULT_SCORE_CHUNK`,
+    and in sampling mode (`width`: the columns of the target rows, V or a draft space's)
+    only as many as keep a pass's target rows within the cross-entropy's ~64 MB chunk
+    budget; never fewer than `max_anchors`, the old default."""
+    fit = DEFAULT_SCORE_CHUNK
+    if width is not None:
+        fit = DEFAULT_CHUNK_ELEMENTS // max(1, rollouts * width)
+    return max(max_anchors, min(DEFAULT_SCORE_CHUNK, fit))
 
 
 def _acceptance(
@@ -282,7 +306,7 @@ def edr_micro_step(
     """Forward + EDR loss on one micro-batch of whole rollouts (no backward here).
 
     `score_chunk`: round starts per rollout per pass of the no-grad scoring pass (None:
-    `objective.max_anchors`)."""
+    `default_score_chunk`)."""
     device = batch.input_ids.device
     sampling = mode == "sampling"
     tout = features.features(  # greedy EDR needs no target logits: skip the LM head
@@ -306,10 +330,17 @@ def edr_micro_step(
     full_acc: dict[int, torch.Tensor] = {}
     full_cost: dict[int, torch.Tensor] = {}
     long_rows = [i for i, u in enumerate(usable) if u > limit]
+    chunk = score_chunk
+    if long_rows and chunk is None:
+        width = None  # greedy scoring builds no target rows
+        if sampling:
+            space = DraftSpace.of(drafter, stop_ids)
+            width = tout.logits.shape[-1] if space is None else space.width
+        chunk = default_score_chunk(limit, len(long_rows), width)
     if long_rows:
         drawn = _draw_round_starts(
             fwd, stop_ids, tout, batch, objective, starts, long_rows, usable,
-            settings=settings, mode=mode, seed=seed, step=step, chunk=score_chunk or limit,
+            settings=settings, mode=mode, seed=seed, step=step, chunk=chunk,
         )  # fmt: skip
         for i, (idx, w, acc_i, cost_i) in zip(long_rows, drawn, strict=True):
             chosen[i], weights[i], full_acc[i], full_cost[i] = idx, w, acc_i, cost_i
