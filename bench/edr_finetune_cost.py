@@ -10,7 +10,8 @@ training reads it: greedy at beta 0.5, or sampling) on every round start and wit
 no-grad scoring pass over every round start; the demo's fine-tune is the greedy 32 row),
 and 32 / 64 drawn uniformly (only the rows not drawn are scored); `--score-chunks 16 128`
 adds EDR @16 with its scoring pass split into passes of that many round starts per
-rollout (the default, `edr_step.DEFAULT_SCORE_CHUNK`, is one pass here). One thread by default
+rollout (the sampling-mode default, `edr_step.default_score_chunk`, is one pass here). One
+thread by default
 and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round times
 every row once in rotating order, on the same micro-batch; the factor is the median over
 rounds of time(row) / time(D-PACE @64).

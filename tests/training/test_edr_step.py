@@ -92,9 +92,11 @@ def test_micro_step_is_the_same_with_any_chunk(setup, mode: str, sampler: str, m
     # scoring passes of 4 round starts per rollout, then the gradient pass: occupancy scores
     # all 29 usable starts of rollout 0, uniform only the 23 the gradient pass leaves out
     assert len(results[1][2]) == (6 if sampler == "uniform" else 8) + 1
-    # by default (DEFAULT_SCORE_CHUNK round starts per pass) the scoring is one pass, not
-    # split at max_anchors: each pass re-projects the context (docs/training.md)
-    assert len(results[0][2]) == 2
+    # by default sampling mode scores in one pass (`default_score_chunk`), not split at
+    # max_anchors: each pass re-projects the context (docs/training.md); greedy mode keeps
+    # passes of max_anchors (6): 23 or 29 scored round starts
+    scored = 23 if sampler == "uniform" else 29
+    assert len(results[0][2]) == (1 if mode == "sampling" else -(-scored // 6)) + 1
     for loss, grads, passes in results:
         torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
         for g, r in zip(grads, ref_grads, strict=True):
@@ -120,20 +122,19 @@ def test_micro_step_is_the_same_with_any_chunk(setup, mode: str, sampler: str, m
 
 
 def test_default_score_chunk_fills_the_target_rows_budget() -> None:
-    """Greedy scoring (no target rows) and small vocabularies: one pass of up to
-    DEFAULT_SCORE_CHUNK round starts; a large vocabulary: as many as keep the pass's
-    target rows within the cross-entropy's chunk budget; never below max_anchors."""
+    """Small vocabularies: one pass of up to DEFAULT_SCORE_CHUNK round starts; a large
+    vocabulary: as many as keep the pass's target rows within the cross-entropy's chunk
+    budget; never below max_anchors."""
     from blockdraft.objectives.cross_entropy import DEFAULT_CHUNK_ELEMENTS
 
     full = edr_step.DEFAULT_SCORE_CHUNK
-    assert edr_step.default_score_chunk(16, 8, None) == full
     assert edr_step.default_score_chunk(16, 8, 4096) == full  # tiny: 8 x 512 x 4096 fits
     gemma_space = 8192 + 2
     chunk = edr_step.default_score_chunk(16, 8, gemma_space)
     assert 16 < chunk < full
     assert 8 * chunk * gemma_space <= DEFAULT_CHUNK_ELEMENTS < 8 * (chunk + 1) * gemma_space
     assert edr_step.default_score_chunk(16, 8, 262144) == 16  # full Gemma vocabulary
-    assert edr_step.default_score_chunk(600, 1, None) == 600
+    assert edr_step.default_score_chunk(600, 1, 4096) == 600
 
 
 @pytest.mark.parametrize("mode", ["sampling", "greedy"])

@@ -60,18 +60,18 @@ from blockdraft.training.objective_step import (
 DEFAULT_SCORE_CHUNK = 512
 
 
-def default_score_chunk(max_anchors: int, rollouts: int, width: int | None) -> int:
-    """Round starts per rollout per scoring pass: as many as fit, not `max_anchors`.
+def default_score_chunk(max_anchors: int, rollouts: int, width: int) -> int:
+    """Round starts per rollout per sampling-mode scoring pass: as many as fit, not
+    `max_anchors`.
 
     Why: every pass re-projects the target context and re-derives its positions' target
     rows, so passes of 16 or 32 round starts cost a T = 1 step ~10% (bench/
     edr_finetune_cost.py --score-chunks; docs/training.md). Up to `DEFAULT_SCORE_CHUNK`,
-    and in sampling mode (`width`: the columns of the target rows, V or a draft space's)
-    only as many as keep a pass's target rows within the cross-entropy's ~64 MB chunk
-    budget; never fewer than `max_anchors`, the old default."""
-    fit = DEFAULT_SCORE_CHUNK
-    if width is not None:
-        fit = DEFAULT_CHUNK_ELEMENTS // max(1, rollouts * width)
+    and only as many as keep a pass's target rows (`width` columns: V or a draft space's)
+    within the cross-entropy's ~64 MB chunk budget; never fewer than `max_anchors`, the
+    old default. The pass's LM-head products stay at the gradient pass's rows
+    (`score_round_starts`' `head_rows`), so its logits are no larger than before."""
+    fit = DEFAULT_CHUNK_ELEMENTS // max(1, rollouts * width)
     return max(max_anchors, min(DEFAULT_SCORE_CHUNK, fit))
 
 
@@ -87,13 +87,15 @@ def _acceptance(
     want_logq: bool = True,
     moments: bool = False,
     greedy_beta: float = 1.0,
+    head_rows: int | None = None,
 ):
     """(A, c, hidden, logq, labels, mask, prev, moments) for the given anchors `[B, A]`.
     In sampling mode `logq` (T = 1 log q(label), detached) only feeds the logged
     statistics: None unless `want_logq` (a full-vocabulary log-softmax saved on unlogged
     steps). `moments` (sampling mode, for the `gradient` sampler): the proposals'
     logit-gradient moments `[B, A, K, 3]` (`scores_with_gradient_moments`), else None.
-    `greedy_beta`: greedy mode's drafter temperature (`A = softmax(z / beta)(x)`)."""
+    `greedy_beta`: greedy mode's drafter temperature (`A = softmax(z / beta)(x)`);
+    `head_rows`: at most this many rows per LM-head product (sampling, unwrapped)."""
     drafter = fwd.module.drafter if hasattr(fwd, "module") else fwd.drafter
     selector = has_selector(drafter)  # DFlash2: A, c of the selector; unary gets the weights
     block_size = drafter.config.block_size
@@ -119,7 +121,7 @@ def _acceptance(
             columns = torch.where(labels >= 0, ids, -1) if with_grad and want_logq else None
             acc, cost, logq, grad_moments = head_chunked_scores(
                 fwd.drafter, space, hidden, prev, p_rows, p_index, ids, columns, settings,
-                stops, moments,
+                stops, moments, head_rows,
             )  # fmt: skip
         elif sampling:
             p = p_rows[p_index]
@@ -166,12 +168,15 @@ def score_round_starts(
     chunk: int,
     moments: bool = False,
     greedy_beta: float = 1.0,
+    head_rows: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Detached `(A, c)` `[B, A, K]` for anchors `[B, A]` (-1 = padding), scoring at most
     `chunk` anchors per rollout per drafter pass so peak memory does not grow with the
     rollout length (each block is independent given the target features). With
     `moments` (sampling mode) a third tensor: the proposals' logit-gradient moments
-    `[B, A, K, 3]` for the `gradient` sampler."""
+    `[B, A, K, 3]` for the `gradient` sampler. `head_rows`: at most this many rows per
+    LM-head product in sampling mode (a pass of many round starts then holds no more
+    logits than the gradient pass does)."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"score_chunk must be a positive int, got {chunk!r}")
     if moments and mode != "sampling":
@@ -185,7 +190,7 @@ def score_round_starts(
         for lo in range(0, anchors.shape[1], chunk):
             acc, cost, *_, m = _acceptance(
                 fwd, stop_ids, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False,
-                moments=moments, greedy_beta=greedy_beta,
+                moments=moments, greedy_beta=greedy_beta, head_rows=head_rows,
             )  # fmt: skip
             accs.append(acc)
             costs.append(cost)
@@ -250,9 +255,12 @@ def _draw_round_starts(
     # the gradient sampler's sizes need the proposals' logit-gradient moments: sampling
     # mode gets them from the scoring pass (every usable row is scored), greedy from A
     want_moments = objective.anchor_sampler == "gradient" and mode == "sampling"
+    # the head rows the gradient pass multiplies at once: no scoring product holds more
+    drafter = fwd.module.drafter if hasattr(fwd, "module") else fwd.drafter
+    head_rows = batch.input_ids.shape[0] * limit * (drafter.config.block_size - 1)
     acc, cost, *moments = score_round_starts(
         fwd, stop_ids, sub_out, sub, anchors.to(batch.input_ids.device), settings, mode, chunk,
-        moments=want_moments, greedy_beta=objective.greedy_temperature,
+        moments=want_moments, greedy_beta=objective.greedy_temperature, head_rows=head_rows,
     )  # fmt: skip
     full = []
     for j, r in enumerate(scored):
@@ -332,11 +340,11 @@ def edr_micro_step(
     long_rows = [i for i, u in enumerate(usable) if u > limit]
     chunk = score_chunk
     if long_rows and chunk is None:
-        width = None  # greedy scoring builds no target rows
+        chunk = limit  # greedy: passes of max_anchors (its chunked log q has no row cap)
         if sampling:
             space = DraftSpace.of(drafter, stop_ids)
             width = tout.logits.shape[-1] if space is None else space.width
-        chunk = default_score_chunk(limit, len(long_rows), width)
+            chunk = default_score_chunk(limit, len(long_rows), width)
     if long_rows:
         drawn = _draw_round_starts(
             fwd, stop_ids, tout, batch, objective, starts, long_rows, usable,
@@ -392,8 +400,9 @@ def edr_micro_step(
 
 
 def head_chunked_scores(
-    drafter, space, hidden, prev, p_rows, p_index, ids, columns, settings, stops, moments
-):
+    drafter, space, hidden, prev, p_rows, p_index, ids, columns, settings, stops, moments,
+    head_rows=None,
+):  # fmt: skip
     """`(A, c, log q(label) or None, moments or None)` of every proposal, with the LM head
     run inside row chunks of `default_chunk_rows` (~64 MB of logits), each chunk taking its
     targets from the distinct rows `p_rows[p_index]` (`sampling_target_rows`, no `[blocks*K,
@@ -404,7 +413,8 @@ def head_chunked_scores(
     the `[blocks*K, V]` logits, the q the fused kernel keeps for backward and their
     gradient, ~1 GB each at the Gemma shape, where `uniform` holds <= 256 MB.
     `columns` (logged steps): the labels' columns, -1 where none, for the detached T = 1
-    log q(label) of the statistics; `moments`: the `gradient` sampler's scoring pass."""
+    log q(label) of the statistics; `moments`: the `gradient` sampler's scoring pass;
+    `head_rows`: a smaller cap on the rows per chunk (the scoring pass's)."""
     width = p_rows.shape[-1]
 
     def rows_fn(h, prv, at, x, col):
@@ -431,6 +441,8 @@ def head_chunked_scores(
         None if columns is None else columns.reshape(-1),
     ]
     chunk = default_chunk_rows(width)
+    if head_rows is not None:
+        chunk = max(1, min(chunk, head_rows))
     # logits of at most one chunk are kept (nothing recomputed); more go chunk by chunk
     one_piece = flat[0].shape[0] <= chunk
     outs = rows_fn(*flat) if one_piece else by_row_chunks(rows_fn, flat, chunk)
