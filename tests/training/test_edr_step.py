@@ -197,10 +197,12 @@ def test_micro_step_of_wrapped_forward_equals_unwrapped(setup, chunk_rows, monke
     results = []
     for fwd in (DraftForward(drafter), Wrapped(drafter)):
         drafter.zero_grad(set_to_none=True)
+        # the same scoring passes for both (by default the unwrapped one scores in one pass,
+        # whose products round differently: test_wrapped_forward_scores_in_passes_of_...)
         out = edr_step.edr_micro_step(
             fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
             seed=0, step=1, settings=_Settings,
-            mode="sampling", want_acc=True, alpha=0.5, variant="full",
+            mode="sampling", want_acc=True, alpha=0.5, variant="full", score_chunk=6,
         )  # fmt: skip
         out.numerator.backward()
         grads = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
@@ -211,6 +213,36 @@ def test_micro_step_of_wrapped_forward_equals_unwrapped(setup, chunk_rows, monke
     for x, y in zip(ga, gb, strict=True):
         torch.testing.assert_close(x, y, **tol)
     torch.testing.assert_close(a.stats.packed(), b.stats.packed(), **tol)
+
+
+def test_wrapped_forward_scores_in_passes_of_max_anchors(setup, monkeypatch) -> None:
+    """DDP/FSDP's forward returns a pass's whole logits (no `head_rows` cap), so a wrapped
+    forward keeps scoring passes of `max_anchors` where an unwrapped one scores in one."""
+    target, drafter, batch = setup
+
+    class Wrapped(DraftForward):
+        pass
+
+    passes: list[int] = []
+    original = edr_step._acceptance
+
+    def spy(*args, **kwargs):
+        passes.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(edr_step, "_acceptance", spy)
+    objective = make_objective("edr", mode="sampling", max_anchors=6)
+    counts = []
+    for fwd in (DraftForward(drafter), Wrapped(drafter)):
+        passes.clear()
+        edr_step.edr_micro_step(
+            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
+            seed=0, step=1, settings=_Settings,
+            mode="sampling", want_acc=False, alpha=0.5, variant="full",
+        )  # fmt: skip
+        counts.append(len(passes))
+    # 29 usable round starts in the longest rollout: 1 scoring pass or ceil(29 / 6), + 1
+    assert counts == [2, 5 + 1]
 
 
 def _step_gradient(fwd, drafter, target, objective, batch, seed: int, mode: str):

@@ -340,8 +340,10 @@ def edr_micro_step(
     long_rows = [i for i, u in enumerate(usable) if u > limit]
     chunk = score_chunk
     if long_rows and chunk is None:
-        chunk = limit  # greedy: passes of max_anchors (its chunked log q has no row cap)
-        if sampling:
+        # greedy, and DDP/FSDP (whose forward returns a pass's whole logits): passes of
+        # max_anchors; an unwrapped sampling step caps its head rows (`head_rows`)
+        chunk = limit
+        if sampling and type(fwd) is DraftForward:
             space = DraftSpace.of(drafter, stop_ids)
             width = tout.logits.shape[-1] if space is None else space.width
             chunk = default_score_chunk(limit, len(long_rows), width)
