@@ -183,9 +183,12 @@ def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler):
     obj = make_objective("edr", mode="sampling", max_anchors=3, anchor_sampler=sampler)
     results = []
     for fwd in (DraftForward(drafter), Wrapped(drafter)):
+        # the same scoring passes for both (by default an unwrapped step scores in one
+        # pass, a wrapped one in passes of max_anchors: other rounding, other PPS draws)
         out = edr_micro_step(
             fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, obj, batch,
-            seed=0, step=1, mode="sampling", **{**_COMMON, "settings": _Sampling},
+            seed=0, step=1, mode="sampling", score_chunk=3,
+            **{**_COMMON, "settings": _Sampling},
         )  # fmt: skip
         results.append((out.numerator.detach(), _grads(drafter, out.numerator)))
     (na, ga), (nb, gb) = results
