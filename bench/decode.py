@@ -47,13 +47,13 @@ from typing import Any
 
 import torch
 
-from blockdraft.decoding.cpu.argmax_screen import Int8Screen, ScreenedArgmaxHead
 from blockdraft.decoding.cpu.lean_target import LeanTarget
-from blockdraft.decoding.cpu.packed_linear import PackedLinears
 from blockdraft.decoding.hf_generate import hf_generate_job
 from blockdraft.decoding.loop import StepStats, ar_generate, speculative_generate
 from blockdraft.decoding.steps import TargetRunner
 from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.kernels.argmax_screen import Int8Screen, ScreenedArgmaxHead
+from blockdraft.kernels.packed_linear import PackedLinears
 
 PHASES = ("draft", "target", "verify", "other")
 
@@ -135,8 +135,8 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
 
     The argmax cases run the T = 0 verification the ways the loop can: `F.linear` layers
     with the loop's screened head (no MKL packing), and packed fp32 layers
-    (decoding/cpu/packed_linear.py) with the packed fp32 head, the bf16 screen or the int8
-    screen (decoding/cpu/argmax_screen.py; the loop takes int8 where this CPU has exact
+    (kernels/packed_linear.py) with the packed fp32 head, the bf16 screen or the int8
+    screen (kernels/argmax_screen.py; the loop takes int8 where this CPU has exact
     int8 products)."""
     run, fp32_head = TargetRunner(target), TargetRunner(target)
     fp32_head.screen = None  # the packed fp32 head, whatever `use_packed_weights` picks

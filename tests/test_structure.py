@@ -33,7 +33,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = [
     {"blockdraft", "errors", "devices", "threads", "heap", "artifacts", "user_cache", "bootstrap"},
-    {"objectives", "sampling"},
+    {"objectives", "sampling", "kernels"},
     {"targets"},
     {"drafters"},
     {"serialization"},

@@ -9,8 +9,6 @@ import pytest
 import torch
 
 from blockdraft.decoding import proposers
-from blockdraft.decoding.cpu import ENV, cpu_kernels_apply
-from blockdraft.decoding.cpu.argmax_screen import ScreenedArgmaxHead
 from blockdraft.decoding.loop import decode
 from blockdraft.decoding.proposers import (
     BlockProposer,
@@ -24,6 +22,8 @@ from blockdraft.decoding.steps import TargetRunner
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.kernels import ENV, cpu_kernels_apply
+from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
 from blockdraft.targets.testing import make_random_target
 from fake_drafter import greedy_decode_case
 

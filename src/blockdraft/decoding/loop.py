@@ -21,8 +21,6 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from blockdraft.decoding.cpu import cpu_kernels_apply
-from blockdraft.decoding.cpu.packed_linear import packed_linears
 from blockdraft.decoding.proposers import (
     Proposer,
     Sampling,
@@ -40,6 +38,8 @@ from blockdraft.decoding.result import (
 from blockdraft.decoding.steps import DecodeClock, TargetRunner, one_hot_like, pick_token
 from blockdraft.decoding.timing import alternate_timed
 from blockdraft.decoding.verify import verify_block, verify_onehot, verify_standard
+from blockdraft.kernels import cpu_kernels_apply
+from blockdraft.kernels.packed_linear import packed_linears
 from blockdraft.sampling import processed_probs, settings_of
 
 VERIFIERS = ("standard", "block")
@@ -104,7 +104,7 @@ def speculative_generate(
     forward), verify (acceptance test and sampling) and other (cache crop and
     bookkeeping); the drafter's context extension counts as draft. On CPU the target's
     and drafter's fp32 linears run few-row products with packed weights while the loop
-    runs (decoding/cpu/packed_linear.py)."""
+    runs (kernels/packed_linear.py)."""
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}: use one of {VERIFIERS}")
     if not prompt_ids:

@@ -16,16 +16,16 @@ from typing import Any, Protocol
 
 import torch
 
-from blockdraft.decoding.cpu import cpu_kernels_apply
-from blockdraft.decoding.cpu.argmax_screen import ScreenedArgmaxHead
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
-from blockdraft.decoding.cpu.packed_linear import pack_weight
 from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.drafters.dflash import BlockDrafter
 from blockdraft.drafters.draft_vocab import sample_draft_logits
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.lookup_inputs import lookup_rule
 from blockdraft.drafters.ngram import NgramTable
+from blockdraft.kernels import cpu_kernels_apply
+from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
+from blockdraft.kernels.packed_linear import pack_weight
 from blockdraft.sampling import processed_probs, sample
 
 

@@ -5,7 +5,7 @@ batch 1 on a CPU the loop is dominated by exactly that generality, and at a 262k
 vocabulary the LM head costs more than all decoder layers. So `TargetRunner.step` keeps
 only the verified rows' logits, asks for hidden states only when a drafter reads them,
 crops the cache in place (API detected once per cache), and at T = 0 on a CPU takes the
-argmax through the exact int8 screen (`decoding/cpu/`); small Qwen3 / Llama targets on a
+argmax through the exact int8 screen (`kernels/argmax_screen.py`); small Qwen3 / Llama targets on a
 CPU run the lean forward instead (`decoding/cpu/lean_target.py`), in the AR baseline too,
 so the two loops stay comparable. Numbers: docs/decoding.md.
 """
@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from blockdraft.decoding.cpu import cpu_kernels_apply
-from blockdraft.decoding.cpu.argmax_screen import ScreenedArgmaxHead
 from blockdraft.decoding.cpu.lean_target import LeanCache, LeanTarget
 from blockdraft.decoding.cpu.row_argmax import row_argmax
+from blockdraft.kernels import cpu_kernels_apply
+from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
 from blockdraft.sampling import processed_probs, sample
 
 
@@ -60,7 +60,7 @@ class TargetRunner:
         self.screen = ScreenedArgmaxHead.for_target(target) if use_screen else None
 
     def use_packed_weights(self) -> None:
-        """The target's linears are packed (decoding/cpu/packed_linear.py): keep the screen only
+        """The target's linears are packed (kernels/packed_linear.py): keep the screen only
         if it is a fast one (int8, or oneDNN-packed bf16), else the packed fp32 head beats
         it (timings: docs/decoding.md)."""
         if self.screen is not None and not self.screen.fast:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from blockdraft.decoding.cpu.packed_linear import MIN_PACKED_ELEMENTS
+from blockdraft.kernels.packed_linear import MIN_PACKED_ELEMENTS
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

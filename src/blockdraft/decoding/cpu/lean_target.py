@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from blockdraft.decoding.cpu.packed_linear import MIN_PACKED_ELEMENTS, pack_weight
+from blockdraft.kernels.packed_linear import MIN_PACKED_ELEMENTS, pack_weight
 
 SUPPORTED = ("Qwen3ForCausalLM", "LlamaForCausalLM")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from blockdraft.decoding.cpu import cpu_kernels_apply
+from blockdraft.kernels import cpu_kernels_apply
 
 
 def row_argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from blockdraft.decoding.cpu.packed_linear import (
+from blockdraft.kernels.packed_linear import (
     int8_products_exact,
     onednn_int8_linear,
     onednn_linear,

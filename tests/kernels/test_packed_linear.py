@@ -1,4 +1,4 @@
-"""Packed fp32 weights (decoding/cpu/packed_linear.py): the same products as `F.linear` up to
+"""Packed fp32 weights (kernels/packed_linear.py): the same products as `F.linear` up to
 float rounding, used only where the module says (2+ rows, no autograd, unchanged weight,
 inside `active()`), and a greedy speculative decode that uses them still reproduces
 greedy autoregressive decoding token for token."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blockdraft.decoding.cpu import packed_linear
-from blockdraft.decoding.cpu.packed_linear import PackedLinears, PackedWeight, packed_linears
 from blockdraft.decoding.loop import ar_generate, decode
+from blockdraft.kernels import packed_linear
+from blockdraft.kernels.packed_linear import PackedLinears, PackedWeight, packed_linears
 from blockdraft.targets.testing import make_random_target
 from fake_drafter import greedy_decode_case
 
