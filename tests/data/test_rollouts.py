@@ -391,3 +391,104 @@ def test_cli_rollout(random_target, tmp_path, monkeypatch, capsys):
     assert main(args("o2")) == 2
     assert f"{src}:2: invalid JSON" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("screened", [False, True])
+def test_greedy_rollouts_without_logprobs_equal_the_default(
+    random_target, tmp_path, monkeypatch, screened
+):
+    """`store_logprobs=False`: the same greedy tokens, row for row and with varied lengths,
+    NaN log-probs, the manifest says so. `screened`: the int8 (or bf16) screen of the head
+    chooses every token and the fp32 head is never called; otherwise the plain path runs."""
+    from blockdraft.data import generation
+    from blockdraft.kernels import argmax_screen
+
+    monkeypatch.setattr(argmax_screen, "_HEADS", argmax_screen.weakref.WeakKeyDictionary())
+    if screened:
+        monkeypatch.setattr(argmax_screen.ScreenedArgmaxHead, "MIN_HEAD", 0)
+        if generation.greedy_screen(random_target) is None:
+            pytest.skip("no fast screen of the head on this CPU")
+    else:
+        assert generation.greedy_screen(random_target) is None  # the random head is small
+    stops = Target(  # a few frequent tokens stop rows, so lengths vary
+        random_target.model,
+        random_target.tokenizer,
+        name="stops",
+        mask_token_id=random_target.mask_token_id,
+        stop_token_ids=list(range(0, random_target.vocab_size, 5)),
+    )
+    s = SamplingSettings(temperature=0.0, max_new_tokens=12)
+    ref = generate_rollouts(stops, prompts(), tmp_path / "ref", s, batch_size=3, progress=False)
+    calls = {"screen": 0, "head": 0}
+    original = argmax_screen.ScreenedArgmaxHead.argmax
+
+    def counted(self, hidden):  # type: ignore[no-untyped-def]
+        calls["screen"] += 1
+        return original(self, hidden)
+
+    monkeypatch.setattr(argmax_screen.ScreenedArgmaxHead, "argmax", counted)
+    head = stops.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda *a: calls.__setitem__("head", calls["head"] + 1))
+    try:
+        lean = generate_rollouts(
+            stops,
+            prompts(),
+            tmp_path / "lean",
+            s,
+            batch_size=3,
+            progress=False,
+            store_logprobs=False,
+        )
+    finally:
+        hook.remove()
+    lengths = {r.response_len for r in ref}
+    assert len(lengths) > 1, "every row had the same length: the stop tokens proved nothing"
+    assert [r.response_ids.tolist() for r in lean] == [r.response_ids.tolist() for r in ref]
+    assert all(torch.isnan(r.logprobs).all() for r in lean)
+    assert all(torch.isfinite(r.logprobs).all() for r in ref)
+    assert (calls["screen"] > 0 and calls["head"] == 0) if screened else calls["screen"] == 0
+    assert lean.manifest["store_logprobs"] is False and "NaN" in lean.manifest["logprobs"]
+    assert "store_logprobs" not in ref.manifest  # sets with log-probs keep their manifest
+
+
+def test_rollouts_without_logprobs_refusals(random_target, tmp_path, capsys):
+    """Sampled or top-k rows need the full distribution; a set never mixes the two kinds;
+    a rollout without log-probs is scored greedily only; the CLI says so in one line."""
+    from blockdraft.cli import main
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+    from blockdraft.evaluation.scoring import acceptance_tensor
+
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=4)
+    for s, k in ((SamplingSettings(temperature=1.0, max_new_tokens=4), 0), (greedy, 2)):
+        with pytest.raises(ValueError, match="only greedy rollouts without --store-topk"):
+            generate_rollouts(
+                random_target,
+                prompts(2),
+                tmp_path / "x",
+                s,
+                store_topk=k,
+                progress=False,
+                store_logprobs=False,
+            )
+    assert not (tmp_path / "x").exists()
+    out = tmp_path / "r"
+    rs = generate_rollouts(
+        random_target, prompts(4), out, greedy, shard_size=2, progress=False, store_logprobs=False
+    )
+    before = _snapshot(out)
+    with pytest.raises(RolloutError, match="store_logprobs differs"):
+        generate_rollouts(random_target, prompts(6), out, greedy, progress=False)
+    assert _snapshot(out) == before
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(random_target, num_layers=1, block_size=4)
+    drafter = BlockDrafter(cfg).bind_target(random_target).eval()
+    r = rs[0]
+    acc = acceptance_tensor(drafter, random_target, r.prompt_ids, r.response_ids, r.logprobs, 0.0)
+    assert acc.shape == (r.response_len - 1, 3)
+    with pytest.raises(ValueError, match="no log-probs.*greedily"):
+        acceptance_tensor(drafter, random_target, r.prompt_ids, r.response_ids, r.logprobs, 1.0)
+    bad = ["rollout", "--target", "tiny", "--prompts", "stdlib:eval", "--out", str(tmp_path / "c")]
+    assert main([*bad, "--no-logprobs", "--temperature", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--no-logprobs: only greedy rollouts" in err
+    assert not (tmp_path / "c").exists()

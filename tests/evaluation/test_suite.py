@@ -8,11 +8,15 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from blockdraft.data.rollout_store import read_manifest
+from blockdraft.data.rollouts import RolloutSet, generate_rollouts
 from blockdraft.evaluation.suite import (
     Suite,
     SuiteError,
     benchmark_arg,
+    benchmark_rollouts,
     load_suite,
     select_prompts,
     with_baseline,
@@ -134,6 +138,8 @@ def test_suite_end_to_end_caches_rollouts_and_agrees_with_eval(tmp_path, capsys)
     result = json.loads((tmp_path / "suite.json").read_text())
     assert [b["name"] for b in result["benchmarks"]] == ["code", "chat"]
     assert [b["num_rollouts"] for b in result["benchmarks"]] == [6, 4]
+    for bench in result["benchmarks"]:  # greedy sets: scored greedily only, no log-probs
+        assert read_manifest(Path(bench["rollouts"]))["store_logprobs"] is False
     assert [d["name"] for d in result["mean"]] == ["ngram:k=3,max=3,min=1", "drafter"]
     # a second run reuses the rollouts and prints the same table
     code, out2, err = run_cli(capsys, *args)
@@ -155,6 +161,36 @@ def test_suite_end_to_end_caches_rollouts_and_agrees_with_eval(tmp_path, capsys)
     mean = result["mean"][1]["mal"]
     per = [b["drafters"][1]["mal"] for b in result["benchmarks"]]
     assert mean == pytest.approx(sum(per) / 2, rel=1e-12)
+
+
+def test_an_interrupted_suite_set_resumes_as_it_was_started(tmp_path):
+    """A greedy set begun with log-probs (before sets left them out) is finished with them,
+    not refused as a mix; a new greedy set has none."""
+    from blockdraft.data.prompts import load_prompts
+    from blockdraft.targets.registry import load_target
+
+    target = load_target(str(save_local_model(tmp_path / "model")), device="cpu", progress=False)
+    lines = [json.dumps({"id": f"q{i}", "prompt": f"def f{i}(x):"}) for i in range(5)]
+    _write(tmp_path / "code.jsonl", "\n".join(lines) + "\n")
+    suite = load_suite(
+        _write(
+            tmp_path / "suite.yaml",
+            "name: s\ndata_dir: .\nrollouts: {temperature: 0, max_new_tokens: 6}\n"
+            "benchmarks:\n  - {name: code, prompts: '{data_dir}/code.jsonl:prompt'}\n",
+        )
+    )
+    first = benchmark_rollouts(target, suite, tmp_path / "sets", progress=False)["code"]
+    assert read_manifest(first)["store_logprobs"] is False
+    fresh = {r.prompt_id: r.response_ids.tolist() for r in RolloutSet.open(first)}
+    for f in first.iterdir():
+        f.unlink()
+    prompts = load_prompts(str(tmp_path / "code.jsonl") + ":prompt")
+    generate_rollouts(target, prompts[:2], first, suite.sampling, progress=False)  # old kind
+    again = benchmark_rollouts(target, suite, tmp_path / "sets", progress=False)["code"]
+    assert again == first and "store_logprobs" not in read_manifest(first)
+    done = RolloutSet.open(first)
+    assert len(done) == 5 and all(torch.isfinite(r.logprobs).all() for r in done)
+    assert {r.prompt_id: r.response_ids.tolist() for r in done} == fresh
 
 
 def test_suite_cli_errors_are_one_line(tmp_path, capsys):

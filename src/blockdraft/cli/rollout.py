@@ -68,6 +68,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="also store the target's top-N distribution per response token",
     )
+    p.add_argument(
+        "--no-logprobs",
+        action="store_true",
+        help="greedy only, without --store-topk: store no log-probs (NaN), so the greedy "
+        "choice needs no full softmax; on a CPU it then takes the exact argmax through an "
+        "int8 screen of a large LM head (about 2x the tokens/s on Gemma 3 at batch 32). "
+        "Such rollouts can be scored and trained greedily only",
+    )
     _target_args(p)
     p.set_defaults(func=run)
     _register_import(subparsers)
@@ -206,6 +214,11 @@ def run(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             seed=args.seed,
         )
+        if args.no_logprobs and (not settings.greedy or args.store_topk):
+            raise ValueError(
+                "--no-logprobs: only greedy rollouts (--temperature 0) without --store-topk "
+                "can leave out log-probs"
+            )
         prompts = load_prompts(args.prompts, limit=args.limit)
     except (PromptError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -236,6 +249,7 @@ def _generate(args: argparse.Namespace, settings: Any, prompts: Any, ctx: Any, d
             store_topk=args.store_topk,
             progress=not args.no_progress,
             prompt_spec=args.prompts,
+            store_logprobs=not args.no_logprobs,
         )
     except (PromptError, RolloutError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -6,7 +6,9 @@ top-p as HF applies them), and randomness that belongs to the prompt, not to the
 the uniform behind token t of a row is a hash of (seed, prompt id, t) on the device, and
 the token is drawn by inverse CDF (`row_keys`, `counter_uniform`, `draw_tokens`). So a row
 never depends on its batch, shard or rank, a resumed run equals an uninterrupted one,
-and CPU and GPU draw alike. Greedy rows store T = 1 log-probs (docs/architecture.md).
+and CPU and GPU draw alike. Greedy rows store T = 1 log-probs (docs/architecture.md), or
+none: the greedy choice alone needs no 262k-column softmax, so on a CPU it takes the exact
+argmax through the int8 screen of the LM head (`kernels/argmax_screen.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 import torch
 
+from blockdraft.kernels import cpu_kernels_apply
+from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
 from blockdraft.sampling import SamplingSettings, sampling_logprobs
 from blockdraft.targets.target import Target
 
@@ -26,6 +30,7 @@ __all__ = [
     "counter_uniform",
     "draw_tokens",
     "generate_batch",
+    "greedy_screen",
     "row_keys",
     "sampling_logprobs",
 ]
@@ -94,7 +99,8 @@ def draw_tokens(logp: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Generated:
-    """One finished row: response ids, their log-probs and the optional top-k distribution."""
+    """One finished row: response ids, their log-probs (NaN when not stored) and the optional
+    top-k distribution."""
 
     response_ids: list[int]
     logprobs: list[float]
@@ -109,13 +115,21 @@ def generate_batch(
     prompt_ids: list[str],
     settings: SamplingSettings,
     store_topk: int = 0,
+    store_logprobs: bool = True,
 ) -> list[Generated]:
     """Sample one response per prompt, batched with left padding and a shared KV cache.
 
     Rows stop at their first stop token (kept) or after `max_new_tokens`; finished rows
     are dropped from the batch (and the cache) so long stragglers do not pay for them.
-    Everything stays on the target's device until the batch is done.
+    Everything stays on the target's device until the batch is done. Without log-probs
+    (greedy, no top-k only) a CPU target with a large head is never asked for logits.
     """
+    if not store_logprobs and (not settings.greedy or store_topk):
+        raise ValueError(
+            "only greedy rollouts without top-k can leave out log-probs "
+            f"(temperature {settings.temperature}, store_topk {store_topk})"
+        )
+    screen = None if store_logprobs else greedy_screen(target)
     device = target.device
     n, steps = len(prompts), settings.max_new_tokens
     pad = _pad_id(target)
@@ -127,7 +141,7 @@ def generate_batch(
         mask[i, width - len(p) :] = 1
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits, cache = _step(target, ids, mask, positions, None)
+    out, cache = _step(target, ids, mask, positions, None, screen is not None)
     next_pos = torch.tensor([len(p) for p in prompts], device=device)
 
     keys = row_keys(settings.seed, prompt_ids, device)
@@ -139,14 +153,20 @@ def generate_batch(
     tk_ids = torch.zeros((n, steps, k), dtype=torch.int32, device=device) if k else None
     tk_lps = torch.zeros((n, steps, k), dtype=torch.float32, device=device) if k else None
     rows = torch.arange(n, device=device)  # original row index of each batch row
+    if not store_logprobs:
+        lps.fill_(float("nan"))
     for step in range(steps):
-        logp = sampling_logprobs(logits, settings)
-        if settings.greedy:
-            chosen = logp.argmax(dim=-1)
+        if screen is not None:  # `out` is the last position's final hidden state
+            chosen = screen.argmax(out).to(device)
         else:
-            chosen = draw_tokens(logp, counter_uniform(keys[rows], step))
+            logp = sampling_logprobs(out, settings)
+            if settings.greedy:
+                chosen = logp.argmax(dim=-1)
+            else:
+                chosen = draw_tokens(logp, counter_uniform(keys[rows], step))
+            if store_logprobs:
+                lps[rows, step] = logp.gather(-1, chosen[:, None])[:, 0]
         tokens[rows, step] = chosen
-        lps[rows, step] = logp.gather(-1, chosen[:, None])[:, 0]
         lengths[rows] = step + 1
         if k:
             top = torch.topk(logp, k, dim=-1)
@@ -162,7 +182,9 @@ def generate_batch(
             cache.batch_select_indices(keep)
             mask, next_pos, chosen, rows = mask[keep], next_pos[keep], chosen[keep], rows[keep]
         mask = torch.cat([mask, mask.new_ones((rows.numel(), 1))], dim=1)
-        logits, cache = _step(target, chosen[:, None], mask, next_pos[:, None], cache)
+        out, cache = _step(
+            target, chosen[:, None], mask, next_pos[:, None], cache, screen is not None
+        )
         next_pos = next_pos + 1
     lengths_l = lengths.tolist()
     tokens_c, lps_c = tokens.cpu(), lps.cpu()
@@ -185,8 +207,10 @@ def _step(
     mask: torch.Tensor,
     positions: torch.Tensor,
     cache: Any,
+    hidden_only: bool = False,
 ) -> tuple[torch.Tensor, Any]:
-    """One model call for generation: last-position logits `[B, V]` and the cache.
+    """One model call for generation: last-position logits `[B, V]` (or, `hidden_only`, the
+    decoder's final hidden state `[B, H]`, for the screened argmax) and the cache.
 
     Calls the HF model directly (not `Target.forward`): generation needs no hidden
     states, and asking for them keeps every layer's output alive.
@@ -196,15 +220,26 @@ def _step(
         "attention_mask": mask,
         "position_ids": positions,
         "use_cache": True,
-        "logits_to_keep": 1,
     }
     if cache is not None:
         kwargs[target._cache_kwarg] = cache
-    out = target.model(**kwargs)
+    if hidden_only:
+        out = target.model.get_decoder()(**kwargs)
+    else:
+        out = target.model(**kwargs, logits_to_keep=1)
     new_cache = out.get("cache", None) if hasattr(out, "get") else None
     if new_cache is None:  # transformers 4.x
         new_cache = out.past_key_values
-    return out.logits[:, -1], new_cache
+    return (out.last_hidden_state if hidden_only else out.logits)[:, -1], new_cache
+
+
+def greedy_screen(target: Target) -> ScreenedArgmaxHead | None:
+    """The exact screened argmax of the target's head where it beats the fp32 head: a CPU
+    target (and `cpu_kernels_apply`), a large plain fp32 head, a fast screen; else None."""
+    if not cpu_kernels_apply(target.device):
+        return None
+    screen = ScreenedArgmaxHead.for_target(target)
+    return screen if screen is not None and screen.fast else None
 
 
 def _pad_id(target: Target) -> int:

@@ -75,6 +75,10 @@ LOGPROB_NOTE = (
     "(logits / temperature, then top-k, then top-p); for greedy (temperature 0) under the "
     "plain T=1 softmax"
 )
+NO_LOGPROB_NOTE = (
+    "not stored (NaN): greedy rollouts generated with store_logprobs=False "
+    "(blockdraft rollout --no-logprobs); they can be scored and trained greedily only"
+)
 
 
 def generate_rollouts(
@@ -87,16 +91,24 @@ def generate_rollouts(
     store_topk: int = 0,
     progress: bool = True,
     prompt_spec: str | None = None,
+    store_logprobs: bool = True,
 ) -> RolloutSet:
     """Generate (or finish generating) one rollout per prompt into `out_dir`.
 
     Returns the finished set. Re-running with the same arguments after an interruption
     continues where the finished shards end; with more prompts it extends the set. Under
     an initialised process group (torchrun) every rank calls this with the same
-    arguments and gets its share of the shards (`distributed_rollouts`).
+    arguments and gets its share of the shards (`distributed_rollouts`). Greedy rollouts
+    without top-k may leave out the log-probs (`store_logprobs=False`, stored as NaN and
+    said in the manifest): on a CPU their argmax then skips the 262k-column fp32 head.
     """
     if batch_size < 1 or shard_size < 1 or store_topk < 0:
         raise ValueError("batch_size and shard_size must be >= 1 and store_topk >= 0")
+    if not store_logprobs and (not settings.greedy or store_topk):
+        raise ValueError(
+            "only greedy rollouts without --store-topk can leave out log-probs "
+            f"(temperature {settings.temperature}, store_topk {store_topk})"
+        )
     if not prompts:
         raise PromptError("no prompts to generate rollouts for")
     ids = [p.id for p in prompts]
@@ -106,7 +118,7 @@ def generate_rollouts(
     ctx = rank_context()
     out = Path(out_dir)
     spec = prompt_spec or ",".join(sorted({p.source for p in prompts}))
-    header = set_header(target, settings, store_topk, spec)
+    header = set_header(target, settings, store_topk, spec, store_logprobs)
     tokens = [render_prompt(target.tokenizer, p) for p in prompts]
     check_fits_context(ids, tokens, target.context_length, settings.max_new_tokens)
     with contextlib.ExitStack() as held:  # rank 0's writer lock, for the whole run
@@ -124,6 +136,7 @@ def generate_rollouts(
             ids,
             header,
             tokens,
+            store_logprobs,
         )
 
 
@@ -141,6 +154,7 @@ def _generate_into(
     ids: list[str],
     header: dict[str, Any],
     tokens: list[list[int]],
+    store_logprobs: bool,
 ) -> RolloutSet:
     manifest: dict[str, Any] = {}
     pool: dict[int, dict[str, Any]] = {}
@@ -192,7 +206,14 @@ def _generate_into(
         for task in mine:
             a, b = task.first_row, task.first_row + task.rows
             rows = _generate_shard(
-                target, ids[a:b], tokens[a:b], settings, batch_size, store_topk, meter
+                target,
+                ids[a:b],
+                tokens[a:b],
+                settings,
+                batch_size,
+                store_topk,
+                meter,
+                store_logprobs,
             )
             entry = write_shard(out, task, rows, ids[a:b], tokens[a:b], store_topk)
             if ctx.distributed:
@@ -296,9 +317,15 @@ class _Meter:
 
 
 def set_header(
-    target: Target, settings: SamplingSettings, store_topk: int, spec: str
+    target: Target,
+    settings: SamplingSettings,
+    store_topk: int,
+    spec: str,
+    store_logprobs: bool = True,
 ) -> dict[str, Any]:
-    return {
+    """The manifest's description of a set; `store_logprobs` appears only when False, so
+    sets that store log-probs keep the manifest (and id) they always had."""
+    header = {
         "format": FORMAT,
         "version": VERSION,
         "target": {
@@ -310,9 +337,12 @@ def set_header(
         },
         "settings": settings.to_dict(),
         "store_topk": store_topk,
-        "logprobs": LOGPROB_NOTE,
+        "logprobs": LOGPROB_NOTE if store_logprobs else NO_LOGPROB_NOTE,
         "prompts": {"spec": spec, "requested": 0},
     }
+    if not store_logprobs:
+        header["store_logprobs"] = False
+    return header
 
 
 def _compat_items(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -323,6 +353,7 @@ def _compat_items(manifest: dict[str, Any]) -> dict[str, Any]:
     }
     items.update({f"settings.{k}": v for k, v in manifest.get("settings", {}).items()})
     items["store_topk"] = manifest.get("store_topk")
+    items["store_logprobs"] = manifest.get("store_logprobs", True)
     return items
 
 
@@ -407,6 +438,7 @@ def _generate_shard(
     batch_size: int,
     store_topk: int,
     meter: _Meter,
+    store_logprobs: bool,
 ) -> list[Rollout]:
     """Rows of one shard, batched by prompt length (less padding); returned in prompt order."""
     order = sorted(range(len(ids)), key=lambda i: (len(tokens[i]), i))
@@ -414,7 +446,12 @@ def _generate_shard(
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
         gens = generate_batch(
-            target, [tokens[i] for i in batch], [ids[i] for i in batch], settings, store_topk
+            target,
+            [tokens[i] for i in batch],
+            [ids[i] for i in batch],
+            settings,
+            store_topk,
+            store_logprobs,
         )
         for i, g in zip(batch, gens, strict=True):
             rows[i] = Rollout(

@@ -75,6 +75,11 @@ def acceptance_tensor(
             f"sampled rollout needs one log-prob per response token ({L}), got "
             f"{None if logprobs is None else logprobs.numel()}"
         )
+    if not greedy and bool(torch.isnan(logprobs).any()):
+        raise ValueError(
+            "rollout has no log-probs (greedy rollouts made with --no-logprobs): it can be "
+            "scored greedily (temperature 0) only"
+        )
     dev = target.device
     if not greedy:
         p_x = logprobs.to(dev).double().exp()

@@ -181,7 +181,9 @@ def benchmark_rollouts(
 
     A set lives under `root` (default: the user cache) in a directory keyed by what it is
     made of: the target's weights, the prompts chosen and the sampling settings; a set
-    whose generation was interrupted is resumed."""
+    whose generation was interrupted is resumed. A new greedy set stores no log-probs (the
+    suite scores it greedily only, and its argmax then skips the fp32 LM head on a CPU:
+    `generate_rollouts`); an interrupted set resumes as it was started."""
 
     root = Path(root) if root is not None else default_rollouts_root()
     fp = target_fingerprint(target)
@@ -200,6 +202,8 @@ def benchmark_rollouts(
             log(f"[suite] {bench.name}: {len(prompts)} rollouts (cached)")
         else:
             log(f"[suite] {bench.name}: generating rollouts for {len(prompts)} prompts")
+            started = manifest.get("store_logprobs", True) if manifest else None
+            store_logprobs = not suite.sampling.greedy if started is None else started
             generate_rollouts(
                 target,
                 prompts,
@@ -208,6 +212,7 @@ def benchmark_rollouts(
                 batch_size=suite.batch_size,
                 progress=progress,
                 prompt_spec=bench.prompts,
+                store_logprobs=store_logprobs,
             )
         out[bench.name] = directory
     return out
