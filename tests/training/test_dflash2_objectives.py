@@ -79,10 +79,13 @@ def _grads(drafter, loss):
     return {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
 
 
-def _assert_same(got, want, atol=1e-7):
+def _assert_same(got, want, atol=1e-7, scale_atol=0.0):
+    """Element-wise close; `scale_atol` adds an absolute slack relative to each gradient's
+    largest entry (float32 rounding of a long sum lands on its small entries too)."""
     assert set(got) == set(want)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=atol, msg=name)
+        tol = max(atol, scale_atol * float(want[name].abs().max()))
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=tol, msg=name)
 
 
 def _pieces(target, drafter, batch, anchors):
@@ -164,7 +167,9 @@ def test_edr_exact_rounds_gradient_for_selector_and_unary(setup):
         ga, gc = torch.autograd.grad(rounds_objective(pa, pc), (pa, pc))
         total = total + rounds_objective(a_sel, c_sel) + (ga * a_u + gc * c_u).sum()
     want = _grads(drafter, total)
-    _assert_same(got, want, atol=5e-7)  # float32 rounding of a longer recursion
+    # float32 rounding of a longer recursion: up to 4e-6 of a gradient's scale with AVX2
+    # kernels (AVX-512 rounds closer); a wrong term would differ by its whole size
+    _assert_same(got, want, atol=5e-7, scale_atol=1e-5)
 
 
 class _Sampling:
