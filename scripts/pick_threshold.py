@@ -2,7 +2,7 @@
 
     python scripts/pick_threshold.py OUT/json/select.json
 
-Used by scripts/results_gemma.sh on *validation* rollouts, so the threshold reported on
+Used by scripts/gemma_gsm8k.sh on *validation* rollouts, so the threshold reported on
 the held-out rollouts was not chosen on them. Ties go to the lower threshold.
 """
 

@@ -3,7 +3,7 @@
 # Sections are in priority order; each is idempotent (finished runs are skipped), so the
 # script can be re-run after an interruption. Run dirs and JSON go OUTSIDE the repo
 # ($OUT); only the PNGs are copied to docs/results/. One thread per process: the runs
-# shared 2 cores with the Gemma job (scripts/results_gemma.sh).
+# shared 2 cores with the Gemma job (scripts/gemma_gsm8k.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
