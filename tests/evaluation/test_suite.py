@@ -161,6 +161,16 @@ def test_suite_end_to_end_caches_rollouts_and_agrees_with_eval(tmp_path, capsys)
     mean = result["mean"][1]["mal"]
     per = [b["drafters"][1]["mal"] for b in result["benchmarks"]]
     assert mean == pytest.approx(sum(per) / 2, rel=1e-12)
+    # --split: where the drafter wins and loses against the baseline, per benchmark
+    code, out3, err = run_cli(capsys, *args, "--split")
+    assert code == 0, err
+    assert out3.count("round starts, grouped by") == 2
+    split = json.loads((tmp_path / "suite.json").read_text())["benchmarks"][0]["baseline_split"]
+    assert sum(g["share"] for g in split["groups"]) == pytest.approx(1.0)
+    for g in split["groups"]:  # the baseline's own mean is pinned by its group
+        lookup = g["mean_accepted"]["ngram:k=3,max=3,min=1"]
+        if g["baseline_accepts"] in ("0", "3"):
+            assert lookup == float(g["baseline_accepts"])
 
 
 def test_an_interrupted_suite_set_resumes_as_it_was_started(tmp_path):

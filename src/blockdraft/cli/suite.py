@@ -60,6 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="also split each benchmark's round starts by how many tokens the baseline gets "
+        "accepted there, with each drafter's mean accepted length per group and the MAL of "
+        "a per-round oracle choosing between the two (where a drafter loses to lookup)",
+    )
     p.add_argument("--n-boot", type=positive_int, default=2000)
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument(
@@ -106,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=not args.no_progress,
         drafter_dtype=drafter_dtype_of(args, target),
+        split=args.split,
     )
     print("\n".join(suite_tables(result)))
     if args.json:

@@ -23,6 +23,7 @@ from blockdraft.data.rollout_store import read_manifest
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.errors import BlockdraftError
+from blockdraft.evaluation.lookup_split import lookup_split
 from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.runs import drafter_names, load_scored
 from blockdraft.evaluation.suite_statistics import BenchmarkRounds, suite_statistics
@@ -245,12 +246,15 @@ def run_suite(
     progress: bool = True,
     drafter_dtype: Any = None,
     log: Any = print,
+    split: bool = False,
 ) -> dict[str, Any]:
     """Score every drafter (baseline first) on every benchmark; a JSON-ready result.
 
     Per benchmark: each drafter's exact offline MAL with CI, AR_k, and its paired gain over
     the baseline; on the mean over benchmarks: MAL, CI and gain (stratified bootstrap,
-    `suite_statistics`); and every pair of the other drafters, per benchmark and on the mean."""
+    `suite_statistics`); and every pair of the other drafters, per benchmark and on the mean.
+    `split`: per benchmark also the round starts grouped by what the baseline gets accepted
+    there, with the per-round oracle's MAL (`lookup_split`)."""
     specs = with_baseline(suite, drafters)
     names = drafter_names(specs)
     dirs = benchmark_rollouts(target, suite, rollouts_root, progress, log)
@@ -274,6 +278,8 @@ def run_suite(
                 "tokens": int(tokens.sum()),
             }
         )
+        if split and len(specs) > 1:
+            per_bench[-1]["baseline_split"] = lookup_split(scored, names)
     st = suite_statistics(rounds, n_boot=n_boot, seed=seed)
     for b, bench in enumerate(per_bench):
         bench["drafters"] = []

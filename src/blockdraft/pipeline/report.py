@@ -407,4 +407,24 @@ def suite_tables(result: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {p['b']} vs {p['a']} | " + " | ".join(cells) + f" | {_pct(p['mean'])} |"
             )
+    for b in benches:
+        if "baseline_split" in b:
+            lines += ["", *split_table(b["name"], result["baseline"], names, b["baseline_split"])]
+    return lines
+
+
+def split_table(bench: str, baseline: str, names: list[str], split: dict[str, Any]) -> list[str]:
+    """One benchmark's round starts by what the baseline gets accepted (`lookup_split`)."""
+    lines = [
+        f"{bench}: mean accepted length at the {split['round_starts']} round starts, grouped by "
+        f"how many tokens `{baseline}` gets accepted there (not MAL: every start counts once):",
+        "",
+        f"| `{baseline}` accepts | share | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for g in split["groups"]:
+        cells = " | ".join(_fmt(g["mean_accepted"][n], 2) for n in names)
+        lines.append(f"| {g['baseline_accepts']} | {100 * g['share']:.1f}% | {cells} |")
+    oracle = ", ".join(f"{n} {_fmt(m)}" for n, m in split["oracle_mal"].items())
+    lines += ["", f"MAL if each round took the longer of `{baseline}` and: {oracle}"]
     return lines
