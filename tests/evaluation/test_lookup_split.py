@@ -72,8 +72,8 @@ def test_oracle_mal_equals_taking_the_longer_prefix_each_round():
 
 def test_accepted_length_is_the_expected_prefix_over_all_outcomes():
     g = torch.Generator().manual_seed(3)
-    acc = torch.rand(6, 4, generator=g, dtype=torch.float64)
-    for i in range(acc.shape[0]):
+    acc = torch.rand(10, 4, generator=g, dtype=torch.float64)
+    for i in range(6):  # round starts with all 4 proposals inside the rollout
         expected = 0.0
         for outcome in itertools.product([0, 1], repeat=4):
             p = 1.0
@@ -84,21 +84,32 @@ def test_accepted_length_is_the_expected_prefix_over_all_outcomes():
         assert float(accepted_lengths(acc)[i]) == pytest.approx(expected, rel=1e-12)
 
 
+def test_proposals_past_the_end_do_not_count():
+    """The last round starts have fewer than K tokens left; whatever the tensor holds past
+    them (the scorer clamps positions there) is not accepted."""
+    acc = torch.ones(4, K, dtype=torch.float64)  # 5 tokens: starts with 4, 3, 2, 1 left
+    assert accepted_lengths(acc).tolist() == [4.0, 3.0, 2.0, 1.0]
+
+
 def test_groups_shares_and_means_match_plain_loops():
     base, drafted = _greedy_rollouts(4), _greedy_rollouts(5)
     for b, d in zip(base, drafted, strict=True):
         d.resize_(b.shape).copy_((torch.rand(b.shape) < 0.7).double())
     split = lookup_split([base, drafted], ["ngram", "d"])
-    starts = [(b[i], d[i]) for b, d in zip(base, drafted, strict=True) for i in range(b.shape[0])]
+    starts = [
+        (b[i], d[i], b.shape[0] - i)
+        for b, d in zip(base, drafted, strict=True)
+        for i in range(b.shape[0])
+    ]
 
-    def lead(row: torch.Tensor) -> int:
-        return next((j for j, a in enumerate(row.tolist()) if a < 0.5), K)
+    def lead(row: torch.Tensor, left: int) -> int:
+        return next((j for j, a in enumerate(row.tolist()[:left]) if a < 0.5), min(K, left))
 
     groups = {}
-    for b, d in starts:
-        n = lead(b)
+    for b, d, left in starts:
+        n = lead(b, left)
         label = "0" if n == 0 else "1-3" if n <= 3 else "4" if n < K else str(K)
-        groups.setdefault(label, []).append((n, lead(d)))
+        groups.setdefault(label, []).append((n, lead(d, left)))
     assert split["round_starts"] == len(starts)
     assert {g["baseline_accepts"] for g in split["groups"]} == set(groups)
     for g in split["groups"]:

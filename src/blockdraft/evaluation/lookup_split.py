@@ -24,12 +24,17 @@ Tensor = torch.Tensor
 def accepted_lengths(acc: Tensor) -> Tensor:
     """Expected accepted prefix `[L-1]` at each round start of one rollout's acceptance
     tensor `[L-1, K]` (slot k is accepted with probability `acc[:, k]` once slots < k are:
-    `sum_k prod_{j<=k} acc[:, j]`; at T = 0 the count of leading accepted slots)."""
-    return torch.cumprod(acc.double(), dim=-1).sum(-1)
+    `sum_k prod_{j<=k} acc[:, j]`; at T = 0 the count of leading accepted slots). Near the
+    end only the proposals that exist count (start i has `L-1-i` tokens left), as in the
+    evaluator, whatever the tensor holds past them."""
+    rows, k = acc.shape
+    left = torch.arange(rows, 0, -1).view(-1, 1)  # tokens after round start i
+    exists = torch.arange(1, k + 1).view(1, -1) <= left
+    return torch.cumprod(torch.where(exists, acc.double(), 0.0), dim=-1).sum(-1)
 
 
 def group_index(lengths: Tensor, k: int) -> Tensor:
-    """0: nothing accepted, 1: 1-3, 2: 4 to K-1, 3: all K (of `GROUPS`)."""
+    """0: nothing accepted, 1: 1-3, 2: 4 to K-1, 3: all K (`group_labels`)."""
     g = torch.zeros(lengths.shape, dtype=torch.long)
     g[lengths >= 0.5] = 1
     g[lengths >= 3.5] = 2
