@@ -73,6 +73,12 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
     assert ("dpace", "dpace-ft") in pairs
     md = (out / "report" / "report.md").read_text()
     assert "HF `generate`: " in md and "| vs HF generate |" in md
+    # where each drafter wins and loses against prompt lookup, every drafter in every group
+    split = report["baseline_split"]
+    assert sum(g["share"] for g in split["groups"]) == pytest.approx(1.0)
+    assert all(list(g["mean_accepted"]) == names for g in split["groups"])
+    assert set(split["oracle_mal"]) == set(names[1:])
+    assert "## Where the drafters win and lose against `ngram`" in md
     first = capsys.readouterr().out
 
     out.rename(tmp_path / "moved")  # stage keys must not depend on where `out` is

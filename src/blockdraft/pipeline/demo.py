@@ -26,8 +26,9 @@ from blockdraft.decoding.hf_generate import ar_vs_hf, has_hf_generate
 from blockdraft.decoding.loop import decode
 from blockdraft.devices import drafter_dtype, resolve_flags
 from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.evaluation.lookup_split import lookup_split
 from blockdraft.evaluation.offline import mal_ci
-from blockdraft.evaluation.runs import compare, evaluate, write_json
+from blockdraft.evaluation.runs import compare, evaluate, load_scored, write_json
 from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.pipeline.report import terminal_summary, write_report
 from blockdraft.pipeline.stages import Stage, fingerprint, portable, recorded_key
@@ -297,6 +298,9 @@ def evaluate_offline(
     result["benchmarks"][0]["name"] = bench_name
     for d, name in zip(result["benchmarks"][0]["drafters"], names, strict=True):
         d["name"] = name
+    # where each drafter wins and loses against prompt lookup (first): from the cached scores
+    _, scored = load_scored(target, paths, rollouts["eval"], cache, False, drafter_dtype=cast)
+    result["benchmarks"][0]["baseline_split"] = lookup_split(scored, names)
     comparisons = []
     for a, b in COMPARISONS:
         pair = [finals[a], finals[b]]
@@ -461,10 +465,18 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         for d in offline["benchmarks"][0]["drafters"]
     ]
     logs = {n: p.parent / "metrics.jsonl" for n, p in trained.items()}
+    split = offline["benchmarks"][0]["baseline_split"]
     md = write_report(
-        out / "report", drafters, comparisons, logs, online, title=f"blockdraft demo on {s.target}"
+        out / "report",
+        drafters,
+        comparisons,
+        logs,
+        online,
+        title=f"blockdraft demo on {s.target}",
+        baseline_split=(BASELINE, split),
     )
     report = build_report_json(s, rollouts, offline, comparisons, online)
+    report["baseline_split"] = split
     write_json(out / "report.json", report)
     print(terminal_summary(report), flush=True)
     _log(f"report: {md}  json: {out / 'report.json'}")

@@ -195,8 +195,11 @@ def write_report(
     training_logs: dict[str, str | Path],
     online: dict[str, dict[str, Any]],
     title: str = "blockdraft report",
+    baseline_split: tuple[str, dict[str, Any]] | None = None,
 ) -> Path:
-    """Write the PNGs and `report.md` into `out_dir`; return the markdown path."""
+    """Write the PNGs and `report.md` into `out_dir`; return the markdown path.
+    `baseline_split`: (baseline name, `lookup_split` result) for a section on where each
+    drafter wins and loses against the baseline."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md = [f"# {title}", ""]
@@ -222,6 +225,11 @@ def write_report(
             + comparison_table(comparisons)
             + [""]
         )
+    if baseline_split is not None:
+        base, split = baseline_split
+        names = list(split["groups"][0]["mean_accepted"]) if split["groups"] else []
+        md += [f"## Where the drafters win and lose against `{base}`", ""]
+        md += split_table("held-out rollouts", base, names, split) + [""]
     if online:
         plot_accepted_histogram(online, out / "accepted_lengths.png")
         md += [
