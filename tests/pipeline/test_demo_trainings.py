@@ -1,13 +1,18 @@
 """The demo's trainings side by side (`run_trainings`): each in its own process with a
 fixed thread count, giving exactly the drafters the same trainings give one after another
-in-process, reporting each as it ends, and raising a worker's error in the caller."""
+in-process, reporting each as it ends, raising a worker's error in the caller, and keeping
+freed memory in the worker as the training CLI does."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from blockdraft import heap
 from blockdraft.data.prompts import Prompt
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
 from blockdraft.errors import BlockdraftError
@@ -92,3 +97,34 @@ def test_a_failing_worker_raises_in_the_caller(setting, monkeypatch):
     with pytest.raises(BlockdraftError, match="no-such-rollouts"):
         demo.run_trainings(target, [(bad, False), (good, False)], on_done=done.append)
     assert 0 not in done
+
+
+# A fresh interpreter starts with glibc's malloc defaults, as a spawned worker does; the
+# worker function runs with `train` replaced by a probe of resident memory after freeing a
+# 256 MB tensor (kept only if the worker asked malloc to keep freed memory).
+WORKER_PROBE = """
+import torch
+from blockdraft.pipeline import demo
+
+def rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+
+def probe(cfg, resume, bar_position):
+    base = rss_mb()
+    x = torch.ones(64 << 20)
+    del x
+    return str(rss_mb() - base)
+
+demo.train = probe
+print(demo._train_in_process(None, False, 0))
+"""
+
+
+@pytest.mark.skipif(heap._libc() is None, reason="malloc is not glibc's")
+def test_a_worker_keeps_freed_memory_like_the_training_cli():
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER_PROBE], capture_output=True, text=True, check=True
+    )
+    assert float(out.stdout.split()[-1]) > 192, out.stdout

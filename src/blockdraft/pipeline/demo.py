@@ -30,6 +30,7 @@ from blockdraft.evaluation.lookup_split import lookup_split
 from blockdraft.evaluation.offline import mal_ci
 from blockdraft.evaluation.runs import compare, evaluate, load_scored, write_json
 from blockdraft.evaluation.scoring import score_rollout_set
+from blockdraft.heap import retain_freed_memory
 from blockdraft.pipeline.report import terminal_summary, write_report
 from blockdraft.pipeline.stages import Stage, fingerprint, portable, recorded_key
 from blockdraft.serialization.drafter_spec import load_drafter_spec
@@ -262,7 +263,12 @@ def run_trainings(target: Any, jobs: list[tuple[Any, bool]], on_done: Any) -> No
 
 
 def _train_in_process(cfg: Any, resume: bool, position: int) -> str:
-    """One training in a worker process (it loads the target named in `cfg` itself)."""
+    """One training in a worker process (it loads the target named in `cfg` itself).
+
+    A spawned worker starts with glibc's malloc defaults whatever its parent set, so it
+    keeps freed memory itself (heap.py): without it each step page-faults its buffers in
+    again (`bench/train_memory.py --part heap`)."""
+    retain_freed_memory()
     torch.set_num_threads(TRAIN_THREADS)
     return str(train(cfg, resume=resume, bar_position=position))
 
