@@ -5,10 +5,12 @@ stage instead of recomputing it, even with the directory moved and given as a re
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from blockdraft.cli import main
+from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.pipeline.demo import DemoSettings
 from blockdraft.targets.testing import make_random_target
 
@@ -79,7 +81,18 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
     assert all(list(g["mean_accepted"]) == names for g in split["groups"])
     assert set(split["oracle_mal"]) == set(names[1:])
     assert "## Where the drafters win and lose against `ngram`" in md
+    # the drafters score a reduced vocabulary: the training responses' distinct tokens,
+    # rounded up to a power of two (smaller than the random target's vocabulary here)
+    train_set = RolloutSet.open(out / "rollouts" / "train" / "set")
+    distinct = len({t for r in train_set for t in r.response_ids.tolist()})
+    size = report["draft_vocab_size"]
+    assert size >= distinct and size // 2 < distinct and size & (size - 1) == 0
+    assert size < target.vocab_size
+    for name in ("decay", "dpace", "edr"):
+        cfg = json.loads((out / "runs" / name / "final" / "config.json").read_text())
+        assert cfg["blockdraft"]["drafter_config"]["draft_vocab_size"] == size
     first = capsys.readouterr().out
+    assert f"draft_vocab={size}" in first
 
     out.rename(tmp_path / "moved")  # stage keys must not depend on where `out` is
     out = tmp_path / "moved"
@@ -90,3 +103,26 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
     for stage in ("rollouts/train", "rollouts/eval", "train decay", "train edr", "online"):
         assert f"{stage}: reused" in second or f"{stage} decoding: reused" in second
     assert json.loads((out / "report.json").read_text())["drafters"] == report["drafters"]
+
+
+def test_draft_vocab_falls_back_to_the_whole_vocabulary_or_takes_the_setting(tmp_path):
+    """Rollouts whose responses use as many distinct tokens as the vocabulary has, rounded
+    up, get the whole vocabulary (None); an explicit size is taken as given."""
+    from blockdraft.data.prompts import Prompt
+    from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
+    from blockdraft.pipeline.demo import draft_vocab_for
+
+    target = make_random_target("qwen3", num_layers=1)
+    prompts = [Prompt(id=f"p{i}", text=f"x{i}", messages=None, source="t") for i in range(8)]
+    sampled = SamplingSettings(temperature=1.0, max_new_tokens=64, seed=0)
+    generate_rollouts(target, prompts, tmp_path / "r", sampled, batch_size=8, progress=False)
+    seen = {t for r in RolloutSet.open(tmp_path / "r") for t in r.response_ids.tolist()}
+    size = 1 << (len(seen) - 1).bit_length()
+    expected = size if size < target.vocab_size else None
+    assert draft_vocab_for(DemoSettings(), target, tmp_path / "r") == expected
+    for vocab in (size, size // 2):  # a vocabulary the rounded size reaches: the whole one
+        assert (
+            draft_vocab_for(DemoSettings(), SimpleNamespace(vocab_size=vocab), tmp_path / "r")
+            is None
+        )
+    assert draft_vocab_for(DemoSettings(draft_vocab_size=64), target, tmp_path / "r") == 64

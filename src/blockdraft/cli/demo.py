@@ -21,13 +21,21 @@ _HELP = {
     "out": "output directory (stages are cached here and reused on the next run)",
     "temperature": "sampling temperature of rollouts and decoding (0 = greedy)",
     "block_size": "drafter block size (anchor + K proposals)",
+    "draft_vocab_size": "tokens the drafters score (a reduced draft vocabulary; default: the "
+    "training responses' distinct tokens rounded up to a power of two, or the whole "
+    "vocabulary when that reaches it)",
     "device": "device of every model: auto (the GPU if there is one, else cpu), cpu, cuda, cuda:N",
     "dtype": "dtype of the target and the drafters: auto (bfloat16 on GPU, float32 on CPU), "
     "float32, bfloat16, float16",
 }
 
 # the checked flag type of each numeric setting (the others are checked by name below)
-_TYPES = {"temperature": nonnegative_float, "block_size": int_at_least_2, "seed": seed_int}
+_TYPES = {
+    "temperature": nonnegative_float,
+    "block_size": int_at_least_2,
+    "seed": seed_int,
+    "draft_vocab_size": positive_int,
+}
 
 
 def _flag_type(name: str, value: object):

@@ -321,7 +321,8 @@ def terminal_summary(report: dict[str, Any]) -> str:
     """The demo's `report.json` as a plain-text table for the terminal."""
     lines = [
         f"target={report['target']}  block_size={report['block_size']}  "
-        f"T={report['temperature']}  rollouts={report['rollouts']}",
+        f"T={report['temperature']}  rollouts={report['rollouts']}  "
+        f"draft_vocab={report.get('draft_vocab_size') or 'full'}",
         "",
         f"{'drafter':<8} {'MAL offline':>12} {'95% CI':>16} {'tau online':>11} "
         f"{'(offline)':>10} {'vs AR':>7} {'95% CI':>14} {'vs HF':>7}",
