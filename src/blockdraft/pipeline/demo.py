@@ -224,12 +224,16 @@ def _train_config(
 
 
 def train_drafters(
-    target: Any, s: DemoSettings, out: Path, rollouts: dict[str, Path]
+    target: Any,
+    s: DemoSettings,
+    out: Path,
+    rollouts: dict[str, Path],
+    draft_vocab: int | None = None,
 ) -> dict[str, Path]:
     """Train decay and D-PACE from scratch, then the fine-tunes of the D-PACE one (E2E, EDR
-    and the continued-D-PACE control): each group's trainings side by side."""
+    and the continued-D-PACE control): each group's trainings side by side, every drafter
+    scoring `draft_vocab` tokens (None: the whole vocabulary; `draft_vocab_for`)."""
     finals: dict[str, Path] = {}
-    draft_vocab = draft_vocab_for(s, target, rollouts["train"])
     for group in ([(n, o, None) for n, o in SCRATCH], [(n, o, "dpace") for n, o in FINETUNE]):
         todo: list[tuple[Any, bool, Stage]] = []
         for name, overrides, start in group:
@@ -477,7 +481,8 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     _log(f"target {s.target!r} on {where}")
     target = load_target(s.target, device=device, dtype=dtype)
     rollouts = make_rollouts(target, s, out)
-    trained = train_drafters(target, s, out, rollouts)
+    draft_vocab = draft_vocab_for(s, target, rollouts["train"])
+    trained = train_drafters(target, s, out, rollouts, draft_vocab)
     finals: dict[str, Any] = {BASELINE: baseline_spec(s), **trained}
     offline, comparisons = evaluate_offline(target, s, finals, rollouts, out)
     online_stage = Stage(
@@ -513,7 +518,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         baseline_split=(BASELINE, split),
     )
     report = build_report_json(s, rollouts, offline, comparisons, online)
-    report["draft_vocab_size"] = draft_vocab_for(s, target, rollouts["train"])
+    report["draft_vocab_size"] = draft_vocab
     report["baseline_split"] = split
     write_json(out / "report.json", report)
     print(terminal_summary(report), flush=True)
