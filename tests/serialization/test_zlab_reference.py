@@ -1,15 +1,18 @@
 """Against z-lab's own classes: their random-weight checkpoints load here and compute the
 same thing, and our DFlash2 exports load strictly into theirs.
 
-The reference cannot be vendored: point `BLOCKDRAFT_ZLAB_DFLASH` at a checkout of
-github.com/z-lab/dflash (the directory holding `dflash/model.py`, with DFlash2). Without
-it every test here is skipped; tests/serialization/test_dflash2_checkpoint.py covers the
-format without the reference.
+The reference is z-lab's `dflash` package from PyPI (0.1.0 holds `DFlash2DraftModel`;
+`make install` puts it in the venv without its pinned dependencies, since `dflash.model`
+needs only torch and transformers), or a checkout of github.com/z-lab/dflash named by
+`BLOCKDRAFT_ZLAB_DFLASH` (the directory holding `dflash/model.py`), which wins when set.
+Without either every test here is skipped; tests/serialization/test_dflash2_checkpoint.py
+covers the format without the reference.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -33,17 +36,22 @@ ANCHOR = 9
 @pytest.fixture(scope="module")
 def zlab():
     root = os.environ.get("BLOCKDRAFT_ZLAB_DFLASH")
-    if not root:
-        pytest.skip("BLOCKDRAFT_ZLAB_DFLASH (a z-lab/dflash checkout) not set")
-    if not (Path(root) / "dflash" / "model.py").is_file():
-        pytest.fail(f"BLOCKDRAFT_ZLAB_DFLASH={root}: no dflash/model.py there")
-    sys.path.insert(0, root)
-    try:
+    if root:
+        if not (Path(root) / "dflash" / "model.py").is_file():
+            pytest.fail(f"BLOCKDRAFT_ZLAB_DFLASH={root}: no dflash/model.py there")
+        sys.path.insert(0, root)
+        try:
+            model = importlib.import_module("dflash.model")
+        finally:
+            sys.path.remove(root)
+        where = f"{root}/dflash/model.py"
+    else:
+        if importlib.util.find_spec("dflash") is None:
+            pytest.skip("z-lab's reference not installed: pip install --no-deps dflash==0.1.0")
         model = importlib.import_module("dflash.model")
-    finally:
-        sys.path.remove(root)
+        where = model.__file__
     if not hasattr(model, "DFlash2DraftModel"):
-        pytest.fail(f"{root}/dflash/model.py predates DFlash2 (no DFlash2DraftModel)")
+        pytest.fail(f"{where} predates DFlash2 (no DFlash2DraftModel)")
     return model
 
 
