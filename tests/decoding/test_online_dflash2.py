@@ -10,7 +10,7 @@
 
 The drafter is trained for a few dozen steps on the random target's greedy text from the
 prompts the tests decode (its own teacher-forced unary + selector cross-entropy, written
-out here), so acceptance is far from 0 and the comparisons have power.
+out in tests/dflash2_fit.py), so acceptance is far from 0 and the comparisons have power.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from blockdraft.drafters.draft_vocab import most_frequent_tokens, target_to_draf
 from blockdraft.evaluation.offline import mal_ci, offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
 from blockdraft.targets.testing import make_random_target
+from dflash2_fit import fit_dflash2
 from fake_drafter import chi2_pvalue
 
 BLOCK, TOP_K = 5, 6
@@ -60,28 +61,7 @@ def setup(request):
     if draft is not None:
         drafter.set_draft_vocab(most_frequent_tokens(seqs, draft, target.vocab_size))
         column = target_to_draft(drafter.draft_ids, target.vocab_size)
-    ids = torch.stack(seqs)
-    feats = target.forward(ids).features
-    anchors = torch.arange(5, ids.shape[1] - BLOCK).expand(ids.shape[0], -1)
-    idx = anchors[..., None] + torch.arange(1, BLOCK)
-    labels = column[torch.stack([ids[b][idx[b]] for b in range(ids.shape[0])])]
-    prev = torch.stack([ids[b][idx[b] - 1] for b in range(ids.shape[0])])
-    opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
-    for _ in range(40):
-        hidden = drafter.forward_blocks(feats, ids, anchors)
-        unary = drafter.unary_logits(hidden)
-        loss = torch.nn.functional.cross_entropy(
-            unary.flatten(0, 2), labels.flatten(), ignore_index=-1
-        )
-        cand, scores = drafter.select(hidden, prev, unary)
-        inside = (cand == labels[..., None]).any(-1)
-        if inside.any():
-            col = (cand == labels[..., None]).float().argmax(-1)
-            loss = loss + torch.nn.functional.cross_entropy(scores[inside], col[inside])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return target, drafter.eval(), prompts
+    return target, fit_dflash2(drafter, target, seqs, column), prompts
 
 
 def test_greedy_is_autoregressive_and_offline_rounds_equal_online(setup, tmp_path):

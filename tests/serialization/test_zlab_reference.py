@@ -16,18 +16,22 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import Qwen3Config
 
-from blockdraft.decoding.proposers import draft_block
+import blockdraft.decoding.loop as decoding_loop
+from blockdraft.decoding.loop import ar_generate, speculative_generate
+from blockdraft.decoding.proposers import draft_block, proposer_for
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.serialization.checkpoint import load_drafter, save_drafter, serving_config
 from blockdraft.serialization.export import export_drafter, validate_for_serving
 from blockdraft.targets.testing import make_random_target
+from dflash2_fit import fit_dflash2
 
 BLOCK = 5
 ANCHOR = 9
@@ -183,3 +187,62 @@ def test_our_dflash2_export_loads_strictly_into_the_reference(zlab, target, tmp_
     ref, info = zlab.DFlash2DraftModel.from_pretrained(out, output_loading_info=True)
     assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
     _compare(zlab, ref.float().eval(), ours, target)
+
+
+@pytest.mark.parametrize("variant", ["dflash2-sliding", "dflash2-full"])
+def test_zlab_decoding_loop_drafts_our_export_round_for_round(zlab, tmp_path, monkeypatch, variant):
+    """z-lab's own greedy loop (`dflash_generate`) running our exported drafter drafts the
+    same tokens as our loop in every round, so it accepts the same runs and emits the
+    same text: context features, positions, the drafter's cache across rounds and the
+    selector's chain all agree, not just one block. The drafter is fitted to the target's
+    greedy text first (tests/dflash2_fit.py) briefly, so rounds accept 0 to K tokens (a
+    Llama target: an untied head writes cycles, where a tied one repeats one token)."""
+    target = make_random_target("llama", seed=1)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, target.vocab_size, (5,), generator=g).tolist() for _ in range(8)]
+    seqs = [torch.tensor(p + ar_generate(target, p, max_new_tokens=24)) for p in prompts]
+    config = _config(target, variant)
+    torch.manual_seed(0)
+    ours = fit_dflash2(DFlash2Drafter(config).bind_target(target), target, seqs, steps=20)
+    out = export_drafter(save_drafter(ours, tmp_path / "c"), tmp_path / "served")
+    ref = zlab.DFlash2DraftModel.from_pretrained(out).float().eval()
+
+    theirs: list[list[int]] = []
+    propose = ref.propose
+
+    def recorded_propose(*args, **kwargs):
+        tokens, *rest = propose(*args, **kwargs)
+        theirs.append(tokens[0].tolist())
+        return (tokens, *rest)
+
+    monkeypatch.setattr(ref, "propose", recorded_propose)
+    monkeypatch.setattr(zlab, "_cuda_time", time.perf_counter)  # its stats clock is CUDA's
+    mine: list[list[int]] = []
+
+    def recording_proposer(drafter, sampling):
+        proposer = proposer_for(drafter, sampling)
+        inner = proposer.propose
+
+        def propose_and_record(*args):
+            proposal = inner(*args)
+            mine.append(proposal.tokens.tolist())
+            return proposal
+
+        proposer.propose = propose_and_record
+        return proposer
+
+    monkeypatch.setattr(decoding_loop, "proposer_for", recording_proposer)
+    new, lengths = 20, set()
+    stops = sorted(target.stop_token_ids)
+    for prompt in prompts[:4]:
+        theirs.clear()
+        mine.clear()
+        trace = speculative_generate(target, ours, prompt, 0.0, max_new_tokens=new)
+        # BLOCK more tokens for theirs, so its blocks are whole wherever ours drafted
+        ids = torch.tensor([prompt])
+        res = zlab.dflash_generate(ref, target.model, ids, new + BLOCK, stops, return_stats=True)
+        assert res.output_ids[0, len(prompt) :].tolist()[: len(trace.tokens)] == trace.tokens
+        assert theirs[: len(mine)] == mine
+        assert res.acceptance_lengths[: len(mine) - 1] == trace.emitted[:-1]
+        lengths.update(trace.accepted)
+    assert {0, BLOCK - 1} < lengths  # rejections, whole blocks and partial runs
