@@ -1,62 +1,34 @@
-"""Against z-lab's own classes: their random-weight checkpoints load here and compute the
-same thing, and our DFlash2 exports load strictly into theirs.
-
-The reference is z-lab's `dflash` package from PyPI (0.1.0 holds `DFlash2DraftModel`;
-`make install` puts it in the venv without its pinned dependencies, since `dflash.model`
-needs only torch and transformers), or a checkout of github.com/z-lab/dflash named by
-`BLOCKDRAFT_ZLAB_DFLASH` (the directory holding `dflash/model.py`), which wins when set.
-Without either every test here is skipped; tests/serialization/test_dflash2_checkpoint.py
-covers the format without the reference.
+"""Against z-lab's own classes (tests/zlab_reference.py: z-lab's `dflash` package, or a
+checkout named by `BLOCKDRAFT_ZLAB_DFLASH`; skipped without either): their random-weight
+checkpoints load here and compute the same thing, our DFlash2 exports load strictly into
+theirs, and their decoding loop drafts with our export what ours drafts.
+tests/serialization/test_dflash2_checkpoint.py covers the format without the reference.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import json
-import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen3Config
 
 import blockdraft.decoding.loop as decoding_loop
 from blockdraft.decoding.loop import ar_generate, speculative_generate
-from blockdraft.decoding.proposers import draft_block, proposer_for
+from blockdraft.decoding.proposers import proposer_for
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
-from blockdraft.serialization.checkpoint import load_drafter, save_drafter, serving_config
+from blockdraft.serialization.checkpoint import load_drafter, save_drafter
 from blockdraft.serialization.export import export_drafter, validate_for_serving
 from blockdraft.targets.testing import make_random_target
 from dflash2_fit import fit_dflash2
+from zlab_reference import assert_same_as_reference, reference_checkpoint, zlab_model
 
 BLOCK = 5
-ANCHOR = 9
 
 
 @pytest.fixture(scope="module")
 def zlab():
-    root = os.environ.get("BLOCKDRAFT_ZLAB_DFLASH")
-    if root:
-        if not (Path(root) / "dflash" / "model.py").is_file():
-            pytest.fail(f"BLOCKDRAFT_ZLAB_DFLASH={root}: no dflash/model.py there")
-        sys.path.insert(0, root)
-        try:
-            model = importlib.import_module("dflash.model")
-        finally:
-            sys.path.remove(root)
-        where = f"{root}/dflash/model.py"
-    else:
-        if importlib.util.find_spec("dflash") is None:
-            pytest.skip("z-lab's reference not installed: pip install --no-deps dflash==0.1.0")
-        model = importlib.import_module("dflash.model")
-        where = model.__file__
-    if not hasattr(model, "DFlash2DraftModel"):
-        pytest.fail(f"{where} predates DFlash2 (no DFlash2DraftModel)")
-    return model
+    return zlab_model()
 
 
 @pytest.fixture(scope="module")
@@ -93,83 +65,16 @@ def _config(target, variant) -> DrafterConfig:
     return DrafterConfig.from_dict({**cfg.to_dict(), **opts})
 
 
-def _reference_checkpoint(zlab, config: DrafterConfig, path: Path):
-    """A checkpoint written by z-lab's class with random weights (ours only for its config)."""
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(serving_config(config)))
-    hf = Qwen3Config.from_pretrained(path)
-    cls = zlab.DFlash2DraftModel if config.arch == "dflash2" else zlab.DFlashDraftModel
-    torch.manual_seed(7)
-    ref = cls(hf)
-    g = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            scale = 0.5 if "conv" in name or "norm" in name else 0.2
-            p.copy_(torch.randn(p.shape, generator=g) * scale + (1.0 if "norm" in name else 0.0))
-    ref.save_pretrained(path / "ref")
-    return ref.eval(), path / "ref"
-
-
-def _reference_block(zlab, ref, target, feats, anchor_id):
-    ids = torch.full((1, BLOCK), ref.mask_token_id, dtype=torch.long)
-    ids[0, 0] = anchor_id
-    with torch.no_grad():
-        noise = target.embed_tokens(ids)
-        hidden = ref(
-            position_ids=torch.arange(ANCHOR + BLOCK)[None],
-            noise_embedding=noise,
-            target_hidden=feats[:, :ANCHOR],
-        )
-    return hidden[:, 1:]
-
-
-def _ours_block(drafter, feats, anchor_id):
-    state = drafter.new_state()
-    drafter.extend_context(state, feats[:, :ANCHOR], 0)
-    return state, drafter.draft_hidden(state, anchor_id, ANCHOR)
-
-
-def _compare(zlab, ref, ours, target):
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, target.vocab_size, (1, 14), generator=g)
-    feats = target.forward(ids).features
-    anchor = int(ids[0, ANCHOR])
-    want = _reference_block(zlab, ref, target, feats, anchor)[0]
-    state, got = _ours_block(ours, feats, anchor)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    # the training forward too, at this anchor among others
-    with torch.no_grad():
-        many = ours.forward_blocks(feats, ids, torch.tensor([[3, ANCHOR, 12]]))
-    torch.testing.assert_close(many[0, 1], want, rtol=1e-4, atol=1e-4)
-    head = target.lm_head
-    with torch.no_grad():
-        if isinstance(ours, DFlash2Drafter):
-            tokens, _, _ = ref.propose(want[None], torch.tensor([anchor]), head, 0.0)
-            mine, _ = draft_block(ours, state, anchor, ANCHOR, 0.0, 1.0, 0, None)
-            assert torch.equal(mine, tokens[0])
-            # T > 0: the reference's sampled path and its q over the candidates equal
-            # our teacher-forced selector distribution along that path
-            torch.manual_seed(5)
-            path, cand, q = ref.propose(want[None], torch.tensor([anchor]), head, 0.9)
-            prev = torch.cat([torch.tensor([anchor]), path[0, :-1]])
-            ours_q = torch.softmax(ours.compute_logits(got, prev).float() / 0.9, -1)
-            ref_q = torch.zeros_like(ours_q).scatter(-1, cand[0], q[0])
-            torch.testing.assert_close(ours_q, ref_q, rtol=1e-4, atol=1e-5)
-        else:
-            logits = ref.compute_logits(want, head)
-            torch.testing.assert_close(ours.compute_logits(got), logits, rtol=1e-4, atol=1e-4)
-
-
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_reference_checkpoints_load_and_agree(zlab, target, tmp_path, variant):
     config = _config(target, variant)
-    ref, path = _reference_checkpoint(zlab, config, tmp_path / "c")
+    ref, path = reference_checkpoint(zlab, config, tmp_path / "c")
     ours = load_drafter(path, target).eval()
     assert type(ours) is (DFlash2Drafter if config.arch == "dflash2" else BlockDrafter)
     for key in ("layer_types", "sliding_window", "output_multiplier", "selector_top_k",
                 "conv_kernel_size", "final_logit_softcapping"):  # fmt: skip
         assert getattr(ours.config, key) == getattr(config, key), key
-    _compare(zlab, ref, ours, target)
+    assert_same_as_reference(ref, ours, target)
 
 
 @pytest.mark.parametrize("variant", ["dflash2-sliding", "dflash2-full"])
@@ -186,7 +91,7 @@ def test_our_dflash2_export_loads_strictly_into_the_reference(zlab, target, tmp_
     assert validate_for_serving(out) == []
     ref, info = zlab.DFlash2DraftModel.from_pretrained(out, output_loading_info=True)
     assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
-    _compare(zlab, ref.float().eval(), ours, target)
+    assert_same_as_reference(ref.float().eval(), ours, target)
 
 
 @pytest.mark.parametrize("variant", ["dflash2-sliding", "dflash2-full"])
