@@ -191,6 +191,47 @@ def test_reduced_vocabulary_round_trips_and_export_refuses_it(target, tmp_path):
     assert not (tmp_path / "served").exists()
 
 
+def test_expand_vocab_writes_the_full_vocabulary_layout(target, tmp_path):
+    """`expand_vocab`: a reduced-vocabulary DFlash2 export in z-lab's layout (no d2t, codebooks
+    over the target's vocabulary) that scores every candidate set inside D after any
+    predecessor exactly as the trained drafter, and a token outside D by its unary logit
+    alone; unary logits on D unchanged."""
+    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5, arch="dflash2",
+                                   selector_rank=8, selector_top_k=6,
+                                   draft_vocab_size=50)  # fmt: skip
+    torch.manual_seed(0)
+    drafter = DFlash2Drafter(cfg).bind_target(target).eval()
+    drafter.set_draft_vocab(torch.arange(3, 103, 2))
+    with torch.no_grad():
+        drafter.candidate_selector.hidden_projection.weight.normal_(std=0.5)
+    path = save_drafter(drafter, tmp_path / "c")
+    out = export_drafter(path, tmp_path / "served", target=target, expand_vocab=True)
+    assert validate_for_serving(out) == []
+    cfg_json = json.loads((out / "config.json").read_text())
+    assert "draft_vocab_size" not in cfg_json
+    full = load_drafter(out, target).eval()
+    assert full.config.draft_vocab_size is None and full.draft_ids is None
+    ids, vocab = drafter.draft_ids, target.vocab_size
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(8, cfg.hidden_size, generator=g)
+    top = torch.randn(8, 6, generator=g)
+    columns = torch.randint(0, 50, (8, 6), generator=g)
+    outside = torch.tensor([t for t in range(vocab) if t not in set(ids.tolist())])
+    # predecessors inside and outside D (the anchor can be any token)
+    prev = torch.cat([ids[:4], outside[:4]])
+    with torch.no_grad():
+        want = drafter.candidate_selector.score(
+            hidden, columns, top, drafter.predecessor_rows(prev)
+        )
+        got = full.candidate_selector.score(hidden, ids[columns], top, full.predecessor_rows(prev))
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        alone = full.candidate_selector.score(hidden, outside[:6].expand(8, -1), top, prev)
+        assert torch.equal(alone, top)
+        torch.testing.assert_close(
+            full.unary_logits(hidden)[:, ids], drafter.unary_logits(hidden), rtol=0, atol=1e-6
+        )
+
+
 def test_automodel_builds_the_dflash2_export(target, tmp_path):
     """`modeling_dflash.py` (self-contained) computes our drafter: hidden states of a block
     and its greedy proposals, sliding + causal layers, multiplier and softcap included."""

@@ -151,3 +151,23 @@ def test_zlab_decoding_loop_drafts_our_export_round_for_round(zlab, tmp_path, mo
         assert res.acceptance_lengths[: len(mine) - 1] == trace.emitted[:-1]
         lengths.update(trace.accepted)
     assert {0, BLOCK - 1} < lengths  # rejections, whole blocks and partial runs
+
+
+def test_expanded_reduced_vocabulary_export_loads_strictly_into_the_reference(
+    zlab, target, tmp_path
+):
+    """A DFlash2 drafter trained on a reduced draft vocabulary, exported with
+    `expand_vocab`: z-lab's class loads it strictly and computes what ours computes."""
+    config = _config(target, "dflash2-sliding")
+    config = DrafterConfig.from_dict({**config.to_dict(), "draft_vocab_size": 60})
+    torch.manual_seed(3)
+    ours = DFlash2Drafter(config).bind_target(target).eval()
+    ours.set_draft_vocab(torch.arange(2, 122, 2))
+    with torch.no_grad():
+        ours.candidate_selector.hidden_projection.weight.normal_(std=0.4)
+    out = export_drafter(
+        save_drafter(ours, tmp_path / "c"), tmp_path / "served", target=target, expand_vocab=True
+    )
+    ref, info = zlab.DFlash2DraftModel.from_pretrained(out, output_loading_info=True)
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    assert_same_as_reference(ref.float().eval(), load_drafter(out, target).eval(), target)

@@ -38,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--check", action="store_true", help="only validate CKPT, write nothing")
     p.add_argument(
+        "--expand-vocab",
+        action="store_true",
+        help="DFlash2 on a reduced draft vocabulary: write it in z-lab's full-vocabulary "
+        "layout (its format has no d2t); score the export to see what changed",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a previous export in --out (never a run, rollout set or checkpoint)",
@@ -67,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=getattr(torch, args.dtype) if args.dtype else None,
             target=target,
             overwrite=args.overwrite,
+            expand_vocab=args.expand_vocab,
         )
     except ValueError as exc:  # not servable (or another user error): one line, status 2
         print(f"error: {exc}", file=sys.stderr)

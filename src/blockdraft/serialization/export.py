@@ -44,6 +44,8 @@ _FLOATS = {torch.float32, torch.bfloat16, torch.float16}
 MODELING_FILE = "modeling_dflash.py"
 AUTO_MAP = {"AutoModel": "modeling_dflash.DFlashDraftModel"}
 AUTO_MAP_DFLASH2 = {"AutoModel": "modeling_dflash.DFlash2DraftModel"}
+# the selector codebooks as our checkpoints and z-lab's published files name them
+CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # what SGLang assumes when dflash_config.mask_token is unset
 # training-only files a run's checkpoint holds next to the drafter; export does not copy them
 TRAINER_FILES = {"trainer_state.pt", "trainer_state.json", "run.yaml"}
@@ -135,8 +137,8 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
         if draft is not None and draft != cfg.get("vocab_size"):
             problems.append(
                 f"draft_vocab_size {draft}: z-lab's DFlash2 format has no reduced draft "
-                "vocabulary (its selector codebooks span the target's); train the DFlash2 "
-                "drafter on the full vocabulary to export it"
+                "vocabulary (its selector codebooks span the target's); export it with "
+                "--expand-vocab (z-lab's full-vocabulary layout) or train it on the full one"
             )
         group = _get(cfg, "conv_group_size")
         if isinstance(group, int) and group > 0 and isinstance(hidden, int) and hidden % group:
@@ -258,6 +260,7 @@ def export_drafter(
     dtype: torch.dtype | None = None,
     target: Any = None,
     overwrite: bool = False,
+    expand_vocab: bool = False,
 ) -> Path:
     """Write a serving-ready copy of checkpoint `ckpt` to `out_dir`; raise if it would not load.
 
@@ -269,7 +272,9 @@ def export_drafter(
     it is validated before it is moved into place. An existing, non-empty `out_dir` is
     refused unless `overwrite`, and `overwrite` replaces only a previous export: never a
     run, rollout set, feature set or checkpoint, nor anything inside one (`out_dir`'s
-    writer lock is held meanwhile, so two exports never interleave).
+    writer lock is held meanwhile, so two exports never interleave). `expand_vocab`: a
+    DFlash2 drafter on a reduced draft vocabulary is written in z-lab's full-vocabulary
+    layout (`expand_dflash2_vocab`), which its format needs; it is refused otherwise.
     """
     ckpt, out_dir = resolve_checkpoint(ckpt), Path(out_dir)
     if out_dir.resolve() == ckpt.resolve():
@@ -279,7 +284,7 @@ def export_drafter(
     _refuse_to_replace(out_dir, overwrite)
     with writer_lock(out_dir, "an export"):
         _refuse_to_replace(out_dir, overwrite)  # as seen now that we hold the lock
-        return _export_locked(ckpt, out_dir, dtype, target)
+        return _export_locked(ckpt, out_dir, dtype, target, expand_vocab)
 
 
 EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, MODELING_FILE}
@@ -318,7 +323,9 @@ def _refuse_to_replace(out_dir: Path, overwrite: bool) -> None:
         )
 
 
-def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target: Any) -> Path:
+def _export_locked(
+    ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target: Any, expand_vocab: bool
+) -> Path:
     cfg = read_config(ckpt)
     if (cfg.get("blockdraft") or {}).get("drafter_config", {}).get("lookup_inputs"):
         raise ExportError(
@@ -330,6 +337,9 @@ def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target:
         tensors = load_file(str(weights))
     except Exception as exc:  # SafetensorError
         raise CheckpointError(f"{weights}: cannot read weights ({exc})") from None
+    dflash2 = cfg.get("architectures") == [DFLASH2_ARCHITECTURE]
+    if expand_vocab and dflash2 and cfg.get("draft_vocab_size") is not None:
+        expand_dflash2_vocab(cfg, tensors)
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
         cfg["dtype"] = str(dtype).removeprefix("torch.")
@@ -344,8 +354,7 @@ def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target:
         tensors["lm_head.weight"] = rows.to(tensors["fc.weight"].dtype)
     if NAMESPACE in cfg:
         cfg[NAMESPACE]["exported_from"] = str(ckpt)
-    cfg["auto_map"] = dict(AUTO_MAP if cfg.get("architectures") != [DFLASH2_ARCHITECTURE]
-                           else AUTO_MAP_DFLASH2)  # fmt: skip
+    cfg["auto_map"] = dict(AUTO_MAP_DFLASH2 if dflash2 else AUTO_MAP)
     mask = mask_token_string(cfg, target)
     if mask is not None:
         cfg.setdefault("dflash_config", {})["mask_token"] = mask
@@ -359,6 +368,39 @@ def _export_locked(ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target:
     return write_checkpoint_dir(
         out_dir, cfg, tensors, check=check, extra_files={MODELING_FILE: modeling}
     )
+
+
+def expand_dflash2_vocab(cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    """A DFlash2 checkpoint on a reduced draft vocabulary D, rewritten in place in z-lab's
+    layout, whose unary logits come from the target's whole LM head and whose codebooks
+    span the target's vocabulary (no `d2t`).
+
+    The predecessor codebook's D rows go to their tokens and its shared row for tokens
+    outside D (row D) to every other token, so every predecessor scores as before; the
+    successor rows of tokens outside D are 0, so such a token, if the whole head puts it
+    among a slot's top-k, is scored by its unary logit alone. Where no such token enters
+    the top-k the proposals are the trained drafter's; how often one does is measured by
+    scoring the export (docs/export.md, docs/results/gemma.md)."""
+    d2t = tensors.pop("d2t")
+    tensors.pop("lm_head.weight", None)  # the target's own head serves the unary logits
+    ids = draft_ids_from_d2t(d2t)
+    vocab = int(cfg["vocab_size"])
+    pred_name, succ_name = CODEBOOKS
+    pred, succ = tensors[pred_name], tensors[succ_name]
+    if pred.shape[0] != ids.numel() + 1 or succ.shape[0] != ids.numel():
+        raise ExportError(
+            f"DFlash2 codebooks {tuple(pred.shape)} / {tuple(succ.shape)} do not fit a draft "
+            f"vocabulary of {ids.numel()} tokens (expected {ids.numel() + 1} / {ids.numel()} rows)"
+        )
+    full_pred = pred[-1:].expand(vocab, -1).clone()
+    full_pred[ids] = pred[:-1]
+    full_succ = succ.new_zeros((vocab, succ.shape[1]))
+    full_succ[ids] = succ
+    tensors[pred_name], tensors[succ_name] = full_pred, full_succ
+    cfg.pop("draft_vocab_size")
+    drafter_config = (cfg.get(NAMESPACE) or {}).get("drafter_config")
+    if isinstance(drafter_config, dict):
+        drafter_config["draft_vocab_size"] = None
 
 
 def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:
