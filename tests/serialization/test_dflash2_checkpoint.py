@@ -171,9 +171,9 @@ def test_round_trip_and_serving_keys_alone(target, tmp_path, layers):
     assert torch.equal(_logits(again, target), _logits(drafter, target))
 
 
-def test_reduced_vocabulary_round_trips_and_export_refuses_it(target, tmp_path):
-    """A DFlash2 drafter on a reduced draft vocabulary saves and loads (codebooks of D and
-    D + 1 rows, its `d2t`), and export says in one line why z-lab's format cannot hold it."""
+def _reduced_vocabulary_drafter(target) -> DFlash2Drafter:
+    """1 layer, selector rank 8 over the top 6, on a 50-token draft vocabulary (every other id
+    from 3), with a non-zero selector modulation."""
     cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5, arch="dflash2",
                                    selector_rank=8, selector_top_k=6,
                                    draft_vocab_size=50)  # fmt: skip
@@ -182,6 +182,13 @@ def test_reduced_vocabulary_round_trips_and_export_refuses_it(target, tmp_path):
     drafter.set_draft_vocab(torch.arange(3, 103, 2))
     with torch.no_grad():
         drafter.candidate_selector.hidden_projection.weight.normal_(std=0.5)
+    return drafter
+
+
+def test_reduced_vocabulary_round_trips_and_export_refuses_it(target, tmp_path):
+    """A DFlash2 drafter on a reduced draft vocabulary saves and loads (codebooks of D and
+    D + 1 rows, its `d2t`), and export says in one line why z-lab's format cannot hold it."""
+    drafter = _reduced_vocabulary_drafter(target)
     path = save_drafter(drafter, tmp_path / "c")
     loaded = load_drafter(path, target)
     assert torch.equal(loaded.draft_ids, drafter.draft_ids)
@@ -196,14 +203,7 @@ def test_expand_vocab_writes_the_full_vocabulary_layout(target, tmp_path):
     over the target's vocabulary) that scores every candidate set inside D after any
     predecessor exactly as the trained drafter, and a token outside D by its unary logit
     alone; unary logits on D unchanged."""
-    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5, arch="dflash2",
-                                   selector_rank=8, selector_top_k=6,
-                                   draft_vocab_size=50)  # fmt: skip
-    torch.manual_seed(0)
-    drafter = DFlash2Drafter(cfg).bind_target(target).eval()
-    drafter.set_draft_vocab(torch.arange(3, 103, 2))
-    with torch.no_grad():
-        drafter.candidate_selector.hidden_projection.weight.normal_(std=0.5)
+    drafter = _reduced_vocabulary_drafter(target)
     path = save_drafter(drafter, tmp_path / "c")
     out = export_drafter(path, tmp_path / "served", target=target, expand_vocab=True)
     assert validate_for_serving(out) == []
@@ -213,7 +213,7 @@ def test_expand_vocab_writes_the_full_vocabulary_layout(target, tmp_path):
     assert full.config.draft_vocab_size is None and full.draft_ids is None
     ids, vocab = drafter.draft_ids, target.vocab_size
     g = torch.Generator().manual_seed(1)
-    hidden = torch.randn(8, cfg.hidden_size, generator=g)
+    hidden = torch.randn(8, drafter.config.hidden_size, generator=g)
     top = torch.randn(8, 6, generator=g)
     columns = torch.randint(0, 50, (8, 6), generator=g)
     outside = torch.tensor([t for t in range(vocab) if t not in set(ids.tolist())])
