@@ -39,7 +39,7 @@ SERVING_ARCHITECTURE = "DFlashDraftModel"
 DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
 # z-lab's DFlash2DraftModel keeps the codebooks in nn.Embedding modules and its
 # `from_pretrained` maps the file's names to them; files may carry either spelling
-_CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
+CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -389,7 +389,7 @@ def load_drafter(
     except Exception as exc:  # SafetensorError
         raise CheckpointError(f"{weights_file}: cannot read weights ({exc})") from None
     _drop_target_head_rows(state, target, weights_file)
-    for name in _CODEBOOKS:  # z-lab's module spelling -> the file's (ours)
+    for name in CODEBOOKS:  # z-lab's module spelling -> the file's (ours)
         if name + ".weight" in state:
             state[name] = state.pop(name + ".weight")
     cls = {"semi_ar": SemiARDrafter, "dflash2": DFlash2Drafter}.get(config.arch, BlockDrafter)

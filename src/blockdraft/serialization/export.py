@@ -28,6 +28,7 @@ from blockdraft.artifacts import (
 from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 from blockdraft.errors import CheckpointError
 from blockdraft.serialization.checkpoint import (
+    CODEBOOKS,
     CONFIG_NAME,
     DFLASH2_ARCHITECTURE,
     NAMESPACE,
@@ -44,8 +45,6 @@ _FLOATS = {torch.float32, torch.bfloat16, torch.float16}
 MODELING_FILE = "modeling_dflash.py"
 AUTO_MAP = {"AutoModel": "modeling_dflash.DFlashDraftModel"}
 AUTO_MAP_DFLASH2 = {"AutoModel": "modeling_dflash.DFlash2DraftModel"}
-# the selector codebooks as our checkpoints and z-lab's published files name them
-CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # what SGLang assumes when dflash_config.mask_token is unset
 # training-only files a run's checkpoint holds next to the drafter; export does not copy them
 TRAINER_FILES = {"trainer_state.pt", "trainer_state.json", "run.yaml"}
