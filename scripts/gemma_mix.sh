@@ -9,6 +9,9 @@
 #             through the exact int8 screen where the CPU has one, 1.6x faster), or with the
 #             target's top-STORE_TOPK distribution per token when STORE_TOPK > 0 (soft targets)
 #   features  the target's layers for every training rollout, once (bfloat16)
+#             (TARGET_DTYPE=bfloat16 runs the target in bf16 for both stages: on CPUs with bf16
+#             matrix units (Intel AMX) several times faster, bf16's greedy text; default auto:
+#             float32 on CPU)
 #   train     plain D-PACE and lookup-input D-PACE on all of it, side by side, one thread each
 #   scaling   the data-scaling curve: plain D-PACE on nested subsets of SIZES rollouts
 #             (`data.train_subset`), and at the largest with soft targets (SOFT), two at a
@@ -32,6 +35,7 @@ OUT=${OUT:-results_runs/gemma-mix}
 DATA=${DATA:-../shared/data}
 MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@1024+stdlib:train@768+pydoc:train@640"}
 SIZES=${SIZES:-"575 1150 2300"}   # of the 2,310 left after the held-out split
+TARGET_DTYPE=${TARGET_DTYPE:-auto} # rollouts and features: the dtype the target runs in
 STORE_TOPK=${STORE_TOPK:-0}       # rollouts: the target's top-k per token (soft targets need it)
 SOFT=${SOFT:-0}                   # scaling: soft-target weight of one more run at the largest size
                                   # (0: none; > 0 needs STORE_TOPK > 0)
@@ -86,7 +90,7 @@ rollouts)
   log "rollouts start: $MIX"
   grep -qs '"complete": true' "$OUT/rollouts/train/manifest.json" ||
     $BD rollout $TGT --prompts "$MIX" --temperature 0 --max-new-tokens 128 --batch-size 128 \
-        --shard-size 256 --threads 2 --out "$OUT/rollouts/train" --no-progress \
+        --dtype "$TARGET_DTYPE" --shard-size 256 --threads 2 --out "$OUT/rollouts/train" --no-progress \
         $([ "$STORE_TOPK" -gt 0 ] && echo "--store-topk $STORE_TOPK" || echo --no-logprobs)
   log "rollouts done" ;;
 features)
@@ -94,7 +98,7 @@ features)
   grep -qs '"complete": true' "$OUT/features/train/manifest.json" ||
     $BD features $TGT --rollouts "$OUT/rollouts/train" --out "$OUT/features/train" \
         --layer-ids $(echo "$LAYERS" | tr -d '[]' | tr ',' ' ') --dtype bfloat16 --threads 2 \
-        --no-progress
+        --target-dtype "$TARGET_DTYPE" --no-progress
   log "features done" ;;
 train)
   log "train start ($STEPS steps)"

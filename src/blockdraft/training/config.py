@@ -137,7 +137,9 @@ class TrainConfig:
     run_dir: str = "runs/default"  # metrics.jsonl, tensorboard/, checkpoints/, best/, final/
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N (under torchrun: the local rank's GPU)
-    amp: Literal["auto", "off", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    amp: Literal["auto", "off", "bf16"] = (
+        "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU; bf16: also on CPU
+    )
     num_anchors: int = 512  # anchor blocks sampled per sequence per step (DFlash recipe)
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)

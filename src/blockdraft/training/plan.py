@@ -177,8 +177,8 @@ def plan_memory(
         else ("bfloat16" if dev == "cuda" else "float32")
     )
     tb = _BYTES[tdtype]
-    amp = dev == "cuda" and cfg.amp != "off"
-    ab = 2 if amp else 4  # activation bytes (autocast bf16 on CUDA)
+    amp = cfg.amp == "bf16" or (dev == "cuda" and cfg.amp == "auto")
+    ab = 2 if amp else 4  # activation bytes (bf16 autocast)
 
     # --- persistent ------------------------------------------------------------------------
     embed = s.vocab * s.hidden
