@@ -28,10 +28,20 @@ def test_amp_resolves_per_device():
 
 
 @pytest.mark.slow
-def test_bf16_autocast_trains_on_cpu_like_fp32(target, rollout_dirs, tmp_path):
+@pytest.mark.parametrize(
+    "drafter", [{}, {"arch": "dflash2", "selector_rank": 8, "selector_top_k": 6}]
+)
+def test_bf16_autocast_trains_on_cpu_like_fp32(drafter, target, rollout_dirs, tmp_path):
     runs = {}
     for amp in ("auto", "bf16"):
-        cfg = make_config(tmp_path / amp, rollout_dirs, amp=amp, eval={"every": 12})
+        cfg = make_config(
+            tmp_path / amp,
+            rollout_dirs,
+            amp=amp,
+            eval={"every": 12},
+            objective={"name": "dpace"},
+            drafter=drafter,
+        )
         final = train(cfg, target=target)
         weights = load_file(final / "model.safetensors")
         assert all(w.dtype == torch.float32 for w in weights.values()), amp
