@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import statistics
 import time
@@ -192,6 +193,18 @@ def step_flops(fwd: DraftForward, batch, path: str) -> float:  # type: ignore[no
     return float(counter.get_total_flops())
 
 
+def interleaved(run, keys: list, rounds: int) -> dict:  # type: ignore[no-untyped-def]
+    """Seconds of `run(key)` per key: one warm-up each, then `rounds` rounds, each starting
+    one key later than the last (machine drift hits every key alike)."""
+    for key in keys:
+        run(key)
+    times: dict = {key: [] for key in keys}
+    for r in range(rounds):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            times[key].append(run(key))
+    return times
+
+
 def throughput(shapes: list[str], rounds: int) -> None:
     peak = gemm_rate()
     print(
@@ -205,12 +218,7 @@ def throughput(shapes: list[str], rounds: int) -> None:
         fwd = DraftForward(batch[0])
         labels = int((batch[4] >= 0).sum())
         paths = ["old", "new"] + (["attn-only", "ce-only"] if name == "tiny" else [])
-        for path in paths:  # warm-up
-            drafter_step(fwd, batch, path)
-        times: dict[str, list[float]] = {p: [] for p in paths}
-        for r in range(rounds):
-            for path in paths[r % len(paths) :] + paths[: r % len(paths)]:
-                times[path].append(drafter_step(fwd, batch, path))
+        times = interleaved(functools.partial(drafter_step, fwd, batch), paths, rounds)
         rows, vocab = labels, s.draft_vocab or s.vocab
         kept = ce.keeps_probabilities(batch[4].numel(), vocab, torch.float32, PATHS["new"][1])
         print(
@@ -244,12 +252,9 @@ def amp_speed(shapes: list[str], rounds: int) -> None:
         s = SHAPES[name]
         batch = build(s)
         fwd = DraftForward(batch[0])
-        for flag in (False, True):  # warm-up
-            drafter_step(fwd, batch, "new", flag)
-        times: dict[bool, list[float]] = {False: [], True: []}
-        for r in range(rounds):
-            for flag in (False, True) if r % 2 else (True, False):
-                times[flag].append(drafter_step(fwd, batch, "new", flag))
+        times = interleaved(
+            functools.partial(drafter_step, fwd, batch, "new"), [False, True], rounds
+        )
         ratio = statistics.median(a / b for a, b in zip(times[False], times[True], strict=True))
         print(
             f"  {name}: B={s.batch} anchors={s.anchors} block={s.block} width={s.hidden} "
