@@ -11,8 +11,9 @@
 #   train     OBJS x SEEDS drafters from the config, JOBS at a time, THREADS threads each
 #             (OBJS="decay dpace" SEEDS="0 1": the exportable pair the issue compares)
 #   suite     `blockdraft suite`: ngram, then every trained drafter; table, JSON and plot
-#   export    `blockdraft export` of every D-PACE drafter into $OUT/served/NAME (bfloat16),
-#             then `blockdraft export --check` on what was written
+#   export    `blockdraft export --expand-vocab` of every D-PACE drafter into $OUT/served/NAME
+#             (bfloat16; a DFlash2 drafter in z-lab's full-vocabulary layout), then
+#             `blockdraft export --check` on what was written
 #   bench     (only when asked) wall-clock next to HF generate: bench/decode.py, 4 prompts x
 #             64 tokens of each benchmark, T = 0, 2 threads, into $OUT/bench-decode.txt
 set -euo pipefail
@@ -25,6 +26,8 @@ SEEDS=${SEEDS:-0}
 JOBS=${JOBS:-1}                   # trainings at a time: JOBS x THREADS never more than the cores
 THREADS=${THREADS:-2}
 SUITE_ROLLOUTS=${SUITE_ROLLOUTS:-results_runs/suite-gemma/rollouts}  # shared with gemma_mix.sh
+AMP=${AMP:-auto}                  # train: bf16 on a CPU with AMX is ~2x faster per step, same suite
+                                  # MAL (docs/results/gemma.md, session 25); auto: fp32 on CPU
 TRAIN_ARGS=${TRAIN_ARGS:-}        # extra key=value overrides (a smoke run: optim.max_steps=4 ...)
 SUITE_ARGS=${SUITE_ARGS:-}        # extra `blockdraft suite` flags (a smoke run: --limit 2)
 SECTIONS=${*:-"rollouts features train suite export"}
@@ -40,7 +43,7 @@ train() {  # train OBJECTIVE SEED: the config's drafter on this pipeline's data
   elif [ -d "$run" ]; then resume=--overwrite; fi
   $BD train --config configs/gemma-3-270m.yaml --threads "$THREADS" $resume run_dir="$run" \
       objective.name="$1" seed="$2" data.train_rollouts="$OUT/rollouts/train" \
-      data.features="$OUT/features/train" checkpoint.keep_last=1 logging.every=25 \
+      data.features="$OUT/features/train" amp="$AMP" checkpoint.keep_last=1 logging.every=25 \
       logging.progress=false logging.tensorboard=false $TRAIN_ARGS > "$run.log" 2>&1
 }
 
@@ -69,7 +72,7 @@ export)
     case $run in */servable-dpace-*) ;; *) continue ;; esac
     served=$OUT/served/$(basename "$run")
     [ -f "$served/config.json" ] ||
-      $BD export "$run" --out "$served" --dtype bfloat16 --target gemma-3-270m
+      $BD export "$run" --out "$served" --dtype bfloat16 --target gemma-3-270m --expand-vocab
     $BD export "$served" --check
   done
   log "export done" ;;
