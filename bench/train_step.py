@@ -17,8 +17,8 @@ bench/train_memory.py (glibc keeping freed memory vs its defaults; peak RSS grow
 bf16 autocast (`--part amp`): the same "new" step in fp32 and under CPU bf16 autocast
 (`amp: bf16`), alternating, with this CPU's bf16 and fp32 GEMM rates: the ratio says whether
 `amp=bf16` pays here (CPUs with bf16 matrix units, e.g. Intel AMX) or costs (without them).
-Shape `servable`: configs/gemma-3-270m.yaml's drafter (2 layers, block 8, 8k draft
-vocabulary, batch 8 x 32 anchors) on Gemma 3 270M's geometry.
+Shape `servable`: the DFlash form of configs/gemma-3-270m.yaml's drafter (2 layers, block 8,
+8k draft vocabulary, batch 8 x 32 anchors) on Gemma 3 270M's geometry.
 
 Objectives (`--part objectives`): bench/train_objectives.py (every objective's step time
 relative to `uniform`, EDR with each round-start sampler).
@@ -77,7 +77,7 @@ SHAPES = {
     "gemma": Shape(
         "gemma", "gemma3", 2, 128, 256, 64, 16, 640, 4, 1, 256, 2048, 262144, 6, 2, 32768
     ),
-    # configs/gemma-3-270m.yaml's servable drafter and batch (2 layers, block 8, 8k vocabulary)
+    # configs/gemma-3-270m.yaml's batch and drafter as DFlash (2 layers, block 8, 8k vocabulary)
     "servable": Shape(
         "servable", "gemma3", 8, 64, 128, 32, 8, 640, 4, 1, 256, 2048, 262144, 6, 2, 8192
     ),

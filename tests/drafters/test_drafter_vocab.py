@@ -69,3 +69,39 @@ def test_reduced_vocab_logits_are_the_full_ones_restricted(random_target, arch):
     assert torch.isinf(lr[..., outside]).all() and (lr[..., outside] < 0).all()
     q = torch.softmax(lr, -1)
     assert q[..., outside].sum() == 0
+
+
+def test_head_rows_follow_the_vocabulary_and_the_head(random_target):
+    """`head_weight` keeps its gathered rows between calls (a slot-by-slot drafter asks every
+    round), yet never serves stale ones: a new draft vocabulary or an in-place change of
+    the target's head gives the new rows, and a trainable head still gets gradients."""
+    t = random_target
+    cfg = DrafterConfig.for_target(t, block_size=4)
+    d = BlockDrafter(DrafterConfig.from_dict({**cfg.to_dict(), "draft_vocab_size": 6})).bind_target(
+        t
+    )
+    head = t.lm_head.weight
+
+    def vocab(offset: int) -> torch.Tensor:  # 5 ids apart from the mask token, and the mask
+        ids = [i for i in range(offset, 60, 4) if i != t.mask_token_id][:5]
+        return torch.tensor(sorted(ids + [t.mask_token_id]))
+
+    d.set_draft_vocab(vocab(0))
+    first = d.head_weight
+    assert d.head_weight is first  # kept
+    assert torch.equal(first, head[d.draft_ids])
+    d.set_draft_vocab(vocab(1))
+    assert torch.equal(d.head_weight, head[d.draft_ids])
+    with torch.no_grad():
+        head.mul_(2.0)
+    try:
+        assert torch.equal(d.head_weight, head[d.draft_ids])
+        head.requires_grad_(True)
+        d.head_weight.sum().backward()
+        assert head.grad is not None and head.grad[d.draft_ids].eq(1).all()
+        assert head.grad.sum() == d.head_weight.numel()
+    finally:
+        head.requires_grad_(False)
+        head.grad = None
+        with torch.no_grad():
+            head.div_(2.0)
