@@ -30,6 +30,8 @@ def test_recipe_configs_name_their_gpu_sized_settings():
     assert note is not None and "\n" not in note
     for part in ("float32", "data.max_seq_len=3072", "num_anchors=512 x drafter.block_size=16"):
         assert part in note, note
+    in_bf16 = load_config(CONFIGS / "dflash-qwen3-8b.yaml", ["amp=bf16"])
+    assert "bf16 autocast" in cpu_fallback_note(in_bf16, CPU)
     edr = cpu_fallback_note(load_config(CONFIGS / "dflash-qwen3-8b-edr.yaml"), CPU)
     assert "objective.max_anchors=512" in edr and "optim.batch_size=96" in edr
     # asked for the CPU, or on a GPU: nothing to say

@@ -295,8 +295,9 @@ def cpu_fallback_note(cfg: TrainConfig, device: torch.device) -> str | None:
     sized = gpu_sized_settings(cfg)
     if cfg.device != "auto" or device.type != "cpu" or not sized:
         return None
+    precision = "under bf16 autocast (amp: bf16)" if cfg.amp == "bf16" else "in float32"
     return (
-        "note: device auto found no CUDA device: training on the CPU in float32 (amp and "
+        f"note: device auto found no CUDA device: training on the CPU {precision} (amp and "
         f"target.dtype auto mean bf16 on a GPU) with GPU-sized settings {', '.join(sized)}; "
         "expect it to be slow, or override them for a CPU run"
     )
