@@ -92,8 +92,15 @@ def _clock() -> float:
 
 
 def run_ours(
-    target: Target, prompts: list[Prompt], s: SamplingSettings, batch: int, logprobs: bool = True
+    target: Target,
+    prompts: list[Prompt],
+    s: SamplingSettings,
+    batch: int,
+    logprobs: bool = True,
+    side: str | None = None,
 ) -> tuple:
+    """`blockdraft rollout` end to end; its responses are kept in TOKENS under `side`
+    (default: whether it stored log-probs)."""
     with tempfile.TemporaryDirectory() as tmp:
         t = _clock()
         rs = generate_rollouts(
@@ -107,8 +114,7 @@ def run_ours(
             store_logprobs=logprobs,
         )
         dt = _clock() - t
-        key = "bf16" if target.name.endswith("-bf16") else logprobs
-        TOKENS[(key, batch)] = [r.response_ids.tolist() for r in rs]
+        TOKENS[(logprobs if side is None else side, batch)] = [r.response_ids.tolist() for r in rs]
         return rs.manifest["num_response_tokens"], dt
 
 
@@ -188,7 +194,9 @@ def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> 
         sides["ours-nolp"] = functools.partial(run_ours, logprobs=False)
     if args.bf16:
         bf16 = in_bf16(target)
-        sides["ours-bf16"] = lambda _t, *a: run_ours(bf16, *a, logprobs=not args.no_logprobs)
+        sides["ours-bf16"] = lambda _t, *a: run_ours(
+            bf16, *a, logprobs=not args.no_logprobs, side="bf16"
+        )
     if args.temperature == 0:
         s = SamplingSettings(temperature=0.0, max_new_tokens=max_new, seed=0)
         how = "greedy"
