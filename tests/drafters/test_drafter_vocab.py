@@ -87,7 +87,11 @@ def test_head_rows_follow_the_vocabulary_and_the_head(random_target):
         return torch.tensor(sorted(ids + [t.mask_token_id]))
 
     d.set_draft_vocab(vocab(0))
-    first = d.head_weight
+    with torch.inference_mode():  # first asked for in a scoring pass, then by training
+        first = d.head_weight
+    hidden = torch.randn(3, head.shape[1], requires_grad=True)
+    (hidden @ d.head_weight.T).sum().backward()  # saved for backward: not an inference tensor
+    assert torch.equal(hidden.grad, d.head_weight.sum(0).expand(3, -1))
     assert d.head_weight is first  # kept
     assert torch.equal(first, head[d.draft_ids])
     d.set_draft_vocab(vocab(1))

@@ -185,7 +185,11 @@ class BlockDrafter(nn.Module):
             return weight.index_select(0, self.draft_ids.to(weight.device))
         key = (weight.data_ptr(), weight._version, self.d2t.data_ptr(), self.d2t._version)
         if self._head_rows is None or self._head_rows[0] != key:
-            self._head_rows = (key, weight.index_select(0, self.draft_ids.to(weight.device)))
+            # never an inference tensor: rows first gathered in an inference-mode pass (EDR's
+            # scoring) also serve the training forward, which saves them for backward
+            with torch.inference_mode(False), torch.no_grad():
+                rows = weight.index_select(0, self.draft_ids.to(weight.device))
+            self._head_rows = (key, rows)
         return self._head_rows[1]
 
     @property
