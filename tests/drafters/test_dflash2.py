@@ -55,9 +55,9 @@ def _batch(target, B=2, T=14):
 def test_conv_equals_a_direct_sum():
     g = torch.Generator().manual_seed(0)
     b, blocks, kb, h, taps, groups = 2, 3, 4, 8, 3, 2
-    x = torch.randn(b, blocks * kb, h, generator=g)
-    dyn = torch.randn(b, blocks * kb, taps, groups, generator=g)
-    base = torch.randn(taps, h, generator=g)
+    x = torch.randn(b, blocks * kb, h, generator=g, requires_grad=True)
+    dyn = torch.randn(b, blocks * kb, taps, groups, generator=g, requires_grad=True)
+    base = torch.randn(taps, h, generator=g, requires_grad=True)
     out = grouped_dynamic_conv(x, dyn, base, kb)
     ref = torch.zeros_like(x)
     for i in range(b):
@@ -69,6 +69,10 @@ def test_conv_equals_a_direct_sum():
                     coef = base[o, ch] + dyn[i, t, o, ch // (h // groups)]
                     ref[i, t, ch] += coef * x[i, t - o, ch]
     torch.testing.assert_close(out, ref)
+    w = torch.randn(out.shape, generator=g)  # and the gradients of every input
+    grads = torch.autograd.grad((out * w).sum(), (x, dyn, base))
+    for got, want in zip(grads, torch.autograd.grad((ref * w).sum(), (x, dyn, base)), strict=True):
+        torch.testing.assert_close(got, want)
 
 
 def test_fresh_dflash2_backbone_is_dflash(target):
@@ -241,6 +245,42 @@ def test_decoding_draws_from_the_teacher_forced_selector(target, temperature):
             continue
         torch.testing.assert_close(q, torch.softmax(logits / temperature, -1))
         assert int((q > 0).sum(-1).max()) <= 6  # only candidates can be drawn
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_greedy_columns_are_the_slot_by_slot_argmax(target, ties):
+    """Decoding's one-table walk at T = 0 picks what argmax over `selector_logits` picks
+    slot by slot from the token chosen before, ties included (the lowest column wins:
+    integer head products and no selector term make many)."""
+    import copy
+
+    drafter = make_dflash2(target)
+    if ties:
+        drafter = copy.deepcopy(drafter)
+        with torch.no_grad():
+            drafter.candidate_selector.hidden_projection.weight.zero_()
+    assert drafter.config.output_multiplier == 1.0 and not drafter.config.final_logit_softcapping
+    ids, feats = _batch(target, B=1)
+    state = drafter.new_state()
+    drafter.extend_context(state, feats[:, :9], 0)
+    hidden = drafter.draft_hidden(state, int(ids[0, 9]), 9)
+    g = torch.Generator().manual_seed(3)
+    for trial in range(6):
+        anchor = int(ids[0, trial])
+        products = torch.randn(hidden.shape[0], target.vocab_size, generator=g)
+        if ties:
+            products = products.mul(1.5).round()
+        want, prev = [], anchor
+        for t in range(hidden.shape[0]):
+            scores = drafter.selector_logits(
+                hidden[t : t + 1], torch.tensor([prev]), products[t : t + 1]
+            )
+            prev = int(scores[0].argmax())
+            want.append(prev)
+        assert drafter.greedy_columns(hidden, anchor, products).tolist() == want
+        own = drafter.draft_hidden(state, anchor, 9)  # the block this anchor drafts
+        tokens, _ = draft_block(drafter, state, anchor, 9, 0.0, 1.0, 0, None)
+        assert drafter.greedy_columns(own, anchor).tolist() == tokens.tolist()
 
 
 def test_config_validation(target):

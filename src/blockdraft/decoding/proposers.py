@@ -141,6 +141,12 @@ class BlockProposer:
         )
         # a small plain drafter at T = 0 on a CPU: context update and block in one lean
         # pass (decoding/cpu/lean_drafter.py); the context and state are then its own
+        # DFlash2 at T = 0: its unary logits through the same fast head, then the selector
+        self.selector_head = (
+            GreedyDraftHead.of(drafter)
+            if sampling.greedy and hasattr(drafter, "greedy_columns") and not reads_lookup
+            else None
+        )
         plain = self.head is not None and not reads_lookup  # (a hybrid never has the head)
         lean = LeanDrafter.of(drafter) if plain and cpu_kernels_apply(_device(drafter)) else None
         self.context = lean or drafter
@@ -156,6 +162,11 @@ class BlockProposer:
             return Proposal(
                 self.head.pick(self.context.draft_hidden(self.state, anchor, position)), None
             )
+        if self.selector_head is not None:
+            hidden = self.drafter.draft_hidden(self.state, anchor, position)
+            products = self.selector_head.products(hidden)
+            columns = self.drafter.greedy_columns(hidden, anchor, products)
+            return Proposal(self.selector_head.target_ids(columns), None)
         s = self.sampling
         return Proposal(
             *draft_block(
@@ -262,13 +273,18 @@ class GreedyDraftHead:
 
     def pick(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy proposals `[K]` (target ids) from `drafter.draft_hidden(...)` `[K, H]`."""
-        if self.screen is not None:
-            best = self.screen.argmax(hidden)
-        elif self.packed is not None:
-            best = row_argmax(self.packed(hidden))
-        else:
-            best = row_argmax(torch.nn.functional.linear(hidden, self.weight))
-        return best if self.ids is None else self.ids[best]
+        best = self.screen.argmax(hidden) if self.screen is not None else None
+        return self.target_ids(row_argmax(self.products(hidden)) if best is None else best)
+
+    def products(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's products `hidden @ W^T` `[K, V_draft]`, packed where built."""
+        if self.packed is not None:
+            return self.packed(hidden)
+        return torch.nn.functional.linear(hidden, self.weight)
+
+    def target_ids(self, columns: torch.Tensor) -> torch.Tensor:
+        """Draft columns -> target ids."""
+        return columns if self.ids is None else self.ids[columns]
 
 
 _HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -316,6 +332,9 @@ def draft_block(
     # slot by slot (semi-AR, DFlash2): what does not depend on the previous token once per
     # block, then each slot's logits in the drafter's own vocabulary from the token before
     hidden = drafter.draft_hidden(state, anchor_id, anchor_position)  # [K, H]
+    if greedy and hasattr(drafter, "greedy_columns"):  # DFlash2: all slots' scores at once
+        columns = drafter.greedy_columns(hidden, anchor_id)
+        return (columns if ids is None else ids.to(columns.device)[columns]), None
     base = drafter.base_logits(hidden)
     prev = torch.tensor([int(anchor_id)], device=hidden.device)
     tokens, qs = [], []
