@@ -10,7 +10,9 @@ training reads it: greedy at beta 0.5, or sampling) on every round start and wit
 no-grad scoring pass over every round start; the demo's fine-tune is the greedy 32 row),
 and 32 / 64 drawn uniformly (only the rows not drawn are scored); `--score-chunks 16 128`
 adds EDR @16 with its scoring pass split into passes of that many round starts per
-rollout (the sampling-mode default, `edr_step.default_score_chunk`, is one pass here). One
+rollout (the sampling-mode default, `edr_step.default_score_chunk`, is one pass here).
+`--amp bf16` runs every row's forward under CPU bf16 autocast, as `amp: bf16` trains (the
+rows' ratio then says what the fine-tune costs on a CPU with bf16 matrix units). One
 thread by default
 and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round times
 every row once in rotating order, on the same micro-batch; the factor is the median over
@@ -22,7 +24,7 @@ distributions, the overlap, EDR's scoring pass and its parts, backward) and prin
 phase in ms per step.
 
     python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9] [--threads 1]
-        [--phases] [--score-chunks 16 32]
+        [--phases] [--score-chunks 16 32] [--amp bf16]
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ def main() -> None:
     ap.add_argument(
         "--score-chunks", type=int, nargs="*", default=[],
         help="also EDR @16 with the scoring pass in passes of these many round starts",
+    )  # fmt: skip
+    ap.add_argument(
+        "--amp", choices=["fp32", "bf16"], default="fp32",
+        help="bf16: forward under CPU bf16 autocast, as `amp: bf16` trains",
     )  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -117,10 +123,14 @@ def main() -> None:
         )
     names = list(rows)
 
+    bf16 = args.amp == "bf16"
+
     def timed(name: str, step: int) -> float:
         drafter.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
-        rows[name](step).numerator.backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # as training/loop.py
+            out = rows[name](step)
+        out.numerator.backward()
         return time.perf_counter() - t0
 
     for name in names:  # warm-up (numba compiles the recursions on first use)
@@ -133,12 +143,15 @@ def main() -> None:
         for n in names:
             secs[n].append(t[n])
             ratios[n].append(t[n] / t[names[0]])
-    print(f"{len(rollouts)} {mode} rollouts of {args.rollouts}, median of {args.rounds} rounds")
+    print(
+        f"{len(rollouts)} {mode} rollouts of {args.rollouts}, median of {args.rounds} rounds"
+        f", {args.amp}"
+    )
     print("| step | seconds | vs D-PACE @64 |\n|---|---|---|")
     for n in names:
         print(f"| {n} | {statistics.median(secs[n]):.3f} | {statistics.median(ratios[n]):.3f}x |")
     if args.phases:
-        profile_phases(rows, [names[0], names[2], names[4]], drafter, feats, fwd)
+        profile_phases(rows, [names[0], names[2], names[4]], drafter, feats, fwd, bf16)
 
 
 PHASES = {  # module -> public functions timed as phases
@@ -157,7 +170,7 @@ def _labelled(name: str, fn):
     return run
 
 
-def profile_phases(rows, names, drafter, feats, fwd, steps: int = 3) -> None:
+def profile_phases(rows, names, drafter, feats, fwd, bf16: bool, steps: int = 3) -> None:
     """ms per step of each phase of the rows `names` (labels wrap the step's own calls)."""
     for module, fns in PHASES.items():
         for fn in fns:
@@ -168,7 +181,10 @@ def profile_phases(rows, names, drafter, feats, fwd, steps: int = 3) -> None:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for step in range(steps):
                 drafter.zero_grad(set_to_none=True)
-                with record_function("forward + objective"):
+                with (
+                    record_function("forward + objective"),
+                    torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16),
+                ):
                     out = rows[name](100 + step)
                 with record_function("backward"):
                     out.numerator.backward()

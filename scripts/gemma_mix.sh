@@ -24,7 +24,11 @@
 #             continued D-PACE (the control), E2E and EDR at EDR_LR, same seed and data order
 #             (EDR_SEED, default 0; another seed names its runs and suite files -sN, another
 #             lr than 3e-4 names the suite files -<lr>);
-#             scored on the suite in that setting (configs/suites/gemma-3-270m-$EDR_SETTING.yaml)
+#             scored on the suite in that setting (configs/suites/gemma-3-270m-$EDR_SETTING.yaml).
+#             t0: greedy, on the mix's own training rollouts and features (one epoch of all
+#             of them; E2E and EDR train the tempered relaxation, EDR drafts 32 round starts
+#             per rollout with gradient, as the demo's stage), scored on the greedy suite.
+#             EDR_EXTRA: overrides for all three fine-tunes (e.g. amp=bf16)
 #   bench     wall-clock next to HF generate (bench/decode.py, 4 prompts x 64 tokens of each
 #             suite benchmark, T = 0, 2 threads): the drafters in BENCH (run names; hybrid:NAME
 #             for the lookup fallback), into $OUT/bench-decode.txt
@@ -52,6 +56,7 @@ EDR_BASE=${EDR_BASE:-dpace-n2300-s0}
 EDR_LR=${EDR_LR:-3e-4}
 EDR_SETTING=${EDR_SETTING:-t1}     # edr: t1 (T = 1) or t07 (T = 0.7, top-p 0.8, top-k 20)
 EDR_SEED=${EDR_SEED:-0}            # edr: the fine-tunes' seed (data order, round starts); same start
+EDR_EXTRA=${EDR_EXTRA:-}           # edr: overrides for every fine-tune, e.g. amp=bf16
 BENCH=${BENCH:-"dpace-n2300-s0 hybrid:lookup-dpace-n2300-s0"}
 SECTIONS=${*:-"rollouts features train suite"}
 TGT="--target gemma-3-270m"
@@ -133,30 +138,43 @@ suite)
       | tee "$OUT/suite.txt"
   log "suite done" ;;
 edr)
-  # EDR_SETTING t1: T = 1; t07: T = 0.7, top-p 0.8, top-k 20 (the paper's two settings)
+  # EDR_SETTING t1: T = 1; t07: T = 0.7, top-p 0.8, top-k 20 (the paper's two settings);
+  # t0: greedy, on the mix's rollouts and features
   case $EDR_SETTING in
+    t0) samp="" ;;
     t1) samp="--temperature 1" ;;
     t07) samp="--temperature 0.7 --top-p 0.8 --top-k 20" ;;
-    *) echo "EDR_SETTING must be t1 or t07, got $EDR_SETTING" >&2; exit 2 ;;
+    *) echo "EDR_SETTING must be t0, t1 or t07, got $EDR_SETTING" >&2; exit 2 ;;
   esac
   log "edr start ($EDR_SETTING): from $EDR_BASE, lr $EDR_LR"
-  grep -qs '"complete": true' "$OUT/rollouts/train-$EDR_SETTING/manifest.json" ||
-    $BD rollout $TGT --prompts "$EDR_MIX" $samp --max-new-tokens 128 --batch-size 128 \
-        --shard-size 256 --threads 2 --out "$OUT/rollouts/train-$EDR_SETTING" --no-progress
+  if [ "$EDR_SETTING" = t0 ]; then
+    data="data.train_rollouts=$OUT/rollouts/train data.features=$OUT/features/train"
+    edr_anchors="objective.max_anchors=32"
+    suite_file=configs/suites/gemma-3-270m.yaml; suite_rollouts=$SUITE_ROLLOUTS
+  else
+    grep -qs '"complete": true' "$OUT/rollouts/train-$EDR_SETTING/manifest.json" ||
+      $BD rollout $TGT --prompts "$EDR_MIX" $samp --max-new-tokens 128 --batch-size 128 \
+          --shard-size 256 --threads 2 --out "$OUT/rollouts/train-$EDR_SETTING" --no-progress
+    data="data.train_rollouts=$OUT/rollouts/train-$EDR_SETTING data.features=null"
+    edr_anchors=""
+    suite_file=configs/suites/gemma-3-270m-$EDR_SETTING.yaml; suite_rollouts=$SUITE_ROLLOUTS-$EDR_SETTING
+  fi
   sfx=""; [ "$EDR_SEED" != 0 ] && sfx="-s$EDR_SEED"
-  suite="$OUT/suite-$EDR_SETTING$sfx"; [ "$EDR_LR" != 3e-4 ] && suite="$OUT/suite-$EDR_SETTING-$EDR_LR$sfx"
+  ft=$EDR_SETTING; [ "$EDR_SETTING" = t0 ] && ft=t0-$EDR_BASE   # t0 fine-tunes name their start
+  suite="$OUT/suite-$ft$sfx"; [ "$EDR_LR" != 3e-4 ] && suite="$OUT/suite-$ft-$EDR_LR$sfx"
   queue=()
   for obj in dpace e2e edr; do
-    queue+=("ft-$EDR_SETTING-$obj-$EDR_LR$sfx data.train_rollouts=$OUT/rollouts/train-$EDR_SETTING
-             data.features=null drafter.init_from=$OUT/runs/$EDR_BASE/final objective.name=$obj
+    extra=""; [ $obj = edr ] && extra=$edr_anchors
+    queue+=("ft-$ft-$obj-$EDR_LR$sfx $data
+             drafter.init_from=$OUT/runs/$EDR_BASE/final objective.name=$obj $extra
              optim.lr=$EDR_LR optim.warmup_steps=0 optim.schedule=constant optim.max_steps=null
-             optim.epochs=1 seed=$EDR_SEED checkpoint.save_every=10")  # resumable: 46 steps
+             optim.epochs=1 seed=$EDR_SEED checkpoint.save_every=10 $EDR_EXTRA")  # resumable
   done
   run_queue "${queue[@]}"
-  $BD suite $TGT --suite "configs/suites/gemma-3-270m-$EDR_SETTING.yaml" \
-      --rollouts-dir "$SUITE_ROLLOUTS-$EDR_SETTING" --cache-dir "$OUT/cache" --threads 2 \
+  $BD suite $TGT --suite "$suite_file" \
+      --rollouts-dir "$suite_rollouts" --cache-dir "$OUT/cache" --threads 2 \
       --no-progress --json "$suite.json" "$OUT/runs/$EDR_BASE" \
-      $(for obj in dpace e2e edr; do echo "$OUT/runs/ft-$EDR_SETTING-$obj-$EDR_LR$sfx"; done) \
+      $(for obj in dpace e2e edr; do echo "$OUT/runs/ft-$ft-$obj-$EDR_LR$sfx"; done) \
       | tee "$suite.txt"
   log "edr done" ;;
 bench)
