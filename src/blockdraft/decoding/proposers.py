@@ -139,14 +139,14 @@ class BlockProposer:
         self.block_lookup = (
             NgramIndex(lookup_rule(proposals_per_round(drafter))) if reads_lookup else None
         )
-        # a small plain drafter at T = 0 on a CPU: context update and block in one lean
-        # pass (decoding/cpu/lean_drafter.py); the context and state are then its own
         # DFlash2 at T = 0: its unary logits through the same fast head, then the selector
         self.selector_head = (
             GreedyDraftHead.of(drafter)
             if sampling.greedy and hasattr(drafter, "greedy_columns") and not reads_lookup
             else None
         )
+        # a small plain drafter at T = 0 on a CPU: context update and block in one lean
+        # pass (decoding/cpu/lean_drafter.py); the context and state are then its own
         plain = self.head is not None and not reads_lookup  # (a hybrid never has the head)
         lean = LeanDrafter.of(drafter) if plain and cpu_kernels_apply(_device(drafter)) else None
         self.context = lean or drafter
