@@ -22,8 +22,8 @@
 #   edr       EDR as in the paper (issue #31) on Gemma: EDR_SETTING (t1: T = 1; t07: T = 0.7,
 #             top-p 0.8, top-k 20) rollouts of EDR_MIX (training prompts of the base), then from the plain D-PACE drafter (EDR_BASE) one epoch of
 #             continued D-PACE (the control), E2E and EDR at EDR_LR, same seed and data order
-#             (EDR_SEED, default 0; another seed names its runs and suite files -sN, another
-#             lr than 3e-4 names the suite files -<lr>);
+#             (EDR_SEED, default 0; runs ft-<setting>-<start>-<objective>-<lr>[-sN], suite
+#             files suite-<setting>-<start>[-<lr> if not 3e-4][-sN]);
 #             scored on the suite in that setting (configs/suites/gemma-3-270m-$EDR_SETTING.yaml).
 #             t0: greedy, on the mix's own training rollouts and features (one epoch of all
 #             of them; E2E and EDR train the tempered relaxation, EDR drafts 32 round starts
@@ -160,7 +160,7 @@ edr)
     suite_file=configs/suites/gemma-3-270m-$EDR_SETTING.yaml; suite_rollouts=$SUITE_ROLLOUTS-$EDR_SETTING
   fi
   sfx=""; [ "$EDR_SEED" != 0 ] && sfx="-s$EDR_SEED"
-  ft=$EDR_SETTING; [ "$EDR_SETTING" = t0 ] && ft=t0-$EDR_BASE   # t0 fine-tunes name their start
+  ft=$EDR_SETTING-$EDR_BASE   # fine-tunes and their suite files name the setting and the start
   suite="$OUT/suite-$ft$sfx"; [ "$EDR_LR" != 3e-4 ] && suite="$OUT/suite-$ft-$EDR_LR$sfx"
   queue=()
   for obj in dpace e2e edr; do

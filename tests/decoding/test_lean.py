@@ -15,6 +15,8 @@ from blockdraft.decoding.loop import ar_generate, decode
 from blockdraft.decoding.proposers import GreedyDraftHead
 from blockdraft.decoding.steps import TargetRunner
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+from blockdraft.drafters.dflash2 import DFlash2Drafter
+from blockdraft.kernels.packed_linear import MIN_PACKED_ELEMENTS, packing_supported
 from blockdraft.targets.testing import make_random_target
 
 
@@ -58,21 +60,34 @@ def test_lean_target_declines_what_it_does_not_compute() -> None:
     assert TargetRunner(make_random_target("qwen3"), lean=False).lean is None
 
 
-def _drafter(target, qk_norm=True):  # type: ignore[no-untyped-def]
+def _drafter(target, qk_norm=True, arch="dflash", intermediate=None):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
-    cfg = DrafterConfig.for_target(target, num_layers=2, block_size=5, qk_norm=qk_norm)
-    drafter = BlockDrafter(cfg).bind_target(target).eval()
+    extra = dict(selector_rank=4, selector_top_k=5) if arch == "dflash2" else {}
+    cfg = DrafterConfig.for_target(
+        target, num_layers=2, block_size=5, qk_norm=qk_norm, arch=arch,
+        intermediate_size=intermediate, **extra,
+    )  # fmt: skip
+    drafter = (DFlash2Drafter if arch == "dflash2" else BlockDrafter)(cfg)
+    drafter = drafter.bind_target(target).eval()
     for p in drafter.parameters():  # not the init's small weights: exercise the norms
         p.data.add_(torch.randn_like(p) * 0.1)
     return drafter
 
 
-@pytest.mark.parametrize("qk_norm", [True, False])
-def test_lean_drafter_equals_extend_and_draft(qk_norm) -> None:
+@pytest.mark.parametrize(
+    "qk_norm, arch, packed",
+    [(True, "dflash", False), (False, "dflash", False), (True, "dflash2", False),
+     (True, "dflash", True), (True, "dflash2", True)],
+)  # fmt: skip
+def test_lean_drafter_equals_extend_and_draft(qk_norm, arch, packed) -> None:
     target = make_random_target("qwen3")
-    drafter = _drafter(target, qk_norm)
+    # an MLP large enough for MKL packing exercises the packed products too
+    inter = MIN_PACKED_ELEMENTS // target.hidden_size + 1 if packed else None
+    drafter = _drafter(target, qk_norm, arch, inter)
     lean = LeanDrafter.of(drafter)
     assert lean is not None
+    assert (lean.layers[0]["down"].packed is not None) == (packed and packing_supported())
+    assert (lean.layers[0]["mlp_conv"] is not None) == (arch == "dflash2")
     g = torch.Generator().manual_seed(1)
     feats = torch.randn(1, 60, target.feature_size, generator=g)
     ref, fast = drafter.new_state(), lean.new_state()

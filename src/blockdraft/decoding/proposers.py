@@ -145,10 +145,10 @@ class BlockProposer:
             if sampling.greedy and hasattr(drafter, "greedy_columns") and not reads_lookup
             else None
         )
-        # a small plain drafter at T = 0 on a CPU: context update and block in one lean
-        # pass (decoding/cpu/lean_drafter.py); the context and state are then its own
-        plain = self.head is not None and not reads_lookup  # (a hybrid never has the head)
-        lean = LeanDrafter.of(drafter) if plain and cpu_kernels_apply(_device(drafter)) else None
+        # a parallel or DFlash2 drafter at T = 0 on a CPU: context update and block in one
+        # lean pass (decoding/cpu/lean_drafter.py); the context and state are then its own
+        greedy = (self.head is not None and not reads_lookup) or self.selector_head is not None
+        lean = LeanDrafter.of(drafter) if greedy and cpu_kernels_apply(_device(drafter)) else None
         self.context = lean or drafter
         self.state = self.context.new_state()
 
@@ -163,7 +163,7 @@ class BlockProposer:
                 self.head.pick(self.context.draft_hidden(self.state, anchor, position)), None
             )
         if self.selector_head is not None:
-            hidden = self.drafter.draft_hidden(self.state, anchor, position)
+            hidden = self.context.draft_hidden(self.state, anchor, position)
             products = self.selector_head.products(hidden)
             columns = self.drafter.greedy_columns(hidden, anchor, products)
             return Proposal(self.selector_head.target_ids(columns), None)

@@ -1,13 +1,17 @@
-"""A lean decoding round for a small parallel block drafter on a CPU: context and block in one pass.
+"""A lean decoding round for a parallel block drafter on a CPU: context and block in one pass.
 
-The loop pays a small drafter's dispatch twice per round (`extend_context` for the
-verified positions, `draft_hidden` for the next block), yet both project rows with the
-same layer weights at contiguous positions (context a..a+m, block a+m+1..). So one pass
-does both: per layer one q/k/v product over [new context rows; block rows], one norm pass,
-one rotation; context K/V land in a preallocated cache and the block's right after them
-(scratch), and the block attends to `cache[:anchor + block]` with no mask. `extend_context`
-only records features; `draft_hidden` does the work. Hidden states equal `BlockDrafter`'s
-to float rounding. fp32 CPU drafters with every weight below MKL's packing size only.
+The loop pays a drafter's dispatch twice per round (`extend_context` for the verified
+positions, `draft_hidden` for the next block), yet both project rows with the same layer
+weights at contiguous positions (context a..a+m, block a+m+1..). So one pass does both:
+per layer one q/k/v product over [new context rows; block rows] (q, k, v and gate, up
+each fused into one weight), one norm pass, one rotation; context K/V land in a
+preallocated cache and the block's right after them (scratch), and the block attends to
+`cache[:anchor + block]` with no mask. `extend_context` only records features;
+`draft_hidden` does the work. DFlash2's block-local convolutions wrap the block's rows
+around each sublayer as in `ConvDecoderLayer` (context rows never pass through them).
+Weights large enough to gain are MKL-packed once (kernels/packed_linear.py). Hidden
+states equal `BlockDrafter`'s to float rounding. fp32 CPU drafters whose every layer
+attends to the whole context and block (no causal or sliding layers) only.
 """
 
 from __future__ import annotations
@@ -18,11 +22,49 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from blockdraft.kernels.packed_linear import MIN_PACKED_ELEMENTS
+from blockdraft.drafters.dflash2 import ConvDecoderLayer, grouped_dynamic_conv
+from blockdraft.drafters.layers import DecoderLayer
+from blockdraft.kernels.packed_linear import pack_weight
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+class _Product:
+    """`x @ W.T` for one `[out, in]` weight: MKL-packed where that gains (large weights),
+    else a plain product with the transpose kept contiguous."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        weight = weight.detach().contiguous()
+        self.packed = pack_weight(weight)
+        self.transposed = None if self.packed is not None else weight.t().contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.packed(x) if self.packed is not None else torch.mm(x, self.transposed)
+
+
+def _conv_weights(conv: torch.nn.Module) -> dict[str, Any]:
+    """One `GroupedDynamicConv`'s weights: the projection of its dynamic coefficients
+    (both sides of the sublayer) and the base kernels `[2, taps, H]`."""
+    return dict(
+        projection=_Product(conv.kernel_projection.weight),
+        base=conv.base_kernel.detach(),
+        taps=conv.kernel_size,
+        groups=conv.groups,
+    )
+
+
+def _conv_prepare(conv: dict[str, Any], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`GroupedDynamicConv.prepare` on one block's rows `[B, H]`: (convolved rows, the
+    coefficients `finish` uses)."""
+    dynamic = conv["projection"](x).view(1, x.shape[0], 2, conv["taps"], conv["groups"])
+    out = grouped_dynamic_conv(x[None], dynamic[..., 0, :, :], conv["base"][0], x.shape[0])
+    return out[0], dynamic[..., 1, :, :]
+
+
+def _conv_finish(conv: dict[str, Any], x: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+    return grouped_dynamic_conv(x[None], dynamic, conv["base"][1], x.shape[0])[0]
 
 
 class LeanDraftState:
@@ -67,7 +109,8 @@ class LeanDraftState:
 
 
 class LeanDrafter:
-    """The lean round of one `BlockDrafter` (module doc); `of(drafter)` caches it."""
+    """The lean round of one `BlockDrafter` or `DFlash2Drafter` (module doc); `of(drafter)`
+    caches it."""
 
     def __init__(self, drafter: Any) -> None:
         c = drafter.config
@@ -80,7 +123,7 @@ class LeanDrafter:
         self.eps = c.rms_norm_eps
         self.inter = c.intermediate_size
         self.block = c.block_size
-        self.fc = drafter.fc.weight.detach().t().contiguous()
+        self.fc = _Product(drafter.fc.weight)
         self.hidden_norm = drafter.hidden_norm.weight.detach()
         self.norm = drafter.norm.weight.detach()
         # the target's embedding, not the drafter (cached weakly keyed by it): a plain
@@ -102,36 +145,38 @@ class LeanDrafter:
                         a.k_norm.weight.expand(self.kv_heads, -1),
                     ]
                 ).detach()
+            conv = isinstance(layer, ConvDecoderLayer)
             self.layers.append(
                 dict(
                     ln1=layer.input_layernorm.weight.detach(),
                     ln2=layer.post_attention_layernorm.weight.detach(),
-                    qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-                    .detach()
-                    .t()
-                    .contiguous(),
+                    qkv=_Product(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
                     qk=qk,
-                    o=a.o_proj.weight.detach().t().contiguous(),
-                    gu=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-                    .detach()
-                    .t()
-                    .contiguous(),
-                    down=mlp.down_proj.weight.detach().t().contiguous(),
+                    o=_Product(a.o_proj.weight),
+                    gu=_Product(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    down=_Product(mlp.down_proj.weight),
+                    attention_conv=_conv_weights(layer.attention_conv) if conv else None,
+                    mlp_conv=_conv_weights(layer.mlp_conv) if conv else None,
                 )
             )
         self._tables(1024)
 
     @staticmethod
     def supports(drafter: Any) -> bool:
-        """A plain fp32 CPU drafter whose every weight is below the packing size."""
+        """An fp32 CPU drafter of plain (DFlash) or convolution (DFlash2) decoder layers,
+        each attending to all of its context and block, without lookup inputs or biases."""
         c = getattr(drafter, "config", None)
-        params = list(drafter.parameters())
+        layers = getattr(drafter, "layers", None)
+        if c is None or layers is None:
+            return False
         return (
-            c is not None
-            and not c.attention_bias
+            not c.attention_bias
             and not c.lookup_inputs
-            and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params)
-            and all(p.numel() < MIN_PACKED_ELEMENTS for p in params)
+            and all(type(layer) in (DecoderLayer, ConvDecoderLayer) for layer in layers)
+            and all(c.layer_attention(i) == (False, None) for i in range(len(layers)))
+            and all(
+                p.dtype == torch.float32 and p.device.type == "cpu" for p in drafter.parameters()
+            )
         )
 
     @classmethod
@@ -180,7 +225,7 @@ class LeanDrafter:
         ctx = None
         if state.pending:
             feats = state.pending[0] if len(state.pending) == 1 else torch.cat(state.pending)
-            ctx = _rms(torch.mm(feats, self.fc), self.hidden_norm, self.eps)
+            ctx = _rms(self.fc(feats), self.hidden_norm, self.eps)
         t = 0 if ctx is None else ctx.shape[0]
         end = anchor_position + B
         if end > self.cos.shape[0]:
@@ -194,9 +239,12 @@ class LeanDrafter:
             x = self.embed_module(self.block_ids).to(torch.float32)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         for i, w in enumerate(self.layers):
+            aconv, mconv = w["attention_conv"], w["mlp_conv"]
             hb = _rms(x, w["ln1"], self.eps)
+            if aconv is not None:
+                hb, dynamic = _conv_prepare(aconv, hb)
             rows = hb if ctx is None else torch.cat([ctx, hb])
-            qkv = torch.mm(rows, w["qkv"])
+            qkv = w["qkv"](rows)
             qk = qkv[:, : (h + kvh) * d].view(t + B, h + kvh, d)
             if w["qk"] is not None:
                 qk = _rms(qk, w["qk"], self.eps)
@@ -211,9 +259,14 @@ class LeanDrafter:
                 state.values[i][None, :, :end],
                 enable_gqa=h != kvh,
             )
-            x = x + torch.mm(att[0].transpose(0, 1).reshape(B, h * d), w["o"])
-            gu = torch.mm(_rms(x, w["ln2"], self.eps), w["gu"])
-            x = x + torch.mm(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], w["down"])
+            out = w["o"](att[0].transpose(0, 1).reshape(B, h * d))
+            x = x + (out if aconv is None else _conv_finish(aconv, out, dynamic))
+            hm = _rms(x, w["ln2"], self.eps)
+            if mconv is not None:
+                hm, dynamic = _conv_prepare(mconv, hm)
+            gu = w["gu"](hm)
+            out = w["down"](F.silu(gu[:, : self.inter]) * gu[:, self.inter :])
+            x = x + (out if mconv is None else _conv_finish(mconv, out, dynamic))
         state.done, state.pending = anchor_position, []
         return _rms(x[1:], self.norm, self.eps)
 
