@@ -29,6 +29,9 @@
 #             of them; E2E and EDR train the tempered relaxation, EDR drafts 32 round starts
 #             per rollout with gradient, as the demo's stage), scored on the greedy suite.
 #             EDR_EXTRA: overrides for all three fine-tunes (e.g. amp=bf16)
+#             EDR_STORED=1 (t07): rollouts written with --store-topk 20 (the whole top-k-20
+#             sampling distribution of every token) and their cached features, so E2E and
+#             EDR train without running the target (runs and suite files name t07-stored)
 #   bench     wall-clock next to HF generate (bench/decode.py, 4 prompts x 64 tokens of each
 #             suite benchmark, T = 0, 2 threads): the drafters in BENCH (run names; hybrid:NAME
 #             for the lookup fallback), into $OUT/bench-decode.txt
@@ -57,6 +60,8 @@ EDR_LR=${EDR_LR:-3e-4}
 EDR_SETTING=${EDR_SETTING:-t1}     # edr: t1 (T = 1) or t07 (T = 0.7, top-p 0.8, top-k 20)
 EDR_SEED=${EDR_SEED:-0}            # edr: the fine-tunes' seed (data order, round starts); same start
 EDR_EXTRA=${EDR_EXTRA:-}           # edr: overrides for every fine-tune, e.g. amp=bf16
+EDR_STORED=${EDR_STORED:-0}        # edr t07: 1 = rollouts store their distributions (top 20)
+                                  # and the fine-tunes read them and cached features, no target
 BENCH=${BENCH:-"dpace-n2300-s0 hybrid:lookup-dpace-n2300-s0"}
 SECTIONS=${*:-"rollouts features train suite"}
 TGT="--target gemma-3-270m"
@@ -152,15 +157,28 @@ edr)
     edr_anchors="objective.max_anchors=32"
     suite_file=configs/suites/gemma-3-270m.yaml; suite_rollouts=$SUITE_ROLLOUTS
   else
-    grep -qs '"complete": true' "$OUT/rollouts/train-$EDR_SETTING/manifest.json" ||
-      $BD rollout $TGT --prompts "$EDR_MIX" $samp --max-new-tokens 128 --batch-size 128 \
-          --shard-size 256 --threads 2 --out "$OUT/rollouts/train-$EDR_SETTING" --no-progress
-    data="data.train_rollouts=$OUT/rollouts/train-$EDR_SETTING data.features=null"
+    set_dir=train-$EDR_SETTING; store=""
+    if [ "$EDR_STORED" = 1 ]; then  # the sampling distributions stored: no online target
+      [ "$EDR_SETTING" = t07 ] || { echo "EDR_STORED=1 needs a top-k setting (t07)" >&2; exit 2; }
+      set_dir=train-$EDR_SETTING-topk20; store="--store-topk 20"
+    fi
+    grep -qs '"complete": true' "$OUT/rollouts/$set_dir/manifest.json" ||
+      $BD rollout $TGT --prompts "$EDR_MIX" $samp $store --max-new-tokens 128 --batch-size 128 \
+          --shard-size 256 --threads 2 --out "$OUT/rollouts/$set_dir" --no-progress
+    data="data.train_rollouts=$OUT/rollouts/$set_dir data.features=null"
+    if [ "$EDR_STORED" = 1 ]; then
+      grep -qs '"complete": true' "$OUT/features/$set_dir/manifest.json" ||
+        $BD features $TGT --rollouts "$OUT/rollouts/$set_dir" --out "$OUT/features/$set_dir" \
+            --layer-ids $(echo "$LAYERS" | tr -d '[]' | tr ',' ' ') --dtype bfloat16 --threads 2 \
+            --target-dtype "$TARGET_DTYPE" --no-progress
+      data="data.train_rollouts=$OUT/rollouts/$set_dir data.features=$OUT/features/$set_dir"
+    fi
     edr_anchors=""
     suite_file=configs/suites/gemma-3-270m-$EDR_SETTING.yaml; suite_rollouts=$SUITE_ROLLOUTS-$EDR_SETTING
   fi
   sfx=""; [ "$EDR_SEED" != 0 ] && sfx="-s$EDR_SEED"
   ft=$EDR_SETTING-$EDR_BASE   # fine-tunes and their suite files name the setting and the start
+  [ "$EDR_STORED" = 1 ] && ft=$EDR_SETTING-stored-$EDR_BASE
   suite="$OUT/suite-$ft$sfx"; [ "$EDR_LR" != 3e-4 ] && suite="$OUT/suite-$ft-$EDR_LR$sfx"
   queue=()
   for obj in dpace e2e edr; do

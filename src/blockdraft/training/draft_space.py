@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from blockdraft.training.target_distributions import target_probs_for
+from blockdraft.training.target_distributions import stored_rows, target_probs_for
 
 Tensor = torch.Tensor
 
@@ -80,27 +80,38 @@ class DraftSpace:
 
 
 def sampling_target_rows(
-    tout, positions: Tensor, settings, space: DraftSpace | None, chunk_rows: int
-) -> tuple[Tensor, Tensor]:
+    tout, positions: Tensor, settings, space: DraftSpace | None, chunk_rows: int,
+    stored: tuple[Tensor, Tensor] | None = None, vocab_size: int | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """`(rows [N, W], index [B, A, K])`: the target distribution each label was drawn from
     (W = V, or `space.width`), once per distinct position of each sequence (consecutive
     round starts share K-1 of their K label positions, so the block layout asks for each
     position up to K times), and each label's row: `rows[index]` is `sampling_targets`.
     `target_probs_for` runs `chunk_rows` positions at a time, reduced to the draft space.
     `tout`: the target's `TargetOutput`, whose logits may start at `logits_start`
-    (`response_logits_to_keep`)."""
+    (`response_logits_to_keep`). `stored` (`target_distributions.stored_topk`): the rows
+    come from the rollouts' stored distributions instead, and `tout` may have no logits
+    (V is then `vocab_size`)."""
     logits = tout.logits
     b = positions.shape[0]
-    width = logits.shape[-1] if space is None else space.width
-    flat = positions.reshape(b, -1) - tout.logits_start  # (padding: clamped to row 0)
+    if stored is None:
+        vocab_size = logits.shape[-1]
+    width = vocab_size if space is None else space.width
+    # the label at sequence index i: drawn from the logits at i - 1, stored at i
+    shift = 0 if stored is not None else tout.logits_start
+    flat = positions.reshape(b, -1) - shift  # (padding: clamped to row 0)
     parts, index, offset = [], torch.empty_like(flat), 0
     for i in range(b):
         uniq, inverse = torch.unique(flat[i], return_inverse=True)
-        rows = torch.empty((uniq.numel(), width), dtype=torch.float32, device=logits.device)
-        for lo in range(0, uniq.numel(), chunk_rows):
-            part = target_probs_for(logits[i : i + 1], uniq[lo : lo + chunk_rows].view(1, 1, -1),
-                                    settings)[0, 0]  # fmt: skip
-            rows[lo : lo + chunk_rows] = part if space is None else space.probs(part)
+        if stored is not None:
+            table = None if space is None else space.table
+            rows = stored_rows(stored, i, uniq.clamp_min(0), table, width)
+        else:
+            rows = torch.empty((uniq.numel(), width), dtype=torch.float32, device=logits.device)
+            for lo in range(0, uniq.numel(), chunk_rows):
+                at = uniq[lo : lo + chunk_rows].view(1, 1, -1)
+                part = target_probs_for(logits[i : i + 1], at, settings)[0, 0]
+                rows[lo : lo + chunk_rows] = part if space is None else space.probs(part)
         parts.append(rows)
         index[i] = inverse + offset
         offset += uniq.numel()
@@ -108,9 +119,12 @@ def sampling_target_rows(
 
 
 def sampling_targets(
-    tout, positions: Tensor, settings, space: DraftSpace | None, chunk_rows: int
-) -> Tensor:
+    tout, positions: Tensor, settings, space: DraftSpace | None, chunk_rows: int,
+    stored: tuple[Tensor, Tensor] | None = None, vocab_size: int | None = None,
+) -> Tensor:  # fmt: skip
     """The target distribution each label was drawn from, `[B, A, K, W]` float32: the rows
     of `sampling_target_rows` copied into place."""
-    rows, index = sampling_target_rows(tout, positions, settings, space, chunk_rows)
+    rows, index = sampling_target_rows(
+        tout, positions, settings, space, chunk_rows, stored, vocab_size
+    )
     return rows[index]

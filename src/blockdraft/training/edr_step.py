@@ -53,6 +53,7 @@ from blockdraft.training.objective_step import (
     pad_anchor_lists,
     response_logits_to_keep,
 )
+from blockdraft.training.target_distributions import stored_topk
 
 # Most round starts per rollout per pass of the no-grad scoring pass, unless the caller
 # names a number (`default_score_chunk`): the paper's (and the library's default)
@@ -110,9 +111,11 @@ def _acceptance(
         if sampling:
             stops = stop_ids if space is None else space.stop_columns
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
+            vocab = int(drafter.config.vocab_size)
             p_rows, p_index = sampling_target_rows(
-                tout, positions, settings, space, default_chunk_rows(tout.logits.shape[-1])
-            )
+                tout, positions, settings, space, default_chunk_rows(vocab),
+                stored_topk(batch, settings), vocab,
+            )  # fmt: skip
         if sampling and type(fwd) is DraftForward:
             # DraftForward's own steps with the LM head inside the row chunks: the
             # `[blocks*K, V]` logits and targets never exist whole (`head_chunked_scores`).
@@ -317,10 +320,13 @@ def edr_micro_step(
     `default_score_chunk`)."""
     device = batch.input_ids.device
     sampling = mode == "sampling"
-    tout = features.features(  # greedy EDR needs no target logits: skip the LM head
+    # greedy EDR needs no target logits (skip the LM head), nor sampling EDR on rollouts
+    # whose stored distributions are whole (`stored_topk`)
+    with_logits = sampling and stored_topk(batch, settings) is None
+    tout = features.features(
         batch,
-        with_logits=sampling,
-        logits_to_keep=response_logits_to_keep(batch) if sampling else 0,
+        with_logits=with_logits,
+        logits_to_keep=response_logits_to_keep(batch) if with_logits else 0,
     )
     starts = [
         round_start_anchors(int(p), int(n))
@@ -345,7 +351,7 @@ def edr_micro_step(
         chunk = limit
         if sampling and type(fwd) is DraftForward:
             space = DraftSpace.of(drafter, stop_ids)
-            width = tout.logits.shape[-1] if space is None else space.width
+            width = int(drafter.config.vocab_size) if space is None else space.width
             chunk = default_score_chunk(limit, len(long_rows), width)
     if long_rows:
         drawn = _draw_round_starts(

@@ -146,10 +146,23 @@ class CachedFeatures:
         return TargetOutput(logits=None, features=out.to(self.device))
 
 
-def needs_target_logits(objective: Any, mode: str) -> bool:
-    """Sampling E2E/EDR compare with the target's processed distribution (its logits);
-    greedy ones need only q(label), block CE objectives only the features."""
-    return bool(getattr(objective, "needs_target_distribution", False)) and mode == "sampling"
+def needs_target_logits(objective: Any, mode: str, train_data: Any = None) -> bool:
+    """Sampling E2E/EDR compare with the target's processed distribution (its logits),
+    unless every training rollout stores all of it (`--store-topk` K with a top-k cutoff of
+    at most K: `target_distributions.stored_topk`); greedy ones need only q(label), block CE
+    objectives only the features."""
+    if not (bool(getattr(objective, "needs_target_distribution", False)) and mode == "sampling"):
+        return False
+    return not stored_distributions_whole(train_data)
+
+
+def stored_distributions_whole(train_data: Any) -> bool:
+    """Whether every training rollout stores its tokens' whole sampling distributions."""
+    rollouts = getattr(train_data, "rollouts", None)
+    if not rollouts or any(getattr(r, "topk_ids", None) is None for r in rollouts):
+        return False
+    top_k = train_data.settings.top_k
+    return 0 < top_k <= min(int(r.topk_ids.shape[-1]) for r in rollouts)
 
 
 def build_feature_source(
@@ -170,11 +183,12 @@ def build_feature_source(
         max_seq_len=cfg.data.max_seq_len,
         device=target.device,
     )
-    if needs_target_logits(objective, mode):
+    if needs_target_logits(objective, mode, train_data):
         say(
             f"{KEY}: objective {cfg.objective.name!r} on sampling rollouts needs the target's "
             "distributions, which cached features do not store; training online (the target "
-            "runs every step)"
+            "runs every step; rollouts written with --store-topk K under a top-k cutoff of at "
+            "most K carry them whole)"
         )
         return OnlineTargetFeatures(target)
     return cached

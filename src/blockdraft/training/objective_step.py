@@ -29,6 +29,7 @@ from blockdraft.training.draft_forward import (
     with_unary_gradient,
 )
 from blockdraft.training.draft_space import DraftSpace, sampling_targets
+from blockdraft.training.target_distributions import stored_topk
 
 
 @dataclass
@@ -192,10 +193,13 @@ def block_micro_step(
     # and no [B, A, K, V] distributions are needed (gigabytes at a 262k vocabulary).
     greedy_overlap = bool(objective.needs_target_distribution) and settings.greedy
     need_full = bool(objective.needs_target_distribution) and not greedy_overlap
+    # the rollouts' stored distributions where they are whole: no target logits then
+    stored = stored_topk(batch, settings) if need_full else None
+    with_logits = need_full and stored is None
     tout = features.features(
         batch,
-        with_logits=need_full,
-        logits_to_keep=response_logits_to_keep(batch) if need_full else 0,
+        with_logits=with_logits,
+        logits_to_keep=response_logits_to_keep(batch) if with_logits else 0,
     )
     anchors = sampled_anchors(batch, num_anchors, block_size, seed, step).to(device)
     labels, mask, prev = labels_and_prev(batch, anchors, block_size)
@@ -224,9 +228,10 @@ def block_micro_step(
         # indexed: `logits[valid] / temp` would copy the [.., K, V] logits twice.
         temp = settings.temperature if settings.temperature > 0 else 1.0
         # (in the drafter's vocabulary + 2 columns if it has one: draft_space.py)
+        vocab = int(drafter.config.vocab_size)
         p = sampling_targets(
             tout, positions, settings, DraftSpace.of(drafter),
-            default_chunk_rows(tout.logits.shape[-1]),
+            default_chunk_rows(vocab), stored, vocab,
         )  # fmt: skip
         chunk = getattr(objective, "params", {}).get("chunk_rows")
         overlap = overlap_with_logits(p, logits, chunk, temperature=temp)

@@ -3,7 +3,10 @@
 E2E and sampled EDR compare the drafter with the distribution each label was drawn from
 (the rollouts' temperature, top-k and top-p; a one-hot argmax when greedy). The rows are
 gathered from the target's logits a bounded number at a time, because the result is the
-one full-vocabulary tensor the step makes.
+one full-vocabulary tensor the step makes. Rollouts written with `--store-topk K` hold the
+top K entries of that very distribution (`data/generation.py` stores the processed
+log-probs); under a top-k cutoff of at most K that is all of it, so the rows come from the
+rollouts instead and the target need not run (`stored_topk`).
 """
 
 from __future__ import annotations
@@ -53,3 +56,27 @@ def gathered_rows(logits: torch.Tensor, positions: torch.Tensor, fn) -> torch.Te
             idx = src[i, lo : lo + step]
             out[i, lo : lo + step] = fn(logits[i].index_select(0, idx))
     return out.reshape(*positions.shape, vocab)
+
+
+def stored_topk(batch, settings) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`(ids, logprobs) [B, T, K]`: the batch's stored top-K of each label's sampling
+    distribution where that is the whole distribution (sampling with a top-k cutoff of at
+    most K: every other token has probability 0), else None (the target's logits are needed)."""
+    ids = getattr(batch, "topk_ids", None)
+    if ids is None or settings.greedy or not 0 < settings.top_k <= ids.shape[-1]:
+        return None
+    return ids, batch.topk_logprobs
+
+
+def stored_rows(stored, row: int, positions: torch.Tensor, table: torch.Tensor | None, width: int):
+    """`[N, width]` float32: the stored distributions of sequence `row` at sequence indices
+    `positions` (the distribution each of those tokens was drawn from), scattered into
+    target columns (`table` None) or through `table` (target id -> column, the draft space)."""
+    ids, logprobs = stored
+    idx = ids[row].index_select(0, positions).to(torch.long)  # [N, K]; -1 where not stored
+    probs = logprobs[row].index_select(0, positions).float().exp()  # -inf -> 0
+    present = idx >= 0
+    idx = idx.clamp_min(0)
+    cols = idx if table is None else table[idx]
+    out = torch.zeros((positions.numel(), width), dtype=torch.float32, device=probs.device)
+    return out.scatter_add_(1, cols, torch.where(present, probs, torch.zeros_like(probs)))
