@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainkit import random_step_batch
+from trainkit import draft_space_step_setup, random_step_batch
 
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.e2e import overlap_with_logits
@@ -65,19 +65,7 @@ class _Settings:
 
 @pytest.fixture(scope="module")
 def setup():
-    target, _, batch = random_step_batch([14, 11])
-    target.stop_token_ids = [1, 2]  # one inside the draft vocabulary, one outside
-    # a draft vocabulary and rollouts whose labels fall outside it and on both stop tokens
-    keep = torch.tensor(sorted({*range(3, target.vocab_size, 3), 1}))
-    torch.manual_seed(0)
-    config = DrafterConfig.for_target(
-        target, num_layers=1, block_size=4, draft_vocab_size=keep.numel()
-    )
-    drafter = BlockDrafter(config).bind_target(target)
-    drafter.set_draft_vocab(keep)
-    ids = batch.input_ids
-    ids[0, 8], ids[0, 10], ids[1, 7] = 1, 2, 4  # 4 is not in the draft vocabulary
-    return target, drafter, batch
+    return draft_space_step_setup()
 
 
 def _step(setup, objective: str):

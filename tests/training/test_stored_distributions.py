@@ -11,9 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from trainkit import random_step_batch
+from trainkit import draft_space_step_setup
 
-from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
 from blockdraft.sampling import SamplingSettings, sampling_logprobs
 from blockdraft.training import edr_step
@@ -58,16 +57,7 @@ def _with_stored(target, batch, k: int):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def setup():  # type: ignore[no-untyped-def]
-    target, _, batch = random_step_batch([14, 11])
-    target.stop_token_ids = [1, 2]
-    keep = torch.tensor(sorted({*range(3, target.vocab_size, 3), 1}))
-    torch.manual_seed(0)
-    config = DrafterConfig.for_target(
-        target, num_layers=1, block_size=4, draft_vocab_size=keep.numel()
-    )
-    drafter = BlockDrafter(config).bind_target(target)
-    drafter.set_draft_vocab(keep)
-    return target, drafter, batch
+    return draft_space_step_setup()
 
 
 def _step(target, drafter, batch, objective: str):  # type: ignore[no-untyped-def]

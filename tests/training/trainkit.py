@@ -111,3 +111,23 @@ def random_step_batch(lengths: list[int]):  # type: ignore[no-untyped-def]
         resp = torch.randint(3, target.vocab_size, (n,), generator=gen)
         rows.append(Rollout(f"r{i}", prompt, resp, torch.full((n,), -1.0)))
     return target, drafter, collate(rows, list(range(len(rows))), 0, 4096)
+
+
+def draft_space_step_setup():  # type: ignore[no-untyped-def]
+    """(target, drafter, batch) for the sampling-step tests in a reduced draft vocabulary:
+    `random_step_batch([14, 11])`, stop tokens 1 (inside the draft vocabulary) and 2
+    (outside), and labels outside it and on both stop tokens."""
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+
+    target, _, batch = random_step_batch([14, 11])
+    target.stop_token_ids = [1, 2]
+    keep = torch.tensor(sorted({*range(3, target.vocab_size, 3), 1}))
+    torch.manual_seed(0)
+    config = DrafterConfig.for_target(
+        target, num_layers=1, block_size=4, draft_vocab_size=keep.numel()
+    )
+    drafter = BlockDrafter(config).bind_target(target)
+    drafter.set_draft_vocab(keep)
+    ids = batch.input_ids
+    ids[0, 8], ids[0, 10], ids[1, 7] = 1, 2, 4  # 4 is not in the draft vocabulary
+    return target, drafter, batch
