@@ -20,6 +20,7 @@ from blockdraft.data.rollout_store import read_manifest, target_fingerprint
 from blockdraft.targets.target import TargetOutput
 from blockdraft.training.batching import Batch
 from blockdraft.training.setup import TrainSetupError
+from blockdraft.training.target_distributions import stored_topk_is_whole
 
 KEY = "data.features"
 
@@ -161,8 +162,8 @@ def stored_distributions_whole(train_data: Any) -> bool:
     rollouts = getattr(train_data, "rollouts", None)
     if not rollouts or any(getattr(r, "topk_ids", None) is None for r in rollouts):
         return False
-    top_k = train_data.settings.top_k
-    return 0 < top_k <= min(int(r.topk_ids.shape[-1]) for r in rollouts)
+    stored_k = min(int(r.topk_ids.shape[-1]) for r in rollouts)
+    return stored_topk_is_whole(train_data.settings, stored_k)
 
 
 def build_feature_source(

@@ -58,12 +58,18 @@ def gathered_rows(logits: torch.Tensor, positions: torch.Tensor, fn) -> torch.Te
     return out.reshape(*positions.shape, vocab)
 
 
+def stored_topk_is_whole(settings, stored_k: int) -> bool:
+    """Whether a stored top-`stored_k` is a sampling distribution's whole support: sampling
+    with a top-k cutoff of at most `stored_k` (every other token has probability 0)."""
+    return not settings.greedy and 0 < settings.top_k <= stored_k
+
+
 def stored_topk(batch, settings) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`(ids, logprobs) [B, T, K]`: the batch's stored top-K of each label's sampling
-    distribution where that is the whole distribution (sampling with a top-k cutoff of at
-    most K: every other token has probability 0), else None (the target's logits are needed)."""
+    distribution where that is the whole distribution (`stored_topk_is_whole`), else None
+    (the target's logits are needed)."""
     ids = getattr(batch, "topk_ids", None)
-    if ids is None or settings.greedy or not 0 < settings.top_k <= ids.shape[-1]:
+    if ids is None or not stored_topk_is_whole(settings, ids.shape[-1]):
         return None
     return ids, batch.topk_logprobs
 
