@@ -66,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--store-topk",
         type=nonnegative_int,
         default=0,
-        help="also store the target's top-N distribution per response token",
+        help="also store the top N entries of each response token's sampling distribution "
+        "(soft targets; with --top-k <= N the whole distribution, so sampling E2E/EDR "
+        "fine-tunes need no target run)",
     )
     p.add_argument(
         "--no-logprobs",
