@@ -5,6 +5,8 @@ rejected suffixes cropped; and the loop that uses them still reproduces greedy A
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -121,3 +123,20 @@ def test_greedy_loop_with_lean_forwards_equals_ar() -> None:
     # the lean AR loop itself emits what the HF forward's loop and HF generate emit
     assert [ar_generate(target, p, max_new_tokens=40, lean=False) for p in prompts] == ar
     assert [hf_generate_job(target, p, 0.0, 40)() for p in prompts] == ar
+
+
+@pytest.mark.parametrize(
+    "attention",
+    [
+        dict(is_causal=True),
+        dict(layer_types=["full_attention", "sliding_attention"], sliding_window=4),
+    ],
+)
+def test_lean_drafter_declines_masked_layers(attention) -> None:
+    """The lean round attends to the whole context and block: causal or sliding layers
+    keep `BlockDrafter`'s masked path."""
+    target = make_random_target("qwen3")
+    drafter = _drafter(target)
+    assert LeanDrafter.of(drafter) is not None
+    masked = BlockDrafter(dataclasses.replace(drafter.config, **attention)).bind_target(target)
+    assert LeanDrafter.of(masked) is None
