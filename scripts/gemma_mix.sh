@@ -68,6 +68,13 @@ TGT="--target gemma-3-270m"
 mkdir -p "$OUT/runs"
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
 
+cache_features() {  # cache_features SET: bf16 features of rollouts/SET in features/SET (resumable)
+  grep -qs '"complete": true' "$OUT/features/$1/manifest.json" ||
+    $BD features $TGT --rollouts "$OUT/rollouts/$1" --out "$OUT/features/$1" \
+        --layer-ids $(echo "$LAYERS" | tr -d '[]' | tr ',' ' ') --dtype bfloat16 --threads 2 \
+        --target-dtype "$TARGET_DTYPE" --no-progress
+}
+
 train() {  # train NAME key=value...
   local run=$OUT/runs/$1; shift
   [ -d "$run/final" ] && return 0
@@ -105,10 +112,7 @@ rollouts)
   log "rollouts done" ;;
 features)
   log "features start"
-  grep -qs '"complete": true' "$OUT/features/train/manifest.json" ||
-    $BD features $TGT --rollouts "$OUT/rollouts/train" --out "$OUT/features/train" \
-        --layer-ids $(echo "$LAYERS" | tr -d '[]' | tr ',' ' ') --dtype bfloat16 --threads 2 \
-        --target-dtype "$TARGET_DTYPE" --no-progress
+  cache_features train
   log "features done" ;;
 train)
   log "train start ($STEPS steps)"
@@ -167,10 +171,7 @@ edr)
           --shard-size 256 --threads 2 --out "$OUT/rollouts/$set_dir" --no-progress
     data="data.train_rollouts=$OUT/rollouts/$set_dir data.features=null"
     if [ "$EDR_STORED" = 1 ]; then
-      grep -qs '"complete": true' "$OUT/features/$set_dir/manifest.json" ||
-        $BD features $TGT --rollouts "$OUT/rollouts/$set_dir" --out "$OUT/features/$set_dir" \
-            --layer-ids $(echo "$LAYERS" | tr -d '[]' | tr ',' ' ') --dtype bfloat16 --threads 2 \
-            --target-dtype "$TARGET_DTYPE" --no-progress
+      cache_features "$set_dir"
       data="data.train_rollouts=$OUT/rollouts/$set_dir data.features=$OUT/features/$set_dir"
     fi
     edr_anchors=""
