@@ -90,7 +90,9 @@ def load(args: argparse.Namespace) -> tuple[Any, list[list[int]]]:
     return target, prompts
 
 
-def load_drafter(spec: str, args: argparse.Namespace, target: Any) -> tuple[str, Any]:
+def load_drafter(
+    spec: str, args: argparse.Namespace, target: Any, dtype: torch.dtype | None = None
+) -> tuple[str, Any]:
     """(row name, drafter) for one `--drafter` value: `untrained`, a checkpoint / run
     directory, or any spec `blockdraft decode` takes (e.g. `hybrid:RUN`)."""
     if spec == "untrained":
@@ -103,12 +105,13 @@ def load_drafter(spec: str, args: argparse.Namespace, target: Any) -> tuple[str,
         return "spec untrained", BlockDrafter(cfg).bind_target(target).eval()
     from blockdraft.serialization.drafter_spec import display_name, load_drafter_spec
 
-    drafter, _ = load_drafter_spec(spec, target)
+    drafter, _ = load_drafter_spec(spec, target, dtype=dtype)
     name = display_name(spec)
     if name is None:
         path = Path(spec).resolve()
         name = path.parent.name if path.name in ("final", "best") else path.name
-    return f"spec {name}", drafter
+    suffix = "" if dtype in (None, torch.float32) else f" {str(dtype).removeprefix('torch.')}"
+    return f"spec {name}{suffix}", drafter
 
 
 class ForwardCounter:
@@ -325,6 +328,13 @@ def main() -> None:
         help="drafters to time (one row each): checkpoint/run dirs, `hybrid:RUN`, or "
         "`untrained` (random weights, timing only)",
     )  # fmt: skip
+    ap.add_argument(
+        "--drafter-dtype",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "bfloat16"],
+        help="dtypes the trained drafters run in, one row each (the target stays as loaded)",
+    )
     ap.add_argument("--draft-vocab", type=int, default=None, help="reduced vocab of `untrained`")
     ap.add_argument(
         "--k", type=int, default=7, help="proposals per round (ngram, HF lookup, untrained)"
@@ -346,8 +356,9 @@ def main() -> None:
     target, prompts = load(args)
     drafters: dict[str, Any] = {"spec ngram": NgramDrafter(args.k, max_ngram=2, match="first")}
     for spec in args.drafter:
-        name, drafter = load_drafter(spec, args, target)
-        drafters[name if name not in drafters else f"spec {spec}"] = drafter  # same run name
+        for dtype_name in args.drafter_dtype:
+            name, drafter = load_drafter(spec, args, target, getattr(torch, dtype_name))
+            drafters[name if name not in drafters else f"spec {spec}"] = drafter  # same run name
     params = sum(p.numel() for p in target.model.parameters()) / 1e6
     lens = [len(p) for p in prompts]
     print(

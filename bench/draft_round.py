@@ -2,6 +2,7 @@
 
     python bench/draft_round.py --target tiny --drafter runs/dpace/final
     python bench/draft_round.py --target gemma-3-270m --drafter DIR --threads 2 --reps 100
+    python bench/draft_round.py --target gemma-3-270m --drafter DIR --drafter-dtype bfloat16
 
 Times, interleaved and repeated (median of per-call CPU time, robust to a loaded
 machine; wall time with --threads > 1), the drafter's linears packed as the loop packs
@@ -37,10 +38,14 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=60, help="verified positions before the block")
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--drafter-dtype", default="float32", choices=["float32", "bfloat16"],
+        help="the dtype the drafter runs in (the target stays fp32)",
+    )  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = load_target(args.target)
-    drafter, _ = load_drafter_spec(args.drafter, target)
+    drafter, _ = load_drafter_spec(args.drafter, target, dtype=getattr(torch, args.drafter_dtype))
     lean = LeanDrafter.of(drafter)
     if lean is None:
         raise SystemExit(f"{args.drafter}: no lean round for this drafter (see LeanDrafter)")
@@ -70,7 +75,7 @@ def main() -> None:
             return hidden
 
         hidden = leaned()
-        logits = head.packed(hidden) if head.packed is not None else hidden @ head.weight.t()
+        logits = head.products(hidden).float()
         target_rows = run.step(block, cache, keep=8).logits
         run.crop(cache, a)
         jobs = {

@@ -34,7 +34,11 @@
 #             EDR train without running the target (runs and suite files name t07-stored)
 #   bench     wall-clock next to HF generate (bench/decode.py, 4 prompts x 64 tokens of each
 #             suite benchmark, T = 0, 2 threads): the drafters in BENCH (run names; hybrid:NAME
-#             for the lookup fallback), into $OUT/bench-decode.txt
+#             for the lookup fallback), into $OUT/bench-decode.txt; BENCH_DTYPES="float32 bfloat16"
+#             times each drafter also cast to bf16 (`--drafter-dtype`, the target fp32)
+#   bf16      what casting the drafter to bf16 costs in acceptance: the BENCH drafters (not
+#             hybrid:) copied in bf16 to $OUT/bf16/<name>-as-bf16 (a bf16 checkpoint loads in
+#             bf16), scored on the suite next to the fp32 originals ($OUT/suite-bf16.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BD=${BD:-.venv/bin/blockdraft}
@@ -63,6 +67,7 @@ EDR_EXTRA=${EDR_EXTRA:-}           # edr: overrides for every fine-tune, e.g. am
 EDR_STORED=${EDR_STORED:-0}        # edr t07: 1 = rollouts store their distributions (top 20)
                                   # and the fine-tunes read them and cached features, no target
 BENCH=${BENCH:-"dpace-n2300-s0 hybrid:lookup-dpace-n2300-s0"}
+BENCH_DTYPES=${BENCH_DTYPES:-float32} # bench: the dtypes each drafter runs in, one row each
 SECTIONS=${*:-"rollouts features train suite"}
 TGT="--target gemma-3-270m"
 mkdir -p "$OUT/runs"
@@ -206,8 +211,27 @@ bench)
     set -- $spec
     echo "=== $1" >> "$OUT/bench-decode.txt"
     .venv/bin/python bench/decode.py $TGT --prompts-spec "$2" --prompts 4 --max-new-tokens 64 \
-        --temperature 0 --reps 1 --threads 2 --drafter "${drafters[@]}" | tee -a "$OUT/bench-decode.txt"
+        --temperature 0 --reps 1 --threads 2 --drafter "${drafters[@]}" \
+        --drafter-dtype $BENCH_DTYPES | tee -a "$OUT/bench-decode.txt"
   done
   log "bench done" ;;
+bf16)
+  log "bf16 start: $BENCH"
+  both=()
+  for b in $BENCH; do
+    case $b in hybrid:*) continue ;; esac
+    copy="$OUT/bf16/$b-as-bf16"
+    [ -f "$copy/final/model.safetensors" ] || .venv/bin/python -c '
+import sys, torch
+from blockdraft.serialization.checkpoint import load_drafter, save_drafter
+from blockdraft.targets.registry import load_target
+drafter = load_drafter(sys.argv[1], load_target("gemma-3-270m"), adopt_layer_ids=True)
+save_drafter(drafter.to(torch.bfloat16), sys.argv[2])' "$OUT/runs/$b/final" "$copy/final"
+    both+=("$OUT/runs/$b" "$copy")
+  done
+  $BD suite $TGT --suite configs/suites/gemma-3-270m.yaml --rollouts-dir "$SUITE_ROLLOUTS" \
+      --cache-dir "$OUT/cache" --threads 2 --no-progress --json "$OUT/suite-bf16.json" "${both[@]}" \
+      | tee "$OUT/suite-bf16.txt"
+  log "bf16 done" ;;
 *) echo "unknown section $section" >&2; exit 2 ;;
 esac; done

@@ -63,6 +63,18 @@ def add_device_args(p: argparse.ArgumentParser, what: str = "the target and the 
     )
 
 
+def add_drafter_dtype_arg(p: argparse.ArgumentParser) -> None:
+    """`--drafter-dtype`: the drafters' own dtype where it should differ from `--dtype`."""
+    p.add_argument(
+        "--drafter-dtype",
+        default="auto",
+        choices=list(DTYPES),
+        help="dtype the drafters run in; auto: as --dtype. bfloat16 with a float32 target on "
+        "a CPU with native bf16 products (avx512_bf16, AMX) halves the drafter's share of a "
+        "round; elsewhere it is slower (docs/decoding.md)",
+    )
+
+
 def device_and_dtype(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
     """The parsed `--device` / `--dtype`; a bad value is a one-line error naming the flag."""
     return resolve_flags(str(args.device), str(args.dtype))
@@ -80,14 +92,23 @@ def resolve_flags(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
         raise UserError(f"--dtype: {exc}") from None
 
 
-def drafter_dtype(spec: str | None, device: torch.device | str) -> torch.dtype | None:
+def drafter_dtype(
+    spec: str | None, device: torch.device | str, own: str | None = None
+) -> torch.dtype | None:
     """The dtype a loaded drafter is cast to, or None to keep the checkpoint's.
 
-    An explicit `--dtype` casts the drafter too, and so does `auto` on a GPU (bf16: the
-    drafter's matmuls then run at the target's precision). `auto` on the CPU keeps the
-    checkpoint's own dtype, so CPU evaluation of a bf16 checkpoint (public DFlash
-    drafters) gives the numbers it always gave.
+    `own` (`--drafter-dtype`) wins where given (a bf16 drafter beside an fp32 target: what
+    an engine serves, at half the drafter's weight stream). Else an explicit `spec`
+    (`--dtype`) casts the drafter too, and so does `auto` on a GPU (bf16: the drafter's
+    matmuls then run at the target's precision). `auto` on the CPU keeps the checkpoint's
+    own dtype, so CPU evaluation of a bf16 checkpoint (public DFlash drafters) gives the
+    numbers it always gave.
     """
+    if own not in (None, "auto"):
+        try:
+            return resolve_dtype(own, device)
+        except ValueError as exc:
+            raise UserError(f"--drafter-dtype: {exc}") from None
     if spec in (None, "auto") and torch.device(device).type != "cuda":
         return None
     return resolve_dtype(spec, device)

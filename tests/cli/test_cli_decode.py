@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from blockdraft.targets.registry import load_target
-from clikit import make_rollouts, run_cli, save_local_model
+from clikit import make_rollouts, run_cli, save_local_model, save_random_drafter
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +46,35 @@ def test_decode_ngram_spec_online_tau_equals_offline_mal(tmp_path, capsys) -> No
     assert "per round (ms)" in out and "AR steps" in out
     assert res["speedup_vs_hf"] == pytest.approx(res["speedup"] * res["ar_vs_hf"])
     assert "x HF generate" in out
+
+
+def test_decode_bf16_drafter_beside_the_fp32_target(tmp_path, capsys) -> None:
+    """`--drafter-dtype bfloat16` casts the drafter alone; the evaluator scores the same
+    bf16 drafter, so online tau and offline MAL still agree exactly at T = 0."""
+    model = save_local_model(tmp_path / "target")
+    target = load_target(str(model))
+    rollouts = make_rollouts(target, tmp_path / "rollouts", tokens=24)
+    drafter = save_random_drafter(target, tmp_path / "drafter")
+    code, out, err = run_cli(
+        capsys,
+        "decode",
+        "--target", model,
+        "--drafter", drafter,
+        "--drafter-dtype", "bfloat16",
+        "--rollouts", rollouts,
+        "--threads", "1",
+        "--no-progress",
+        "--no-ar",
+        "--json", tmp_path / "out.json",
+    )  # fmt: skip
+    assert code == 0, err
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert res["drafter_dtype"] == "bfloat16"
+    assert res["tau"] == pytest.approx(res["offline_mal"], abs=1e-12)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(capsys, "decode", "--target", model, "--drafter", drafter,
+                "--drafter-dtype", "int4", "--rollouts", rollouts)  # fmt: skip
+    assert exit_info.value.code == 2 and "--drafter-dtype" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "two"])

@@ -18,7 +18,11 @@ from blockdraft.decoding.proposers import GreedyDraftHead
 from blockdraft.decoding.steps import TargetRunner
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
-from blockdraft.kernels.packed_linear import MIN_PACKED_ELEMENTS, packing_supported
+from blockdraft.kernels.packed_linear import (
+    MIN_PACKED_ELEMENTS,
+    pack_bf16_onednn,
+    packing_supported,
+)
 from blockdraft.targets.testing import make_random_target
 
 
@@ -77,18 +81,27 @@ def _drafter(target, qk_norm=True, arch="dflash", intermediate=None):  # type: i
 
 
 @pytest.mark.parametrize(
-    "qk_norm, arch, packed",
-    [(True, "dflash", False), (False, "dflash", False), (True, "dflash2", False),
-     (True, "dflash", True), (True, "dflash2", True)],
+    "qk_norm, arch, packed, dtype",
+    [(True, "dflash", False, "float32"), (False, "dflash", False, "float32"),
+     (True, "dflash2", False, "float32"), (True, "dflash", True, "float32"),
+     (True, "dflash2", True, "float32"), (True, "dflash", False, "bfloat16"),
+     (True, "dflash2", True, "bfloat16")],
 )  # fmt: skip
-def test_lean_drafter_equals_extend_and_draft(qk_norm, arch, packed) -> None:
+def test_lean_drafter_equals_extend_and_draft(qk_norm, arch, packed, dtype) -> None:
+    """In fp32 and in bf16 (the drafter cast, the target's features and embedding fp32):
+    the same hidden states as the module's round, to the dtype's rounding."""
     target = make_random_target("qwen3")
-    # an MLP large enough for MKL packing exercises the packed products too
+    # an MLP large enough for packing exercises the packed products too
     inter = MIN_PACKED_ELEMENTS // target.hidden_size + 1 if packed else None
-    drafter = _drafter(target, qk_norm, arch, inter)
+    drafter = _drafter(target, qk_norm, arch, inter).to(getattr(torch, dtype))
     lean = LeanDrafter.of(drafter)
     assert lean is not None
-    assert (lean.layers[0]["down"].packed is not None) == (packed and packing_supported())
+    down = lean.layers[0]["down"]
+    if dtype == "float32":
+        assert (down.packed is not None) == (packed and packing_supported())
+    else:
+        onednn = pack_bf16_onednn(down_weight(drafter)) is not None
+        assert (down.onednn is not None) == (packed and onednn)
     assert (lean.layers[0]["mlp_conv"] is not None) == (arch == "dflash2")
     g = torch.Generator().manual_seed(1)
     feats = torch.randn(1, 60, target.feature_size, generator=g)
@@ -100,6 +113,7 @@ def test_lean_drafter_equals_extend_and_draft(qk_norm, arch, packed) -> None:
         for accepted in (0, 3, 1, 4, 2, 0, 4):
             anchor = int(torch.randint(3, target.vocab_size, (1,), generator=g))
             want = drafter.draft_hidden(ref, anchor, a)
+            assert want.dtype == drafter.dtype
             torch.testing.assert_close(lean.draft_hidden(fast, anchor, a), want)
             new = feats[:, a : a + accepted + 1]
             drafter.extend_context(ref, new, a)
@@ -111,15 +125,23 @@ def test_lean_drafter_equals_extend_and_draft(qk_norm, arch, packed) -> None:
     assert LeanDrafter.of(drafter) is not lean
 
 
-def test_greedy_loop_with_lean_forwards_equals_ar() -> None:
+def down_weight(drafter):  # type: ignore[no-untyped-def]
+    return drafter.layers[0].mlp.down_proj.weight.detach()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_loop_with_lean_forwards_equals_ar(dtype) -> None:
     target = make_random_target("qwen3", num_layers=4)
-    drafter = _drafter(target)
+    drafter = _drafter(target).to(dtype)  # bf16: `--drafter-dtype bfloat16`, target fp32
     assert GreedyDraftHead.applies(drafter) and LeanDrafter.of(drafter) is not None
+    assert GreedyDraftHead.of(drafter).weight.dtype == torch.float32  # the target's head
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, target.vocab_size, (9,), generator=g).tolist() for _ in range(3)]
     ar = [ar_generate(target, p, max_new_tokens=40) for p in prompts]
     res = decode(target, drafter, prompts, max_new_tokens=40, measure_ar=False)
     assert res.outputs == ar
+    if dtype != torch.float32:
+        return
     # the lean AR loop itself emits what the HF forward's loop and HF generate emit
     assert [ar_generate(target, p, max_new_tokens=40, lean=False) for p in prompts] == ar
     assert [hf_generate_job(target, p, 0.0, 40)() for p in prompts] == ar

@@ -23,6 +23,7 @@ import torch
 
 from blockdraft.data.generation import SamplingSettings, generate_batch
 from blockdraft.data.rollout_store import Rollout
+from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.loop import ar_generate, decode
 from blockdraft.decoding.proposers import draft_block
 from blockdraft.drafters.dflash import DrafterConfig
@@ -78,6 +79,25 @@ def test_greedy_is_autoregressive_and_offline_rounds_equal_online(setup, tmp_pat
     assert stats.per_rollout_rounds.tolist() == [float(n) for n in online.per_prompt_rounds()]
     assert stats.mal == pytest.approx(online.tau, abs=1e-12)
     assert stats.mal > 1.5  # non-trivial: accepted runs and rejections
+
+
+def test_bf16_drafter_offline_rounds_equal_online(setup, tmp_path):
+    """The drafter cast to bf16 beside the fp32 target (`--drafter-dtype bfloat16`): the
+    loop's lean bf16 round and the evaluator's batched bf16 forward round alike, so the
+    offline rounds still equal the online ones."""
+    target, drafter, prompts = setup
+    low = copy.deepcopy(drafter).to(torch.bfloat16)
+    assert LeanDrafter.of(low) is not None  # the loop drafts through the lean round
+    prompts = prompts[5:10]
+    online = decode(target, low, prompts, temperature=0.0, max_new_tokens=30)
+    assert online.outputs == online.ar_outputs
+    rollouts = [
+        Rollout(str(i), torch.tensor(p), torch.tensor(o), torch.zeros(len(o)))
+        for i, (p, o) in enumerate(zip(prompts, online.outputs, strict=True))
+    ]
+    stats = offline_stats(score_rollouts(low, target, rollouts, 0.0, cache_dir=tmp_path))
+    assert stats.per_rollout_rounds.tolist() == [float(n) for n in online.per_prompt_rounds()]
+    assert stats.mal > 1.5
 
 
 def test_proposals_are_drawn_from_the_q_given_to_the_verifier(setup):

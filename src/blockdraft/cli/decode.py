@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
             "drafter": drafter_names([args.drafter])[0],
             "path": str(ckpt) if ckpt is not None else None,
             "target": target.name,
+            "drafter_dtype": str(getattr(drafter, "dtype", "")).removeprefix("torch.") or None,
             **result.to_dict(),
         }
         if args.vs_hf:

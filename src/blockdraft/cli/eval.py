@@ -17,7 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 from blockdraft.cli.arguments import positive_int, seed_int
-from blockdraft.devices import add_device_args, device_and_dtype, drafter_dtype
+from blockdraft.devices import (
+    add_device_args,
+    add_drafter_dtype_arg,
+    device_and_dtype,
+    drafter_dtype,
+)
 
 # the Python API lives in the library; re-exported here for older imports
 from blockdraft.evaluation.runs import (  # noqa: F401
@@ -50,6 +55,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cache-dir", default=None, help="acceptance cache (default: user cache dir)")
     add_device_args(p)
+    add_drafter_dtype_arg(p)
     add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -63,8 +69,9 @@ def setup_target(args: argparse.Namespace) -> Any:
 
 
 def drafter_dtype_of(args: argparse.Namespace, target: Any) -> Any:
-    """The dtype drafters are cast to for `--dtype` (None: keep the checkpoint's)."""
-    return drafter_dtype(args.dtype, target.device)
+    """The dtype drafters are cast to for `--drafter-dtype` / `--dtype` (None: keep the
+    checkpoint's)."""
+    return drafter_dtype(args.dtype, target.device, getattr(args, "drafter_dtype", None))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

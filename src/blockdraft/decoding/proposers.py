@@ -25,7 +25,7 @@ from blockdraft.drafters.lookup_inputs import lookup_rule
 from blockdraft.drafters.ngram import NgramTable
 from blockdraft.kernels import cpu_kernels_apply
 from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
-from blockdraft.kernels.packed_linear import pack_weight
+from blockdraft.kernels.packed_linear import onednn_linear, pack_bf16_onednn, pack_weight
 from blockdraft.sampling import processed_probs, sample
 
 
@@ -234,13 +234,17 @@ class GreedyDraftHead:
 
     def __init__(self, drafter: Any) -> None:
         # no reference to the drafter itself: instances are cached weakly keyed by it
-        self.weight = drafter.head_weight.detach().to(dtype=drafter.dtype)  # [V_draft, H]
+        # [V_draft, H], in the dtype `BlockDrafter.base_logits` computes the logits in
+        head = drafter.head_weight.detach()
+        self.weight = head.to(dtype=torch.promote_types(drafter.dtype, head.dtype))
         ids = drafter.draft_ids
         self.ids = ids.to(self.weight.device) if ids is not None else None
         # K rows on a CPU: packed fp32 where the build can (cheapest), else the screen
         # (int8 or bf16) for a large head (compute-bound at K rows); plain products elsewhere
         cpu = cpu_kernels_apply(self.weight.device)
         self.packed = pack_weight(self.weight) if cpu else None
+        bf16 = cpu and self.weight.dtype == torch.bfloat16  # a drafter cast to bf16
+        self.onednn = pack_bf16_onednn(self.weight) if bf16 else None
         big = (
             self.weight.dtype == torch.float32
             and self.weight.numel() >= ScreenedArgmaxHead.MIN_HEAD
@@ -273,13 +277,17 @@ class GreedyDraftHead:
 
     def pick(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy proposals `[K]` (target ids) from `drafter.draft_hidden(...)` `[K, H]`."""
+        hidden = hidden.to(self.weight.dtype)
         best = self.screen.argmax(hidden) if self.screen is not None else None
         return self.target_ids(row_argmax(self.products(hidden)) if best is None else best)
 
     def products(self, hidden: torch.Tensor) -> torch.Tensor:
         """The head's products `hidden @ W^T` `[K, V_draft]`, packed where built."""
+        hidden = hidden.to(self.weight.dtype)
         if self.packed is not None:
             return self.packed(hidden)
+        if self.onednn is not None:
+            return onednn_linear(hidden, self.onednn)
         return torch.nn.functional.linear(hidden, self.weight)
 
     def target_ids(self, columns: torch.Tensor) -> torch.Tensor:

@@ -310,10 +310,14 @@ class BlockDrafter(nn.Module):
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The part of `compute_draft_logits` that does not depend on the previous token
         (here the head's product): a drafter that drafts slot by slot computes it once per
-        block, one `[K, H] x [H, V_draft]` product instead of K one-row ones."""
+        block, one `[K, H] x [H, V_draft]` product instead of K one-row ones. In the wider
+        of the drafter's and the shared head's dtypes: a bf16 drafter beside an fp32 target
+        gets fp32 logits, whose near-ties do not hinge on bf16's 8-bit mantissa (so the
+        loop's argmax and the evaluator's agree; docs/decoding.md, "Device and dtype")."""
         weight = self.head_weight
+        dtype = torch.promote_types(hidden.dtype, weight.dtype)
         return torch.nn.functional.linear(
-            hidden, weight.to(device=hidden.device, dtype=hidden.dtype)
+            hidden.to(dtype), weight.to(device=hidden.device, dtype=dtype)
         )
 
     def slot_logits(

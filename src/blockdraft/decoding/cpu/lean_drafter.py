@@ -9,9 +9,11 @@ preallocated cache and the block's right after them (scratch), and the block att
 `cache[:anchor + block]` with no mask. `extend_context` only records features;
 `draft_hidden` does the work. DFlash2's block-local convolutions wrap the block's rows
 around each sublayer as in `ConvDecoderLayer` (context rows never pass through them).
-Weights large enough to gain are MKL-packed once (kernels/packed_linear.py). Hidden
-states equal `BlockDrafter`'s to float rounding. fp32 CPU drafters whose every layer
-attends to the whole context and block (no causal or sliding layers) only.
+Weights large enough to gain are packed once (kernels/packed_linear.py: MKL for fp32,
+oneDNN for bf16). The round computes in the drafter's own dtype, op for op as the module
+does (norms in fp32, products and residuals in the drafter's dtype), so its hidden states
+equal `BlockDrafter`'s to that dtype's rounding. fp32 or bf16 CPU drafters whose every
+layer attends to the whole context and block (no causal or sliding layers) only.
 """
 
 from __future__ import annotations
@@ -24,24 +26,42 @@ import torch.nn.functional as F
 
 from blockdraft.drafters.dflash2 import ConvDecoderLayer, grouped_dynamic_conv
 from blockdraft.drafters.layers import DecoderLayer
-from blockdraft.kernels.packed_linear import pack_weight
+from blockdraft.kernels.packed_linear import (
+    MIN_PACKED_ELEMENTS,
+    onednn_linear,
+    pack_bf16_onednn,
+    pack_weight,
+)
+
+DTYPES = (torch.float32, torch.bfloat16)  # the drafter dtypes the lean round computes in
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """`RMSNorm` as the drafter's module computes it: in fp32, back to x's dtype."""
+    if x.dtype == torch.float32:  # no casts: at `tiny`'s size every op is dispatch
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class _Product:
-    """`x @ W.T` for one `[out, in]` weight: MKL-packed where that gains (large weights),
-    else a plain product with the transpose kept contiguous."""
+    """`x @ W.T` for one `[out, in]` weight: MKL-packed (fp32) or oneDNN-packed (bf16)
+    where that gains, else a plain product with the transpose kept contiguous."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         weight = weight.detach().contiguous()
         self.packed = pack_weight(weight)
-        self.transposed = None if self.packed is not None else weight.t().contiguous()
+        bf16 = weight.dtype == torch.bfloat16 and weight.numel() >= MIN_PACKED_ELEMENTS
+        self.onednn = pack_bf16_onednn(weight) if bf16 else None
+        packed = self.packed is not None or self.onednn is not None
+        self.transposed = None if packed else weight.t().contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.packed(x) if self.packed is not None else torch.mm(x, self.transposed)
+        if self.packed is not None:
+            return self.packed(x)
+        if self.onednn is not None:
+            return onednn_linear(x, self.onednn)
+        return torch.mm(x, self.transposed)
 
 
 def _conv_weights(conv: torch.nn.Module) -> dict[str, Any]:
@@ -71,9 +91,17 @@ class LeanDraftState:
     """Context K/V `[kv_heads, capacity, d]` per layer for positions < `length`, plus
     the verified features not yet projected (`pending`, positions length..)."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int) -> None:
-        self.keys = [torch.zeros(kv_heads, capacity, head_dim) for _ in range(layers)]
-        self.values = [torch.zeros(kv_heads, capacity, head_dim) for _ in range(layers)]
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        shape = (kv_heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self.done = 0  # positions whose K/V are in the cache
         self.pending: list[torch.Tensor] = []
         self.lookup = None
@@ -115,6 +143,7 @@ class LeanDrafter:
     def __init__(self, drafter: Any) -> None:
         c = drafter.config
         self.config = c
+        self.dtype = drafter.dtype
         self.heads, self.kv_heads, self.head_dim = (
             c.num_attention_heads,
             c.num_key_value_heads,
@@ -129,7 +158,7 @@ class LeanDrafter:
         # the target's embedding, not the drafter (cached weakly keyed by it): a plain
         # table is indexed directly, a scaled one (Gemma) goes through its module
         embed = drafter._need_target().embed
-        plain = type(embed) is torch.nn.Embedding and embed.weight.dtype == torch.float32
+        plain = type(embed) is torch.nn.Embedding and embed.weight.dtype == self.dtype
         self.embed_table = embed.weight.detach() if plain else None
         self.embed_module = None if plain else embed
         self.block_ids = torch.full((self.block,), c.mask_token_id, dtype=torch.long)
@@ -163,7 +192,7 @@ class LeanDrafter:
 
     @staticmethod
     def supports(drafter: Any) -> bool:
-        """An fp32 CPU drafter of plain (DFlash) or convolution (DFlash2) decoder layers,
+        """An fp32 or bf16 CPU drafter of plain (DFlash) or convolution (DFlash2) decoder layers,
         each attending to all of its context and block, without lookup inputs or biases."""
         c = getattr(drafter, "config", None)
         layers = getattr(drafter, "layers", None)
@@ -174,8 +203,9 @@ class LeanDrafter:
             and not c.lookup_inputs
             and all(type(layer) in (DecoderLayer, ConvDecoderLayer) for layer in layers)
             and all(c.layer_attention(i) == (False, None) for i in range(len(layers)))
+            and getattr(drafter, "dtype", None) in DTYPES
             and all(
-                p.dtype == torch.float32 and p.device.type == "cpu" for p in drafter.parameters()
+                p.dtype == drafter.dtype and p.device.type == "cpu" for p in drafter.parameters()
             )
         )
 
@@ -198,10 +228,11 @@ class LeanDrafter:
         self.cos = emb.cos() * self.scale
         sin = emb.sin() * self.scale
         sin[:, : self.head_dim // 2] = -sin[:, : self.head_dim // 2]
-        self.sin = sin
+        # the module's tables: computed in fp32, then rounded to the drafter's dtype
+        self.cos, self.sin = self.cos.to(self.dtype), sin.to(self.dtype)
 
     def new_state(self) -> LeanDraftState:
-        return LeanDraftState(len(self.layers), self.kv_heads, self.head_dim, 256)
+        return LeanDraftState(len(self.layers), self.kv_heads, self.head_dim, 256, self.dtype)
 
     def extend_context(self, state: LeanDraftState, features: torch.Tensor, start: int) -> None:
         if start != state.length:
@@ -225,7 +256,7 @@ class LeanDrafter:
         ctx = None
         if state.pending:
             feats = state.pending[0] if len(state.pending) == 1 else torch.cat(state.pending)
-            ctx = _rms(self.fc(feats), self.hidden_norm, self.eps)
+            ctx = _rms(self.fc(feats.to(self.dtype)), self.hidden_norm, self.eps)
         t = 0 if ctx is None else ctx.shape[0]
         end = anchor_position + B
         if end > self.cos.shape[0]:
@@ -236,7 +267,7 @@ class LeanDrafter:
         if self.embed_table is not None:
             x = self.embed_table[self.block_ids]
         else:
-            x = self.embed_module(self.block_ids).to(torch.float32)
+            x = self.embed_module(self.block_ids).to(self.dtype)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         for i, w in enumerate(self.layers):
             aconv, mconv = w["attention_conv"], w["mlp_conv"]
