@@ -15,7 +15,9 @@
 #             (bfloat16; a DFlash2 drafter in z-lab's full-vocabulary layout), then
 #             `blockdraft export --check` on what was written
 #   bench     (only when asked) wall-clock next to HF generate: bench/decode.py, 4 prompts x
-#             64 tokens of each benchmark, T = 0, 2 threads, into $OUT/bench-decode.txt
+#             64 tokens of each benchmark, T = 0, 2 threads, into $OUT/bench-decode.txt;
+#             BENCH_DTYPES="float32 bfloat16" also times each drafter run in bf16 beside the
+#             fp32 target (`--drafter-dtype`: pays on CPUs with native bf16, docs/decoding.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BD=${BD:-.venv/bin/blockdraft}
@@ -30,6 +32,7 @@ AMP=${AMP:-auto}                  # train: bf16 on a CPU with AMX is ~2x faster 
                                   # MAL (docs/results/gemma.md, session 25); auto: fp32 on CPU
 TRAIN_ARGS=${TRAIN_ARGS:-}        # extra key=value overrides (a smoke run: optim.max_steps=4 ...)
 SUITE_ARGS=${SUITE_ARGS:-}        # extra `blockdraft suite` flags (a smoke run: --limit 2)
+BENCH_DTYPES=${BENCH_DTYPES:-float32} # bench: the dtypes each drafter runs in, one row each
 SECTIONS=${*:-"rollouts features train suite export"}
 TGT="--target gemma-3-270m"
 mkdir -p "$OUT/runs"
@@ -84,7 +87,8 @@ bench)
     set -- $spec
     echo "=== $1" >> "$OUT/bench-decode.txt"
     .venv/bin/python bench/decode.py $TGT --prompts-spec "$2" --prompts 4 --max-new-tokens 64 \
-        --temperature 0 --reps 1 --threads 2 --drafter $(runs) | tee -a "$OUT/bench-decode.txt"
+        --temperature 0 --reps 1 --threads 2 --drafter $(runs) --drafter-dtype $BENCH_DTYPES \
+        | tee -a "$OUT/bench-decode.txt"
   done
   log "bench done" ;;
 *) echo "unknown section $section (rollouts features train suite export bench)" >&2; exit 2 ;;
