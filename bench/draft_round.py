@@ -57,6 +57,8 @@ def main() -> None:
         pre = run.step(prompt, features=True)
         feats, cache = pre.features, pre.cache
         ref, fast = drafter.new_state(), lean.new_state()
+        if drafter.config.lookup_inputs:  # a lookup-input drafter: a full lookup each round
+            ref.lookup = fast.lookup = prompt[0, 1 : drafter.config.block_size].tolist()
         drafter.extend_context(ref, feats[:, : a - 3], 0)
         lean.extend_context(fast, feats[:, : a - 3], 0)
         lean.draft_hidden(fast, 5, a - 3)

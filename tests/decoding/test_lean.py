@@ -66,9 +66,11 @@ def test_lean_target_declines_what_it_does_not_compute() -> None:
     assert TargetRunner(make_random_target("qwen3"), lean=False).lean is None
 
 
-def _drafter(target, qk_norm=True, arch="dflash", intermediate=None):  # type: ignore[no-untyped-def]
+def _drafter(target, qk_norm=True, arch="dflash", intermediate=None, lookup=False):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     extra = dict(selector_rank=4, selector_top_k=5) if arch == "dflash2" else {}
+    if lookup:
+        extra["lookup_inputs"] = True
     cfg = DrafterConfig.for_target(
         target, num_layers=2, block_size=5, qk_norm=qk_norm, arch=arch,
         intermediate_size=intermediate, **extra,
@@ -85,15 +87,18 @@ def _drafter(target, qk_norm=True, arch="dflash", intermediate=None):  # type: i
     [(True, "dflash", False, "float32"), (False, "dflash", False, "float32"),
      (True, "dflash2", False, "float32"), (True, "dflash", True, "float32"),
      (True, "dflash2", True, "float32"), (True, "dflash", False, "bfloat16"),
-     (True, "dflash2", True, "bfloat16")],
+     (True, "dflash2", True, "bfloat16"), (True, "lookup", False, "float32")],
 )  # fmt: skip
 def test_lean_drafter_equals_extend_and_draft(qk_norm, arch, packed, dtype) -> None:
     """In fp32 and in bf16 (the drafter cast, the target's features and embedding fp32):
-    the same hidden states as the module's round, to the dtype's rounding."""
+    the same hidden states as the module's round, to the dtype's rounding; "lookup": a
+    lookup-input drafter, its slots reading each round's lookup (none, part, all K)."""
     target = make_random_target("qwen3")
     # an MLP large enough for packing exercises the packed products too
     inter = MIN_PACKED_ELEMENTS // target.hidden_size + 1 if packed else None
-    drafter = _drafter(target, qk_norm, arch, inter).to(getattr(torch, dtype))
+    lookup = arch == "lookup"
+    arch = "dflash" if lookup else arch
+    drafter = _drafter(target, qk_norm, arch, inter, lookup).to(getattr(torch, dtype))
     lean = LeanDrafter.of(drafter)
     assert lean is not None
     down = lean.layers[0]["down"]
@@ -112,6 +117,9 @@ def test_lean_drafter_equals_extend_and_draft(qk_norm, arch, packed, dtype) -> N
         a = 12
         for accepted in (0, 3, 1, 4, 2, 0, 4):
             anchor = int(torch.randint(3, target.vocab_size, (1,), generator=g))
+            if lookup:  # 0..K looked-up tokens, the rest of the block stays the mask
+                n = int(torch.randint(0, drafter.config.block_size, (1,), generator=g))
+                ref.lookup = fast.lookup = torch.randint(3, 50, (n,), generator=g).tolist()
             want = drafter.draft_hidden(ref, anchor, a)
             assert want.dtype == drafter.dtype
             torch.testing.assert_close(lean.draft_hidden(fast, anchor, a), want)

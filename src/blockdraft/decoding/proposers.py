@@ -147,7 +147,7 @@ class BlockProposer:
         )
         # a parallel or DFlash2 drafter at T = 0 on a CPU: context update and block in one
         # lean pass (decoding/cpu/lean_drafter.py); the context and state are then its own
-        greedy = (self.head is not None and not reads_lookup) or self.selector_head is not None
+        greedy = self.head is not None or self.selector_head is not None
         lean = LeanDrafter.of(drafter) if greedy and cpu_kernels_apply(_device(drafter)) else None
         self.context = lean or drafter
         self.state = self.context.new_state()
@@ -194,6 +194,12 @@ class HybridProposer(BlockProposer):
     def __init__(self, drafter: HybridDrafter, sampling: Sampling) -> None:
         super().__init__(drafter, sampling)
         self.head = None  # the merge needs the drafter's logits, not only its argmax
+        # the trained drafter's hidden states: at T = 0 on a CPU through its lean round
+        inner = drafter.drafter
+        greedy_cpu = sampling.greedy and cpu_kernels_apply(_device(inner))
+        self.context = (LeanDrafter.of(inner) if greedy_cpu else None) or inner
+        self.state = self.context.new_state()
+        self.products = GreedyDraftHead.of(inner) if greedy_cpu else None  # its packed head
         # a lookup-input drafter under a fallback of the same rule: one lookup serves both
         shared = self.block_lookup is not None and (
             self.block_lookup.drafter.config == drafter.ngram.config
@@ -206,16 +212,11 @@ class HybridProposer(BlockProposer):
         if self.block_lookup is not None:  # a lookup-input drafter reads its rule's lookup
             same = self.lookup is self.block_lookup
             self.state.lookup = looked_up if same else self.block_lookup.propose(tokens)
+        hidden = self.context.draft_hidden(self.state, anchor, position)
+        products = None if self.products is None else self.products.products(hidden)
         return Proposal(
-            *self.drafter.draft_block(
-                self.state,
-                anchor,
-                position,
-                looked_up,
-                s.temperature,
-                s.top_p,
-                s.top_k,
-                s.generator,
+            *self.drafter.block_from_hidden(
+                hidden, looked_up, s.temperature, s.top_p, s.top_k, s.generator, products
             )
         )
 

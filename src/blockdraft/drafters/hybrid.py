@@ -82,7 +82,26 @@ class HybridDrafter:
         reduced one: its D columns, not the target's V; the same softmax and argmax, as
         the offline evaluator computes them); only T > 0 expands q to the target's."""
         hidden = self.drafter.draft_hidden(state, anchor_id, anchor_position)
-        logits = self.drafter.compute_draft_logits(hidden)  # [K, V_draft]
+        return self.block_from_hidden(hidden, looked_up, temperature, top_p, top_k, generator)
+
+    @torch.no_grad()
+    def block_from_hidden(
+        self,
+        hidden: torch.Tensor,
+        looked_up: list[int],
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        generator: torch.Generator | None = None,
+        products: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`draft_block` from the drafter's hidden states `[K, H]` of the round (the loop's
+        lean round computes them faster than `draft_hidden`); `products`: the head's
+        `hidden @ W^T` from a faster kernel (the loop's packed head)."""
+        if products is None:
+            logits = self.drafter.compute_draft_logits(hidden)  # [K, V_draft]
+        else:
+            logits = self.drafter.slot_logits(hidden, None, products)
         use = self.use_lookup(logits, len(looked_up))
         lookup = torch.full((logits.shape[0],), -1, dtype=torch.long, device=logits.device)
         if looked_up:

@@ -193,14 +193,14 @@ class LeanDrafter:
     @staticmethod
     def supports(drafter: Any) -> bool:
         """An fp32 or bf16 CPU drafter of plain (DFlash) or convolution (DFlash2) decoder layers,
-        each attending to all of its context and block, without lookup inputs or biases."""
+        each attending to all of its context and block, without biases (lookup inputs:
+        the block's slots read `state.lookup`, as `BlockDrafter.draft_hidden` does)."""
         c = getattr(drafter, "config", None)
         layers = getattr(drafter, "layers", None)
         if c is None or layers is None:
             return False
         return (
             not c.attention_bias
-            and not c.lookup_inputs
             and all(type(layer) in (DecoderLayer, ConvDecoderLayer) for layer in layers)
             and all(c.layer_attention(i) == (False, None) for i in range(len(layers)))
             and getattr(drafter, "dtype", None) in DTYPES
@@ -263,7 +263,16 @@ class LeanDrafter:
             self._tables(max(end, 2 * self.cos.shape[0]))
         state.reserve(end)
         cos, sin = self.cos[start:end, None], self.sin[start:end, None]
-        self.block_ids[0] = int(anchor_id)  # slots 1.. stay the mask token
+        self.block_ids[0] = int(anchor_id)
+        if self.config.lookup_inputs:  # slots 1.. read lookup's proposal, else the mask
+            self.block_ids[1:] = self.config.mask_token_id
+            if state.lookup is None:
+                raise ValueError(
+                    "this drafter reads prompt lookup's proposals (lookup_inputs): set "
+                    "state.lookup to the lookup over the verified text before drafting"
+                )
+            if state.lookup:
+                self.block_ids[1 : 1 + len(state.lookup)] = torch.tensor(state.lookup)
         if self.embed_table is not None:
             x = self.embed_table[self.block_ids]
         else:
