@@ -25,7 +25,7 @@ from blockdraft.drafters.lookup_inputs import lookup_rule
 from blockdraft.drafters.ngram import NgramTable
 from blockdraft.kernels import cpu_kernels_apply
 from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
-from blockdraft.kernels.packed_linear import onednn_linear, pack_bf16_onednn, pack_weight
+from blockdraft.kernels.packed_linear import pack_weight
 from blockdraft.sampling import processed_probs, sample
 
 
@@ -244,8 +244,6 @@ class GreedyDraftHead:
         # (int8 or bf16) for a large head (compute-bound at K rows); plain products elsewhere
         cpu = cpu_kernels_apply(self.weight.device)
         self.packed = pack_weight(self.weight) if cpu else None
-        bf16 = cpu and self.weight.dtype == torch.bfloat16  # a drafter cast to bf16
-        self.onednn = pack_bf16_onednn(self.weight) if bf16 else None
         big = (
             self.weight.dtype == torch.float32
             and self.weight.numel() >= ScreenedArgmaxHead.MIN_HEAD
@@ -278,7 +276,7 @@ class GreedyDraftHead:
 
     def pick(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy proposals `[K]` (target ids) from `drafter.draft_hidden(...)` `[K, H]`."""
-        hidden = hidden.to(self.weight.dtype)
+        hidden = hidden.to(self.weight.dtype)  # a bf16 drafter's rows: fp32 logits
         best = self.screen.argmax(hidden) if self.screen is not None else None
         return self.target_ids(row_argmax(self.products(hidden)) if best is None else best)
 
@@ -287,8 +285,6 @@ class GreedyDraftHead:
         hidden = hidden.to(self.weight.dtype)
         if self.packed is not None:
             return self.packed(hidden)
-        if self.onednn is not None:
-            return onednn_linear(hidden, self.onednn)
         return torch.nn.functional.linear(hidden, self.weight)
 
     def target_ids(self, columns: torch.Tensor) -> torch.Tensor:
