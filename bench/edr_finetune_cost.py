@@ -3,8 +3,9 @@ real rollouts, side by side in one run (issue #31's goal: a fine-tune <= 1.3x a 
 epoch of the same size).
 
 Same rollouts and steps per epoch on every row, so the step ratio is the epoch ratio.
-Rows: D-PACE at the demo's 64 anchors per sequence (the control), D-PACE at every round
-start (the same blocks EDR trains), E2E at 64 anchors, and EDR (in the rollouts' mode, as
+Rows: D-PACE at the demo's 64 anchors per sequence (the control; `--anchors 32` for a run
+that trains at 32, as configs/gemma-3-270m.yaml), D-PACE at every round start (the same
+blocks EDR trains), E2E at the control's anchors, and EDR (in the rollouts' mode, as
 training reads it: greedy at beta 0.5, or sampling) on every round start and with
 `max_anchors` 16 / 32 / 64 (the `gradient` PPS sampler, whose exact gradient needs a
 no-grad scoring pass over every round start; the demo's fine-tune is the greedy 32 row),
@@ -12,19 +13,21 @@ and 32 / 64 drawn uniformly (only the rows not drawn are scored); `--score-chunk
 adds EDR @16 with its scoring pass split into passes of that many round starts per
 rollout (the sampling-mode default, `edr_step.default_score_chunk`, is one pass here).
 `--amp bf16` runs every row's forward under CPU bf16 autocast, as `amp: bf16` trains (the
-rows' ratio then says what the fine-tune costs on a CPU with bf16 matrix units). One
+rows' ratio then says what the fine-tune costs on a CPU with bf16 matrix units);
+`--features` reads cached target features for every row (rollouts that store their whole
+sampling distributions need no target at all then). One
 thread by default
 and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round times
 every row once in rotating order, on the same micro-batch; the factor is the median over
-rounds of time(row) / time(D-PACE @64).
+rounds of time(row) / time(the control).
 
-`--phases` then profiles the control, E2E @64 and EDR @16 for 3 steps each (torch profiler,
+`--phases` then profiles the control, E2E and EDR @16 for 3 steps each (torch profiler,
 a `record_function` label around each phase: target forward, drafter forward, the target's
 distributions, the overlap, EDR's scoring pass and its parts, backward) and prints each
 phase in ms per step.
 
     python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9] [--threads 1]
-        [--phases] [--score-chunks 16 32] [--amp bf16]
+        [--phases] [--score-chunks 16 32] [--amp bf16] [--features DIR]
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
-from blockdraft.training.feature_sources import OnlineTargetFeatures
+from blockdraft.training.feature_sources import CachedFeatures, OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step
 
 
@@ -60,12 +63,19 @@ def main() -> None:
     ap.add_argument("--target", default="tiny")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--anchors", type=int, default=64, help="the control's anchors per sequence")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--phases", action="store_true", help="also profile the phases of 3 rows")
     ap.add_argument(
         "--score-chunks", type=int, nargs="*", default=[],
         help="also EDR @16 with the scoring pass in passes of these many round starts",
     )  # fmt: skip
+    ap.add_argument(
+        "--features",
+        default=None,
+        help="a `blockdraft features` directory of --rollouts: every row reads the cached "
+        "target features instead of running the target (as a run with data.features trains)",
+    )
     ap.add_argument(
         "--amp", choices=["fp32", "bf16"], default="fp32",
         help="bf16: forward under CPU bf16 autocast, as `amp: bf16` trains",
@@ -84,8 +94,14 @@ def main() -> None:
     mode = "greedy" if settings.greedy else "sampling"  # as training reads it
     rollouts = list(rs.subset(range(args.batch)))
     pad = getattr(target.tokenizer, "pad_token_id", None)
-    batch = collate(rollouts, list(range(len(rollouts))), int(pad or 0), 4096)
+    max_len = 4096
+    batch = collate(rollouts, list(range(len(rollouts))), int(pad or 0), max_len)
     fwd, feats = DraftForward(drafter), OnlineTargetFeatures(target)
+    if args.features:
+        feats = CachedFeatures.open(
+            args.features, target=target, rollout_dir=args.rollouts, rollouts=rollouts,
+            max_seq_len=max_len,
+        )  # fmt: skip
     rows_per = int(batch.response_lens.max()) - 1
     common = dict(seed=0, settings=settings, want_acc=False, alpha=0.5, variant="full")
 
@@ -107,9 +123,9 @@ def main() -> None:
 
     kind = "greedy beta 0.5" if mode == "greedy" else f"sampling T = {settings.temperature:g}"
     rows = {
-        "D-PACE @64 anchors (the control)": block("dpace", 64),
+        f"D-PACE @{args.anchors} anchors (the control)": block("dpace", args.anchors),
         f"D-PACE @every round start ({rows_per})": block("dpace", 4096),
-        f"E2E {kind} @64 anchors": block("e2e", 64, greedy_temperature=0.5),
+        f"E2E {kind} @{args.anchors} anchors": block("e2e", args.anchors, greedy_temperature=0.5),
         f"EDR {kind}, every round start": edr(512),
         f"EDR {kind}, max_anchors 16": edr(16),
         f"EDR {kind}, max_anchors 32": edr(32),
@@ -145,9 +161,10 @@ def main() -> None:
             ratios[n].append(t[n] / t[names[0]])
     print(
         f"{len(rollouts)} {mode} rollouts of {args.rollouts}, median of {args.rounds} rounds"
-        f", {args.amp}"
+        f", {args.amp}, "
+        + (f"cached features {args.features}" if args.features else "online target")
     )
-    print("| step | seconds | vs D-PACE @64 |\n|---|---|---|")
+    print(f"| step | seconds | vs D-PACE @{args.anchors} |\n|---|---|---|")
     for n in names:
         print(f"| {n} | {statistics.median(secs[n]):.3f} | {statistics.median(ratios[n]):.3f}x |")
     if args.phases:

@@ -35,7 +35,10 @@ from blockdraft.objectives.edr import (
     sample_round_starts_uniformly,
     state_occupancy,
 )
-from blockdraft.objectives.edr.acceptance import scores_with_gradient_moments
+from blockdraft.objectives.edr.acceptance import (
+    candidate_scores,
+    scores_with_gradient_moments,
+)
 from blockdraft.objectives.row_chunks import by_row_chunks, fused_chunk_rows
 from blockdraft.training.batching import Batch, derived_seed
 from blockdraft.training.draft_forward import (
@@ -422,24 +425,45 @@ def head_chunked_scores(
     gradient, ~1 GB each at the Gemma shape, where `uniform` holds <= 256 MB.
     `columns` (logged steps): the labels' columns, -1 where none, for the detached T = 1
     log q(label) of the statistics; `moments`: the `gradient` sampler's scoring pass;
-    `head_rows`: a smaller cap on the rows per chunk (the scoring pass's)."""
+    `head_rows`: a smaller cap on the rows per chunk (the scoring pass's). A DFlash2
+    selector's q lives on its top-k candidates, so its A, c and moments are computed on
+    them (`candidate_scores`, docs/methods.md); only its unary logits' term is dense."""
     width = p_rows.shape[-1]
+    selector = has_selector(drafter)
+    stop_columns = torch.as_tensor(list(stops), dtype=torch.long, device=p_rows.device)
 
     def rows_fn(h, prv, at, x, col):
-        z = DraftSpace.drafter_logits(drafter, space, h, prv)
-        pp = p_rows.index_select(0, at)
-        if moments:
-            return scores_and_moments(z, pp, x, settings, stops)
-        acc, cost = _sampling_scores(z, pp, x, settings, stops)
-        if has_selector(drafter) and torch.is_grad_enabled():  # DFlash2: unary, same weights
-            u = drafter.unary_logits(h)
-            u = u if space is None else space.logits(u)
-            acc_u, cost_u = _sampling_scores(u, pp, x, settings, stops)
-            acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
+        if selector:  # q lives on the top-k candidates: scored as `[rows, k]`
+            u = drafter.unary_logits(h)  # one head product for the selector and the unary
+            cand, scores = drafter.select(h, prv, u)
+            acc, cost, m = candidate_scores(
+                scores, cand, p_rows, at, x, temperature=settings.temperature,
+                stops=stop_columns, moments=moments,
+            )  # fmt: skip
+            if moments:
+                return acc, cost, m
+            if torch.is_grad_enabled():  # the unary logits get the same weights
+                u = u if space is None else space.logits(u)
+                acc_u, cost_u = _sampling_scores(u, p_rows.index_select(0, at), x, settings, stops)
+                acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
+
+            def logits():  # the selector's, in the drafter's layout (-inf off the candidates)
+                z = scores.new_full((scores.shape[0], width), float("-inf"))
+                return z.scatter(-1, cand, scores)
+        else:
+            z = DraftSpace.drafter_logits(drafter, space, h, prv)
+            pp = p_rows.index_select(0, at)
+            if moments:
+                return scores_and_moments(z, pp, x, settings, stops)
+            acc, cost = _sampling_scores(z, pp, x, settings, stops)
+
+            def logits():
+                return z
+
         if col is None:
             return acc, cost
-        with torch.no_grad():
-            return acc, cost, token_logprobs(z, col)
+        with torch.no_grad():  # logged steps: the T = 1 log q(label)
+            return acc, cost, token_logprobs(logits(), col)
 
     flat = [
         hidden.reshape(-1, hidden.shape[-1]),

@@ -459,3 +459,87 @@ def scores_with_gradient_moments(
         out[lo:hi, 1] = torch.where(live, dc2, 0.0)
         out[lo:hi, 2] = torch.where(live, da_dc, 0.0)
     return acc, cost, out
+
+
+def candidate_scores(
+    cand_logits: Tensor,
+    cand_columns: Tensor,
+    p_rows: Tensor,
+    p_index: Tensor,
+    ids: Tensor,
+    *,
+    temperature: float,
+    stops: Tensor | None,
+    moments: bool,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """`(A [N], c [N], moments [N, 3] or None)` of proposals whose distribution lives on k
+    candidate columns: the sampling mode's values as `acceptance_and_cost` returns them (c
+    clamped at 1, 0 at a stop label) and `scores_with_gradient_moments`' moments (only the
+    first at a stop label, as the scoring pass keeps them, never differentiated). A and c
+    carry autograd's gradient into `cand_logits` (the fused kernel's conventions at ties).
+
+    Why: a DFlash2 drafter's q is its selector's softmax over the top-k unary candidates
+    (-inf elsewhere), so every vocabulary sum of those kernels has k live terms plus one
+    number per target row, its mass outside the stop set M = sum_{v not in S} p_v: with C
+    the candidates, `sum_{v not in S} [p_v - q_v]_+ = M - sum_{c in C \\ S} min(p_c, q_c)`,
+    and s, Q, Q_G sum q over C only. EDR's no-grad scoring pass then reads `[N, k]` numbers
+    instead of several `[N, V]` passes. `cand_logits [N, k]` and `cand_columns [N, k]` (the
+    columns of `p_rows`), `p_rows [R, W]` the target's distinct probability rows and
+    `p_index [N]` each proposal's row, `ids [N]` the labels' columns."""
+    dtype = torch.promote_types(cand_logits.dtype, torch.float32)
+    tiny = torch.finfo(dtype).tiny
+    t = temperature
+    z = cand_logits.to(dtype)
+    logq = torch.log_softmax(z if t == 1 else z / t, dim=-1)
+    q = logq.exp()
+    p = p_rows.to(dtype)
+    p_c = p[p_index.unsqueeze(-1), cand_columns]
+    p_x = p[p_index, ids]
+    hit = cand_columns == ids.unsqueeze(-1)  # candidates are distinct: at most one hit
+    at = hit.to(torch.uint8).argmax(-1, keepdim=True)
+    found = hit.any(-1)
+    logq_x = torch.where(found, logq.gather(-1, at).squeeze(-1), float("-inf"))
+    diff = logq_x - p_x.clamp_min(tiny).log()
+    acc = torch.exp(diff.clamp(max=0.0))
+    a = torch.where(diff <= 0, acc, torch.zeros((), dtype=dtype, device=acc.device))
+    # M of the distinct rows these proposals read (one pass over those rows only)
+    rows, inverse = torch.unique(p_index, return_inverse=True)
+    read = p.index_select(0, rows)
+    row_mass = read.sum(-1)
+    if stops is not None and stops.numel():
+        row_mass = row_mass - read.index_select(1, stops).sum(-1)
+        on_stop, x_stop = torch.isin(cand_columns, stops), torch.isin(ids, stops)
+    else:
+        on_stop = torch.zeros_like(cand_columns, dtype=torch.bool)
+        x_stop = torch.zeros_like(ids, dtype=torch.bool)
+    true_mass = row_mass[inverse]
+    mass = true_mass.clamp_min(tiny)
+    overlap = torch.where(on_stop, 0.0, torch.minimum(p_c, q)).sum(-1)
+    cost = (true_mass - overlap).clamp_min(0) / mass
+    cost = torch.where(x_stop, 0.0, cost.clamp(max=1.0))
+    if not moments:
+        return acc, cost, None
+    with torch.no_grad():
+        return acc, cost, _candidate_moments(q, logq_x, found, p_c, p_x, on_stop, x_stop, a,
+                                             true_mass, mass, t)  # fmt: skip
+
+
+def _candidate_moments(q, logq_x, found, p_c, p_x, on_stop, x_stop, a, true_mass, mass, t):
+    """`candidate_scores`' moments `[N, 3]` (its docstring; `scores_with_gradient_moments`'
+    formulas with every vocabulary sum over the candidates)."""
+    dtype, tiny = q.dtype, torch.finfo(q.dtype).tiny
+    live = true_mass > tiny
+    q_x = torch.where(found, logq_x.exp(), 0.0)
+    g_x = ((p_x >= q_x) & ~x_stop).to(dtype)
+    sign = torch.where(on_stop, -1.0, torch.sign(p_c - q))  # 2 G - 1
+    qs = sign * q
+    big_q = (q * q).sum(-1)
+    s = (q.sum(-1) + qs.sum(-1)) / 2
+    q_g = (big_q + (qs * q).sum(-1)) / 2
+    out = torch.empty((*a.shape, 3), dtype=dtype, device=a.device)
+    out[..., 0] = (a / t) ** 2 * (1 - 2 * q_x + big_q)
+    dc2 = ((1 - 2 * s) * q_g + s**2 * big_q) / mass / mass / t**2
+    da_dc = -a * (q_x * (g_x - s) - q_g + s * big_q) / mass / t**2
+    out[..., 1] = torch.where(live & ~x_stop, dc2, 0.0)
+    out[..., 2] = torch.where(live & ~x_stop, da_dc, 0.0)
+    return out
