@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainkit import every_round_start, target_output, wrapped_forward_class
 
-from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollout_store import Rollout
 from blockdraft.drafters.dflash import DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
@@ -29,7 +29,6 @@ from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import (
     block_micro_step,
     labels_and_prev,
-    pad_anchor_lists,
     sampled_anchors,
 )
 
@@ -151,15 +150,13 @@ def test_edr_exact_rounds_gradient_for_selector_and_unary(setup):
         obj, batch, seed=0, step=1, mode="greedy", **_COMMON,
     )  # fmt: skip
     got = _grads(drafter, out.numerator)
-    starts = [round_start_anchors(int(p), int(n))
-              for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)]  # fmt: skip
-    anchors = pad_anchor_lists(starts)
+    anchors = every_round_start(batch)
     _, q_sel, q_u = _pieces(target, drafter, batch, anchors)
     stops = torch.tensor(target.stop_token_ids)
     labels, _, _ = labels_and_prev(batch, anchors, BLOCK)
     total = 0.0
-    for i, s in enumerate(starts):
-        rows = s.numel()
+    for i in range(anchors.shape[0]):
+        rows = int((anchors[i] >= 0).sum())
         stop = torch.isin(labels[i, :rows], stops)
         a_sel, a_u = q_sel[i, :rows], q_u[i, :rows]
         c_sel, c_u = (torch.where(stop, 0.0, 1 - a) for a in (a_sel, a_u))
@@ -183,8 +180,7 @@ def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler):
     give the same loss, gradients and logged weight profile."""
     target, drafter, batch = setup
 
-    class Wrapped(DraftForward):
-        pass
+    Wrapped = wrapped_forward_class()
 
     obj = make_objective("edr", mode="sampling", max_anchors=3, anchor_sampler=sampler)
     results, profiles = [], []
@@ -263,17 +259,10 @@ def test_scoring_pass_on_the_candidates_equals_the_dense_one(setup):
 
     target, drafter, batch = setup
 
-    class Wrapped(DraftForward):
-        pass
+    Wrapped = wrapped_forward_class()
 
-    tout = target.forward(
-        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=True
-    )
-    starts = [
-        round_start_anchors(int(p), int(n))
-        for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
-    ]
-    anchors = pad_anchor_lists(starts)
+    tout = target_output(target, batch)
+    anchors = every_round_start(batch)
     labels, _, _ = labels_and_prev(batch, anchors, BLOCK)
     stops = [int(labels[0, 0, 1]), int(labels[1, 1, 2])]  # realised labels are stops
     outs = [

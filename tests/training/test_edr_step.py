@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainkit import random_step_batch
+from trainkit import every_round_start, random_step_batch, target_output, wrapped_forward_class
 
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import pad_anchor_lists
 
 
 class _Settings:
@@ -28,14 +27,8 @@ def setup():
 def test_chunked_scoring_equals_unchunked(setup, mode: str) -> None:
     target, drafter, batch = setup
     fwd = DraftForward(drafter)
-    tout = target.forward(
-        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=True
-    )
-    starts = [
-        round_start_anchors(int(p), int(n))
-        for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
-    ]
-    anchors = pad_anchor_lists(starts)
+    tout = target_output(target, batch)
+    anchors = every_round_start(batch)
     full = edr_step.score_round_starts(
         fwd, target.stop_token_ids, tout, batch, anchors, _Settings, mode, 1000
     )
@@ -149,18 +142,10 @@ def test_scoring_of_wrapped_forward_equals_unwrapped(setup, mode: str) -> None:
 
     target, drafter, batch = setup
 
-    class Wrapped(DraftForward):
-        pass
+    Wrapped = wrapped_forward_class()
 
-    tout = target.forward(
-        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=True
-    )
-    anchors = pad_anchor_lists(
-        [
-            round_start_anchors(int(p), int(n))
-            for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
-        ]
-    )
+    tout = target_output(target, batch)
+    anchors = every_round_start(batch)
     direct = edr_step.score_round_starts(
         DraftForward(drafter), target.stop_token_ids, tout, batch, anchors, _Settings, mode, 5
     )
@@ -190,8 +175,7 @@ def test_micro_step_of_wrapped_forward_equals_unwrapped(setup, chunk_rows, monke
         monkeypatch.setattr(edr_step, "default_chunk_rows", lambda vocab: chunk_rows)
     tol = {"rtol": 0, "atol": 0} if chunk_rows is None else {"rtol": 1e-5, "atol": 1e-7}
 
-    class Wrapped(DraftForward):
-        pass
+    Wrapped = wrapped_forward_class()
 
     objective = make_objective("edr", mode="sampling", max_anchors=6)
     results = []
@@ -220,8 +204,7 @@ def test_wrapped_forward_scores_in_passes_of_max_anchors(setup, monkeypatch) -> 
     forward keeps scoring passes of `max_anchors` where an unwrapped one scores in one."""
     target, drafter, batch = setup
 
-    class Wrapped(DraftForward):
-        pass
+    Wrapped = wrapped_forward_class()
 
     passes: list[int] = []
     original = edr_step._acceptance

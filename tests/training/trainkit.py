@@ -131,3 +131,34 @@ def draft_space_step_setup():  # type: ignore[no-untyped-def]
     ids = batch.input_ids
     ids[0, 8], ids[0, 10], ids[1, 7] = 1, 2, 4  # 4 is not in the draft vocabulary
     return target, drafter, batch
+
+
+def every_round_start(batch):  # type: ignore[no-untyped-def]
+    """`[B, A]` anchors of every round start of each rollout in `batch` (-1 = padding)."""
+    from blockdraft.data.anchors import round_start_anchors
+    from blockdraft.training.objective_step import pad_anchor_lists
+
+    return pad_anchor_lists(
+        [
+            round_start_anchors(int(p), int(n))
+            for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
+        ]
+    )
+
+
+def wrapped_forward_class():  # type: ignore[no-untyped-def]
+    """A `DraftForward` subclass: the steps treat it as a DDP/FSDP wrapper (everything
+    through `forward`, `[N, K, V]` logits), the reference for the unwrapped fast paths."""
+    from blockdraft.training.draft_forward import DraftForward
+
+    class Wrapped(DraftForward):
+        pass
+
+    return Wrapped
+
+
+def target_output(target, batch):  # type: ignore[no-untyped-def]
+    """The target's logits and features over a padded batch."""
+    return target.forward(
+        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=True
+    )
