@@ -32,6 +32,8 @@
 #             EDR_STORED=1 (t07): rollouts written with --store-topk 20 (the whole top-k-20
 #             sampling distribution of every token) and their cached features, so E2E and
 #             EDR train without running the target (runs and suite files name t07-stored)
+#             EDR_ANCHORS=32 (T > 0): EDR drafts 32 round starts per rollout with gradient,
+#             the rest scored without (the run is named edr32; default: every round start)
 #   bench     wall-clock next to HF generate (bench/decode.py, 4 prompts x 64 tokens of each
 #             suite benchmark, T = 0, 2 threads): the drafters in BENCH (run names; hybrid:NAME
 #             for the lookup fallback), into $OUT/bench-decode.txt; BENCH_DTYPES="float32 bfloat16"
@@ -65,6 +67,7 @@ EDR_SETTING=${EDR_SETTING:-t1}     # edr: t1 (T = 1) or t07 (T = 0.7, top-p 0.8,
 EDR_SEED=${EDR_SEED:-0}            # edr: the fine-tunes' seed (data order, round starts); same start
 EDR_EXTRA=${EDR_EXTRA:-}           # edr: overrides for every fine-tune, e.g. amp=bf16
 EDR_STORED=${EDR_STORED:-0}        # edr t07: 1 = rollouts store their distributions (top 20)
+EDR_ANCHORS=${EDR_ANCHORS:-}       # edr T > 0: round starts drafted with gradient (default all)
                                   # and the fine-tunes read them and cached features, no target
 BENCH=${BENCH:-"dpace-n2300-s0 hybrid:lookup-dpace-n2300-s0"}
 BENCH_DTYPES=${BENCH_DTYPES:-float32} # bench: the dtypes each drafter runs in, one row each
@@ -179,7 +182,7 @@ edr)
       cache_features "$set_dir"
       data="data.train_rollouts=$OUT/rollouts/$set_dir data.features=$OUT/features/$set_dir"
     fi
-    edr_anchors=""
+    edr_anchors=${EDR_ANCHORS:+objective.max_anchors=$EDR_ANCHORS}
     suite_file=configs/suites/gemma-3-270m-$EDR_SETTING.yaml; suite_rollouts=$SUITE_ROLLOUTS-$EDR_SETTING
   fi
   sfx=""; [ "$EDR_SEED" != 0 ] && sfx="-s$EDR_SEED"
@@ -187,9 +190,10 @@ edr)
   [ "$EDR_STORED" = 1 ] && ft=$EDR_SETTING-stored-$EDR_BASE
   suite="$OUT/suite-$ft$sfx"; [ "$EDR_LR" != 3e-4 ] && suite="$OUT/suite-$ft-$EDR_LR$sfx"
   queue=()
+  edr_name=edr; [ "$EDR_SETTING" != t0 ] && edr_name=edr$EDR_ANCHORS
   for obj in dpace e2e edr; do
-    extra=""; [ $obj = edr ] && extra=$edr_anchors
-    queue+=("ft-$ft-$obj-$EDR_LR$sfx $data
+    extra=""; name=$obj; [ $obj = edr ] && extra=$edr_anchors && name=$edr_name
+    queue+=("ft-$ft-$name-$EDR_LR$sfx $data
              drafter.init_from=$OUT/runs/$EDR_BASE/final objective.name=$obj $extra
              optim.lr=$EDR_LR optim.warmup_steps=0 optim.schedule=constant optim.max_steps=null
              optim.epochs=1 seed=$EDR_SEED checkpoint.save_every=10 $EDR_EXTRA")  # resumable
@@ -198,7 +202,7 @@ edr)
   $BD suite $TGT --suite "$suite_file" \
       --rollouts-dir "$suite_rollouts" --cache-dir "$OUT/cache" --threads 2 \
       --no-progress --json "$suite.json" "$OUT/runs/$EDR_BASE" \
-      $(for obj in dpace e2e edr; do echo "$OUT/runs/ft-$ft-$obj-$EDR_LR$sfx"; done) \
+      $(for name in dpace e2e $edr_name; do echo "$OUT/runs/ft-$ft-$name-$EDR_LR$sfx"; done) \
       | tee "$suite.txt"
   log "edr done" ;;
 bench)
