@@ -163,6 +163,35 @@ def test_scoring_of_wrapped_forward_equals_unwrapped(setup, mode: str) -> None:
     )
 
 
+class _TopK:
+    temperature, top_p, top_k, greedy = 0.7, 1.0, 5, False
+
+
+@pytest.mark.parametrize("space", [False, True], ids=["target-vocab", "draft-space"])
+def test_scoring_against_a_top_k_target_reads_its_support(setup, space: bool) -> None:
+    """Against a top-k target the unwrapped scoring pass reads the target's k columns and
+    two log-sum-exps per row (`support_scores`); a wrapped forward compares whole rows:
+    the same A, c and gradient moments, in target space and in a reduced draft space (stop
+    tokens inside and outside it, labels outside it)."""
+    from trainkit import draft_space_step_setup
+
+    target, drafter, batch = draft_space_step_setup() if space else setup
+    tout = target_output(target, batch)
+    anchors = every_round_start(batch)
+    stops = target.stop_token_ids
+    outs = [
+        edr_step.score_round_starts(
+            fwd, stops, tout, batch, anchors, _TopK, "sampling", 64, moments=True
+        )
+        for fwd in (DraftForward(drafter), wrapped_forward_class()(drafter))
+    ]
+    for got, want in zip(*outs, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    acc, _, moments = outs[0]
+    valid = (anchors >= 0)[..., None].expand_as(acc)
+    assert (acc[valid] > 0).any() and (moments[..., 1][valid] > 0).any()
+
+
 @pytest.mark.parametrize("chunk_rows", [None, 5])
 def test_micro_step_of_wrapped_forward_equals_unwrapped(setup, chunk_rows, monkeypatch) -> None:
     """Sampling mode: an unwrapped DraftForward is run step by step (no autograd graph

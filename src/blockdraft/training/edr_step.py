@@ -38,6 +38,8 @@ from blockdraft.objectives.edr import (
 from blockdraft.objectives.edr.acceptance import (
     candidate_scores,
     scores_with_gradient_moments,
+    support_scores,
+    target_support,
 )
 from blockdraft.objectives.row_chunks import by_row_chunks, fused_chunk_rows
 from blockdraft.training.batching import Batch, derived_seed
@@ -62,6 +64,11 @@ from blockdraft.training.target_distributions import stored_topk
 # names a number (`default_score_chunk`): the paper's (and the library's default)
 # `max_anchors`, so a pass holds no more blocks than a default EDR step drafts with gradient.
 DEFAULT_SCORE_CHUNK = 512
+
+# The most target columns the no-grad scoring pass reads per row instead of the whole
+# vocabulary when the target lives on few (a top-k sampling target: k, plus a draft space's
+# two mass columns); beyond, the dense kernel (`support_scores`).
+SUPPORT_COLUMNS = 64
 
 
 def default_score_chunk(max_anchors: int, rollouts: int, width: int) -> int:
@@ -427,10 +434,16 @@ def head_chunked_scores(
     log q(label) of the statistics; `moments`: the `gradient` sampler's scoring pass;
     `head_rows`: a smaller cap on the rows per chunk (the scoring pass's). A DFlash2
     selector's q lives on its top-k candidates, so its A, c and moments are computed on
-    them (`candidate_scores`, docs/methods.md); only its unary logits' term is dense."""
+    them (`candidate_scores`, docs/methods.md); only its unary logits' term is dense. The
+    no-grad pass of another drafter against a top-k target reads the target's few columns
+    and two log-sum-exps per row (`support_scores`)."""
     width = p_rows.shape[-1]
     selector = has_selector(drafter)
     stop_columns = torch.as_tensor(list(stops), dtype=torch.long, device=p_rows.device)
+    # no gradient and a target on few columns (top-k sampling): scored on them
+    support = None
+    if not selector and not torch.is_grad_enabled():
+        support = target_support(p_rows, SUPPORT_COLUMNS)
 
     def rows_fn(h, prv, at, x, col):
         if selector:  # q lives on the top-k candidates: scored as `[rows, k]`
@@ -452,6 +465,12 @@ def head_chunked_scores(
                 return z.scatter(-1, cand, scores)
         else:
             z = DraftSpace.drafter_logits(drafter, space, h, prv)
+            if support is not None:
+                acc, cost, m = support_scores(
+                    z, support, p_rows, at, x, temperature=settings.temperature,
+                    stops=stop_columns,
+                )  # fmt: skip
+                return (acc, cost, m) if moments else (acc, cost)
             pp = p_rows.index_select(0, at)
             if moments:
                 return scores_and_moments(z, pp, x, settings, stops)

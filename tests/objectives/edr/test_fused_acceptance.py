@@ -312,24 +312,53 @@ def test_gradient_moments_where_all_mass_is_on_stop_tokens() -> None:
     assert bool((want[3:, 1] > 1e-6).all())
 
 
+def _dense_scores(x, p, ids, temperature, stops):
+    """The whole-vocabulary formula in float64, differentiable in the logits `x` (-inf
+    allowed): A = min(1, q_x / p_x), c = sum_{v not in S} [p_v - q_v]_+ / M (clamped at 1,
+    0 at a stop label), and autograd's three logit-gradient moments (only the first at a
+    stop label, as the scoring pass keeps them)."""
+    n, vocab = x.shape
+    q = torch.softmax(x / temperature, -1)
+    at = torch.arange(n)
+    acc = torch.clamp(q[at, ids] / p[at, ids], max=1.0)
+    keep = torch.ones(vocab, dtype=torch.float64)
+    if stops is not None:
+        keep[stops] = 0.0
+    mass = (p * keep).sum(-1)
+    cost = ((p - q).clamp_min(0) * keep).sum(-1) / mass.clamp_min(1e-300)
+    cost = torch.where(mass > 0, cost, torch.zeros_like(cost))
+    (d_acc,) = torch.autograd.grad(acc.sum(), x, retain_graph=True)
+    (d_cost,) = torch.autograd.grad(cost.sum(), x, retain_graph=True)
+    d_acc, d_cost = d_acc.nan_to_num(0.0), d_cost.nan_to_num(0.0)  # -inf columns: no gradient
+    moments = torch.stack([(d_acc**2).sum(-1), (d_cost**2).sum(-1), (d_acc * d_cost).sum(-1)], -1)
+    stop = torch.isin(ids, torch.tensor(stops)) if stops else torch.zeros(n, dtype=torch.bool)
+    cost = torch.where(stop, 0.0, cost.clamp(max=1.0))
+    moments = torch.where(stop.unsqueeze(-1), moments * torch.tensor([1.0, 0.0, 0.0]), moments)
+    return acc, cost, moments
+
+
+def _sparse_target(gen, distinct, vocab, floor):
+    """Distinct target rows with zeros (below `floor`), row 3 all on token 5 (a stop)."""
+    p_rows = torch.softmax(torch.randn(distinct, vocab, generator=gen, dtype=torch.float64) * 2, -1)
+    p_rows = torch.where(p_rows < floor, torch.zeros_like(p_rows), p_rows)
+    p_rows[3] = 0.0
+    p_rows[3, 5] = 1.0
+    return p_rows / p_rows.sum(-1, keepdim=True)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("stops", [None, [2, 5]])
 def test_candidate_scores_equal_autograd_of_the_dense_formula(temperature, stops) -> None:
     """`candidate_scores` (q on k candidate columns, -inf elsewhere: a DFlash2 selector's)
-    against autograd of the whole-vocabulary formula in float64: A = min(1, q_x / p_x),
-    c = sum_{v not in S} [p_v - q_v]_+ / M (clamped at 1, 0 at a stop label), and the
-    three logit-gradient moments (only the first at a stop label). Rows share target rows
-    (`p_index`), labels fall outside the candidates, a candidate sits on a stop column, one
-    target row has all its mass on a stop token."""
+    against the whole-vocabulary formula (`_dense_scores`), values, moments and the gradient
+    into the candidates' logits. Rows share target rows (`p_index`), labels fall outside
+    the candidates, a candidate sits on a stop column, one target row has all its mass on
+    a stop token."""
     from blockdraft.objectives.edr.acceptance import candidate_scores
 
     gen = torch.Generator().manual_seed(7)
     n, k, vocab, distinct = 40, 4, 11, 9
-    p_rows = torch.softmax(torch.randn(distinct, vocab, generator=gen, dtype=torch.float64) * 2, -1)
-    p_rows = torch.where(p_rows < 0.02, torch.zeros_like(p_rows), p_rows)
-    p_rows[3] = 0.0
-    p_rows[3, 5] = 1.0  # all on a stop token (with stops)
-    p_rows = p_rows / p_rows.sum(-1, keepdim=True)
+    p_rows = _sparse_target(gen, distinct, vocab, 0.02)
     p_index = torch.randint(0, distinct, (n,), generator=gen)
     cand = torch.stack([torch.randperm(vocab, generator=gen)[:k] for _ in range(n)])
     cand[0, 0] = 2  # a candidate on a stop column
@@ -343,38 +372,55 @@ def test_candidate_scores_equal_autograd_of_the_dense_formula(temperature, stops
     acc, cost, got = candidate_scores(
         leaf, cand, p_rows, p_index, ids, temperature=temperature, stops=stop_t, moments=True
     )
-    w_acc, w_cost = (
-        torch.randn(n, generator=gen, dtype=torch.float64),
-        torch.randn(n, generator=gen, dtype=torch.float64),
-    )
+    w_acc, w_cost = torch.randn(2, n, generator=gen, dtype=torch.float64)
     (grad,) = torch.autograd.grad((w_acc * acc + w_cost * cost).sum(), leaf)
-    acc, cost = acc.detach(), cost.detach()
 
     dense = torch.full((n, vocab), float("-inf"), dtype=torch.float64)
     x = dense.scatter(-1, cand, cand_logits).requires_grad_(True)
-    q = torch.softmax(x / temperature, -1)
-    p = p_rows[p_index]
-    at = torch.arange(n)
-    want_acc = torch.clamp(q[at, ids] / p[at, ids], max=1.0)
-    keep = torch.ones(vocab, dtype=torch.float64)
-    if stops is not None:
-        keep[stops] = 0.0
-    mass = (p * keep).sum(-1)
-    want_cost = ((p - q).clamp_min(0) * keep).sum(-1) / mass.clamp_min(1e-300)
-    want_cost = torch.where(mass > 0, want_cost, torch.zeros_like(want_cost))
-    (d_acc,) = torch.autograd.grad(want_acc.sum(), x, retain_graph=True)
-    (d_cost,) = torch.autograd.grad(want_cost.sum(), x, retain_graph=True)
-    d_acc, d_cost = d_acc.nan_to_num(0.0), d_cost.nan_to_num(0.0)  # -inf columns: no gradient
-    want = torch.stack([(d_acc**2).sum(-1), (d_cost**2).sum(-1), (d_acc * d_cost).sum(-1)], -1)
-    stop = torch.isin(ids, stop_t) if stop_t is not None else torch.zeros(n, dtype=torch.bool)
-    want_cost = torch.where(stop, 0.0, want_cost.clamp(max=1.0))
-    want = torch.where(stop.unsqueeze(-1), want * torch.tensor([1.0, 0.0, 0.0]), want)
-    torch.testing.assert_close(acc, want_acc.detach(), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(cost, want_cost.detach(), rtol=1e-12, atol=1e-12)
+    want_acc, want_cost, want = _dense_scores(x, p_rows[p_index], ids, temperature, stops)
+    torch.testing.assert_close(acc.detach(), want_acc.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(cost.detach(), want_cost.detach(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     # the gradient of a weighted sum into the candidates' logits (the gradient pass's)
     (dense_grad,) = torch.autograd.grad((w_acc * want_acc + w_cost * want_cost).sum(), x)
     torch.testing.assert_close(grad, dense_grad.gather(-1, cand), rtol=1e-10, atol=1e-12)
     assert bool((grad != 0).any()) and int(drawable.sum()) >= 4
     assert bool((want_acc > 0).any()) and bool((want_acc == 0).any())
+    assert bool((want[:, 1] > 0).any()) and bool((want[:, 2] != 0).any())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("stops", [None, [2, 5]])
+def test_support_scores_equal_the_dense_formula(temperature, stops) -> None:
+    """`support_scores` (q over the whole vocabulary, p on a few columns: a top-k target)
+    against the whole-vocabulary formula: A, c and moments; `target_support` finds every
+    non-zero of p (rows with fewer fill up with zeros) and declines rows with more. Two
+    columns hold -inf logits (a draft space's mass columns), a label falls on one."""
+    from blockdraft.objectives.edr.acceptance import support_scores, target_support
+
+    gen = torch.Generator().manual_seed(8)
+    n, vocab, distinct = 40, 13, 9
+    p_rows = _sparse_target(gen, distinct, vocab, 0.06)
+    support = target_support(p_rows, most=8)
+    nonzeros = int((p_rows > 0).sum(-1).max())
+    assert support is not None and support.shape == (distinct, nonzeros) and nonzeros < vocab
+    assert target_support(p_rows, most=nonzeros - 1) is None
+    p_index = torch.randint(0, distinct, (n,), generator=gen)
+    logits = torch.randn(n, vocab, generator=gen, dtype=torch.float64) * 2
+    logits[:, -2:] = float("-inf")
+    ids = torch.multinomial(p_rows[p_index], 1, generator=gen).squeeze(-1)
+    p_rows[p_index[0], vocab - 1] += 0.5  # a label on a -inf column: A = 0
+    p_rows[p_index[0]] /= p_rows[p_index[0]].sum()
+    ids[0] = vocab - 1
+    support = target_support(p_rows, most=8)
+    stop_t = None if stops is None else torch.tensor(stops)
+    acc, cost, got = support_scores(
+        logits, support, p_rows, p_index, ids, temperature=temperature, stops=stop_t
+    )
+    x = logits.clone().requires_grad_(True)
+    want_acc, want_cost, want = _dense_scores(x, p_rows[p_index], ids, temperature, stops)
+    torch.testing.assert_close(acc, want_acc.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(cost, want_cost.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert float(acc[0]) == 0.0 and bool((want_acc > 0).any())
     assert bool((want[:, 1] > 0).any()) and bool((want[:, 2] != 0).any())

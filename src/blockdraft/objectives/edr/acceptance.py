@@ -487,18 +487,71 @@ def candidate_scores(
     columns of `p_rows`), `p_rows [R, W]` the target's distinct probability rows and
     `p_index [N]` each proposal's row, `ids [N]` the labels' columns."""
     dtype = torch.promote_types(cand_logits.dtype, torch.float32)
-    tiny = torch.finfo(dtype).tiny
-    t = temperature
     z = cand_logits.to(dtype)
-    logq = torch.log_softmax(z if t == 1 else z / t, dim=-1)
+    logq = torch.log_softmax(z if temperature == 1 else z / temperature, dim=-1)
     q = logq.exp()
-    p = p_rows.to(dtype)
-    p_c = p[p_index.unsqueeze(-1), cand_columns]
-    p_x = p[p_index, ids]
     hit = cand_columns == ids.unsqueeze(-1)  # candidates are distinct: at most one hit
     at = hit.to(torch.uint8).argmax(-1, keepdim=True)
-    found = hit.any(-1)
-    logq_x = torch.where(found, logq.gather(-1, at).squeeze(-1), float("-inf"))
+    logq_x = torch.where(hit.any(-1), logq.gather(-1, at).squeeze(-1), float("-inf"))
+    big_q = (q * q).sum(-1) if moments else None
+    return _scores_on_columns(
+        q, cand_columns, logq_x, big_q, p_rows, p_index, ids, temperature, stops, moments
+    )
+
+
+def support_scores(
+    logits: Tensor,
+    support: Tensor,
+    p_rows: Tensor,
+    p_index: Tensor,
+    ids: Tensor,
+    *,
+    temperature: float,
+    stops: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`candidate_scores`' `(A, c, moments)`, without gradient, for a drafter whose q
+    covers the vocabulary (`logits [N, W]`) against target rows that live on few columns:
+    `support [R, k]` holds every column where `p_rows [R, W]` is non-zero (a top-k
+    sampling target: k of them, plus a draft space's two mass columns).
+
+    Why: off the target's support p = 0, so `[p - q]_+` and `q G` vanish there and the
+    same `[N, k]` formulas hold with C = the support; only log q(x) and Q = <q, q> need the
+    whole row, two log-sum-exps instead of the several `[N, W]` passes of
+    `scores_with_gradient_moments` (docs/methods.md)."""
+    with torch.no_grad():
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        z = logits.to(dtype)
+        z = z if temperature == 1 else z / temperature
+        lse = torch.logsumexp(z, dim=-1, keepdim=True)
+        columns = support[p_index]
+        q = (z.gather(-1, columns) - lse).exp()
+        logq_x = (z.gather(-1, ids.unsqueeze(-1)) - lse).squeeze(-1)
+        big_q = (torch.logsumexp(2 * z, dim=-1) - 2 * lse.squeeze(-1)).exp()
+        return _scores_on_columns(
+            q, columns, logq_x, big_q, p_rows, p_index, ids, temperature, stops, True
+        )
+
+
+def target_support(p_rows: Tensor, most: int) -> Tensor | None:
+    """`[R, k]` columns that hold every non-zero of `p_rows [R, W]` (k <= `most`; columns
+    where p = 0 may fill a row up), or None when some row has more than `most` non-zeros."""
+    if p_rows.shape[0] == 0 or p_rows.shape[-1] <= most:
+        return None
+    k = int((p_rows > 0).sum(-1).max())
+    if k > most:
+        return None
+    return torch.topk(p_rows, max(k, 1), dim=-1).indices
+
+
+def _scores_on_columns(q, columns, logq_x, big_q, p_rows, p_index, ids, t, stops, moments):
+    """A, c (and moments) from q on `columns [N, k]`, which hold all of q's mass or all of
+    p's (`candidate_scores`, `support_scores`): `sum_{v not in S} [p - q]_+ = M -
+    sum_{C \\ S} min(p, q)` either way; log q(x) and Q = <q, q> come from the caller."""
+    dtype = q.dtype
+    tiny = torch.finfo(dtype).tiny
+    p = p_rows.to(dtype)
+    p_c = p[p_index.unsqueeze(-1), columns]
+    p_x = p[p_index, ids]
     diff = logq_x - p_x.clamp_min(tiny).log()
     acc = torch.exp(diff.clamp(max=0.0))
     a = torch.where(diff <= 0, acc, torch.zeros((), dtype=dtype, device=acc.device))
@@ -508,9 +561,9 @@ def candidate_scores(
     row_mass = read.sum(-1)
     if stops is not None and stops.numel():
         row_mass = row_mass - read.index_select(1, stops).sum(-1)
-        on_stop, x_stop = torch.isin(cand_columns, stops), torch.isin(ids, stops)
+        on_stop, x_stop = torch.isin(columns, stops), torch.isin(ids, stops)
     else:
-        on_stop = torch.zeros_like(cand_columns, dtype=torch.bool)
+        on_stop = torch.zeros_like(columns, dtype=torch.bool)
         x_stop = torch.zeros_like(ids, dtype=torch.bool)
     true_mass = row_mass[inverse]
     mass = true_mass.clamp_min(tiny)
@@ -520,26 +573,17 @@ def candidate_scores(
     if not moments:
         return acc, cost, None
     with torch.no_grad():
-        return acc, cost, _candidate_moments(q, logq_x, found, p_c, p_x, on_stop, x_stop, a,
-                                             true_mass, mass, t)  # fmt: skip
-
-
-def _candidate_moments(q, logq_x, found, p_c, p_x, on_stop, x_stop, a, true_mass, mass, t):
-    """`candidate_scores`' moments `[N, 3]` (its docstring; `scores_with_gradient_moments`'
-    formulas with every vocabulary sum over the candidates)."""
-    dtype, tiny = q.dtype, torch.finfo(q.dtype).tiny
-    live = true_mass > tiny
-    q_x = torch.where(found, logq_x.exp(), 0.0)
-    g_x = ((p_x >= q_x) & ~x_stop).to(dtype)
-    sign = torch.where(on_stop, -1.0, torch.sign(p_c - q))  # 2 G - 1
-    qs = sign * q
-    big_q = (q * q).sum(-1)
-    s = (q.sum(-1) + qs.sum(-1)) / 2
-    q_g = (big_q + (qs * q).sum(-1)) / 2
-    out = torch.empty((*a.shape, 3), dtype=dtype, device=a.device)
-    out[..., 0] = (a / t) ** 2 * (1 - 2 * q_x + big_q)
-    dc2 = ((1 - 2 * s) * q_g + s**2 * big_q) / mass / mass / t**2
-    da_dc = -a * (q_x * (g_x - s) - q_g + s * big_q) / mass / t**2
-    out[..., 1] = torch.where(live & ~x_stop, dc2, 0.0)
-    out[..., 2] = torch.where(live & ~x_stop, da_dc, 0.0)
-    return out
+        live = true_mass > tiny
+        q_x = logq_x.exp()
+        g_x = ((p_x >= q_x) & ~x_stop).to(dtype)
+        sign = torch.where(on_stop, -1.0, torch.sign(p_c - q))  # 2 G - 1 on C, G = 0 off it
+        qs = sign * q
+        s = ((q + qs) / 2).sum(-1)
+        q_g = ((q * q + qs * q) / 2).sum(-1)
+        out = torch.empty((*a.shape, 3), dtype=dtype, device=a.device)
+        out[..., 0] = (a / t) ** 2 * (1 - 2 * q_x + big_q)
+        dc2 = ((1 - 2 * s) * q_g + s**2 * big_q) / mass / mass / t**2
+        da_dc = -a * (q_x * (g_x - s) - q_g + s * big_q) / mass / t**2
+        out[..., 1] = torch.where(live & ~x_stop, dc2, 0.0)
+        out[..., 2] = torch.where(live & ~x_stop, da_dc, 0.0)
+    return acc, cost, out
