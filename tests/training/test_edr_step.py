@@ -179,15 +179,19 @@ def test_scoring_against_a_top_k_target_reads_its_support(setup, space: bool) ->
     tout = target_output(target, batch)
     anchors = every_round_start(batch)
     stops = target.stop_token_ids
-    outs = [
-        edr_step.score_round_starts(
-            fwd, stops, tout, batch, anchors, _TopK, "sampling", 64, moments=True
-        )
-        for fwd in (DraftForward(drafter), wrapped_forward_class()(drafter))
-    ]
-    for got, want in zip(*outs, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    acc, _, moments = outs[0]
+    for moments in (True, False):  # the `gradient` sampler's pass, and the others'
+        outs = [
+            edr_step.score_round_starts(
+                fwd, stops, tout, batch, anchors, _TopK, "sampling", 64, moments=moments
+            )
+            for fwd in (DraftForward(drafter), wrapped_forward_class()(drafter))
+        ]
+        assert len(outs[0]) == (3 if moments else 2)
+        for got, want in zip(*outs, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    acc, _, moments = edr_step.score_round_starts(
+        DraftForward(drafter), stops, tout, batch, anchors, _TopK, "sampling", 64, moments=True
+    )
     valid = (anchors >= 0)[..., None].expand_as(acc)
     assert (acc[valid] > 0).any() and (moments[..., 1][valid] > 0).any()
 

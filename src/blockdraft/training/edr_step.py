@@ -65,9 +65,9 @@ from blockdraft.training.target_distributions import stored_topk
 # `max_anchors`, so a pass holds no more blocks than a default EDR step drafts with gradient.
 DEFAULT_SCORE_CHUNK = 512
 
-# The most target columns the no-grad scoring pass reads per row instead of the whole
-# vocabulary when the target lives on few (a top-k sampling target: k, plus a draft space's
-# two mass columns); beyond, the dense kernel (`support_scores`).
+# The most target columns per row for which the no-grad scoring pass reads only those
+# (`support_scores`: a top-k sampling target's k, plus a draft space's two mass columns);
+# a target on more runs the whole-vocabulary kernels.
 SUPPORT_COLUMNS = 64
 
 
@@ -468,7 +468,7 @@ def head_chunked_scores(
             if support is not None:
                 acc, cost, m = support_scores(
                     z, support, p_rows, at, x, temperature=settings.temperature,
-                    stops=stop_columns,
+                    stops=stop_columns, moments=moments,
                 )  # fmt: skip
                 return (acc, cost, m) if moments else (acc, cost)
             pp = p_rows.index_select(0, at)

@@ -415,8 +415,9 @@ def test_support_scores_equal_the_dense_formula(temperature, stops) -> None:
     support = target_support(p_rows, most=8)
     stop_t = None if stops is None else torch.tensor(stops)
     acc, cost, got = support_scores(
-        logits, support, p_rows, p_index, ids, temperature=temperature, stops=stop_t
-    )
+        logits, support, p_rows, p_index, ids, temperature=temperature, stops=stop_t,
+        moments=True,
+    )  # fmt: skip
     x = logits.clone().requires_grad_(True)
     want_acc, want_cost, want = _dense_scores(x, p_rows[p_index], ids, temperature, stops)
     torch.testing.assert_close(acc, want_acc.detach(), rtol=1e-12, atol=1e-12)

@@ -508,8 +508,9 @@ def support_scores(
     *,
     temperature: float,
     stops: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """`candidate_scores`' `(A, c, moments)`, without gradient, for a drafter whose q
+    moments: bool,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """`candidate_scores`' `(A, c, moments or None)`, without gradient, for a drafter whose q
     covers the vocabulary (`logits [N, W]`) against target rows that live on few columns:
     `support [R, k]` holds every column where `p_rows [R, W]` is non-zero (a top-k
     sampling target: k of them, plus a draft space's two mass columns).
@@ -526,9 +527,11 @@ def support_scores(
         columns = support[p_index]
         q = (z.gather(-1, columns) - lse).exp()
         logq_x = (z.gather(-1, ids.unsqueeze(-1)) - lse).squeeze(-1)
-        big_q = (torch.logsumexp(2 * z, dim=-1) - 2 * lse.squeeze(-1)).exp()
+        big_q = None
+        if moments:
+            big_q = (torch.logsumexp(2 * z, dim=-1) - 2 * lse.squeeze(-1)).exp()
         return _scores_on_columns(
-            q, columns, logq_x, big_q, p_rows, p_index, ids, temperature, stops, True
+            q, columns, logq_x, big_q, p_rows, p_index, ids, temperature, stops, moments
         )
 
 
