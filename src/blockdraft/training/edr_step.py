@@ -440,9 +440,11 @@ def head_chunked_scores(
     width = p_rows.shape[-1]
     selector = has_selector(drafter)
     stop_columns = torch.as_tensor(list(stops), dtype=torch.long, device=p_rows.device)
-    # no gradient and a target on few columns (top-k sampling): scored on them
+    # no gradient and a top-k target (few columns): scored on them; without a top-k cutoff
+    # the target covers the vocabulary, so no pass over its rows looks
     support = None
-    if not selector and not torch.is_grad_enabled():
+    top_k = int(getattr(settings, "top_k", 0) or 0)
+    if not selector and not torch.is_grad_enabled() and 0 < top_k < SUPPORT_COLUMNS:
         support = target_support(p_rows, SUPPORT_COLUMNS)
 
     def rows_fn(h, prv, at, x, col):
