@@ -8,7 +8,8 @@ Rows, on the same target, prompts and thread count, timed round-robin per prompt
 method decodes prompt i before any decodes prompt i+1, in reversed order on odd
 prompts), so machine drift hits all alike:
 
-- `HF generate`: `model.generate` (greedy, or sampling at T with top-k/top-p off);
+- `HF generate`: `model.generate` (greedy, or sampling at T with top-k/top-p off, or at
+  `--top-p` / `--top-k`, which every sampled row then uses);
 - `HF prompt lookup`: `generate(prompt_lookup_num_tokens=K)` (HF's assisted decoding;
   its rounds are counted with a forward hook on the model, so it gets a tau too);
 - `AR loop`: blockdraft's autoregressive baseline (`decoding.loop.ar_generate`), with
@@ -211,6 +212,7 @@ def bench_temperature(
     target: Any, prompts: list[list[int]], drafters: dict[str, Any], temp: float, args: Any
 ) -> list[dict[str, Any]]:
     n, k = args.max_new_tokens, args.k
+    cutoffs = {} if temp == 0 else {"top_p": args.top_p, "top_k": args.top_k}
     lean = LeanTarget.of(target.model, target.layer_ids)
     counter = ForwardCounter(target.model.get_decoder(), lean)  # every path runs the decoder
     rows: dict[str, dict[str, Any]] = {}
@@ -222,8 +224,8 @@ def bench_temperature(
     ar_stats = StepStats()
     for i, prompt in enumerate(prompts):
         jobs: dict[str, Callable[[], Any]] = {
-            "HF generate": hf_generate_job(target, prompt, temp, n),
-            "HF prompt lookup": hf_generate_job(target, prompt, temp, n, lookup=k),
+            "HF generate": hf_generate_job(target, prompt, temp, n, **cutoffs),
+            "HF prompt lookup": hf_generate_job(target, prompt, temp, n, lookup=k, **cutoffs),
             "AR loop, HF forward": lambda p=prompt, i=i: ar_generate(
                 target,
                 p,
@@ -231,6 +233,7 @@ def bench_temperature(
                 max_new_tokens=n,
                 lean=False,
                 generator=torch.Generator().manual_seed(i),
+                **cutoffs,
             ),  # fmt: skip
             "AR loop": lambda p=prompt, i=i: ar_generate(
                 target,
@@ -239,6 +242,7 @@ def bench_temperature(
                 max_new_tokens=n,
                 stats=ar_stats,
                 generator=torch.Generator().manual_seed(i),
+                **cutoffs,
             ),  # fmt: skip
         }
         if lean is None:  # the AR loop runs the HF forward anyway
@@ -246,7 +250,7 @@ def bench_temperature(
         for name, drafter in drafters.items():
             jobs[name] = lambda d=drafter, p=prompt, i=i: speculative_generate(
                 target, d, p, temperature=temp, max_new_tokens=n,
-                generator=torch.Generator().manual_seed(i),
+                generator=torch.Generator().manual_seed(i), **cutoffs,
             )  # fmt: skip
         # every method on this prompt, in reversed order on odd prompts
         order = [(k, j) for k, j in jobs.items() if not args.methods or k in args.methods]
@@ -344,6 +348,8 @@ def main() -> None:
     ap.add_argument("--max-prompt-tokens", type=int, default=256)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--top-p", type=float, default=1.0, help="sampled rows' top-p (1: off)")
+    ap.add_argument("--top-k", type=int, default=0, help="sampled rows' top-k (0: off)")
     ap.add_argument("--reps", type=int, default=5, help="repeats of the forward-cost table")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
@@ -385,6 +391,8 @@ def main() -> None:
     print("\nsingle target forwards on the prompts' caches (median):")
     for name, s in cost.items():
         print(f"  {name:<48}{1e3 * s:8.2f} ms  {s / one:5.2f}x one token")
+    if args.top_p < 1 or args.top_k:
+        print(f"\nsampled rows (T > 0): top-p {args.top_p:g}, top-k {args.top_k or 'off'}")
     for temp in args.temperature:
         print_rows(temp, bench_temperature(target, prompts, drafters, temp, args))
 

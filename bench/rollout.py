@@ -20,6 +20,11 @@ of that many engine responses (OpenAI-style records with token ids, ~40-token pr
     python bench/rollout.py [--shapes tiny,gemma] [--rounds 3] [--batch 16] [--threads 2]
                             [--temperature 1] [--import-rows 1000]
 
+Sampled rollouts at the EDR paper's setting, top-p decided on the top-k values vs on the
+whole sorted row (a 262k-column sort per row and token on Gemma), side by side:
+    python bench/rollout.py --shapes gemma --temperature 0.7 --top-p 0.8 --top-k 20 \
+        --whole-row-top-p --threads 2 --import-rows 0 --batch 32 --batches 1 --gemma-new 32
+
 Greedy Gemma rollouts at the batch `blockdraft rollout` should use (issue 26: the 262k-column
 head dominates a step at batch 32, and its weight is read once per step whatever the batch):
     python bench/rollout.py --shapes gemma --temperature 0 --threads 2 --import-rows 0 \
@@ -148,6 +153,20 @@ def run_hf(target: Target, prompts: list[Prompt], s: SamplingSettings, batch: in
     return total, _clock() - t
 
 
+def whole_row_top_p(run, *args, **kwargs):
+    """`run` with top-p decided on the whole sorted row even after top-k (the old rule)."""
+    import blockdraft.sampling as sampling
+
+    short = sampling.top_p_removed_within_top_k
+    sampling.top_p_removed_within_top_k = lambda masked, _v, _i, p: sampling.top_p_removed(
+        masked, p
+    )
+    try:
+        return run(*args, **kwargs)
+    finally:
+        sampling.top_p_removed_within_top_k = short
+
+
 def with_stops(target: Target, fraction: float) -> Target:
     """The same model with a random `fraction` of its vocabulary as stop tokens.
 
@@ -197,12 +216,16 @@ def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> 
         sides["ours-bf16"] = lambda _t, *a: run_ours(
             bf16, *a, logprobs=not args.no_logprobs, side="bf16"
         )
+    if args.whole_row_top_p:
+        sides["ours-sort"] = lambda *a: whole_row_top_p(run_ours, *a, side="sort")
     if args.temperature == 0:
         s = SamplingSettings(temperature=0.0, max_new_tokens=max_new, seed=0)
         how = "greedy"
     else:
-        s = SamplingSettings(args.temperature, top_k=50, top_p=0.95, max_new_tokens=max_new, seed=0)
-        how = f"T={args.temperature:g} top-k 50 top-p 0.95"
+        s = SamplingSettings(
+            args.temperature, top_k=args.top_k, top_p=args.top_p, max_new_tokens=max_new, seed=0
+        )
+        how = f"T={args.temperature:g} top-k {args.top_k} top-p {args.top_p:g}"
     warm = SamplingSettings(temperature=1.0, max_new_tokens=2)
     for b in sizes:
         run_ours(target, prompts[:b], warm, b)
@@ -247,6 +270,13 @@ def bench(name: str, target: Target, args: argparse.Namespace, max_new: int) -> 
                 f"{med([x / o for x, o in zip(fast, fp32, strict=True)]):.2f}x fp32, "
                 f"{med([x / h for x, h in zip(fast, hf, strict=True)]):.2f}x HF "
                 f"({same}/{len(prompts)} rollouts equal fp32's)"
+            )
+        if args.whole_row_top_p:
+            slow = rates[("ours-sort", b)]
+            same = "same" if TOKENS[("sort", b)] == TOKENS[(True, b)] else "OTHER"
+            line += (
+                f" | whole-row top-p {med(slow):8.1f} tok/CPU-s: top-p on the top-k values "
+                f"{med([o / x for o, x in zip(ours, slow, strict=True)]):.2f}x it ({same} tokens)"
             )
         if b != sizes[0]:
             first = rates[("ours", sizes[0])]
@@ -304,6 +334,14 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=2, help="batches of prompts per round")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=1.0, help="0: greedy (argmax)")
+    ap.add_argument("--top-k", type=int, default=50, help="sampled rollouts' top-k (0: off)")
+    ap.add_argument("--top-p", type=float, default=0.95, help="sampled rollouts' top-p (1: off)")
+    ap.add_argument(
+        "--whole-row-top-p",
+        action="store_true",
+        help="also time ours deciding top-p on the whole sorted row (the rule before top-p "
+        "was decided on the top-k values), side by side",
+    )
     ap.add_argument("--tiny-new", type=int, default=128)
     ap.add_argument("--gemma-new", type=int, default=24)
     ap.add_argument("--import-rows", type=int, default=1000, help="0: skip the import bench")
