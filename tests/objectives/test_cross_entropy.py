@@ -7,7 +7,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from blockdraft.objectives import target_logprobs, token_logprobs, weighted_cross_entropy
+from blockdraft.objectives import (
+    target_logprobs,
+    target_logprobs_and_top,
+    token_logprobs,
+    weighted_cross_entropy,
+)
 from blockdraft.objectives.cross_entropy import keeps_probabilities
 
 KEEP, CHUNKED = None, 0  # max_kept_bytes: default budget (small cases fit) / force chunking
@@ -60,6 +65,37 @@ def test_values_and_gradients_match_full_logits(chunk_rows, budget) -> None:
     torch.testing.assert_close(g_h1, g_h2, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(g_w1, g_w2, rtol=1e-10, atol=1e-12)
     assert torch.all(g_h1[3] == 0)
+
+
+@pytest.mark.parametrize("chunk_rows,budget", [(1, CHUNKED), (5, CHUNKED), (4, KEEP)])
+def test_top_k_logits_ride_along_with_their_gradient(chunk_rows, budget) -> None:
+    """`target_logprobs_and_top`: log q(target) as before, plus each row's top-k logits and
+    columns; both gradients together equal autograd through full logits and torch.topk."""
+    hidden, weight, targets, upstream = _case()
+    targets[3] = -100
+    k = 5
+    up_top = torch.randn(13, k, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    h1, w1 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    h2, w2 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    logq, top, cols = target_logprobs_and_top(
+        h1.view(13, 1, -1), w1, targets.view(13, 1), k, chunk_rows=chunk_rows,
+        max_kept_bytes=budget,
+    )  # fmt: skip
+    ref_top, ref_cols = torch.topk(h2 @ w2.T, k, dim=-1)
+    ref = _reference_logprobs(h2, w2, targets)
+    assert top.shape == (13, 1, k) and cols.shape == (13, 1, k) and not cols.requires_grad
+    assert torch.equal(cols.view(13, k), ref_cols)
+    torch.testing.assert_close(top.view(13, k), ref_top, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(logq.view(13), ref, rtol=1e-12, atol=1e-12)
+    loss1 = (logq.view(13) * upstream).sum() + (top.view(13, k) * up_top).sum()
+    loss2 = (ref * upstream).sum() + (ref_top * up_top).sum()
+    got, want = torch.autograd.grad(loss1, (h1, w1)), torch.autograd.grad(loss2, (h2, w2))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():  # the scoring path returns the same numbers
+        again = target_logprobs_and_top(hidden, weight, targets, k)
+    torch.testing.assert_close(again[0], ref.detach(), rtol=1e-12, atol=1e-12)
+    assert torch.equal(again[2], ref_cols)
 
 
 @pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode, None])

@@ -10,6 +10,7 @@ from __future__ import annotations
 from blockdraft.objectives.cross_entropy import (
     default_chunk_rows,
     target_logprobs,
+    target_logprobs_and_top,
     token_logprobs,
     weighted_cross_entropy,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "overlap",
     "overlap_with_logits",
     "target_logprobs",
+    "target_logprobs_and_top",
     "token_logprobs",
     "uniform_weights",
     "weighted_cross_entropy",

@@ -105,46 +105,56 @@ def _softmax_(logits: torch.Tensor, normalise: bool) -> tuple[torch.Tensor, torc
     return probs, (top + total.log()).squeeze(1)
 
 
-def _chunked_logq(hidden, weight, safe_targets, step, normalise):  # type: ignore[no-untyped-def]
-    """`(log q(target), logsumexp, last chunk's probabilities)`, `step` rows of logits at a
-    time; the probabilities are normalised only if asked (the kept mode's backward)."""
+def _chunked_logq(hidden, weight, safe_targets, step, normalise, top_k=0):  # type: ignore[no-untyped-def]
+    """`(log q(target), logsumexp, last chunk's probabilities, top-k logits, their columns)`,
+    `step` rows of logits at a time; the probabilities are normalised only if asked (the
+    kept mode's backward); the top-k `[rows, top_k]` are taken before the softmax."""
     rows = hidden.shape[0]
     dtype = _compute_dtype(hidden.dtype)
     logq = torch.zeros(rows, dtype=dtype, device=hidden.device)
     lse = torch.zeros(rows, dtype=dtype, device=hidden.device)
+    top = torch.empty((rows, top_k), dtype=dtype, device=hidden.device)
+    columns = torch.empty((rows, top_k), dtype=torch.long, device=hidden.device)
     probs = None
     for start in range(0, rows, step):
         stop = min(start + step, rows)
         logits = (hidden[start:stop] @ weight.T).to(dtype)
         picked = logits.gather(1, safe_targets[start:stop, None]).squeeze(1)
+        if top_k:
+            torch.topk(logits, top_k, dim=1, out=(top[start:stop], columns[start:stop]))
         probs, lse[start:stop] = _softmax_(logits, normalise=normalise)
         logq[start:stop] = picked - lse[start:stop]
-    return logq, lse, probs
+    return logq, lse, probs, top, columns
 
 
-def _no_grad_logprobs(hidden, weight, targets):  # type: ignore[no-untyped-def]
+def _no_grad_logprobs(hidden, weight, targets, top_k=0):  # type: ignore[no-untyped-def]
     """`log q(target)` with nothing kept for backward (scoring passes): each chunk's logits
     are reduced while they are in cache, never normalised, never written out whole."""
     step = max(NO_GRAD_MIN_ROWS, NO_GRAD_CHUNK_ELEMENTS // max(1, weight.shape[0]))
-    logq = _chunked_logq(hidden, weight, targets.clamp_min(0), step, normalise=False)[0]
-    return torch.where(targets >= 0, logq, torch.zeros_like(logq))
+    logq, _, _, top, columns = _chunked_logq(
+        hidden, weight, targets.clamp_min(0), step, normalise=False, top_k=top_k
+    )
+    return torch.where(targets >= 0, logq, torch.zeros_like(logq)), top, columns
 
 
-def _forward(ctx, hidden, weight, targets, chunk_rows, keep_probs):  # type: ignore[no-untyped-def]
+def _forward(ctx, hidden, weight, targets, chunk_rows, keep_probs, top_k):  # type: ignore[no-untyped-def]
     valid = targets >= 0
     safe_targets = targets.clamp_min(0)
     step = max(hidden.shape[0], 1) if keep_probs else chunk_rows
-    logq, lse, probs = _chunked_logq(hidden, weight, safe_targets, step, normalise=keep_probs)
+    logq, lse, probs, top, columns = _chunked_logq(
+        hidden, weight, safe_targets, step, normalise=keep_probs, top_k=top_k
+    )
     logq = torch.where(valid, logq, torch.zeros_like(logq))
-    ctx.save_for_backward(hidden, weight, safe_targets, valid, lse)
+    ctx.save_for_backward(hidden, weight, safe_targets, valid, lse, columns)
+    ctx.mark_non_differentiable(columns)
     ctx.chunk_rows = chunk_rows
     # An intermediate (not an input/output), so it may live on ctx; freed after one use.
     ctx.probs = probs if keep_probs else None
-    return logq
+    return logq, top, columns
 
 
-def _backward(ctx, grad_logq):  # type: ignore[no-untyped-def]
-    hidden, weight, safe_targets, valid, lse = ctx.saved_tensors
+def _backward(ctx, grad_logq, grad_top):  # type: ignore[no-untyped-def]
+    hidden, weight, safe_targets, valid, lse, columns = ctx.saved_tensors
     need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     grad_hidden = torch.empty_like(hidden) if need_hidden else None
     dtype = lse.dtype
@@ -165,6 +175,8 @@ def _backward(ctx, grad_logq):  # type: ignore[no-untyped-def]
         # d logq / d logits = onehot(target) - softmax; scaled by the incoming gradient.
         g_chunk = g[start:stop, None]
         grad_logits.mul_(-g_chunk).scatter_add_(1, safe_targets[start:stop, None], g_chunk)
+        if columns.shape[1]:  # the top-k logits' own gradient lands on their columns
+            grad_logits.scatter_add_(1, columns[start:stop], grad_top[start:stop].to(dtype))
         if need_hidden:
             grad_hidden[start:stop] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
         if need_weight:
@@ -172,7 +184,7 @@ def _backward(ctx, grad_logq):  # type: ignore[no-untyped-def]
         del grad_logits
     if need_weight:
         grad_weight = grad_weight.to(weight.dtype)
-    return grad_hidden, grad_weight, None, None, None
+    return grad_hidden, grad_weight, None, None, None, None
 
 
 def _make_function(device_type: str) -> type[torch.autograd.Function]:
@@ -187,14 +199,14 @@ def _make_function(device_type: str) -> type[torch.autograd.Function]:
     class _TargetLogprobs(torch.autograd.Function):
         @staticmethod
         @torch.amp.custom_fwd(device_type=device_type)
-        def forward(ctx, hidden, weight, targets, chunk_rows, keep_probs):  # type: ignore[override]
-            return _forward(ctx, hidden, weight, targets, chunk_rows, keep_probs)
+        def forward(ctx, hidden, weight, targets, chunk_rows, keep_probs, top_k):  # type: ignore[override]
+            return _forward(ctx, hidden, weight, targets, chunk_rows, keep_probs, top_k)
 
         @staticmethod
         @torch.amp.custom_bwd(device_type=device_type)
         @once_differentiable
-        def backward(ctx, grad_logq):  # type: ignore[override]
-            return _backward(ctx, grad_logq)
+        def backward(ctx, grad_logq, grad_top, _grad_columns):  # type: ignore[override]
+            return _backward(ctx, grad_logq, grad_top)
 
     _TargetLogprobs.__name__ = _TargetLogprobs.__qualname__ = f"TargetLogprobs_{device_type}"
     return _TargetLogprobs
@@ -226,6 +238,25 @@ def target_logprobs(
     O(chunk_rows * V) including the backward pass, which recomputes each chunk's logits.
     `chunk_rows=None` picks ~64 MB chunks. Values and gradients are the same either way.
     """
+    return target_logprobs_and_top(hidden, head_weight, targets, 0, chunk_rows, max_kept_bytes)[0]
+
+
+def target_logprobs_and_top(
+    hidden: torch.Tensor,
+    head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    top_k: int,
+    chunk_rows: int | None = None,
+    max_kept_bytes: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(log q(target) [...], top-k logits [..., top_k], their columns [..., top_k])`.
+
+    `target_logprobs` that also returns each row's `top_k` largest logits (float32,
+    differentiable, descending) and their columns, from the same head product: a DFlash2
+    selector re-ranks exactly those candidates, so its training step needs no second pass
+    over the vocabulary and no `[rows, k, H]` gather of head rows. In backward the top-k
+    logits' gradient joins the cross-entropy's `[rows, V]` gradient before its two products.
+    """
     if hidden.dim() < 1 or head_weight.dim() != 2:
         raise ValueError(
             f"expected hidden [..., H] and head_weight [V, H], "
@@ -240,6 +271,8 @@ def target_logprobs(
         raise ValueError(
             f"hidden dtype {hidden.dtype} differs from head_weight dtype {head_weight.dtype}"
         )
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= vocab_size:
+        raise ValueError(f"top_k must be an int in [0, {vocab_size}], got {top_k!r}")
     _check_targets(targets, vocab_size, hidden.shape[:-1])
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(vocab_size)
@@ -249,11 +282,14 @@ def target_logprobs(
     flat_hidden = hidden.reshape(-1, hidden_size)
     flat_targets = targets.reshape(-1).long()
     if not (torch.is_grad_enabled() and (hidden.requires_grad or head_weight.requires_grad)):
-        return _no_grad_logprobs(flat_hidden, head_weight, flat_targets).reshape(lead_shape)
-    keep = keeps_probabilities(flat_hidden.shape[0], vocab_size, hidden.dtype, max_kept_bytes)
-    fn = _function_for(hidden.device)
-    logq = fn.apply(flat_hidden, head_weight, flat_targets, chunk_rows, keep)
-    return logq.reshape(lead_shape)
+        logq, top, columns = _no_grad_logprobs(flat_hidden, head_weight, flat_targets, top_k)
+    else:
+        keep = keeps_probabilities(flat_hidden.shape[0], vocab_size, hidden.dtype, max_kept_bytes)
+        fn = _function_for(hidden.device)
+        logq, top, columns = fn.apply(
+            flat_hidden, head_weight, flat_targets, chunk_rows, keep, top_k
+        )
+    return logq.reshape(lead_shape), top.view(*lead_shape, top_k), columns.view(*lead_shape, top_k)
 
 
 def weighted_cross_entropy(

@@ -17,7 +17,11 @@ from torch import nn
 from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.semi_ar import SemiARDrafter
-from blockdraft.objectives.cross_entropy import target_logprobs, token_logprobs
+from blockdraft.objectives.cross_entropy import (
+    target_logprobs,
+    target_logprobs_and_top,
+    token_logprobs,
+)
 from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
 from blockdraft.training.draft_space import DraftSpace
 
@@ -139,21 +143,30 @@ class DraftForward(nn.Module):
 def _selector_logq_impl(drafter, hidden, labels, prev, chunk_rows, temperature=1.0):
     """(floored selector log q(label), unary log q(label)) without full logits, both at
     the drafter temperature (the candidates, a top-k, do not depend on it)."""
-    candidates, scores = drafter.select_compact(hidden, prev)
     columns, in_vocab = map_to_draft_vocab(drafter, labels)  # candidates are draft columns
+    if _is_plain_head(drafter) and temperature == 1.0:
+        # one head product gives the unary log q(label) and the candidates' logits
+        weight = drafter.head_weight
+        logq_u, top, candidates = target_logprobs_and_top(
+            hidden.to(weight.dtype), weight, columns, drafter.candidate_selector.top_k, chunk_rows
+        )
+        prev_rows = drafter.predecessor_rows(prev)
+        scores = drafter.candidate_selector.score(hidden, candidates, top, prev_rows)
+    else:
+        candidates, scores = drafter.select_compact(hidden, prev)
+        if _is_plain_head(drafter):
+            weight = drafter.head_weight
+            h = hidden.to(weight.dtype) / temperature
+            logq_u = target_logprobs(h, weight, columns, chunk_rows)
+        else:
+            unary = drafter.unary_logits(hidden) / temperature
+            logq_u = chunked_token_logprobs(unary, columns, chunk_rows)
     hit = candidates == columns.clamp_min(0).unsqueeze(-1)
     logp = torch.log_softmax(scores.float() / temperature, -1)
     inside = hit.any(-1) & in_vocab
     sel = torch.where(hit, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(-1)
     sel = torch.where(inside, sel, torch.full_like(sel, LOGQ_FLOOR))
     sel = torch.where(labels >= 0, sel, torch.zeros_like(sel))
-    if _is_plain_head(drafter):
-        weight = drafter.head_weight
-        h = hidden.to(weight.dtype) / temperature
-        logq_u = target_logprobs(h, weight, columns, chunk_rows)
-    else:
-        unary = drafter.unary_logits(hidden) / temperature
-        logq_u = chunked_token_logprobs(unary, columns, chunk_rows)
     return sel, logq_u
 
 
