@@ -141,7 +141,8 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
     with the loop's screened head (no MKL packing), and packed fp32 layers
     (kernels/packed_linear.py) with the packed fp32 head, the bf16 screen or the int8
     screen (kernels/argmax_screen.py; the loop takes int8 where this CPU has exact
-    int8 products)."""
+    int8 products); and sampled verification under a top-k 20 cutoff through the loop's
+    screen (`top_k_logits`)."""
     run, fp32_head = TargetRunner(target), TargetRunner(target)
     fp32_head.screen = None  # the packed fp32 head, whatever `use_packed_weights` picks
     packs = PackedLinears.of(target.model)
@@ -171,6 +172,9 @@ def verify_cost(target: Any, prompts: list[list[int]], k: int, reps: int) -> dic
                 except RuntimeError:  # no exact int8 products on this CPU
                     continue
                 cases[f"{k + 1} argmax, packed + {kind} screen"] = (screened, True, plain)
+            # T > 0 under a top-k cutoff (the EDR paper's 20): the loop's screen
+            top_k = dict(keep=k + 1, features=True, argmax=False, top_k=20)
+            cases[f"{k + 1} top-20 logits, packed + {loop_kind} screen"] = (run, True, top_k)
     worst = [name for name in cases if name.endswith("int8 screen")]
     for name in worst:  # the screen's cost depends on the text: random tokens are its worst
         cases[name + ", random tokens"] = cases[name]

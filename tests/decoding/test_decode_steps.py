@@ -50,6 +50,52 @@ def test_greedy_speculative_with_screened_head_equals_ar(monkeypatch, drafter_ki
     assert sum(res.histogram[2:]) > 0
 
 
+@pytest.mark.parametrize("drafter_kind", ["ngram", "dflash"])
+def test_sampled_top_k_verification_through_the_screen_equals_the_full_head(
+    monkeypatch, drafter_kind
+) -> None:
+    """At T > 0 under a top-k cutoff the verified rows come from the screened head
+    (`top_k_logits`: -inf where a token cannot pass the cutoff); the same seeds then give
+    the same outputs as the full head, with one-hot proposals (prompt lookup) and with a
+    drafter's q."""
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+    from blockdraft.drafters.ngram import NgramDrafter
+
+    monkeypatch.setattr(LeanTarget, "supports", staticmethod(lambda model: False))
+    target = make_random_target("llama", seed=1)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, target.vocab_size, (6,), generator=g).tolist() for _ in range(4)]
+    if drafter_kind == "ngram":
+        drafter = NgramDrafter(num_proposals=4, match="first")
+    else:
+        torch.manual_seed(0)
+        cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5)
+        drafter = BlockDrafter(cfg).bind_target(target).eval()
+    calls = []
+    original = ScreenedArgmaxHead.top_k_logits
+    monkeypatch.setattr(
+        ScreenedArgmaxHead,
+        "top_k_logits",
+        lambda self, h, k: calls.append(k) or original(self, h, k),
+    )
+
+    def run(screen: bool):  # type: ignore[no-untyped-def]
+        monkeypatch.setattr(ScreenedArgmaxHead, "MIN_HEAD", 0 if screen else 1 << 62)
+        monkeypatch.setattr(argmax_screen, "_HEADS", argmax_screen.weakref.WeakKeyDictionary())
+        monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.weakref.WeakKeyDictionary())
+        return decode(
+            target, drafter, prompts, temperature=0.8, top_p=0.9, top_k=5, max_new_tokens=30,
+            seed=3, measure_ar=False,
+        )  # fmt: skip
+
+    full = run(screen=False)
+    assert not calls
+    screened = run(screen=True)
+    assert calls and set(calls) == {5}
+    assert screened.outputs == full.outputs
+    assert sum(full.histogram[1:]) > 0  # some proposals were accepted
+
+
 @pytest.mark.parametrize("screened", [False, True])
 def test_greedy_draft_head_equals_full_vocab_argmax(monkeypatch, screened) -> None:
     """Argmax in the drafter's reduced vocabulary, mapped to target ids, is the argmax of

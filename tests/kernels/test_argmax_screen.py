@@ -116,3 +116,54 @@ def test_int8_probe_rejects_a_saturating_kernel(monkeypatch) -> None:
     assert isinstance(head.screen, argmax_screen.Bf16Screen)
     with pytest.raises(RuntimeError, match="int8 products"):
         ScreenedArgmaxHead(torch.randn(64, 32), kind="int8")
+
+
+def _kth_near_tie_case(k: int, seed: int):  # type: ignore[no-untyped-def]
+    """Rows where a rival token's fp32 logit is within ~1e-4 of the row's k-th largest
+    (above or below), so the screen alone often puts the wrong token at the cutoff."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, hidden, rows = 4096, 256, 32
+    weight = torch.randn(vocab, hidden, generator=g) * 0.05
+    x = torch.randn(rows, hidden, generator=g) * 4
+    x[:, :3] *= 20  # outlier dimensions, as Gemma's final hidden states have
+    kth = torch.topk(x @ weight.T, k, dim=-1).indices[:, -1]
+    rivals = torch.randperm(vocab, generator=g)[:rows]
+    for r in range(rows):
+        direction = x[r] / x[r].norm() ** 2
+        logit = float(x[r] @ weight[kth[r]])
+        weight[rivals[r]] = weight[kth[r]] + direction * (1e-4 if r % 2 else -1e-4) * abs(logit)
+    return weight, x
+
+
+@pytest.mark.parametrize("kind", ["int8", "bf16", "int8-whole-rows"])
+@pytest.mark.parametrize("k", [1, 5, 20])
+def test_top_k_logits_keep_what_a_top_k_sampler_keeps(monkeypatch, kind, k) -> None:
+    """`top_k_logits` rows: every token the exact fp32 top-k keeps is there with its fp32
+    logit (one dot product's rounding), the rest is -inf, so `processed_probs` under a top-k
+    cutoff of at most k gives the full head's distribution; the screen alone does not.
+    `int8-whole-rows`: every row counts as too loose and gets its whole fp32 row."""
+    from blockdraft.sampling import processed_probs
+
+    if kind.startswith("int8") and not int8_products_exact():
+        pytest.skip("no exact int8 products on this CPU")
+    weight, x = _kth_near_tie_case(k, seed=k)
+    head = ScreenedArgmaxHead(weight, kind=kind.split("-")[0])
+    if kind == "int8-whole-rows":
+        monkeypatch.setattr(head, "EXACT_LIMIT", 0)
+    exact = x @ weight.T
+    got = head.top_k_logits(x, k)
+    kept = exact >= torch.topk(exact, k, dim=-1).values[:, -1:]
+    finite = torch.isfinite(got)
+    assert (finite | ~kept).all() and finite.sum(-1).min() >= k
+    torch.testing.assert_close(got[finite], exact[finite], rtol=1e-5, atol=1e-5)
+    if kind != "int8-whole-rows":
+        assert finite.sum() < 0.05 * finite.numel()  # a screen, not the full head
+    for cutoff in sorted({1, k}):
+        for top_p in (1.0, 0.9):
+            want = processed_probs(exact, 0.7, top_p, cutoff)
+            have = processed_probs(got, 0.7, top_p, cutoff)
+            assert torch.equal(have > 0, want > 0)
+            torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-6)  # logits ~1e2
+    y = head.products(x).y.float()
+    alone = y >= torch.topk(y, k, dim=-1).values[:, -1:]
+    assert not torch.equal(alone, kept), "the screen alone never errs: proves nothing"

@@ -165,7 +165,7 @@ def _speculative_loop(
         block[0, 1:] = proposal.tokens
         clock.lap("other")
         # --- verify ------------------------------------------------------------------
-        out = run.step(block, cache, keep=k + 1, features=features, argmax=greedy)
+        out = run.step(block, cache, keep=k + 1, features=features, argmax=greedy, top_k=top_k)
         clock.lap("target")
         props = block[0, 1:]
         if greedy:

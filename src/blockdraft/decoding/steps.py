@@ -4,8 +4,9 @@
 batch 1 on a CPU the loop is dominated by exactly that generality, and at a 262k
 vocabulary the LM head costs more than all decoder layers. So `TargetRunner.step` keeps
 only the verified rows' logits, asks for hidden states only when a drafter reads them,
-crops the cache in place (API detected once per cache), and at T = 0 on a CPU takes the
-argmax through the exact int8 screen (`kernels/argmax_screen.py`); small Qwen3 / Llama targets on a
+crops the cache in place (API detected once per cache), and on a CPU takes the verified
+rows' argmax at T = 0, or under a top-k cutoff the logits of the tokens that can pass it,
+through the exact int8 screen (`kernels/argmax_screen.py`); small Qwen3 / Llama targets on a
 CPU run the lean forward instead (`decoding/cpu/lean_target.py`), in the AR baseline too,
 so the two loops stay comparable. Numbers: docs/decoding.md.
 """
@@ -75,13 +76,17 @@ class TargetRunner:
         features: bool = False,
         croppable: bool = False,
         argmax: bool = False,
+        top_k: int = 0,
     ) -> StepOutput:
         """Forward `ids [1, T]` on top of `cache` (None: prefill) -> last `keep` logit rows.
 
         `croppable`: the caller will cut rejected suffixes off this cache (sliding-window
         layers must then keep their past until the next crop; HF's assisted generation
         does the same). `argmax`: the caller needs only `StepOutput.argmax()`; several
-        rows then go through the screened head when the target has one (logits None)."""
+        rows then go through the screened head when the target has one (logits None).
+        `top_k`: the caller samples under a top-k cutoff of at most this many tokens (0:
+        none); several rows then come from the screened head, -inf for every token that
+        cannot pass the cutoff (`ScreenedArgmaxHead.top_k_logits`)."""
         if not self.hf:
             out = self.target.forward(ids, cache=cache, use_cache=True)
             return StepOutput(out.logits[0, -keep:], out.features if features else None, out.cache)
@@ -96,7 +101,8 @@ class TargetRunner:
             kwargs["output_hidden_states"] = True
         if cache is not None:
             kwargs[self.cache_kwarg] = cache
-        screened = argmax and keep > 1 and self.screen is not None
+        sampled_top_k = 0 < top_k <= ScreenedArgmaxHead.MAX_TOP_K
+        screened = (argmax or sampled_top_k) and keep > 1 and self.screen is not None
         if screened:
             out = self.target.model.get_decoder()(**kwargs)
         else:
@@ -113,9 +119,12 @@ class TargetRunner:
         if features:
             hidden = out.hidden_states
             feats = torch.cat([hidden[i + 1] for i in self.layer_ids], dim=-1)
-        if screened:
+        if screened and argmax:
             tokens = self.screen.argmax(out.last_hidden_state[0, -keep:])
             return StepOutput(None, feats, cache, tokens)
+        if screened:
+            logits = self.screen.top_k_logits(out.last_hidden_state[0, -keep:], top_k)
+            return StepOutput(logits, feats, cache)
         return StepOutput(out.logits[0, -keep:], feats, cache)
 
     def crop(self, cache: Any, length: int) -> None:

@@ -5,8 +5,10 @@ vocabulary the fp32 head over 8 rows costs more than all the decoder layers. A c
 product (the *screen*: `Int8Screen` on oneDNN's VNNI kernels, else `Bf16Screen`) gives
 every logit with a rigorous error bound `E_v = a ||W_v|| + b e_v + c |y_v|`; only tokens
 whose bound reaches the screen's maximum can be the fp32 argmax, and those few get exact
-fp32 logits, so the result is the fp32 argmax. A one-time probe keeps the int8 screen off
-where this CPU's integer sums are not exact. Bounds and costs: docs/decoding.md.
+fp32 logits, so the result is the fp32 argmax. A sampler with a top-k cutoff likewise
+needs only the tokens that can be among the k largest (`top_k_logits`). A one-time probe
+keeps the int8 screen off where this CPU's integer sums are not exact. Bounds and costs:
+docs/decoding.md.
 """
 
 from __future__ import annotations
@@ -222,6 +224,7 @@ class ScreenedArgmaxHead:
 
     MIN_HEAD = 1 << 24  # vocab x hidden below this (tiny: 0.5M) the fp32 head is cheap
     EXACT_LIMIT = 2048  # candidates per row re-checked in fp32 before refining instead
+    MAX_TOP_K = 1024  # top-k cutoffs `top_k_logits` serves (larger ones: the full head)
 
     def __init__(self, weight: torch.Tensor, kind: str = "auto") -> None:
         if kind not in ("auto", "int8", "bf16"):
@@ -266,14 +269,18 @@ class ScreenedArgmaxHead:
         """The screen of `hidden [T, H]` with its error bound."""
         return self.screen.products(hidden.float())
 
-    def thresholds(self, screened: Screened) -> torch.Tensor:
-        """`[T]` lower bounds on the screen value of any possible fp32 argmax: with
-        `E_m <= spread + rel |top|` and `E_v <= spread + rel max|y|`, two reductions and
-        no `[T, V]` bound tensor."""
+    def thresholds(self, screened: Screened, k: int = 1) -> torch.Tensor:
+        """`[T]` lower bounds on the screen value of any token whose fp32 logit can be the
+        largest (`k` = 1), or among the k largest: with `y_k` the k-th largest screen
+        value, the k tokens at or above it have fp32 logits >= `y_k - E`, so a token below
+        `y_k - 2E` cannot reach them; `E_m <= spread + rel |top|` for the argmax and
+        `E_v <= spread + rel max|y|` for any token: a few reductions, no `[T, V]` bound."""
         y, rel = screened.y, screened.rel
         top, low = y.amax(dim=-1).float(), y.amin(dim=-1).float()
         big = torch.maximum(top.abs(), low.abs())
-        slack = 2 * screened.spread() + rel * (top.abs() + big)
+        if k > 1:
+            top = torch.topk(y, k, dim=-1).values[:, -1].float()
+        slack = 2 * screened.spread() + rel * ((top.abs() if k == 1 else big) + big)
         # fp32 rounding of this subtraction: a few units of its operands' size
         threshold = top - slack - ROUNDING_SLACK * (top.abs() + slack)
         return self.screen.lower(threshold)
@@ -311,6 +318,27 @@ class ScreenedArgmaxHead:
         for r, ids in enumerate(picks):
             exact = self.weight.index_select(0, ids) @ hidden[r]
             out[r] = ids[int(exact.argmax())]
+        return out
+
+    def top_k_logits(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """`[T, V]` float32: the fp32 logit of every token that can be among its row's `k`
+        largest, -inf for the rest (`thresholds`). Every excluded token's fp32 logit is
+        below the row's k-th largest, so a top-k cutoff of at most `k` keeps the same
+        tokens from these rows as from the full logits, with the same values up to the
+        summation order of one dot product. For k > 1 the int8 screen goes straight to its
+        second stage: near the k-th largest logit tokens are dense, and the first stage
+        leaves thousands per row on Gemma. A row still that loose gets its whole fp32 row."""
+        hidden = hidden.float()
+        two_stage = k > 1 and isinstance(self.screen, Int8Screen)
+        screened = self.screen.refine(hidden) if two_stage else self.products(hidden)
+        threshold = self.thresholds(screened, k)
+        out = torch.full((hidden.shape[0], self.weight.shape[0]), float("-inf"))
+        for r in range(hidden.shape[0]):
+            ids = (screened.y[r] >= threshold[r]).nonzero().flatten()
+            if ids.numel() > self.EXACT_LIMIT:
+                out[r] = self.weight @ hidden[r]
+            else:
+                out[r, ids] = self.weight.index_select(0, ids) @ hidden[r]
         return out
 
 
