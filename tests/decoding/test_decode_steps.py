@@ -55,9 +55,9 @@ def test_sampled_top_k_verification_through_the_screen_equals_the_full_head(
     monkeypatch, drafter_kind
 ) -> None:
     """At T > 0 under a top-k cutoff the verified rows come from the screened head
-    (`top_k_logits`: -inf where a token cannot pass the cutoff); the same seeds then give
-    the same outputs as the full head, with one-hot proposals (prompt lookup) and with a
-    drafter's q."""
+    (`top_k_logits`: -inf where a token cannot pass the cutoff) and the round works on the
+    columns in use only; the same seeds then give the same outputs as the full head, with
+    one-hot proposals (prompt lookup) and with a drafter's q."""
     from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
     from blockdraft.drafters.ngram import NgramDrafter
 

@@ -151,9 +151,13 @@ def test_top_k_logits_keep_what_a_top_k_sampler_keeps(monkeypatch, kind, k) -> N
     if kind == "int8-whole-rows":
         monkeypatch.setattr(head, "EXACT_LIMIT", 0)
     exact = x @ weight.T
-    got = head.top_k_logits(x, k)
+    got, columns = head.top_k_logits(x, k)
     kept = exact >= torch.topk(exact, k, dim=-1).values[:, -1:]
     finite = torch.isfinite(got)
+    if kind == "int8-whole-rows":
+        assert columns is None
+    else:
+        assert torch.equal(columns, finite.any(0).nonzero().flatten())
     assert (finite | ~kept).all() and finite.sum(-1).min() >= k
     torch.testing.assert_close(got[finite], exact[finite], rtol=1e-5, atol=1e-5)
     if kind != "int8-whole-rows":

@@ -174,15 +174,22 @@ def _speculative_loop(
             m = next((j for j in range(k) if props[j] != best[j]), k)
             new = props[:m] + [best[m]]
         else:
-            p = processed_probs(out.logits, temperature, top_p, top_k)
-            if proposal.q is not None:
-                verdict = verify(props, proposal.q.to(p.dtype), p, generator)
+            logits, q, cols, at = out.logits, proposal.q, out.columns, props
+            if cols is not None:  # screened rows: only these columns (and q's) carry mass
+                extra = [props] if q is None else [props, (q > 0).any(0).nonzero().flatten()]
+                cols = torch.unique(torch.cat([cols, *extra]))
+                logits, at = logits[:, cols], torch.searchsorted(cols, props)
+                q = None if q is None else q[:, cols]
+            p = processed_probs(logits, temperature, top_p, top_k)
+            if q is not None:
+                verdict = verify(at, q.to(p.dtype), p, generator)
             elif verifier == "standard" or k == 0:  # deterministic proposals (prompt lookup)
-                verdict = verify_onehot(props, p, generator)
+                verdict = verify_onehot(at, p, generator)
             else:
-                verdict = verify(props, one_hot_like(props, p), p, generator)
+                verdict = verify(at, one_hot_like(at, p), p, generator)
             m = verdict.accepted
-            new = props.tolist()[:m] + [verdict.token]
+            token = verdict.token if cols is None else int(cols[verdict.token])
+            new = props.tolist()[:m] + [token]
         clock.lap("verify")
         # --- bookkeeping ---------------------------------------------------------------
         new = new[: max_new_tokens - (len(trace.tokens) - plen)]

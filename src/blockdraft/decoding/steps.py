@@ -36,6 +36,7 @@ class StepOutput:
     features: torch.Tensor | None  # [1, T, F] when asked for
     cache: Any
     tokens: torch.Tensor | None = None  # [T'] argmax of the kept rows (`argmax=True`)
+    columns: torch.Tensor | None = None  # the only columns `logits` can be finite in (sorted)
 
     def argmax(self) -> list[int]:
         """Greedy token of every kept row (from `tokens` if the head only screened)."""
@@ -123,8 +124,8 @@ class TargetRunner:
             tokens = self.screen.argmax(out.last_hidden_state[0, -keep:])
             return StepOutput(None, feats, cache, tokens)
         if screened:
-            logits = self.screen.top_k_logits(out.last_hidden_state[0, -keep:], top_k)
-            return StepOutput(logits, feats, cache)
+            logits, columns = self.screen.top_k_logits(out.last_hidden_state[0, -keep:], top_k)
+            return StepOutput(logits, feats, cache, columns=columns)
         return StepOutput(out.logits[0, -keep:], feats, cache)
 
     def crop(self, cache: Any, length: int) -> None:

@@ -320,26 +320,32 @@ class ScreenedArgmaxHead:
             out[r] = ids[int(exact.argmax())]
         return out
 
-    def top_k_logits(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
-        """`[T, V]` float32: the fp32 logit of every token that can be among its row's `k`
-        largest, -inf for the rest (`thresholds`). Every excluded token's fp32 logit is
-        below the row's k-th largest, so a top-k cutoff of at most `k` keeps the same
-        tokens from these rows as from the full logits, with the same values up to the
-        summation order of one dot product. For k > 1 the int8 screen goes straight to its
-        second stage: near the k-th largest logit tokens are dense, and the first stage
-        leaves thousands per row on Gemma. A row still that loose gets its whole fp32 row."""
+    def top_k_logits(
+        self, hidden: torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`([T, V] float32, columns)`: the fp32 logit of every token that can be among its
+        row's `k` largest, -inf for the rest (`thresholds`), and the sorted columns finite in
+        some row (None when a row came whole). Every excluded token's fp32 logit is below
+        the row's k-th largest, so a top-k cutoff of at most `k` keeps the same tokens from
+        these rows as from the full logits, with the same values up to the summation order
+        of one dot product. For k > 1 the int8 screen goes straight to its second stage:
+        near the k-th largest logit tokens are dense, and the first stage leaves thousands
+        per row on Gemma. A row still that loose gets its whole fp32 row."""
         hidden = hidden.float()
         two_stage = k > 1 and isinstance(self.screen, Int8Screen)
         screened = self.screen.refine(hidden) if two_stage else self.products(hidden)
         threshold = self.thresholds(screened, k)
         out = torch.full((hidden.shape[0], self.weight.shape[0]), float("-inf"))
+        picks: list[torch.Tensor] | None = []
         for r in range(hidden.shape[0]):
             ids = (screened.y[r] >= threshold[r]).nonzero().flatten()
             if ids.numel() > self.EXACT_LIMIT:
                 out[r] = self.weight @ hidden[r]
+                picks = None
             else:
                 out[r, ids] = self.weight.index_select(0, ids) @ hidden[r]
-        return out
+                picks = None if picks is None else picks + [ids]
+        return out, None if picks is None else torch.unique(torch.cat(picks))
 
 
 _HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
