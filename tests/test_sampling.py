@@ -45,6 +45,9 @@ def awkward_rows(vocab: int, k: int, top_p: float, g: torch.Generator) -> torch.
     few = torch.full((vocab,), float("-inf"))
     few[: k // 2] = torch.randn(k // 2, generator=g)  # fewer finite logits than k
     rows.append(few)
+    nan = torch.randn(vocab, generator=g)
+    nan[7] = float("nan")  # the whole-row rule decides what a NaN row keeps
+    rows.append(nan)
     return torch.stack(rows)
 
 
@@ -59,9 +62,12 @@ def test_top_p_on_top_k_values_is_the_whole_row_rule(temperature, top_p, top_k):
     s = SamplingSettings(temperature=temperature, top_p=top_p, top_k=top_k)
     ours, ref = sampling_logprobs(logits, s), whole_row_reference(logits, s)
     assert torch.equal(torch.isinf(ours), torch.isinf(ref))
-    assert torch.equal(ours, ref)
+    same = dict(rtol=0, atol=0, equal_nan=True)  # bit for bit (the NaN row stays NaN)
+    torch.testing.assert_close(ours, ref, **same)
     # batch shape: leading dims flatten and come back
-    assert torch.equal(sampling_logprobs(logits.view(2, -1, vocab), s), ref.view(2, -1, vocab))
+    torch.testing.assert_close(
+        sampling_logprobs(logits[:28].view(2, 14, vocab), s), ref[:28].view(2, 14, vocab), **same
+    )
 
 
 def test_hand_over_rows_are_the_awkward_ones(monkeypatch):
@@ -82,7 +88,9 @@ def test_hand_over_rows_are_the_awkward_ones(monkeypatch):
     top = torch.topk(x, k, dim=-1)
     masked = x.masked_fill(x < top.values[..., -1:], float("-inf"))
     fast = top_p_removed_within_top_k(masked, top.values, top.indices, top_p)
-    # rows 24..27 are the built ones: a tie over the k-th place, all k equal (a mass on
-    # top_p and ties across the cut), equal logits across the cut, fewer than k finite
-    assert len(seen) == 1 and torch.equal(seen[0], masked[24:])
-    assert torch.equal(fast, whole_row(masked, top_p))
+    # rows 24..26 are built to be handed over: a tie over the k-th place, all k equal (a
+    # mass on top_p and ties across the cut), equal logits across the cut; row 27 has fewer
+    # than k finite logits (as a DFlash2 selector's q), decided on the k values
+    assert len(seen) == 1 and torch.equal(seen[0][:3], masked[24:27])
+    assert seen[0].shape[0] == 4 and seen[0][3].isnan().any()  # row 28, the NaN row
+    assert torch.equal(fast[:28], whole_row(masked[:28], top_p))

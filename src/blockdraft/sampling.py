@@ -98,20 +98,22 @@ def top_p_removed_within_top_k(
 ) -> torch.Tensor:
     """`top_p_removed(masked, top_p)` when top-k has already left k tokens.
 
-    Why: after top-k only k columns are finite, so sorting the k values `torch.topk` returned
-    decides the cut (a 262k-column sort per row costs ~30x the top-k on Gemma). A row is
-    handed to the whole-row sort when the two could disagree: more than k tokens tie at the
-    k-th value, two tokens with equal logits straddle the cut (the sort's tie order decides
-    which stays), or a cumulative mass lies within `TOP_P_MARGIN` of top_p.
+    Why: after top-k at most k columns are finite, so sorting the k values `torch.topk`
+    returned decides the cut (a 262k-column sort per row costs ~30x the top-k on Gemma).
+    A row is handed to the whole-row sort when the two could disagree: more than k tokens
+    tie at the k-th value, two tokens with equal logits straddle the cut (the sort's tie
+    order decides which stays), or a cumulative mass lies within `TOP_P_MARGIN` of top_p.
+    A row with fewer than k finite logits (a DFlash2 selector's q) needs no hand-over: its
+    -inf values sort last and carry no mass.
     """
     probs = torch.softmax(values, dim=-1)  # values: descending, as torch.topk returns them
     mass_before = torch.cumsum(probs, dim=-1) - probs
     remove_k = mass_before >= top_p
     remove_k[..., 0] = False
     cut = remove_k[..., 1:] != remove_k[..., :-1]
-    doubtful = (
-        ((masked > float("-inf")).sum(dim=-1) != values.shape[-1])  # (a NaN is not kept)
-        | ~torch.isfinite(values).all(dim=-1)
+    doubtful = (  # (torch.topk puts NaN first; `masked > -inf` does not count it)
+        ((masked > float("-inf")).sum(dim=-1) != (values > float("-inf")).sum(dim=-1))
+        | ~torch.isfinite(values[..., 0])
         | ((mass_before - top_p).abs() <= TOP_P_MARGIN).any(dim=-1)
         | (cut & (values[..., 1:] == values[..., :-1])).any(dim=-1)
     )

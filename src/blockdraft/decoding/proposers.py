@@ -19,7 +19,7 @@ import torch
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.drafters.dflash import BlockDrafter
-from blockdraft.drafters.draft_vocab import sample_draft_logits
+from blockdraft.drafters.draft_vocab import in_target_space, sample_draft_logits
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.lookup_inputs import lookup_rule
 from blockdraft.drafters.ngram import NgramTable
@@ -348,13 +348,17 @@ def draft_block(
         if greedy:  # (a reduced vocabulary: its argmax mapped back to target ids)
             best = row_argmax(logits)
             tok = best if ids is None else ids.to(best.device)[best]
-        else:
-            vocab = int(drafter.config.vocab_size) if ids is not None else logits.shape[-1]
-            tok, q = sample_draft_logits(
-                logits[None], ids, vocab, temperature, top_p, top_k, generator
+        else:  # drawn in the drafter's columns; q placed in target space once, below
+            col, q = sample_draft_logits(
+                logits[None], None, logits.shape[-1], temperature, top_p, top_k, generator
             )
-            tok = tok[0]
+            tok = col[0] if ids is None else ids.to(col.device)[col[0]]
             qs.append(q[0])
         tokens.append(tok)
         prev = tok.reshape(1).to(hidden.device)
-    return torch.stack(tokens), (torch.stack(qs) if qs else None)
+    if not qs:
+        return torch.stack(tokens), None
+    q = torch.stack(qs)
+    if ids is not None:
+        q = in_target_space(q, ids, int(drafter.config.vocab_size))
+    return torch.stack(tokens), q

@@ -83,5 +83,10 @@ def sample_draft_logits(
     if draft_ids is None:
         return sample(q_draft, generator), q_draft
     ids = draft_ids.to(q_draft.device)
+    return ids[sample(q_draft, generator)], in_target_space(q_draft, ids, vocab_size)
+
+
+def in_target_space(q_draft: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int):
+    """`[k, V_draft]` draft-column probabilities -> `[k, V]` target-space ones (0 elsewhere)."""
     q = q_draft.new_zeros((q_draft.shape[0], vocab_size))
-    return ids[sample(q_draft, generator)], q.index_copy_(-1, ids, q_draft)
+    return q.index_copy_(-1, draft_ids.to(q_draft.device), q_draft)
