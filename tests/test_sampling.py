@@ -94,3 +94,30 @@ def test_hand_over_rows_are_the_awkward_ones(monkeypatch):
     assert len(seen) == 1 and torch.equal(seen[0][:3], masked[24:27])
     assert seen[0].shape[0] == 4 and seen[0][3].isnan().any()  # row 28, the NaN row
     assert torch.equal(fast[:28], whole_row(masked[:28], top_p))
+
+
+@pytest.mark.parametrize(
+    "temperature, top_p, top_k",
+    [(0.7, 0.8, 20), (1.0, 0.5, 8), (1.3, 1.0, 40), (0.7, 0.3, 3), (1.0, 1.0, 0), (0.0, 1.0, 0)],
+)
+def test_probabilities_on_the_kept_values_are_the_processed_distribution(
+    monkeypatch, temperature, top_p, top_k
+):
+    """`sampling_probs` (softmax over the k kept values, scattered) equals
+    `exp(sampling_logprobs)`: the same support and values to rounding, on the awkward rows
+    too (which it hands to `sampling_logprobs`); plain random rows stay on the short path."""
+    import blockdraft.sampling as sampling
+
+    handed: list[int] = []
+    whole = sampling.sampling_logprobs
+    monkeypatch.setattr(
+        sampling, "sampling_logprobs", lambda x, s: handed.append(x.shape[0]) or whole(x, s)
+    )
+    g = torch.Generator().manual_seed(3)
+    logits = awkward_rows(700, max(top_k, 4), top_p, g)
+    s = SamplingSettings(temperature=temperature, top_p=top_p, top_k=top_k)
+    got, want = sampling.sampling_probs(logits, s), whole(logits, s).exp()
+    assert torch.equal(got > 0, want > 0)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9, equal_nan=True)
+    if top_k > 0 and temperature > 0:
+        assert handed and max(handed) < 24  # the random rows were not handed over

@@ -106,16 +106,11 @@ def top_p_removed_within_top_k(
     A row with fewer than k finite logits (a DFlash2 selector's q) needs no hand-over: its
     -inf values sort last and carry no mass.
     """
-    probs = torch.softmax(values, dim=-1)  # values: descending, as torch.topk returns them
-    mass_before = torch.cumsum(probs, dim=-1) - probs
-    remove_k = mass_before >= top_p
-    remove_k[..., 0] = False
-    cut = remove_k[..., 1:] != remove_k[..., :-1]
+    remove_k, unsure = _top_p_cut(values, top_p)
     doubtful = (  # (torch.topk puts NaN first; `masked > -inf` does not count it)
         ((masked > float("-inf")).sum(dim=-1) != (values > float("-inf")).sum(dim=-1))
         | ~torch.isfinite(values[..., 0])
-        | ((mass_before - top_p).abs() <= TOP_P_MARGIN).any(dim=-1)
-        | (cut & (values[..., 1:] == values[..., :-1])).any(dim=-1)
+        | unsure
     )
     remove = (masked == float("-inf")).scatter_(-1, indices, remove_k)
     if bool(doubtful.any()):
@@ -123,6 +118,52 @@ def top_p_removed_within_top_k(
         flat, width = remove.view(-1, masked.shape[-1]), masked.shape[-1]
         flat[rows] = top_p_removed(masked.reshape(-1, width)[rows], top_p)
     return remove
+
+
+def _top_p_cut(values: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`[..., k]` which of the descending `values` top-p removes, `[...]` rows whose cut the
+    whole-row sort could place elsewhere: equal values across it, or a cumulative mass
+    within `TOP_P_MARGIN` of top_p)."""
+    probs = torch.softmax(values, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    remove_k = mass_before >= top_p
+    remove_k[..., 0] = False
+    cut = remove_k[..., 1:] != remove_k[..., :-1]
+    unsure = ((mass_before - top_p).abs() <= TOP_P_MARGIN).any(dim=-1) | (
+        cut & (values[..., 1:] == values[..., :-1])
+    ).any(dim=-1)
+    return remove_k, unsure
+
+
+def sampling_probs(logits: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
+    """`sampling_logprobs(logits, settings).exp()`, float32, up to rounding.
+
+    Why: under a top-k cutoff on a CPU the softmax runs over the k kept values and is
+    scattered into zeros, a few passes over each row instead of a top-k mask, a log-softmax
+    and an exp of all of it (training's target rows, verification, scoring). A row the k
+    values cannot settle alone (ties beyond the k-th place, fewer than k finite logits, an
+    uncertain top-p cut) takes the `sampling_logprobs` route.
+    """
+    x = logits.float()
+    if settings.greedy or not 0 < settings.top_k < x.shape[-1] or x.device.type != "cpu":
+        return sampling_logprobs(x, settings).exp()
+    if settings.temperature != 1:
+        x = x / settings.temperature
+    values, indices = torch.topk(x, settings.top_k, dim=-1)
+    doubtful = ((x >= values[..., -1:]).sum(dim=-1) != settings.top_k) | ~torch.isfinite(
+        values
+    ).all(dim=-1)
+    if settings.top_p < 1:
+        remove_k, unsure = _top_p_cut(values, settings.top_p)
+        values = values.masked_fill(remove_k, float("-inf"))
+        doubtful |= unsure
+    out = torch.zeros_like(x).scatter_(-1, indices, torch.softmax(values, dim=-1))
+    if bool(doubtful.any()):
+        rows = doubtful.reshape(-1).nonzero()[:, 0]
+        width = x.shape[-1]
+        flat = out.view(-1, width)
+        flat[rows] = sampling_logprobs(logits.reshape(-1, width)[rows], settings).exp()
+    return out
 
 
 def settings_of(temperature: float, top_p: float = 1.0, top_k: int = 0) -> SamplingSettings:
@@ -141,7 +182,7 @@ def processed_probs(
         return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
     if logits.dtype == torch.float64:
         return _f64(logits, settings)  # sampling_logprobs is float32; keep float64 exact
-    return sampling_logprobs(logits, settings).exp()
+    return sampling_probs(logits, settings)
 
 
 def _f64(logits: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from blockdraft.objectives.cross_entropy import default_chunk_rows
-from blockdraft.sampling import sampling_logprobs
+from blockdraft.sampling import sampling_probs
 
 
 def target_probs_for(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
@@ -38,7 +38,7 @@ def target_sampling_probs(logits: torch.Tensor, positions: torch.Tensor, setting
     with the distribution the data came from. Returns `[B,A,K,V]` float32, the only full
     vocabulary-sized tensor made: rows are processed `default_chunk_rows` at a time.
     """
-    return gathered_rows(logits, positions, lambda rows: sampling_logprobs(rows, settings).exp())
+    return gathered_rows(logits, positions, lambda rows: sampling_probs(rows, settings))
 
 
 @torch.no_grad()
