@@ -64,6 +64,8 @@ def test_top_p_on_top_k_values_is_the_whole_row_rule(temperature, top_p, top_k):
     assert torch.equal(torch.isinf(ours), torch.isinf(ref))
     same = dict(rtol=0, atol=0, equal_nan=True)  # bit for bit (the NaN row stays NaN)
     torch.testing.assert_close(ours, ref, **same)
+    column_major = logits.t().contiguous().t()  # the same values, other strides
+    torch.testing.assert_close(sampling_logprobs(column_major, s), ref, **same)
     # batch shape: leading dims flatten and come back
     torch.testing.assert_close(
         sampling_logprobs(logits[:28].view(2, 14, vocab), s), ref[:28].view(2, 14, vocab), **same
@@ -117,6 +119,8 @@ def test_probabilities_on_the_kept_values_are_the_processed_distribution(
     logits = awkward_rows(700, max(top_k, 4), top_p, g)
     s = SamplingSettings(temperature=temperature, top_p=top_p, top_k=top_k)
     got, want = sampling.sampling_probs(logits, s), whole(logits, s).exp()
+    column_major = logits.t().contiguous().t()
+    torch.testing.assert_close(sampling.sampling_probs(column_major, s), got, equal_nan=True)
     assert torch.equal(got > 0, want > 0)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9, equal_nan=True)
     if top_k > 0 and temperature > 0:

@@ -112,7 +112,7 @@ def top_p_removed_within_top_k(
         | ~torch.isfinite(values[..., 0])
         | unsure
     )
-    remove = (masked == float("-inf")).scatter_(-1, indices, remove_k)
+    remove = (masked == float("-inf")).contiguous().scatter_(-1, indices, remove_k)
     if bool(doubtful.any()):
         rows = doubtful.reshape(-1).nonzero()[:, 0]
         flat, width = remove.view(-1, masked.shape[-1]), masked.shape[-1]
@@ -157,7 +157,8 @@ def sampling_probs(logits: torch.Tensor, settings: SamplingSettings) -> torch.Te
         remove_k, unsure = _top_p_cut(values, settings.top_p)
         values = values.masked_fill(remove_k, float("-inf"))
         doubtful |= unsure
-    out = torch.zeros_like(x).scatter_(-1, indices, torch.softmax(values, dim=-1))
+    out = torch.zeros(x.shape, dtype=x.dtype, device=x.device)  # (contiguous: viewed below)
+    out.scatter_(-1, indices, torch.softmax(values, dim=-1))
     if bool(doubtful.any()):
         rows = doubtful.reshape(-1).nonzero()[:, 0]
         width = x.shape[-1]
