@@ -336,16 +336,15 @@ class ScreenedArgmaxHead:
         screened = self.screen.refine(hidden) if two_stage else self.products(hidden)
         threshold = self.thresholds(screened, k)
         out = torch.full((hidden.shape[0], self.weight.shape[0]), float("-inf"))
-        picks: list[torch.Tensor] | None = []
+        picks, whole = [], False
         for r in range(hidden.shape[0]):
             ids = (screened.y[r] >= threshold[r]).nonzero().flatten()
             if ids.numel() > self.EXACT_LIMIT:
-                out[r] = self.weight @ hidden[r]
-                picks = None
+                out[r], whole = self.weight @ hidden[r], True
             else:
                 out[r, ids] = self.weight.index_select(0, ids) @ hidden[r]
-                picks = None if picks is None else picks + [ids]
-        return out, None if picks is None else torch.unique(torch.cat(picks))
+                picks.append(ids)
+        return out, None if whole else torch.unique(torch.cat(picks))
 
 
 _HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
