@@ -14,7 +14,7 @@ from blockdraft.objectives.edr import acceptance_and_cost
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.draft_space import DraftSpace, sampling_targets
+from blockdraft.training.draft_space import DraftSpace, TargetRowTable, sampling_targets
 from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step, label_positions
 from blockdraft.training.target_distributions import target_probs_for
@@ -149,6 +149,31 @@ def test_sampling_targets_reduce_each_position(setup) -> None:
     ref = space.probs(target_probs_for(tout.logits, positions, _Settings))
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-7)
     torch.testing.assert_close(got.sum(-1), torch.ones(got.shape[:-1]), rtol=0, atol=1e-5)
+
+
+def test_target_row_table_gives_each_subset_its_rows(setup) -> None:
+    """A table built once for every round start's label positions hands any subset of
+    them (and a subset of the sequences) the rows `sampling_targets` builds for it."""
+    target, drafter, batch = setup
+    tout = target.forward(
+        batch.input_ids, attention_mask=batch.attention_mask.long(), with_logits=True
+    )
+    seq_len = batch.input_ids.shape[1]
+    every = torch.stack([torch.arange(5, 14), torch.arange(6, 15)])
+    space = DraftSpace.of(drafter, target.stop_token_ids)
+    table = TargetRowTable.build(
+        tout, label_positions(every, 3, seq_len), seq_len, _Settings, space, 3
+    )
+    # each distinct position once: 9 round starts + 2 more label positions per sequence
+    assert table.rows.shape == (2 * 11, space.width)
+    subset = torch.stack([torch.tensor([5, 9, 13]), torch.tensor([14, 6, 10])])
+    positions = label_positions(subset, 3, seq_len)
+    want = sampling_targets(tout, positions, _Settings, space, 3)
+    torch.testing.assert_close(table.rows[table.index(positions)], want, rtol=0, atol=0)
+    second = table.sequences([1])
+    got = second.rows[second.index(positions[1:])]
+    torch.testing.assert_close(got, want[1:], rtol=0, atol=0)
+    assert not torch.equal(want[0], want[1])
 
 
 @pytest.mark.parametrize("objective", ["e2e", "edr"])

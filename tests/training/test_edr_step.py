@@ -9,7 +9,7 @@ from trainkit import every_round_start, random_step_batch, target_output, wrappe
 
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.objectives.registry import make_objective
-from blockdraft.training import edr_step
+from blockdraft.training import draft_space, edr_step
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import OnlineTargetFeatures
 
@@ -230,6 +230,37 @@ def test_micro_step_of_wrapped_forward_equals_unwrapped(setup, chunk_rows, monke
     for x, y in zip(ga, gb, strict=True):
         torch.testing.assert_close(x, y, **tol)
     torch.testing.assert_close(a.stats.packed(), b.stats.packed(), **tol)
+
+
+def test_sampled_step_builds_its_target_rows_once(setup, monkeypatch) -> None:
+    """An unwrapped sampling step builds the target's rows once, for every round start,
+    and its scoring and gradient passes read them (`TargetRowTable`); a wrapped forward
+    builds them per pass. (Same values: test_micro_step_of_wrapped_forward_equals_unwrapped.)"""
+    target, drafter, batch = setup
+    calls: list[tuple[int, ...]] = []
+    original = edr_step.sampling_target_rows
+
+    def spy(tout, positions, *args, **kwargs):
+        calls.append(tuple(positions.shape))
+        return original(tout, positions, *args, **kwargs)
+
+    monkeypatch.setattr(edr_step, "sampling_target_rows", spy)
+    monkeypatch.setattr(draft_space, "sampling_target_rows", spy)
+    objective = make_objective("edr", mode="sampling", max_anchors=6)
+    seen = []
+    for fwd in (DraftForward(drafter), wrapped_forward_class()(drafter)):
+        calls.clear()
+        edr_step.edr_micro_step(
+            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
+            seed=0, step=1, settings=_Settings,
+            mode="sampling", want_acc=False, alpha=0.5, variant="full",
+        )  # fmt: skip
+        seen.append(list(calls))
+    block = drafter.config.block_size
+    # unwrapped: one table of every usable round start (29 in rollout 0, 4 rollouts)
+    assert seen[0] == [(4, 29, block - 1)]
+    # wrapped: scoring passes of max_anchors over the two long rollouts, then the gradient pass
+    assert len(seen[1]) > 2 and seen[1][-1][1] == 6 and seen[1][0][0] == 2
 
 
 def test_wrapped_forward_scores_in_passes_of_max_anchors(setup, monkeypatch) -> None:

@@ -49,7 +49,7 @@ from blockdraft.training.draft_forward import (
     map_to_draft_vocab,
     with_unary_gradient,
 )
-from blockdraft.training.draft_space import DraftSpace, sampling_target_rows
+from blockdraft.training.draft_space import DraftSpace, TargetRowTable, sampling_target_rows
 from blockdraft.training.objective_step import (
     MicroOutput,
     block_stats,
@@ -99,6 +99,7 @@ def _acceptance(
     moments: bool = False,
     greedy_beta: float = 1.0,
     head_rows: int | None = None,
+    target_rows: TargetRowTable | None = None,
 ):
     """(A, c, hidden, logq, labels, mask, prev, moments) for the given anchors `[B, A]`.
     In sampling mode `logq` (T = 1 log q(label), detached) only feeds the logged
@@ -106,7 +107,8 @@ def _acceptance(
     steps). `moments` (sampling mode, for the `gradient` sampler): the proposals'
     logit-gradient moments `[B, A, K, 3]` (`scores_with_gradient_moments`), else None.
     `greedy_beta`: greedy mode's drafter temperature (`A = softmax(z / beta)(x)`);
-    `head_rows`: at most this many rows per LM-head product (sampling, unwrapped)."""
+    `head_rows`: at most this many rows per LM-head product (sampling, unwrapped);
+    `target_rows`: the step's target rows, built once for every pass (sampling)."""
     drafter = fwd.module.drafter if hasattr(fwd, "module") else fwd.drafter
     selector = has_selector(drafter)  # DFlash2: A, c of the selector; unary gets the weights
     block_size = drafter.config.block_size
@@ -122,10 +124,13 @@ def _acceptance(
             stops = stop_ids if space is None else space.stop_columns
             positions = label_positions(anchors, block_size - 1, batch.input_ids.shape[1])
             vocab = int(drafter.config.vocab_size)
-            p_rows, p_index = sampling_target_rows(
-                tout, positions, settings, space, default_chunk_rows(vocab),
-                stored_topk(batch, settings), vocab,
-            )  # fmt: skip
+            if target_rows is not None:
+                p_rows, p_index = target_rows.rows, target_rows.index(positions)
+            else:
+                p_rows, p_index = sampling_target_rows(
+                    tout, positions, settings, space, default_chunk_rows(vocab),
+                    stored_topk(batch, settings), vocab,
+                )  # fmt: skip
         if sampling and type(fwd) is DraftForward:
             # DraftForward's own steps with the LM head inside the row chunks: the
             # `[blocks*K, V]` logits and targets never exist whole (`head_chunked_scores`).
@@ -182,6 +187,7 @@ def score_round_starts(
     moments: bool = False,
     greedy_beta: float = 1.0,
     head_rows: int | None = None,
+    target_rows: TargetRowTable | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Detached `(A, c)` `[B, A, K]` for anchors `[B, A]` (-1 = padding), scoring at most
     `chunk` anchors per rollout per drafter pass so peak memory does not grow with the
@@ -189,7 +195,8 @@ def score_round_starts(
     `moments` (sampling mode) a third tensor: the proposals' logit-gradient moments
     `[B, A, K, 3]` for the `gradient` sampler. `head_rows`: at most this many rows per
     LM-head product in sampling mode (a pass of many round starts then holds no more
-    logits than the gradient pass does)."""
+    logits than the gradient pass does). `target_rows`: the step's target rows (sampling),
+    built once for this pass and the gradient pass (`TargetRowTable`)."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"score_chunk must be a positive int, got {chunk!r}")
     if moments and mode != "sampling":
@@ -204,6 +211,7 @@ def score_round_starts(
             acc, cost, *_, m = _acceptance(
                 fwd, stop_ids, tout, batch, anchors[:, lo : lo + chunk], settings, mode, False,
                 moments=moments, greedy_beta=greedy_beta, head_rows=head_rows,
+                target_rows=target_rows,
             )  # fmt: skip
             accs.append(acc)
             costs.append(cost)
@@ -236,11 +244,13 @@ def _draw_round_starts(
     seed,
     step,
     chunk,
+    target_rows=None,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """For each rollout in `long_rows` (more usable round starts than
     `objective.max_anchors`): `(rows drawn [m], dense inclusion weights [L-1], detached
     A [L-1, K], detached c [L-1, K])`, where A and c hold the no-grad scores of every row
-    the gradient pass will not draft (zeros elsewhere: the gradient pass fills them)."""
+    the gradient pass will not draft (zeros elsewhere: the gradient pass fills them).
+    `target_rows`: the step's `TargetRowTable` (sampling), or None."""
     limit = objective.max_anchors
     rows = [int(starts[i].numel()) for i in long_rows]
     gens = [
@@ -264,6 +274,8 @@ def _draw_round_starts(
         logits = None if tout.logits is None else tout.logits[long_rows]
         sub_out = dataclasses.replace(tout, logits=logits, features=tout.features[long_rows])
         sub = batch.rows(long_rows)
+        if target_rows is not None:
+            target_rows = target_rows.sequences(long_rows)
     anchors = pad_anchor_lists([starts[i][r] for i, r in zip(long_rows, scored, strict=True)])
     # the gradient sampler's sizes need the proposals' logit-gradient moments: sampling
     # mode gets them from the scoring pass (every usable row is scored), greedy from A
@@ -274,6 +286,7 @@ def _draw_round_starts(
     acc, cost, *moments = score_round_starts(
         fwd, stop_ids, sub_out, sub, anchors.to(batch.input_ids.device), settings, mode, chunk,
         moments=want_moments, greedy_beta=objective.greedy_temperature, head_rows=head_rows,
+        target_rows=target_rows,
     )  # fmt: skip
     full = []
     for j, r in enumerate(scored):
@@ -355,25 +368,41 @@ def edr_micro_step(
     full_cost: dict[int, torch.Tensor] = {}
     long_rows = [i for i, u in enumerate(usable) if u > limit]
     chunk = score_chunk
+    space = DraftSpace.of(drafter, stop_ids) if sampling else None
+    width = int(drafter.config.vocab_size) if space is None else space.width
     if long_rows and chunk is None:
         # greedy, and DDP/FSDP (whose forward returns a pass's whole logits): passes of
         # max_anchors; an unwrapped sampling step caps its head rows (`head_rows`)
         chunk = limit
         if sampling and type(fwd) is DraftForward:
-            space = DraftSpace.of(drafter, stop_ids)
-            width = int(drafter.config.vocab_size) if space is None else space.width
             chunk = default_score_chunk(limit, len(long_rows), width)
+    target_rows = None
+    block_size = drafter.config.block_size
+    if (
+        long_rows
+        and sampling
+        and type(fwd) is DraftForward
+        and sum(u + block_size for u in usable) * width <= DEFAULT_CHUNK_ELEMENTS
+    ):  # both passes read their rows from one table (no more than one scoring pass holds)
+        every = pad_anchor_lists([starts[i][: usable[i]] for i in range(len(rows))]).to(device)
+        seq_len = batch.input_ids.shape[1]
+        vocab = int(drafter.config.vocab_size)
+        target_rows = TargetRowTable.build(
+            tout, label_positions(every, block_size - 1, seq_len), seq_len, settings, space,
+            default_chunk_rows(vocab), stored_topk(batch, settings), vocab,
+        )  # fmt: skip
     if long_rows:
         drawn = _draw_round_starts(
             fwd, stop_ids, tout, batch, objective, starts, long_rows, usable,
             settings=settings, mode=mode, seed=seed, step=step, chunk=chunk,
+            target_rows=target_rows,
         )  # fmt: skip
         for i, (idx, w, acc_i, cost_i) in zip(long_rows, drawn, strict=True):
             chosen[i], weights[i], full_acc[i], full_cost[i] = idx, w, acc_i, cost_i
     anchors = pad_anchor_lists([starts[i][chosen[i]] for i in range(len(rows))]).to(device)
     acc, cost, hidden, logq, labels, mask, prev, _ = _acceptance(
         fwd, stop_ids, tout, batch, anchors, settings, mode, with_grad=True, want_logq=want_acc,
-        greedy_beta=objective.greedy_temperature,
+        greedy_beta=objective.greedy_temperature, target_rows=target_rows,
     )  # fmt: skip
     acc_list, cost_list, keep = [], [], []
     for i, r in enumerate(rows):

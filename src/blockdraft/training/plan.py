@@ -15,7 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blockdraft.drafters.block_attention import TILE_QUERIES
-from blockdraft.objectives.cross_entropy import MAX_KEPT_PROBS_BYTES, default_chunk_rows
+from blockdraft.objectives.cross_entropy import (
+    DEFAULT_CHUNK_ELEMENTS,
+    MAX_KEPT_PROBS_BYTES,
+    default_chunk_rows,
+)
 from blockdraft.targets.target import default_layer_ids
 from blockdraft.targets.tiny import TinyConfig
 
@@ -292,14 +296,17 @@ def _sampled_distribution_bytes(
     gradient pass has up to `objective.max_anchors` round starts per rollout (its no-grad
     scoring pass, chunked the same, runs before it). Sampling EDR in one process runs its
     LM head inside checkpointed row chunks (`training/edr_step.py`): of these it
-    holds only the target probabilities whole."""
+    holds only the target probabilities whole, those of every round start when they fit
+    the chunk budget (`TargetRowTable`, read by both passes)."""
     edr = cfg.objective.name == "edr"
     anchors = min(cfg.objective.max_anchors if edr else cfg.num_anchors, T)
     rows = b * anchors * (Kb - 1)
     width = cfg.drafter.draft_vocab_size + 2 if cfg.drafter.draft_vocab_size else vocab
     chunk = min(rows, default_chunk_rows(vocab)) * vocab * 4
-    per_entry = 4 if edr and world_size == 1 else 2 * ab + 4
-    return rows * width * per_entry + 2 * chunk
+    if edr and world_size == 1:
+        table = min(b * T * width, DEFAULT_CHUNK_ELEMENTS)
+        return max(rows * width, table) * 4 + 2 * chunk
+    return rows * width * (2 * ab + 4) + 2 * chunk
 
 
 def _attention_bytes(

@@ -516,20 +516,28 @@ def support_scores(
     sampling target: k of them, plus a draft space's two mass columns).
 
     Why: off the target's support p = 0, so `[p - q]_+` and `q G` vanish there and the
-    same `[N, k]` formulas hold with C = the support; only log q(x) and Q = <q, q> need the
-    whole row, two log-sum-exps instead of the several `[N, W]` passes of
-    `scores_with_gradient_moments` (docs/methods.md)."""
+    same `[N, k]` formulas hold with C = the support; only q's normaliser and Q = <q, q>
+    need the whole row: one exp pass and three reductions instead of the several `[N, W]`
+    passes of `scores_with_gradient_moments` (docs/methods.md)."""
     with torch.no_grad():
         dtype = torch.promote_types(logits.dtype, torch.float32)
         z = logits.to(dtype)
-        z = z if temperature == 1 else z / temperature
-        lse = torch.logsumexp(z, dim=-1, keepdim=True)
+        # one exp pass: e = exp((z - m) / T) <= 1, q = e / sum(e), Q = |e|^2 / sum(e)^2
+        m = z.amax(-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, 0.0)  # a row of -inf: q = 0, as logsumexp
+        e = z - m
+        if temperature != 1:
+            e.mul_(1 / temperature)
+        e.exp_()
+        total = e.sum(-1, keepdim=True)
         columns = support[p_index]
-        q = (z.gather(-1, columns) - lse).exp()
-        logq_x = (z.gather(-1, ids.unsqueeze(-1)) - lse).squeeze(-1)
+        q = e.gather(-1, columns) / total
+        # log q(x) from the logit, not log e(x): e(x) underflows where q(x) < ~1e-38
+        z_x = z.gather(-1, ids.unsqueeze(-1))
+        logq_x = ((z_x - m) / temperature - total.log()).squeeze(-1)
         big_q = None
         if moments:
-            big_q = (torch.logsumexp(2 * z, dim=-1) - 2 * lse.squeeze(-1)).exp()
+            big_q = (torch.linalg.vector_norm(e, dim=-1) / total.squeeze(-1)) ** 2
         return _scores_on_columns(
             q, columns, logq_x, big_q, p_rows, p_index, ids, temperature, stops, moments
         )
