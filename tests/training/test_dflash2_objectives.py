@@ -173,11 +173,22 @@ class _Sampling:
     temperature, top_p, top_k, greedy = 0.8, 1.0, 0, False
 
 
-@pytest.mark.parametrize("sampler", ["uniform", "gradient"])
-def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler):
+class _SamplingTopK:
+    temperature, top_p, top_k, greedy = 0.8, 1.0, 6, False
+
+
+# (top-k with the `gradient` sampler: the float32 roundings below can draw other round
+# starts, here 1.5% apart in the loss with or without the support path)
+@pytest.mark.parametrize(
+    ("sampler", "settings"),
+    [("uniform", _Sampling), ("gradient", _Sampling), ("uniform", _SamplingTopK)],
+    ids=["uniform", "gradient", "uniform-top-k"],
+)
+def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler, settings):
     """The unwrapped step (the selector scored on its candidates, the unary inside
-    checkpointed row chunks) and a wrapped one (through `forward`, `[N, K, V]` logits)
-    give the same loss, gradients and logged weight profile."""
+    checkpointed row chunks; against a top-k target on its support, `support_scores`) and
+    a wrapped one (through `forward`, `[N, K, V]` logits) give the same loss, gradients and
+    logged weight profile."""
     target, drafter, batch = setup
 
     Wrapped = wrapped_forward_class()
@@ -190,7 +201,7 @@ def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler):
         out = edr_micro_step(
             fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, obj, batch,
             seed=0, step=1, mode="sampling", score_chunk=3,
-            **{**_COMMON, "settings": _Sampling, "want_acc": True},
+            **{**_COMMON, "settings": settings, "want_acc": True},
         )  # fmt: skip
         results.append((out.numerator.detach(), _grads(drafter, out.numerator)))
         profiles.append(out.stats.profile_sum)

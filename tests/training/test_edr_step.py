@@ -196,17 +196,31 @@ def test_scoring_against_a_top_k_target_reads_its_support(setup, space: bool) ->
     assert (acc[valid] > 0).any() and (moments[..., 1][valid] > 0).any()
 
 
-@pytest.mark.parametrize("chunk_rows", [None, 5])
-def test_micro_step_of_wrapped_forward_equals_unwrapped(setup, chunk_rows, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("chunk_rows", "top_k"), [(None, False), (5, False), (None, True), (5, True)]
+)
+def test_micro_step_of_wrapped_forward_equals_unwrapped(
+    setup, chunk_rows, top_k, monkeypatch
+) -> None:
     """Sampling mode: an unwrapped DraftForward is run step by step (no autograd graph
     for the statistics' log q(label)), its head in row chunks that each take their target
     rows from the distinct positions' table; a wrapped one through `forward`, with the
     targets copied into place. Same loss, gradients and statistics (bit for bit in one
-    piece; with 5-row chunks, checkpointed, up to the products' rounding)."""
+    piece; with 5-row chunks, checkpointed, up to the products' rounding). Against a top-k
+    target the unwrapped passes score on the target's support (`support_scores`, with
+    autograd in the gradient pass), the wrapped one on whole rows: equal up to rounding."""
     target, drafter, batch = setup
     if chunk_rows is not None:
         monkeypatch.setattr(edr_step, "default_chunk_rows", lambda vocab: chunk_rows)
-    tol = {"rtol": 0, "atol": 0} if chunk_rows is None else {"rtol": 1e-5, "atol": 1e-7}
+    exact = chunk_rows is None and not top_k
+    tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-5, "atol": 1e-7}
+    settings = _TopK if top_k else _Settings
+    if top_k:  # the support is what the unwrapped step reads (a test that can fail)
+        calls = []
+        original = edr_step.support_scores
+        monkeypatch.setattr(
+            edr_step, "support_scores", lambda *a, **k: calls.append(1) or original(*a, **k)
+        )
 
     Wrapped = wrapped_forward_class()
 
@@ -218,12 +232,14 @@ def test_micro_step_of_wrapped_forward_equals_unwrapped(setup, chunk_rows, monke
         # whose products round differently: test_wrapped_forward_scores_in_passes_of_...)
         out = edr_step.edr_micro_step(
             fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
-            seed=0, step=1, settings=_Settings,
+            seed=0, step=1, settings=settings,
             mode="sampling", want_acc=True, alpha=0.5, variant="full", score_chunk=6,
         )  # fmt: skip
         out.numerator.backward()
         grads = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
         results.append((out, grads))
+    if top_k:
+        assert len(calls) >= 2  # the scoring passes and the gradient pass
     (a, ga), (b, gb) = results
     torch.testing.assert_close(a.numerator.detach(), b.numerator.detach(), **tol)
     assert len(ga) == len(gb) > 0

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from blockdraft.objectives.edr.acceptance import target_support
 from blockdraft.training.target_distributions import stored_rows, target_probs_for
 
 Tensor = torch.Tensor
@@ -142,6 +143,7 @@ class TargetRowTable:
 
     def __init__(self, rows: Tensor, lookup: Tensor):
         self.rows, self.lookup = rows, lookup
+        self._support: dict[int, Tensor | None] = {}
 
     @classmethod
     def build(
@@ -165,4 +167,12 @@ class TargetRowTable:
 
     def sequences(self, which: Sequence[int]) -> TargetRowTable:
         """The table of batch rows `which` (the same rows, fewer lookups)."""
-        return TargetRowTable(self.rows, self.lookup[list(which)])
+        part = TargetRowTable(self.rows, self.lookup[list(which)])
+        part._support = self._support  # the same rows: one support for both
+        return part
+
+    def support(self, most: int) -> Tensor | None:
+        """`target_support(rows, most)`, found once for every pass that reads the rows."""
+        if most not in self._support:
+            self._support[most] = target_support(self.rows, most)
+        return self._support[most]

@@ -137,9 +137,16 @@ def _acceptance(
             # Only unwrapped: DDP/FSDP must see their module's forward.
             hidden = fwd.drafter.forward_blocks(tout.features, batch.input_ids, anchors)
             columns = torch.where(labels >= 0, ids, -1) if with_grad and want_logq else None
+            support = None  # a top-k target: scored on its support (`support_scores`)
+            top_k = int(getattr(settings, "top_k", 0) or 0)
+            if 0 < top_k < SUPPORT_COLUMNS:
+                if target_rows is not None:
+                    support = target_rows.support(SUPPORT_COLUMNS)
+                else:
+                    support = target_support(p_rows, SUPPORT_COLUMNS)
             acc, cost, logq, grad_moments = head_chunked_scores(
                 fwd.drafter, space, hidden, prev, p_rows, p_index, ids, columns, settings,
-                stops, moments, head_rows,
+                stops, moments, head_rows, support,
             )  # fmt: skip
         elif sampling:
             p = p_rows[p_index]
@@ -448,7 +455,7 @@ def edr_micro_step(
 
 def head_chunked_scores(
     drafter, space, hidden, prev, p_rows, p_index, ids, columns, settings, stops, moments,
-    head_rows=None,
+    head_rows=None, support=None,
 ):  # fmt: skip
     """`(A, c, log q(label) or None, moments or None)` of every proposal, with the LM head
     run inside row chunks of `default_chunk_rows` (~64 MB of logits), each chunk taking its
@@ -463,18 +470,13 @@ def head_chunked_scores(
     log q(label) of the statistics; `moments`: the `gradient` sampler's scoring pass;
     `head_rows`: a smaller cap on the rows per chunk (the scoring pass's). A DFlash2
     selector's q lives on its top-k candidates, so its A, c and moments are computed on
-    them (`candidate_scores`, docs/methods.md); only its unary logits' term is dense. The
-    no-grad pass of another drafter against a top-k target reads the target's few columns
-    and two log-sum-exps per row (`support_scores`)."""
+    them (`candidate_scores`, docs/methods.md); only its unary logits' term is dense.
+    `support [R, k]` (a top-k target: `target_support`): both passes of another drafter,
+    and a selector's unary term, read the target's few columns and one exp pass per row
+    (`support_scores`)."""
     width = p_rows.shape[-1]
     selector = has_selector(drafter)
     stop_columns = torch.as_tensor(list(stops), dtype=torch.long, device=p_rows.device)
-    # no gradient and a top-k target (few columns): scored on them; without a top-k cutoff
-    # the target covers the vocabulary, so no pass over its rows looks
-    support = None
-    top_k = int(getattr(settings, "top_k", 0) or 0)
-    if not selector and not torch.is_grad_enabled() and 0 < top_k < SUPPORT_COLUMNS:
-        support = target_support(p_rows, SUPPORT_COLUMNS)
 
     def rows_fn(h, prv, at, x, col):
         if selector:  # q lives on the top-k candidates: scored as `[rows, k]`
@@ -488,7 +490,14 @@ def head_chunked_scores(
                 return acc, cost, m
             if torch.is_grad_enabled():  # the unary logits get the same weights
                 u = u if space is None else space.logits(u)
-                acc_u, cost_u = _sampling_scores(u, p_rows.index_select(0, at), x, settings, stops)
+                if support is not None:
+                    acc_u, cost_u, _ = support_scores(
+                        u, support, p_rows, at, x, temperature=settings.temperature,
+                        stops=stop_columns, moments=False,
+                    )  # fmt: skip
+                else:
+                    pp = p_rows.index_select(0, at)
+                    acc_u, cost_u = _sampling_scores(u, pp, x, settings, stops)
                 acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
 
             def logits():  # the selector's, in the drafter's layout (-inf off the candidates)
@@ -501,11 +510,12 @@ def head_chunked_scores(
                     z, support, p_rows, at, x, temperature=settings.temperature,
                     stops=stop_columns, moments=moments,
                 )  # fmt: skip
-                return (acc, cost, m) if moments else (acc, cost)
-            pp = p_rows.index_select(0, at)
-            if moments:
-                return scores_and_moments(z, pp, x, settings, stops)
-            acc, cost = _sampling_scores(z, pp, x, settings, stops)
+                if moments:
+                    return acc, cost, m
+            elif moments:
+                return scores_and_moments(z, p_rows.index_select(0, at), x, settings, stops)
+            else:
+                acc, cost = _sampling_scores(z, p_rows.index_select(0, at), x, settings, stops)
 
             def logits():
                 return z

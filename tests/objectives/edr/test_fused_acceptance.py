@@ -425,3 +425,25 @@ def test_support_scores_equal_the_dense_formula(temperature, stops) -> None:
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert float(acc[0]) == 0.0 and bool((want_acc > 0).any())
     assert bool((want[:, 1] > 0).any()) and bool((want[:, 2] != 0).any())
+    # with autograd on: the same A and c, and their gradient in the logits is autograd's
+    # of the dense formula (weights on A and c as EDR's gradient pass gives them)
+    z = logits.clone().requires_grad_(True)
+    acc_g, cost_g, none = support_scores(
+        z, support, p_rows, p_index, ids, temperature=temperature, stops=stop_t, moments=False
+    )
+    assert none is None
+    torch.testing.assert_close(acc_g.detach(), want_acc.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(cost_g.detach(), want_cost.detach(), rtol=1e-12, atol=1e-12)
+    w_acc, w_cost = (
+        torch.rand(n, generator=gen, dtype=torch.float64),
+        -torch.rand(n, generator=gen, dtype=torch.float64),
+    )
+    (grad,) = torch.autograd.grad((w_acc * acc_g + w_cost * cost_g).sum(), z)
+    (dense_grad,) = torch.autograd.grad((w_acc * want_acc + w_cost * want_cost).sum(), x)
+    finite = torch.isfinite(logits)
+    torch.testing.assert_close(grad[finite], dense_grad[finite], rtol=1e-9, atol=1e-12)
+    assert bool((grad[~finite] == 0).all()) and float(grad.abs().sum()) > 0
+    with pytest.raises(ValueError, match="moments"):
+        support_scores(
+            z, support, p_rows, p_index, ids, temperature=temperature, stops=stop_t, moments=True
+        )

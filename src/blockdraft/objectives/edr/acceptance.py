@@ -510,27 +510,30 @@ def support_scores(
     stops: Tensor | None,
     moments: bool,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """`candidate_scores`' `(A, c, moments or None)`, without gradient, for a drafter whose q
-    covers the vocabulary (`logits [N, W]`) against target rows that live on few columns:
-    `support [R, k]` holds every column where `p_rows [R, W]` is non-zero (a top-k
-    sampling target: k of them, plus a draft space's two mass columns).
+    """`candidate_scores`' `(A, c, moments or None)` for a drafter whose q covers the
+    vocabulary (`logits [N, W]`) against target rows that live on few columns: `support
+    [R, k]` holds every column where `p_rows [R, W]` is non-zero (a top-k sampling target:
+    k of them, plus a draft space's two mass columns). With autograd on, A and c carry
+    their gradient into `logits` (no moments then: they are the no-grad scoring pass's).
 
     Why: off the target's support p = 0, so `[p - q]_+` and `q G` vanish there and the
     same `[N, k]` formulas hold with C = the support; only q's normaliser and Q = <q, q>
     need the whole row: one exp pass and three reductions instead of the several `[N, W]`
-    passes of `scores_with_gradient_moments` (docs/methods.md)."""
+    passes of `scores_with_gradient_moments` or `fused_sampling_acceptance`, and no dense
+    copy of the target rows (docs/methods.md)."""
+    columns = support[p_index]
+    if torch.is_grad_enabled() and logits.requires_grad:
+        if moments:
+            raise ValueError("moments are computed without gradient (the scoring pass)")
+        at = torch.cat([ids.unsqueeze(-1), columns], dim=-1)
+        logq = _LogSoftmaxAt.apply(logits, at, temperature)
+        return _scores_on_columns(
+            logq[:, 1:].exp(), columns, logq[:, 0], None, p_rows, p_index, ids, temperature,
+            stops, False,
+        )  # fmt: skip
     with torch.no_grad():
-        dtype = torch.promote_types(logits.dtype, torch.float32)
-        z = logits.to(dtype)
-        # one exp pass: e = exp((z - m) / T) <= 1, q = e / sum(e), Q = |e|^2 / sum(e)^2
-        m = z.amax(-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, 0.0)  # a row of -inf: q = 0, as logsumexp
-        e = z - m
-        if temperature != 1:
-            e.mul_(1 / temperature)
-        e.exp_()
-        total = e.sum(-1, keepdim=True)
-        columns = support[p_index]
+        z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        e, m, total = _shifted_exp(z, temperature)
         q = e.gather(-1, columns) / total
         # log q(x) from the logit, not log e(x): e(x) underflows where q(x) < ~1e-38
         z_x = z.gather(-1, ids.unsqueeze(-1))
@@ -541,6 +544,42 @@ def support_scores(
         return _scores_on_columns(
             q, columns, logq_x, big_q, p_rows, p_index, ids, temperature, stops, moments
         )
+
+
+def _shifted_exp(z: Tensor, temperature: float) -> tuple[Tensor, Tensor, Tensor]:
+    """`(e, m, total)`: `e = exp((z - m) / T) <= 1` with `m` the row max (0 for a row of
+    -inf, whose q is then 0, as logsumexp has it) and `total = sum(e)` `[N, 1]`; one exp
+    pass: `q = e / total`."""
+    m = z.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    e = z - m
+    if temperature != 1:
+        e.mul_(1 / temperature)
+    e.exp_()
+    return e, m, e.sum(-1, keepdim=True)
+
+
+class _LogSoftmaxAt(torch.autograd.Function):
+    """`log softmax(z / T)` at `columns [N, c]` of each row, `z [N, W]`: the forward keeps
+    q for the backward, `dz = (g scattered at the columns - q sum(g)) / T`, one pass."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, columns: Tensor, temperature: float) -> Tensor:  # type: ignore[override]
+        x = z.to(torch.promote_types(z.dtype, torch.float32))
+        e, m, total = _shifted_exp(x, temperature)
+        out = (x.gather(-1, columns) - m) / temperature - total.log()
+        q = e.div_(total)
+        ctx.save_for_backward(q, columns)
+        ctx.temperature, ctx.z_dtype = temperature, z.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        q, columns = ctx.saved_tensors
+        g = grad.to(q.dtype) / ctx.temperature
+        dz = torch.mul(q, -g.sum(-1, keepdim=True))
+        dz.scatter_add_(-1, columns, g)
+        return dz.to(ctx.z_dtype), None, None
 
 
 def target_support(p_rows: Tensor, most: int) -> Tensor | None:
