@@ -513,7 +513,7 @@ def head_chunked_scores(
                 if moments:
                     return acc, cost, m
             elif moments:
-                return scores_and_moments(z, p_rows.index_select(0, at), x, settings, stops)
+                return scores_and_moments(z, p_rows, x, settings, stops, at)
             else:
                 acc, cost = _sampling_scores(z, p_rows.index_select(0, at), x, settings, stops)
 
@@ -553,10 +553,11 @@ def _sampling_scores(logits, p, ids, settings, stops):
     )  # fmt: skip
 
 
-def scores_and_moments(logits, p, ids, settings, stop_token_ids):
+def scores_and_moments(logits, p, ids, settings, stop_token_ids, p_index=None):
     """`(A, c, moments [B, A, K, 3])` of every proposal: `acceptance_and_cost`'s sampling
     values (c zeroed at stop tokens and clamped at 1, as it does) and the logit-gradient
-    moments of `scores_with_gradient_moments`, in one pass over the vocabulary."""
+    moments of `scores_with_gradient_moments`, in one pass over the vocabulary. `p_index`:
+    proposal i's target row is `p[p_index[i]]` (distinct rows), else `p` is laid out."""
     vocab = logits.shape[-1]
     stops = None
     if len(stop_token_ids):
@@ -569,6 +570,7 @@ def scores_and_moments(logits, p, ids, settings, stop_token_ids):
         target_is_probs=True,
         stops=stops,
         chunk_rows=fused_chunk_rows(None, vocab, logits.device),
+        target_index=None if p_index is None else p_index.reshape(-1),
     )
     acc, cost = acc.view(ids.shape), cost.view(ids.shape).clamp(max=1.0)
     moments = moments.view(*ids.shape, 3)

@@ -225,6 +225,16 @@ def test_scores_with_gradient_moments_equal_autograd_of_the_reference(
     )
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
     assert bool((expected[:, 0] > 0).any()) and bool((expected[:, 2] != 0).any())
+    # the target as distinct rows and each proposal's index into them: the same numbers
+    distinct, index = torch.unique(target, dim=0, return_inverse=True)
+    shuffled = torch.randperm(distinct.shape[0], generator=g)
+    rows_in, index_in = distinct[shuffled], torch.argsort(shuffled)[index]
+    again = scores_with_gradient_moments(
+        logits, rows_in, ids, temperature=temp, target_is_probs=target_is_probs,
+        stops=stop_ids, chunk_rows=4, target_index=index_in,
+    )  # fmt: skip
+    for a, b in zip(again, (acc, cost, got), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

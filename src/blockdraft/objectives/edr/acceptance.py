@@ -252,10 +252,15 @@ def _acceptance_terms(
     logq_x = logq.gather(-1, idx).squeeze(-1)
     p_x = p.gather(-1, idx).squeeze(-1)
     logp_x = p_x.clamp_min(tiny).log() if logp is None else logp.gather(-1, idx).squeeze(-1)
+    return logq_x, p_x, *_acceptance_at(logq_x, logp_x)
+
+
+def _acceptance_at(logq_x: Tensor, logp_x: Tensor) -> tuple[Tensor, Tensor]:
+    """`(A, a)` from the labels' `log q(x)` and `log p(x)` (`_acceptance_terms`)."""
     diff = logq_x - logp_x
     acc = torch.exp(diff.clamp(max=0.0))
     zero = torch.zeros((), dtype=acc.dtype, device=acc.device)
-    return logq_x, p_x, acc, torch.where(diff <= 0, acc, zero)
+    return acc, torch.where(diff <= 0, acc, zero)
 
 
 class _FusedSampling(torch.autograd.Function):
@@ -404,6 +409,7 @@ def scores_with_gradient_moments(
     target_is_probs: bool,
     stops: Tensor | None,
     chunk_rows: int,
+    target_index: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """`(A [N], c [N], moments [N, 3])` without gradient: A and the TV cost as
     `fused_sampling_acceptance` computes them (c before the stop-token zeroing and the
@@ -420,26 +426,42 @@ def scores_with_gradient_moments(
     (M T)^2` and `<dA/dz, dc/dz> = -a (q_x (G_x - s) - Q_G + s Q) / (M T^2)`. G is taken
     as `(1 + sign(p - q)) / 2` (float passes; boolean masks cost several times more on
     CPU), which is 1/2 only where p = q exactly: a tie changes the sizes, never the
-    estimate's mean."""
+    estimate's mean. `target_index [N]`: row i's target is `target[target_index[i]]` (the
+    distinct rows, read a chunk at a time instead of a `[N, V]` copy)."""
     dtype = torch.promote_types(logits.dtype, torch.float32)
     rows, vocab = logits.shape
     tiny = torch.finfo(dtype).tiny
     acc, cost = (torch.empty(rows, dtype=dtype, device=logits.device) for _ in range(2))
     out = torch.empty((rows, 3), dtype=dtype, device=logits.device)
     t = temperature
+    keep = None if stops is None else stops_keep(stops, vocab, dtype)
     for lo in range(0, rows, chunk_rows):
         hi = min(lo + chunk_rows, rows)
         idx = ids[lo:hi].unsqueeze(-1)
-        q, logq, p, logp = _q_and_p(logits[lo:hi], target[lo:hi], t, target_is_probs, dtype)
-        logq_x, p_x, acc[lo:hi], a = _acceptance_terms(logq, p, logp, idx, tiny)
+        if target_index is None:
+            rows_p = target[lo:hi]
+        else:  # (index_select: advanced indexing takes several times longer on CPU)
+            rows_p = target.index_select(0, target_index[lo:hi])
+        if target_is_probs:  # one exp pass (q = e / sum e), log q(x) from the logit
+            z = logits[lo:hi].to(dtype)
+            e, m, total = _shifted_exp(z, t)
+            q = e.div_(total)
+            logq_x = ((z.gather(-1, idx) - m) / t - total.log()).squeeze(-1)
+            p = rows_p.to(dtype)
+            p_x = p.gather(-1, idx).squeeze(-1)
+            acc[lo:hi], a = _acceptance_at(logq_x, p_x.clamp_min(tiny).log())
+            work = torch.empty_like(q)
+        else:
+            q, work, p, logp = _q_and_p(logits[lo:hi], rows_p, t, target_is_probs, dtype)
+            logq_x, p_x, acc[lo:hi], a = _acceptance_terms(work, p, logp, idx, tiny)
         q_x = logq_x.exp()
         g_x = (p_x >= q_x).to(dtype)
-        gap = torch.sub(p, q, out=logq)  # logq's memory is free now
+        gap = torch.sub(p, q, out=work)  # log q's memory (if any) is free now
+        # M = <p, keep>: one read of p, exactly 0 where all of p is on S (no copy of p)
+        mass = p.sum(-1) if keep is None else torch.mv(p, keep)
         if stops is not None:
             gap.index_fill_(1, stops, 0.0)  # outside S only (the reference's gap * keep)
             g_x = g_x * (~torch.isin(ids[lo:hi], stops)).to(dtype)
-            p = p.index_fill(1, stops, 0.0)
-        mass = p.sum(-1)
         live = mass > tiny  # else no target mass outside S: c = 0 for every q, dc/dz = 0
         mass = mass.clamp_min(tiny)
         cost[lo:hi] = gap.clamp_min(0).sum(-1) / mass
