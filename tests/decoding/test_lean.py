@@ -122,7 +122,12 @@ def test_lean_drafter_equals_extend_and_draft(qk_norm, arch, packed, dtype) -> N
                 ref.lookup = fast.lookup = torch.randint(3, 50, (n,), generator=g).tolist()
             want = drafter.draft_hidden(ref, anchor, a)
             assert want.dtype == drafter.dtype
-            torch.testing.assert_close(lean.draft_hidden(fast, anchor, a), want)
+            # bf16: where the CPU has no bf16 matrix kernels (AVX2) the two paths sum in
+            # other orders, and an element that cancels to ~0 keeps a rounding of the row's
+            # largest terms: up to ~2 bf16 ulps of max|h| (AVX2 EPYC: 0.03 at max 4.25)
+            atol = float(want.abs().max()) * 2**-6 if dtype == "bfloat16" else None
+            tol = {} if atol is None else {"rtol": 1.6e-2, "atol": atol}
+            torch.testing.assert_close(lean.draft_hidden(fast, anchor, a), want, **tol)
             new = feats[:, a : a + accepted + 1]
             drafter.extend_context(ref, new, a)
             lean.extend_context(fast, new, a)
