@@ -248,64 +248,50 @@ def test_micro_step_of_wrapped_forward_equals_unwrapped(
     torch.testing.assert_close(a.stats.packed(), b.stats.packed(), **tol)
 
 
-def test_sampled_step_builds_its_target_rows_once(setup, monkeypatch) -> None:
-    """An unwrapped sampling step builds the target's rows once, for every round start,
-    and its scoring and gradient passes read them (`TargetRowTable`); a wrapped forward
-    builds them per pass. (Same values: test_micro_step_of_wrapped_forward_equals_unwrapped.)"""
-    target, drafter, batch = setup
-    calls: list[tuple[int, ...]] = []
-    original = edr_step.sampling_target_rows
-
-    def spy(tout, positions, *args, **kwargs):
-        calls.append(tuple(positions.shape))
-        return original(tout, positions, *args, **kwargs)
-
-    monkeypatch.setattr(edr_step, "sampling_target_rows", spy)
-    monkeypatch.setattr(draft_space, "sampling_target_rows", spy)
-    objective = make_objective("edr", mode="sampling", max_anchors=6)
-    seen = []
-    for fwd in (DraftForward(drafter), wrapped_forward_class()(drafter)):
-        calls.clear()
-        edr_step.edr_micro_step(
-            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
-            seed=0, step=1, settings=_Settings,
-            mode="sampling", want_acc=False, alpha=0.5, variant="full",
-        )  # fmt: skip
-        seen.append(list(calls))
-    block = drafter.config.block_size
-    # unwrapped: one table of every usable round start (29 in rollout 0, 4 rollouts)
-    assert seen[0] == [(4, 29, block - 1)]
-    # wrapped: scoring passes of max_anchors over the two long rollouts, then the gradient pass
-    assert len(seen[1]) > 2 and seen[1][-1][1] == 6 and seen[1][0][0] == 2
-
-
 def test_wrapped_forward_scores_in_passes_of_max_anchors(setup, monkeypatch) -> None:
     """DDP/FSDP's forward returns a pass's whole logits (no `head_rows` cap), so a wrapped
-    forward keeps scoring passes of `max_anchors` where an unwrapped one scores in one."""
+    forward keeps scoring passes of `max_anchors` where an unwrapped one scores in one;
+    the unwrapped step builds the target's rows once, for every round start, and both its
+    passes read them (`TargetRowTable`), where the wrapped one builds them per pass. (Same
+    values: test_micro_step_of_wrapped_forward_equals_unwrapped.)"""
     target, drafter, batch = setup
 
     Wrapped = wrapped_forward_class()
 
     passes: list[int] = []
+    rows_built: list[tuple[int, ...]] = []
     original = edr_step._acceptance
+    original_rows = edr_step.sampling_target_rows
 
     def spy(*args, **kwargs):
         passes.append(1)
         return original(*args, **kwargs)
 
+    def rows_spy(tout, positions, *args, **kwargs):
+        rows_built.append(tuple(positions.shape))
+        return original_rows(tout, positions, *args, **kwargs)
+
     monkeypatch.setattr(edr_step, "_acceptance", spy)
+    monkeypatch.setattr(edr_step, "sampling_target_rows", rows_spy)
+    monkeypatch.setattr(draft_space, "sampling_target_rows", rows_spy)
     objective = make_objective("edr", mode="sampling", max_anchors=6)
-    counts = []
+    counts, built = [], []
     for fwd in (DraftForward(drafter), Wrapped(drafter)):
         passes.clear()
+        rows_built.clear()
         edr_step.edr_micro_step(
             fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
             seed=0, step=1, settings=_Settings,
             mode="sampling", want_acc=False, alpha=0.5, variant="full",
         )  # fmt: skip
         counts.append(len(passes))
+        built.append(list(rows_built))
     # 29 usable round starts in the longest rollout: 1 scoring pass or ceil(29 / 6), + 1
     assert counts == [2, 5 + 1]
+    # unwrapped: one table of every usable round start (29 in rollout 0, 4 rollouts)
+    assert built[0] == [(4, 29, drafter.config.block_size - 1)]
+    # wrapped: per pass, the scoring passes over the two long rollouts, then the gradient's
+    assert len(built[1]) == 6 and built[1][0][0] == 2 and built[1][-1][:2] == (4, 6)
 
 
 def _step_gradient(fwd, drafter, target, objective, batch, seed: int, mode: str):
