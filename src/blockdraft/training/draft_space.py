@@ -136,8 +136,8 @@ class TargetRowTable:
 
     Why: sampling EDR reads the target's rows twice a step, in the no-grad scoring pass
     over every round start and in the gradient pass over the drawn ones, whose label
-    positions are a subset; building them twice cost ~5% of a `tiny` T = 0.7 step
-    (docs/training.md). `rows [N, W]` as `sampling_target_rows` builds them;
+    positions are a subset; built per pass, the drawn positions' top-k and softmax ran
+    twice (docs/training.md). `rows [N, W]` as `sampling_target_rows` builds them;
     `lookup [B, L]` maps a sequence index to its row (row 0 where no label sits:
     padding, whose values the objectives mask)."""
 

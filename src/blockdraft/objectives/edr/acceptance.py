@@ -569,9 +569,9 @@ def support_scores(
 
 
 def _shifted_exp(z: Tensor, temperature: float) -> tuple[Tensor, Tensor, Tensor]:
-    """`(e, m, total)`: `e = exp((z - m) / T) <= 1` with `m` the row max (0 for a row of
-    -inf, whose q is then 0, as logsumexp has it) and `total = sum(e)` `[N, 1]`; one exp
-    pass: `q = e / total`."""
+    """`(e, m, total)`: `e = exp((z - m) / T) <= 1` with `m` the row max (0 where a row
+    is all -inf: no inf - inf) and `total = sum(e)` `[N, 1]`; one exp pass, `q = e /
+    total`."""
     m = z.amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, 0.0)
     e = z - m
