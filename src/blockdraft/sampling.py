@@ -107,8 +107,10 @@ def top_p_removed_within_top_k(
     -inf values sort last and carry no mass.
     """
     remove_k, unsure = _top_p_cut(values, top_p)
+    # (counts in float32: exact below 2^24, and a boolean sum is far slower on CPU)
+    finite = (masked > float("-inf")).sum(dim=-1, dtype=torch.float32)
     doubtful = (  # (torch.topk puts NaN first; `masked > -inf` does not count it)
-        ((masked > float("-inf")).sum(dim=-1) != (values > float("-inf")).sum(dim=-1))
+        (finite != (values > float("-inf")).sum(dim=-1, dtype=torch.float32))
         | ~torch.isfinite(values[..., 0])
         | unsure
     )
@@ -150,9 +152,9 @@ def sampling_probs(logits: torch.Tensor, settings: SamplingSettings) -> torch.Te
     if settings.temperature != 1:
         x = x / settings.temperature
     values, indices = torch.topk(x, settings.top_k, dim=-1)
-    doubtful = ((x >= values[..., -1:]).sum(dim=-1) != settings.top_k) | ~torch.isfinite(
-        values
-    ).all(dim=-1)
+    # (counted in float32: exact below 2^24, and a boolean sum is far slower on CPU)
+    at_least_kth = (x >= values[..., -1:]).sum(dim=-1, dtype=torch.float32)
+    doubtful = (at_least_kth != settings.top_k) | ~torch.isfinite(values).all(dim=-1)
     if settings.top_p < 1:
         remove_k, unsure = _top_p_cut(values, settings.top_p)
         values = values.masked_fill(remove_k, float("-inf"))
