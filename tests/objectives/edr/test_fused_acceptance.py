@@ -457,3 +457,32 @@ def test_support_scores_equal_the_dense_formula(temperature, stops) -> None:
         support_scores(
             z, support, p_rows, p_index, ids, temperature=temperature, stops=stop_t, moments=True
         )
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_support_scores_when_q_of_the_label_underflows(flush) -> None:
+    """float32 logits whose label has q(x) ~ 1e-40 (below float32's normal range, 0 where
+    denormals are flushed, as training runs) against a target with p(x) = 1e-37: A =
+    q(x) / p(x) ~ 1e-3 must come out as float64 computes it, in the scoring pass and with
+    autograd on (log q(x) from the logit where q(x) underflows)."""
+    from blockdraft.objectives.edr.acceptance import support_scores
+
+    logits = torch.tensor(
+        [[0.0, -92.1, -50.0, -50.0, -50.0, -50.0], [0.0, -1.0, -2.0, -3.0, -4.0, -5.0]]
+    )
+    p_rows = torch.tensor([[1.0 - 1e-37, 1e-37, 0, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0]])
+    support = torch.tensor([[0, 1], [0, 1]])
+    p_index, ids = torch.tensor([0, 1]), torch.tensor([1, 1])
+    q64 = torch.softmax(logits.double(), -1)
+    want = torch.clamp(q64[[0, 1], ids] / p_rows.double()[[0, 1], ids], max=1.0)
+    assert 1e-4 < float(want[0]) < 1e-2  # q(x) ~ 1e-40: not a normal float32
+    flushing = float(torch.tensor([1e-30]) * 1e-10) == 0.0  # this process's setting
+    torch.set_flush_denormal(flush)
+    try:
+        for z in (logits, logits.clone().requires_grad_(True)):
+            acc, _, _ = support_scores(
+                z, support, p_rows, p_index, ids, temperature=1.0, stops=None, moments=False
+            )
+            torch.testing.assert_close(acc.detach().double(), want, rtol=1e-4, atol=0.0)
+    finally:
+        torch.set_flush_denormal(flushing)
