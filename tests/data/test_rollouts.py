@@ -393,6 +393,38 @@ def test_cli_rollout(random_target, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "o2").exists()
 
 
+def test_cli_rollout_stores_a_top_k_distribution_by_default(random_target, tmp_path, monkeypatch):
+    """Without --store-topk: sampled rollouts under a top-k cutoff of at most 64 store that
+    top k (their whole distribution: every stored row sums to 1), greedy ones and larger
+    cutoffs nothing; resuming a set follows what it was written with, whatever the
+    default."""
+    import blockdraft.cli.rollout as rollout_cli
+    from blockdraft.cli import main
+
+    monkeypatch.setattr(rollout_cli, "load_target", lambda name, **kw: random_target)
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"question": t}) + "\n" for t in TEXTS))
+
+    def run(out: str, *flags: str, limit: int = 3) -> RolloutSet:
+        base = ["rollout", "--target", "x", "--prompts", f"{src}:question", "--out"]
+        more = ["--max-new-tokens", "4", "--limit", str(limit), "--no-progress"]
+        assert main([*base, str(tmp_path / out), *more, *flags]) == 0
+        return RolloutSet.open(tmp_path / out)
+
+    rs = run("k", "--temperature", "0.7", "--top-p", "0.8", "--top-k", "5")
+    assert rs.manifest["store_topk"] == 5 and rs[0].topk_ids.shape[1] == 5
+    mass = torch.cat([r.topk_logprobs.exp().sum(-1) for r in rs])
+    torch.testing.assert_close(mass, torch.ones_like(mass))
+    assert run("g", "--temperature", "0").manifest["store_topk"] == 0
+    assert run("wide", "--temperature", "1", "--top-k", "65").manifest["store_topk"] == 0
+    assert run("none", "--temperature", "1").manifest["store_topk"] == 0
+    # a set written without the top k (as before this default) resumes without the flag
+    flags = ("--temperature", "0.7", "--top-k", "5")
+    assert run("old", *flags, "--store-topk", "0").manifest["store_topk"] == 0
+    resumed = run("old", *flags, limit=5)
+    assert len(resumed) == 5 and resumed.manifest["store_topk"] == 0
+
+
 @pytest.mark.parametrize("screened", [False, True])
 def test_greedy_rollouts_without_logprobs_equal_the_default(
     random_target, tmp_path, monkeypatch, screened

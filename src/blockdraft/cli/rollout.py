@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -26,7 +27,7 @@ from blockdraft.cli.arguments import (
 from blockdraft.data.distributed_rollouts import init_from_env
 from blockdraft.data.prompts import PromptError, load_prompts
 from blockdraft.data.rollout_import import import_rollouts
-from blockdraft.data.rollout_store import RolloutError
+from blockdraft.data.rollout_store import RolloutError, read_manifest
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.devices import add_device_args, resolve_dtype
 from blockdraft.errors import UserError
@@ -65,10 +66,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--store-topk",
         type=nonnegative_int,
-        default=0,
+        default=None,
         help="also store the top N entries of each response token's sampling distribution "
         "(soft targets; with --top-k <= N the whole distribution, so sampling E2E/EDR "
-        "fine-tunes need no target run)",
+        f"fine-tunes need no target run). Default: the --top-k when sampling with a top-k "
+        f"of at most {AUTO_STORE_TOPK}, else 0 (resuming: what the set was written with)",
     )
     p.add_argument(
         "--no-logprobs",
@@ -205,6 +207,24 @@ def run_import(args: argparse.Namespace) -> int:
     return 0
 
 
+# The largest top-k cutoff whose whole distribution `blockdraft rollout` stores by default
+# (8 bytes per entry per response token: 160 at the EDR paper's top-k 20).
+AUTO_STORE_TOPK = 64
+
+
+def auto_store_topk(settings: SamplingSettings, no_logprobs: bool) -> int:
+    """`--store-topk`'s default: a sampled rollout under a top-k cutoff of at most
+    `AUTO_STORE_TOPK` stores its top k, which is then its whole sampling distribution.
+
+    Why: sampling E2E and EDR fine-tunes compare with that distribution; read from the
+    rollouts, they need no target logits (on cached features no target at all), which is
+    most of what a sampled fine-tune costs beyond a D-PACE epoch (docs/results.md, section
+    6). Greedy rollouts, cutoffs above the limit and no cutoff store nothing extra."""
+    if no_logprobs or settings.greedy or not 0 < int(settings.top_k or 0) <= AUTO_STORE_TOPK:
+        return 0
+    return int(settings.top_k)
+
+
 def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
 
@@ -216,6 +236,13 @@ def run(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             seed=args.seed,
         )
+        if args.store_topk is None:  # resuming: what the set was written with
+            written = read_manifest(Path(args.out))
+            args.store_topk = (
+                int(written.get("store_topk") or 0)
+                if written is not None
+                else auto_store_topk(settings, args.no_logprobs)
+            )
         if args.no_logprobs and (not settings.greedy or args.store_topk):
             raise ValueError(
                 "--no-logprobs: only greedy rollouts (--temperature 0) without --store-topk "
