@@ -33,7 +33,7 @@ DRAFTER=${DRAFTER:-}
 sampling() {  # rollout flags of a setting
   case $1 in
   t1) echo "--temperature 1" ;;
-  t07) echo "--temperature 0.7 --top-p 0.8 --top-k 20" ;;
+  t07) echo "--temperature 0.7 --top-p 0.8 --top-k 20" ;;  # stores its top 20 (the default)
   t0) echo "--temperature 0" ;;
   *) echo "unknown setting $1" >&2; exit 2 ;;
   esac
