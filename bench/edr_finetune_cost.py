@@ -19,7 +19,7 @@ sampling distributions need no target at all then). One
 thread by default
 and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round times
 every row once in rotating order, on the same micro-batch; the factor is the median over
-rounds of time(row) / time(the control).
+rounds of time(row) / time(the control), printed with the range of the rounds' factors.
 
 `--phases` then profiles the control, E2E and EDR @16 for 3 steps each (torch profiler,
 a `record_function` label around each phase: target forward, drafter forward, the target's
@@ -164,9 +164,15 @@ def main() -> None:
         f", {args.amp}, "
         + (f"cached features {args.features}" if args.features else "online target")
     )
-    print(f"| step | seconds | vs D-PACE @{args.anchors} |\n|---|---|---|")
+    print(
+        f"| step | seconds | vs D-PACE @{args.anchors} | rounds' range |\n|---|---|---|---|"
+    )  # the range: how far one round's ratio strays on this machine
     for n in names:
-        print(f"| {n} | {statistics.median(secs[n]):.3f} | {statistics.median(ratios[n]):.3f}x |")
+        lo, hi = min(ratios[n]), max(ratios[n])
+        print(
+            f"| {n} | {statistics.median(secs[n]):.3f} | {statistics.median(ratios[n]):.3f}x "
+            f"| {lo:.2f}-{hi:.2f}x |"
+        )
     if args.phases:
         profile_phases(rows, [names[0], names[2], names[4]], drafter, feats, fwd, bf16)
 
