@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="also store the top N entries of each response token's sampling distribution "
         "(soft targets; with --top-k <= N the whole distribution, so sampling E2E/EDR "
-        f"fine-tunes need no target run). Default: the --top-k when sampling with a top-k "
+        "fine-tunes need no target run). Default: the --top-k when sampling with a top-k "
         f"of at most {AUTO_STORE_TOPK}, else 0 (resuming: what the set was written with)",
     )
     p.add_argument(
