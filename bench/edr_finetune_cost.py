@@ -20,6 +20,8 @@ thread by default
 and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round times
 every row once in rotating order, on the same micro-batch; the factor is the median over
 rounds of time(row) / time(the control), printed with the range of the rounds' factors.
+`--also-rollouts DIR` adds E2E and EDR @16 on a second set at the same settings to the
+same rounds (e.g. the same tokens with and without stored distributions: side by side).
 
 `--phases` then profiles the control, E2E and EDR @16 for 3 steps each (torch profiler,
 a `record_function` label around each phase: target forward, drafter forward, the target's
@@ -77,6 +79,12 @@ def main() -> None:
         "target features instead of running the target (as a run with data.features trains)",
     )
     ap.add_argument(
+        "--also-rollouts",
+        default=None,
+        help="a second rollout set at the same settings (e.g. the same tokens written with "
+        "--store-topk 0): E2E and EDR @16 on it too, timed in the same rounds (online target)",
+    )
+    ap.add_argument(
         "--amp", choices=["fp32", "bf16"], default="fp32",
         help="bf16: forward under CPU bf16 autocast, as `amp: bf16` trains",
     )  # fmt: skip
@@ -89,6 +97,8 @@ def main() -> None:
     drafter.train()
     for p in drafter.parameters():
         p.requires_grad_(True)
+    if args.also_rollouts and args.features:
+        raise SystemExit("--also-rollouts times its rows with the online target: drop --features")
     rs = RolloutSet.open(args.rollouts)
     settings = SamplingSettings.from_dict(rs.manifest["settings"])
     mode = "greedy" if settings.greedy else "sampling"  # as training reads it
@@ -96,6 +106,13 @@ def main() -> None:
     pad = getattr(target.tokenizer, "pad_token_id", None)
     max_len = 4096
     batch = collate(rollouts, list(range(len(rollouts))), int(pad or 0), max_len)
+    other = None
+    if args.also_rollouts:
+        also = RolloutSet.open(args.also_rollouts)
+        if SamplingSettings.from_dict(also.manifest["settings"]) != settings:
+            raise SystemExit(f"{args.also_rollouts}: other sampling settings than {args.rollouts}")
+        picked = list(also.subset(range(args.batch)))
+        other = collate(picked, list(range(len(picked))), int(pad or 0), max_len)
     fwd, feats = DraftForward(drafter), OnlineTargetFeatures(target)
     if args.features:
         feats = CachedFeatures.open(
@@ -105,19 +122,19 @@ def main() -> None:
     rows_per = int(batch.response_lens.max()) - 1
     common = dict(seed=0, settings=settings, want_acc=False, alpha=0.5, variant="full")
 
-    def block(name: str, anchors: int, **params):
+    def block(name: str, anchors: int, on=batch, **params):
         obj = make_objective(name, **params)
         return lambda step: block_micro_step(
-            fwd, drafter, feats, obj, batch, num_anchors=anchors, step=step, **common
+            fwd, drafter, feats, obj, on, num_anchors=anchors, step=step, **common
         )
 
-    def edr(max_anchors: int, sampler: str = "gradient", score_chunk: int | None = None):
+    def edr(max_anchors: int, sampler: str = "gradient", score_chunk: int | None = None, on=batch):
         obj = make_objective(
             "edr", mode=mode, max_anchors=max_anchors, greedy_temperature=0.5,
             anchor_sampler=sampler,
         )  # fmt: skip
         return lambda step: edr_micro_step(
-            fwd, drafter, feats, target.stop_token_ids, obj, batch, mode=mode, step=step,
+            fwd, drafter, feats, target.stop_token_ids, obj, on, mode=mode, step=step,
             score_chunk=score_chunk, **common,
         )  # fmt: skip
 
@@ -137,6 +154,11 @@ def main() -> None:
         rows[f"EDR {kind}, max_anchors 16, scoring {chunk} round starts per pass"] = edr(
             16, score_chunk=chunk
         )
+    if other is not None:
+        rows[f"E2E {kind} @{args.anchors} anchors, {args.also_rollouts}"] = block(
+            "e2e", args.anchors, on=other, greedy_temperature=0.5
+        )
+        rows[f"EDR {kind}, max_anchors 16, {args.also_rollouts}"] = edr(16, on=other)
     names = list(rows)
 
     bf16 = args.amp == "bf16"

@@ -3,8 +3,9 @@
 # target's distributions stored in the rollouts (docs/results.md, section 6, session 32):
 # 8 training rollouts written twice (the same tokens: the sampler is counter-based), once
 # with `--store-topk 0` (the step processes the target's logits) and once with the
-# default (the top 20 stored), their cached features, then the cost bench on each,
-# alternating, RUNS times. Needs the T = 0.7 start of `SETTINGS=t07 SEEDS=0
+# default (the top 20 stored), their cached features, then the cost bench on the stored
+# set with the logits set's E2E and EDR @16 rows in the same rounds, and on cached
+# features, RUNS times. Needs the T = 0.7 start of `SETTINGS=t07 SEEDS=0
 # scripts/edr_finetune.sh rollouts base` (DRAFTER). Output under $OUT (ignored).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +21,8 @@ grep -qs '"complete": true' "$O/features/manifest.json" ||
   $BD features --target tiny --layer-ids 0 1 2 3 --rollouts "$O/stored" --out "$O/features"
 bench() { $PY bench/edr_finetune_cost.py --drafter "$DRAFTER" --threads 1 --rounds "${ROUNDS:-7}" "$@"; }
 for i in $(seq 1 "${RUNS:-2}"); do
-  echo "== run $i: target logits each step"; bench --rollouts "$O/logits"
-  echo "== run $i: stored distributions"; bench --rollouts "$O/stored"
+  echo "== run $i: stored distributions, and E2E / EDR @16 from the target's logits side by side"
+  bench --rollouts "$O/stored" --also-rollouts "$O/logits"
   echo "== run $i: stored distributions and cached features"
   bench --rollouts "$O/stored" --features "$O/features"
 done
