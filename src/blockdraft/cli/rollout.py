@@ -217,9 +217,9 @@ def auto_store_topk(settings: SamplingSettings, no_logprobs: bool) -> int:
     `AUTO_STORE_TOPK` stores its top k, which is then its whole sampling distribution.
 
     Why: sampling E2E and EDR fine-tunes compare with that distribution; read from the
-    rollouts, they need no target logits (on cached features no target at all), which is
-    most of what a sampled fine-tune costs beyond a D-PACE epoch (docs/results.md, section
-    6). Greedy rollouts, cutoffs above the limit and no cutoff store nothing extra."""
+    rollouts, they need no target logits (on cached features no target at all), a part
+    of what a sampled fine-tune costs beyond a D-PACE epoch (docs/results.md, section 6).
+    Greedy rollouts, cutoffs above the limit and no cutoff store nothing extra."""
     if no_logprobs or settings.greedy or not 0 < int(settings.top_k or 0) <= AUTO_STORE_TOPK:
         return 0
     return int(settings.top_k)
