@@ -446,7 +446,7 @@ def scores_with_gradient_moments(
             z = logits[lo:hi].to(dtype)
             e, m, total = _shifted_exp(z, t)
             q = e.div_(total)
-            logq_x = ((z.gather(-1, idx) - m) / t - total.log()).squeeze(-1)
+            logq_x = _log_q_at(z, m, total, idx, t).squeeze(-1)
             p = rows_p.to(dtype)
             p_x = p.gather(-1, idx).squeeze(-1)
             acc[lo:hi], a = _acceptance_at(logq_x, p_x.clamp_min(tiny).log())
@@ -557,9 +557,7 @@ def support_scores(
         z = logits.to(torch.promote_types(logits.dtype, torch.float32))
         e, m, total = _shifted_exp(z, temperature)
         q = e.gather(-1, columns) / total
-        # log q(x) from the logit, not log e(x): e(x) underflows where q(x) < ~1e-38
-        z_x = z.gather(-1, ids.unsqueeze(-1))
-        logq_x = ((z_x - m) / temperature - total.log()).squeeze(-1)
+        logq_x = _log_q_at(z, m, total, ids.unsqueeze(-1), temperature).squeeze(-1)
         big_q = None
         if moments:
             big_q = (torch.linalg.vector_norm(e, dim=-1) / total.squeeze(-1)) ** 2
@@ -581,6 +579,12 @@ def _shifted_exp(z: Tensor, temperature: float) -> tuple[Tensor, Tensor, Tensor]
     return e, m, e.sum(-1, keepdim=True)
 
 
+def _log_q_at(z: Tensor, m: Tensor, total: Tensor, columns: Tensor, temperature: float) -> Tensor:
+    """`log q` at `columns [N, c]` from `_shifted_exp`'s `m` and `total`: from the logit,
+    not `log e`, which underflows where q < ~1e-38."""
+    return (z.gather(-1, columns) - m) / temperature - total.log()
+
+
 class _LogSoftmaxAt(torch.autograd.Function):
     """`log softmax(z / T)` at `columns [N, c]` of each row, `z [N, W]`: the forward keeps
     q for the backward, `dz = (g scattered at the columns - q sum(g)) / T`, one pass."""
@@ -589,7 +593,7 @@ class _LogSoftmaxAt(torch.autograd.Function):
     def forward(ctx, z: Tensor, columns: Tensor, temperature: float) -> Tensor:  # type: ignore[override]
         x = z.to(torch.promote_types(z.dtype, torch.float32))
         e, m, total = _shifted_exp(x, temperature)
-        out = (x.gather(-1, columns) - m) / temperature - total.log()
+        out = _log_q_at(x, m, total, columns, temperature)
         q = e.div_(total)
         ctx.save_for_backward(q, columns)
         ctx.temperature, ctx.z_dtype = temperature, z.dtype
