@@ -15,9 +15,10 @@ rollout (the sampling-mode default, `edr_step.default_score_chunk`, is one pass 
 `--amp bf16` runs every row's forward under CPU bf16 autocast, as `amp: bf16` trains (the
 rows' ratio then says what the fine-tune costs on a CPU with bf16 matrix units);
 `--features` reads cached target features for every row (rollouts that store their whole
-sampling distributions need no target at all then). One
-thread by default
-and glibc keeping freed memory, as `blockdraft train` runs on a CPU. Each round times
+sampling distributions need no target at all then). `--tensor-sums` adds EDR @16 with
+the scoring pass's whole-vocabulary sums as tensor ops (the GPU path) instead of the
+compiled CPU loop, to the same rounds. One thread by default and glibc keeping freed
+memory, as `blockdraft train` runs on a CPU. Each round times
 every row once in rotating order, on the same micro-batch; the factor is the median over
 rounds of time(row) / time(the control), printed with the range of the rounds' factors.
 `--also-rollouts DIR` adds E2E and EDR @16 on a second set at the same settings to the
@@ -29,7 +30,7 @@ distributions, the overlap, EDR's scoring pass and its parts, backward) and prin
 phase in ms per step.
 
     python bench/edr_finetune_cost.py --drafter RUN/final --rollouts DIR [--rounds 9] [--threads 1]
-        [--phases] [--score-chunks 16 32] [--amp bf16] [--features DIR]
+        [--phases] [--score-chunks 16 32] [--amp bf16] [--features DIR] [--tensor-sums]
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ def main() -> None:
         default=None,
         help="a second rollout set at the same settings (e.g. the same tokens written with "
         "--store-topk 0): E2E and EDR @16 on it too, timed in the same rounds (online target)",
+    )
+    ap.add_argument(
+        "--tensor-sums",
+        action="store_true",
+        help="also EDR @16 with its scoring pass's vocabulary sums as tensor ops (what a GPU "
+        "runs) instead of the compiled CPU loop (`edr/vocab_sums.py`), in the same rounds",
     )
     ap.add_argument(
         "--amp", choices=["fp32", "bf16"], default="fp32",
@@ -154,6 +161,8 @@ def main() -> None:
         rows[f"EDR {kind}, max_anchors 16, scoring {chunk} round starts per pass"] = edr(
             16, score_chunk=chunk
         )
+    if args.tensor_sums:
+        rows[f"EDR {kind}, max_anchors 16, scoring sums as tensor ops"] = with_tensor_sums(edr(16))
     if other is not None:
         rows[f"E2E {kind} @{args.anchors} anchors, {args.also_rollouts}"] = block(
             "e2e", args.anchors, on=other, greedy_temperature=0.5
@@ -197,6 +206,20 @@ def main() -> None:
         )
     if args.phases:
         profile_phases(rows, [names[0], names[2], names[4]], drafter, feats, fwd, bf16)
+
+
+def with_tensor_sums(step):
+    """`step` with the scoring pass's dense sums on the tensor-op backend (the GPU path)."""
+    compiled = edr_step.scores_with_gradient_moments
+
+    def run(i):
+        edr_step.scores_with_gradient_moments = functools.partial(compiled, backend="torch")
+        try:
+            return step(i)
+        finally:
+            edr_step.scores_with_gradient_moments = compiled
+
+    return run
 
 
 PHASES = {  # module -> public functions timed as phases

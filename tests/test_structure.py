@@ -46,7 +46,10 @@ LAYERS = [
 ]
 KNOWN: set[tuple[str, str]] = set()
 # blockdraft modules a function may import: importing them loads a heavy dependency
-LAZY_MODULES = {"blockdraft.objectives.edr.kernels": "numba and its compiled kernels"}
+LAZY_MODULES = {
+    "blockdraft.objectives.edr.kernels": "numba and its compiled kernels",
+    "blockdraft.objectives.edr.vocab_sums": "numba and its compiled kernel",
+}
 LAZY_MARK = "# lazy:"
 
 

@@ -180,16 +180,19 @@ def test_half_precision_logits_match_reference(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got[2].float(), ref[2].float(), rtol=1e-2, atol=1e-3)
 
 
-@pytest.mark.parametrize("target_is_probs", [True, False])
+@pytest.mark.parametrize(
+    ("target_is_probs", "backend"), [(True, "auto"), (True, "torch"), (False, "auto")]
+)
 @pytest.mark.parametrize("stops", [None, [2, 5]])
 def test_scores_with_gradient_moments_equal_autograd_of_the_reference(
-    target_is_probs, stops
+    target_is_probs, backend, stops
 ) -> None:
     """`scores_with_gradient_moments` against the straightforward formula (`_RowsFn`,
     unfused, no stop zeroing or clamp): A and c, and per row `||dA/dz||^2`, `||dc/dz||^2`
     and `<dA/dz, dc/dz>` against autograd (rows are independent, so the gradient of a sum
     over rows gives every row's own gradient). Float64, a temperature, a truncated target
-    (one row with all its mass on a stop token)."""
+    (one row with all its mass on a stop token); a probability target on CPU both through
+    the compiled sums ("auto") and the tensor ops ("torch", what a GPU runs)."""
     from blockdraft.objectives.edr.acceptance import (
         _RowsFn,
         scores_with_gradient_moments,
@@ -210,7 +213,7 @@ def test_scores_with_gradient_moments_equal_autograd_of_the_reference(
     stop_ids = None if stops is None else torch.tensor(stops)
     acc, cost, got = scores_with_gradient_moments(
         logits, target, ids, temperature=temp, target_is_probs=target_is_probs,
-        stops=stop_ids, chunk_rows=4,
+        stops=stop_ids, chunk_rows=4, backend=backend,
     )  # fmt: skip
     keep = None if stop_ids is None else stops_keep(stop_ids, vocab, torch.float64).bool()
     fn = _RowsFn("sampling", torch.float64, temp, target_is_probs, "tv", keep)
@@ -231,7 +234,7 @@ def test_scores_with_gradient_moments_equal_autograd_of_the_reference(
     rows_in, index_in = distinct[shuffled], torch.argsort(shuffled)[index]
     again = scores_with_gradient_moments(
         logits, rows_in, ids, temperature=temp, target_is_probs=target_is_probs,
-        stops=stop_ids, chunk_rows=4, target_index=index_in,
+        stops=stop_ids, chunk_rows=4, target_index=index_in, backend=backend,
     )  # fmt: skip
     for a, b in zip(again, (acc, cost, got), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -281,7 +284,8 @@ def test_all_mass_on_stop_tokens_with_flushed_denormals(temperature) -> None:
     assert out[True][2][1].abs().sum() > 0
 
 
-def test_gradient_moments_where_all_mass_is_on_stop_tokens() -> None:
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_gradient_moments_where_all_mass_is_on_stop_tokens(backend) -> None:
     """float32 at Gemma-like widths, denormals flushed as in training: where the target's mass
     outside the stop set is 0, c is 0 for every q, so `||dc/dz||^2` and `<dA/dz, dc/dz>` are 0
     (the roundings of s and Q_G over M^2 = tiny^2 gave inf and 1e24 sizes); every moment of
@@ -299,8 +303,9 @@ def test_gradient_moments_where_all_mass_is_on_stop_tokens() -> None:
     old = torch.set_flush_denormal(True)
     try:
         _, _, got = scores_with_gradient_moments(
-            logits, probs, ids, temperature=temp, target_is_probs=True, stops=stops, chunk_rows=2
-        )
+            logits, probs, ids, temperature=temp, target_is_probs=True, stops=stops,
+            chunk_rows=2, backend=backend,
+        )  # fmt: skip
     finally:
         torch.set_flush_denormal(False)
     assert old

@@ -410,6 +410,7 @@ def scores_with_gradient_moments(
     stops: Tensor | None,
     chunk_rows: int,
     target_index: Tensor | None = None,
+    backend: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """`(A [N], c [N], moments [N, 3])` without gradient: A and the TV cost as
     `fused_sampling_acceptance` computes them (c before the stop-token zeroing and the
@@ -427,17 +428,48 @@ def scores_with_gradient_moments(
     as `(1 + sign(p - q)) / 2` (float passes; boolean masks cost several times more on
     CPU), which is 1/2 only where p = q exactly: a tie changes the sizes, never the
     estimate's mean. `target_index [N]`: row i's target is `target[target_index[i]]` (the
-    distinct rows, read a chunk at a time instead of a `[N, V]` copy)."""
+    distinct rows, read a chunk at a time instead of a `[N, V]` copy). `backend`: "auto"
+    sums a CPU probability target's rows in one compiled read each (`vocab_sums`), "torch"
+    with tensor ops (what other devices and a target given as logits run)."""
+    if backend not in ("auto", "torch"):
+        raise ValueError(f"backend must be 'auto' or 'torch', got {backend!r}")
     dtype = torch.promote_types(logits.dtype, torch.float32)
     rows, vocab = logits.shape
     tiny = torch.finfo(dtype).tiny
-    acc, cost = (torch.empty(rows, dtype=dtype, device=logits.device) for _ in range(2))
-    out = torch.empty((rows, 3), dtype=dtype, device=logits.device)
+    device = logits.device
     t = temperature
+    # per row: M, sum_{v not in S} [p - q]_+, s, Q, Q_G (`vocab_sums`' columns)
+    sums = torch.empty((rows, 5), dtype=torch.float64 if device.type == "cpu" else dtype,
+                       device=device)  # fmt: skip
+    logq_x, p_x, logp_x = (torch.empty(rows, dtype=dtype, device=device) for _ in range(3))
     keep = None if stops is None else stops_keep(stops, vocab, dtype)
+    vocab_sums = None
+    if backend == "auto" and target_is_probs and device.type == "cpu":
+        try:
+            # lazy: importing it loads numba and its compiled kernel (seconds)
+            from blockdraft.objectives.edr import vocab_sums
+        except ImportError:  # pragma: no cover - numba is a declared dependency
+            vocab_sums = None
+    compiled = vocab_sums is not None
+    if compiled:  # one compiled read of q and p per row
+        table = target.detach().to(dtype).contiguous()
+        index = torch.arange(rows, device=device) if target_index is None else target_index
+        index_np = index.contiguous().numpy()
+        keep_np = (torch.ones(vocab, dtype=dtype) if keep is None else keep).numpy()
+        p_x = table[index, ids]
+        logp_x = p_x.clamp_min(tiny).log()
     for lo in range(0, rows, chunk_rows):
         hi = min(lo + chunk_rows, rows)
         idx = ids[lo:hi].unsqueeze(-1)
+        if compiled:
+            z = logits[lo:hi].detach().to(dtype)
+            e, m, total = _shifted_exp(z, t)
+            logq_x[lo:hi] = _log_q_at(z, m, total, idx, t).squeeze(-1)
+            vocab_sums.acceptance_sums(
+                e.numpy(), total.squeeze(-1).numpy(), table.numpy(), index_np[lo:hi], keep_np,
+                sums[lo:hi].numpy(),
+            )  # fmt: skip
+            continue
         if target_index is None:
             rows_p = target[lo:hi]
         else:  # (index_select: advanced indexing takes several times longer on CPU)
@@ -446,41 +478,55 @@ def scores_with_gradient_moments(
             z = logits[lo:hi].to(dtype)
             e, m, total = _shifted_exp(z, t)
             q = e.div_(total)
-            logq_x = _log_q_at(z, m, total, idx, t).squeeze(-1)
+            logq_x[lo:hi] = _log_q_at(z, m, total, idx, t).squeeze(-1)
             p = rows_p.to(dtype)
-            p_x = p.gather(-1, idx).squeeze(-1)
-            acc[lo:hi], a = _acceptance_at(logq_x, p_x.clamp_min(tiny).log())
+            p_x[lo:hi] = p.gather(-1, idx).squeeze(-1)
+            logp_x[lo:hi] = p_x[lo:hi].clamp_min(tiny).log()
             work = torch.empty_like(q)
         else:
             q, work, p, logp = _q_and_p(logits[lo:hi], rows_p, t, target_is_probs, dtype)
-            logq_x, p_x, acc[lo:hi], a = _acceptance_terms(work, p, logp, idx, tiny)
-        q_x = logq_x.exp()
-        g_x = (p_x >= q_x).to(dtype)
+            logq_x[lo:hi], p_x[lo:hi], *_ = _acceptance_terms(work, p, logp, idx, tiny)
+            logp_x[lo:hi] = logp.gather(-1, idx).squeeze(-1)
         gap = torch.sub(p, q, out=work)  # log q's memory (if any) is free now
         # M = <p, keep>: one read of p, exactly 0 where all of p is on S (no copy of p)
-        mass = p.sum(-1) if keep is None else torch.mv(p, keep)
+        sums[lo:hi, 0] = p.sum(-1) if keep is None else torch.mv(p, keep)
         if stops is not None:
             gap.index_fill_(1, stops, 0.0)  # outside S only (the reference's gap * keep)
-            g_x = g_x * (~torch.isin(ids[lo:hi], stops)).to(dtype)
-        live = mass > tiny  # else no target mass outside S: c = 0 for every q, dc/dz = 0
-        mass = mass.clamp_min(tiny)
-        cost[lo:hi] = gap.clamp_min(0).sum(-1) / mass
+        sums[lo:hi, 1] = gap.clamp_min(0).sum(-1)
         sign = gap.sign_()  # 2 G - 1
         if stops is not None:
             sign.index_fill_(1, stops, -1.0)  # G = 0 on S
         qs = sign.mul_(q)  # q (2 G - 1) (sums, not einsum: its batched dot runs as a slow bmm)
         big_q = torch.linalg.vector_norm(q, dim=-1) ** 2
-        s = (q.sum(-1) + qs.sum(-1)) / 2
-        q_g = (big_q + qs.mul_(q).sum(-1)) / 2  # qs now holds q^2 (2 G - 1)
-        out[lo:hi, 0] = (a / t) ** 2 * (1 - 2 * q_x + big_q)
-        # divided step by step: (M T)^2 underflows to 0 when M is clamped to `tiny` (all
-        # target mass on stop tokens), where the numerators are 0
-        # (the rounding of s and Q_G, ~1e-8 where they are 0, over M^2 = tiny^2 would be inf)
-        dc2 = ((1 - 2 * s) * q_g + s**2 * big_q) / mass / mass / t**2
-        da_dc = -a * (q_x * (g_x - s) - q_g + s * big_q) / mass / t**2
-        out[lo:hi, 1] = torch.where(live, dc2, 0.0)
-        out[lo:hi, 2] = torch.where(live, da_dc, 0.0)
-    return acc, cost, out
+        sums[lo:hi, 2] = (q.sum(-1) + qs.sum(-1)) / 2
+        sums[lo:hi, 3] = big_q
+        sums[lo:hi, 4] = (big_q + qs.mul_(q).sum(-1)) / 2  # qs now holds q^2 (2 G - 1)
+    mass, over, s, big_q, q_g = sums.to(dtype).unbind(-1)
+    acc, a = _acceptance_at(logq_x, logp_x)
+    q_x = logq_x.exp()
+    g_x = (p_x >= q_x).to(dtype)
+    if stops is not None:
+        g_x = g_x * (~torch.isin(ids, stops)).to(dtype)
+    live = mass > tiny  # else no target mass outside S: c = 0 for every q, dc/dz = 0
+    mass = mass.clamp_min(tiny)
+    moments = _gradient_moments(a, q_x, g_x, s, big_q, q_g, mass, live, t)
+    return acc, over / mass, moments
+
+
+def _gradient_moments(a, q_x, g_x, s, big_q, q_g, mass, live, t) -> Tensor:
+    """`[N, 3]` `||dA/dz||^2`, `||dc/dz||^2`, `<dA/dz, dc/dz>` from the per-row terms of
+    `scores_with_gradient_moments`' closed forms (M clamped at `tiny`; dc/dz = 0 off
+    `live`)."""
+    out = torch.empty((*a.shape, 3), dtype=a.dtype, device=a.device)
+    out[..., 0] = (a / t) ** 2 * (1 - 2 * q_x + big_q)
+    # divided step by step: (M T)^2 underflows to 0 when M is clamped to `tiny` (all
+    # target mass on stop tokens), where the numerators are 0
+    # (the rounding of s and Q_G, ~1e-8 where they are 0, over M^2 = tiny^2 would be inf)
+    dc2 = ((1 - 2 * s) * q_g + s**2 * big_q) / mass / mass / t**2
+    da_dc = -a * (q_x * (g_x - s) - q_g + s * big_q) / mass / t**2
+    out[..., 1] = torch.where(live, dc2, 0.0)
+    out[..., 2] = torch.where(live, da_dc, 0.0)
+    return out
 
 
 def candidate_scores(
@@ -629,9 +675,7 @@ def _scores_on_columns(q, columns, logq_x, big_q, p_rows, p_index, ids, t, stops
     p = p_rows.to(dtype)
     p_c = p[p_index.unsqueeze(-1), columns]
     p_x = p[p_index, ids]
-    diff = logq_x - p_x.clamp_min(tiny).log()
-    acc = torch.exp(diff.clamp(max=0.0))
-    a = torch.where(diff <= 0, acc, torch.zeros((), dtype=dtype, device=acc.device))
+    acc, a = _acceptance_at(logq_x, p_x.clamp_min(tiny).log())
     # M of the distinct rows these proposals read (one pass over those rows only)
     rows, inverse = torch.unique(p_index, return_inverse=True)
     read = p.index_select(0, rows)
@@ -657,10 +701,5 @@ def _scores_on_columns(q, columns, logq_x, big_q, p_rows, p_index, ids, t, stops
         qs = sign * q
         s = ((q + qs) / 2).sum(-1)
         q_g = ((q * q + qs * q) / 2).sum(-1)
-        out = torch.empty((*a.shape, 3), dtype=dtype, device=a.device)
-        out[..., 0] = (a / t) ** 2 * (1 - 2 * q_x + big_q)
-        dc2 = ((1 - 2 * s) * q_g + s**2 * big_q) / mass / mass / t**2
-        da_dc = -a * (q_x * (g_x - s) - q_g + s * big_q) / mass / t**2
-        out[..., 1] = torch.where(live & ~x_stop, dc2, 0.0)
-        out[..., 2] = torch.where(live & ~x_stop, da_dc, 0.0)
+        out = _gradient_moments(a, q_x, g_x, s, big_q, q_g, mass, live & ~x_stop, t)
     return acc, cost, out
