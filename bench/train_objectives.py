@@ -177,7 +177,7 @@ def objective_ratios(args: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             score_round_starts(
                 fwd,
-                target,
+                target.stop_token_ids,
                 tout,
                 batch,
                 every_start,
