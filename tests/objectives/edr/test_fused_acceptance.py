@@ -491,3 +491,33 @@ def test_support_scores_when_q_of_the_label_underflows(flush) -> None:
             torch.testing.assert_close(acc.detach().double(), want, rtol=1e-4, atol=0.0)
     finally:
         torch.set_flush_denormal(flushing)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_compiled_moments_match_the_tensor_ops_on_training_inputs(temperature) -> None:
+    """The compiled sums (`vocab_sums`, CPU) against the tensor-op backend on what training
+    hands the scoring pass: bf16 logits under autocast, a draft space's -inf mass columns,
+    a row with one live column, a target row all on one token, distinct target rows read
+    through `target_index`, with and without stop tokens: float32 roundings apart."""
+    from blockdraft.objectives.edr.acceptance import scores_with_gradient_moments
+
+    g = torch.Generator().manual_seed(1)
+    rows, vocab, distinct = 300, 1000, 50
+    logits = torch.randn(rows, vocab, generator=g) * 4
+    logits[:, -2:] = float("-inf")
+    logits[5] = float("-inf")
+    logits[5, 3] = 0.0
+    probs = torch.softmax(torch.randn(distinct, vocab, generator=g) * 3, -1)
+    probs[7] = 0.0
+    probs[7, 2] = 1.0
+    index = torch.randint(0, distinct, (rows,), generator=g)
+    ids = torch.randint(0, vocab - 2, (rows,), generator=g)
+    for stops in (None, torch.tensor([2, 9])):
+        kw = dict(temperature=temperature, target_is_probs=True, stops=stops, chunk_rows=64)
+        got = scores_with_gradient_moments(logits.bfloat16(), probs, ids, target_index=index, **kw)
+        want = scores_with_gradient_moments(
+            logits.bfloat16(), probs, ids, target_index=index, backend="torch", **kw
+        )
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype == torch.float32 and torch.isfinite(a).all()
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
