@@ -443,15 +443,11 @@ def scores_with_gradient_moments(
                        device=device)  # fmt: skip
     logq_x, p_x, logp_x = (torch.empty(rows, dtype=dtype, device=device) for _ in range(3))
     keep = None if stops is None else stops_keep(stops, vocab, dtype)
-    vocab_sums = None
-    if backend == "auto" and target_is_probs and device.type == "cpu":
-        try:
-            # lazy: importing it loads numba and its compiled kernel (seconds)
-            from blockdraft.objectives.edr import vocab_sums
-        except ImportError:  # pragma: no cover - numba is a declared dependency
-            vocab_sums = None
-    compiled = vocab_sums is not None
+    compiled = backend == "auto" and target_is_probs and device.type == "cpu"
     if compiled:  # one compiled read of q and p per row
+        # lazy: importing it loads numba and its compiled kernel (seconds)
+        from blockdraft.objectives.edr import vocab_sums
+
         table = target.detach().to(dtype).contiguous()
         index = torch.arange(rows, device=device) if target_index is None else target_index
         index_np = index.contiguous().numpy()
