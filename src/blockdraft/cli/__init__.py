@@ -29,6 +29,7 @@ STAGES = [
     "decode",
     "report",
     "export",
+    "serve-check",
     "demo",
     "target",
 ]
@@ -42,9 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for stage in STAGES:
         try:
-            module = importlib.import_module(f"blockdraft.cli.{stage}")
+            module = importlib.import_module(f"blockdraft.cli.{stage.replace('-', '_')}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"blockdraft.cli.{stage}":
+            if exc.name == f"blockdraft.cli.{stage.replace('-', '_')}":
                 continue  # stage not built yet
             raise
         module.register(sub)

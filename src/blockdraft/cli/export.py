@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import torch
 
-from blockdraft.serialization.checkpoint import resolve_checkpoint, verify_weights
+from blockdraft.engines.dflash_support import vllm_dflash_problem
+from blockdraft.serialization.checkpoint import (
+    NAMESPACE,
+    read_config,
+    resolve_checkpoint,
+    verify_weights,
+)
 from blockdraft.serialization.export import export_drafter, serve_commands, validate_for_serving
-from blockdraft.targets.registry import load_target
+from blockdraft.targets.registry import list_targets, load_target, model_directory
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -80,5 +87,23 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"exported {ckpt} -> {out} (validated for SGLang / vLLM / z-lab dflash)")
     print("serve it (target first, then the drafter):")
-    print(serve_commands(out, args.target))
+    print(serve_commands(out, *_engine_view(out, target)))
     return 0
+
+
+def _engine_view(out: Any, target: Any) -> tuple[str | None, str | None]:
+    """(what an engine loads the target from, why vLLM cannot serve the pair or None).
+
+    A named target is given by its folder (`vllm serve tiny` loads nothing); without
+    --target the checkpoint's recorded target name is used, resolved the same way."""
+    cfg = read_config(out)
+    name = (
+        target.name
+        if target is not None
+        else (((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name"))
+    )
+    if target is not None:
+        folder = model_directory(target)
+        return (str(folder) if folder else name), vllm_dflash_problem(cfg, target.model.config)
+    named = {t["name"]: t["path"] for t in list_targets()}
+    return named.get(name, name), None

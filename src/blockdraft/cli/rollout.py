@@ -25,6 +25,7 @@ from blockdraft.cli.arguments import (
     top_k_or_minus_one,
 )
 from blockdraft.data.distributed_rollouts import init_from_env
+from blockdraft.data.engine_rollouts import ENGINES, engine_rows
 from blockdraft.data.prompts import PromptError, load_prompts
 from blockdraft.data.rollout_import import import_rollouts
 from blockdraft.data.rollout_store import RolloutError, read_manifest
@@ -32,7 +33,7 @@ from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.devices import add_device_args, resolve_dtype
 from blockdraft.errors import UserError
 from blockdraft.sampling import SamplingSettings
-from blockdraft.targets.registry import load_target
+from blockdraft.targets.registry import load_target, model_directory
 from blockdraft.threads import add_threads_arg, configure_cpu
 
 
@@ -79,6 +80,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "choice needs no full softmax; on a CPU it then takes the exact argmax through an "
         "int8 screen of a large LM head (about 2x the tokens/s on Gemma 3 at batch 32). "
         "Such rollouts can be scored and trained greedily only",
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="blockdraft",
+        help="what generates the rows: blockdraft's own loop (default) or vLLM (installed "
+        "with `make engine`; several times the tokens/s at larger batches, the same tokens "
+        "at temperature 0, the same shards and manifest)",
     )
     _target_args(p)
     p.set_defaults(func=run)
@@ -266,7 +275,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace, settings: Any, prompts: Any, ctx: Any, device: Any) -> int:
+    if args.engine != "blockdraft" and ctx.distributed:
+        raise UserError(
+            f"--engine {args.engine} runs in one process (the engine parallelises itself); "
+            "start it without torchrun"
+        )
     target = _load(args, device)  # a bad target is one line from the CLI's handler
+    rows = engine_rows(
+        args.engine,
+        model_directory(target),
+        settings,
+        target.stop_token_ids,
+        dtype=str(target.dtype).removeprefix("torch."),
+        max_model_len=target.context_length or settings.max_new_tokens + 4096,
+    )
     try:
         rollouts = generate_rollouts(
             target,
@@ -279,10 +301,15 @@ def _generate(args: argparse.Namespace, settings: Any, prompts: Any, ctx: Any, d
             progress=not args.no_progress,
             prompt_spec=args.prompts,
             store_logprobs=not args.no_logprobs,
+            row_generator=rows,
+            engine_name=rows.name if rows is not None else None,
         )
     except (PromptError, RolloutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if rows is not None:
+            rows.close()
     if ctx.rank != 0:
         return 0
     m = rollouts.manifest

@@ -425,17 +425,27 @@ def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:
     return token if isinstance(token, str) and token else None
 
 
-def serve_commands(out_dir: str | Path, target: str | None = None) -> str:
-    """How to serve an exported drafter with SGLang and vLLM (printed after export)."""
+def serve_commands(
+    out_dir: str | Path, target_path: str | None = None, vllm_problem: str | None = None
+) -> str:
+    """How to serve an exported drafter with SGLang and vLLM (printed after export).
+
+    `target_path` is what the engine loads the target from (a named target's folder, a
+    local model folder or a hub id); `vllm_problem`, when set, replaces the vLLM command
+    with the reason vLLM cannot serve this pair (`engines/dflash_support.py`)."""
     cfg = read_config(out_dir)
-    name = target or ((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name")
-    name = name or "TARGET"
+    name = target_path or "TARGET"
     k = int(_get(cfg, "block_size") or 16) - 1
     spec = json.dumps({"method": "dflash", "model": str(out_dir), "num_speculative_tokens": k})
+    vllm = (
+        f"# vLLM: not servable here: {vllm_problem}\n"
+        if vllm_problem
+        else f"# vLLM\nvllm serve {name} --speculative-config \\\n    '{spec}'\n"
+    )
     return (
         f"# SGLang\npython -m sglang.launch_server --model-path {name} \\\n"
         f"    --speculative-algorithm DFLASH --speculative-draft-model-path {out_dir}\n"
-        f"# vLLM\nvllm serve {name} --speculative-config \\\n    '{spec}'\n"
+        f"{vllm}"
         f"# transformers\nAutoModel.from_pretrained({str(out_dir)!r}, trust_remote_code=True)"
     )
 

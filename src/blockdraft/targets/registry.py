@@ -400,6 +400,12 @@ def _model_directory(model: Any) -> Path | None:
         return None
 
 
+def model_directory(target: Target) -> Path | None:
+    """The local folder a serving engine loads this target from (its config, weights and
+    tokenizer), or None for a target that lives only in memory."""
+    return _model_directory(target.model)
+
+
 def legacy_target_fingerprint(target: Target) -> str:
     """The fingerprint blockdraft wrote before every weight was hashed (vocab, config and 64
     embedding rows). Only to recognise rollout sets written by older versions."""

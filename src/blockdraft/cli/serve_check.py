@@ -1,0 +1,170 @@
+"""`blockdraft serve-check --target NAME --rollouts DIR DRAFTER`: the drafter served by vLLM.
+
+Exports the drafter (when given a run or checkpoint), serves it in vLLM three ways on the
+rollout set's prompts and settings (the drafter through `dflash`, vLLM's `ngram`, no
+speculation) and prints, per benchmark, whether the outputs equal the rollouts (T = 0),
+vLLM's rounds, tau and accepted tokens per position next to the offline evaluator's on the
+same text, and each way's tokens/s at batch 1 and at `--batch-size`. Needs vLLM
+(`make engine`); `blockdraft.serving.serve_check.serve_check` is the Python API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from blockdraft.cli.arguments import positive_int
+from blockdraft.cli.eval import add_target_args, setup_target
+from blockdraft.engines.vllm_engine import EngineError
+from blockdraft.evaluation.runs import write_json
+from blockdraft.evaluation.suite import benchmark_rollouts, load_suite
+from blockdraft.serving.serve_check import WAYS, serve_check
+
+EXAMPLE = """example:
+  blockdraft serve-check --target tiny --rollouts blockdraft-demo/rollouts/eval/set \\
+      blockdraft-demo/runs/edr --limit 16 --json serve-check.json
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve-check",
+        help="serve a drafter in vLLM and compare it with the offline evaluator",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_target_args(p)
+    p.add_argument(
+        "drafter", help="drafter run directory, checkpoint or export (exported on the fly)"
+    )
+    p.add_argument(
+        "--rollouts",
+        action="append",
+        default=[],
+        help="rollout directory (a benchmark); repeat for several",
+    )
+    p.add_argument(
+        "--suite", default=None, help="suite YAML: its benchmarks' rollout sets (made if missing)"
+    )
+    p.add_argument(
+        "--limit", type=positive_int, default=None, help="use the first N prompts of each set"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=8,
+        help="the larger batch whose tokens/s is measured beside batch 1 (default 8)",
+    )
+    p.add_argument(
+        "--ways",
+        default=",".join(WAYS),
+        help=f"comma-separated ways to serve (default: {','.join(WAYS)})",
+    )
+    p.add_argument(
+        "--engine-dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="vLLM's dtype (default: the target's, so greedy outputs can equal the rollouts)",
+    )
+    p.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap draws for CIs")
+    p.add_argument("--json", default=None, help="write the full comparison as JSON here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.rollouts and not args.suite:
+        print("error: give --rollouts DIR (repeatable) or --suite FILE", file=sys.stderr)
+        return 2
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    try:
+        target = setup_target(args)
+        dirs = list(args.rollouts)
+        if args.suite:
+            suite = load_suite(args.suite)
+            dirs += [str(d) for d in benchmark_rollouts(target, suite).values()]
+        result = serve_check(
+            target,
+            args.drafter,
+            dirs,
+            ways=ways,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            dtype=args.engine_dtype,
+            n_boot=args.n_boot,
+            log=lambda msg: print(msg, file=sys.stderr, flush=True),
+        )
+    except (EngineError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(render(result))
+    if args.json:
+        write_json(args.json, result)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def render(result: dict[str, Any]) -> str:
+    """The comparison as markdown: per benchmark, one row per way of serving."""
+    lines = [f"# serve-check: {result['drafter']} on {result['target']} ({result['engine']})"]
+    b = result["batch_size"]
+    for bench in result["benchmarks"]:
+        n, served, offline = bench["num_prompts"], bench["served"], bench["offline"]
+        greedy = bench["settings"]["temperature"] == 0
+        lines += [
+            "",
+            f"## {bench['name']} ({n} prompts, T = {bench['settings']['temperature']:g})",
+            "",
+            f"| way | outputs = rollouts | vLLM rounds | offline rounds | served tau | offline "
+            f"MAL [95% CI] | vLLM mean acc. length | tok/s batch 1 | tok/s batch {b} |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for way, row in served.items():
+            off = offline.get(way, {})
+            equal = f"{row['outputs_equal_rollouts']}/{n}" if greedy else "(sampled)"
+            ci = off.get("mal_ci95")
+            lines.append(
+                f"| {way} | {equal} | {row.get('rounds', '-')} | "
+                f"{_f(off.get('expected_rounds'), 1) if off else '-'} | "
+                f"{_f(row.get('served_tau'))} | "
+                + (f"{_f(off['mal'])} [{_f(ci[0])}, {_f(ci[1])}]" if off else "-")
+                + f" | {_f(row.get('vllm_mean_acceptance_length'))} | "
+                f"{_f(row['tokens_per_s_batch1'], 1)} | {_f(row[f'tokens_per_s_batch{b}'], 1)} |"
+            )
+        for way, agree in bench["agreement"].items():
+            lines.append(f"- {way}: {_verdict(way, agree, served[way], offline[way], greedy)}")
+    return "\n".join(lines)
+
+
+def _verdict(
+    way: str, agree: dict[str, Any], row: dict[str, Any], off: dict[str, Any], greedy: bool
+) -> str:
+    """One line on how vLLM's numbers for a way sit against the offline evaluator's."""
+    if not greedy:
+        inside = "inside" if agree["inside_offline_ci95"] else "OUTSIDE"
+        return f"served tau {_f(row['served_tau'])} {inside} the offline MAL's 95% CI"
+    if way == "ngram":  # two implementations of prompt lookup, not one drafter twice
+        return (
+            f"vLLM's prompt lookup served tau {_f(row['served_tau'])} (rounds estimated from its "
+            f"counters), blockdraft's `ngram` offline {_f(off['mal'])}: two lookup rules, "
+            "compared side by side, not expected to be equal"
+        )
+    if agree["exact"]:
+        text = "rounds equal the offline evaluator's on every prompt, so served tau = offline MAL"
+    else:
+        text = (
+            f"rounds differ on prompts {agree['rounds_differ_on'][:8]} "
+            f"(of {agree['rounds_compared_on']} with outputs equal to the rollouts)"
+        )
+    if "accepted_past_end" in agree:
+        text += (
+            f"; vLLM's mean acceptance length also counts {agree['accepted_past_end']:g} "
+            "token(s) it accepted past the end of a response (per position "
+            f"{agree['accepted_past_end_per_position']})"
+        )
+    return text

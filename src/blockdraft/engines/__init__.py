@@ -1,0 +1,1 @@
+"""Serving engines run by blockdraft: vLLM, imported only when a command asks for it."""

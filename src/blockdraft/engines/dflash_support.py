@@ -1,0 +1,79 @@
+"""Which engine can serve a DFlash drafter for which target, said before anything starts.
+
+Why: an engine refuses a drafter only after minutes of loading, in its own words ("does
+not support EAGLE3 interface"), and an export that prints a serve command for a target
+the engine cannot run misleads. vLLM's DFlash reads the target's hidden states after
+chosen layers, which only target classes with vLLM's EAGLE-3 interface expose; DFlash2
+drafts (candidate heads) run only in vLLM's GPU runner. With vLLM installed the answer
+comes from its own model registry (the target class alone is imported); without it, from
+`VLLM_DFLASH_TARGETS`, read from vLLM 0.32.0's registry (`VLLM_TABLE_VERSION`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from blockdraft.engines.vllm_engine import vllm_version
+
+VLLM_TABLE_VERSION = "0.32.0"
+# Text-model architectures whose vLLM 0.32.0 class exposes auxiliary hidden states (the
+# EAGLE-3 interface DFlash uses); Gemma 3 and Gemma 2 are not among them.
+VLLM_DFLASH_TARGETS = frozenset(
+    {
+        "ApertusForCausalLM", "ArceeForCausalLM", "DeepseekV2ForCausalLM",
+        "DeepseekV3ForCausalLM", "Ernie4_5ForCausalLM", "Gemma4ForCausalLM",
+        "GlmForCausalLM", "GptOssForCausalLM", "GraniteForCausalLM",
+        "InternLM3ForCausalLM", "LLaMAForCausalLM", "Llama4ForCausalLM", "LlamaForCausalLM",
+        "MiMoForCausalLM", "MiniCPMForCausalLM", "MistralForCausalLM", "Olmo2ForCausalLM",
+        "Olmo3ForCausalLM", "OlmoForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM",
+        "SmolLM3ForCausalLM", "Starcoder2ForCausalLM",
+    }
+)  # fmt: skip
+
+
+def _installed_vllm_serves(architecture: str) -> bool | None:
+    """Ask the installed vLLM's registry (None when vLLM is absent or cannot say)."""
+    if vllm_version() is None:
+        return None
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        # lazy: vLLM is an optional extra that takes seconds to import
+        from vllm.model_executor.models import ModelRegistry
+        from vllm.model_executor.models.interfaces import supports_eagle3
+
+        cls = ModelRegistry._try_load_model_cls(architecture)
+    except Exception:  # an engine that fails to import answers nothing
+        return None
+    return bool(cls is not None and supports_eagle3(cls))
+
+
+def vllm_dflash_problem(drafter_cfg: dict[str, Any], target_config: Any) -> str | None:
+    """Why vLLM cannot serve this drafter for this target here, or None if it can."""
+    archs = list(getattr(target_config, "architectures", None) or [])
+    arch = archs[0] if archs else type(target_config).__name__
+    installed = vllm_version()
+    serves = _installed_vllm_serves(arch)
+    if serves is None:
+        serves = arch in VLLM_DFLASH_TARGETS
+        source = f"vLLM {VLLM_TABLE_VERSION}'s table (vLLM is not installed here)"
+    else:
+        source = f"the installed vLLM {installed}"
+    if not serves:
+        return (
+            f"vLLM cannot serve a DFlash drafter for a {arch} target (by {source}): its "
+            "model class exposes no auxiliary hidden states for the drafter to read"
+        )
+    drafter_archs = drafter_cfg.get("architectures") or []
+    if any("DFlash2" in a for a in drafter_archs) and not torch.cuda.is_available():
+        return (
+            "vLLM serves DFlash2 drafters on a GPU only (its CPU runner refuses candidate-head "
+            "drafts); serve it on a CUDA machine, or check a plain DFlash drafter here"
+        )
+    return None
+
+
+__all__ = ["VLLM_DFLASH_TARGETS", "VLLM_TABLE_VERSION", "vllm_dflash_problem"]

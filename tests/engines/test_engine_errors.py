@@ -1,0 +1,51 @@
+"""What a user meets without the engine, or with a target it cannot serve: one line each.
+
+These run with or without vLLM installed (the support table is the fallback when it is
+absent; with it installed, its own registry must give the same answers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Gemma3TextConfig, Qwen3Config
+
+from blockdraft.cli import main
+from blockdraft.engines import vllm_engine
+from blockdraft.engines.dflash_support import VLLM_DFLASH_TARGETS, vllm_dflash_problem
+
+
+def test_missing_vllm_is_one_line_naming_the_install(monkeypatch):
+    monkeypatch.setattr(vllm_engine, "vllm_version", lambda: None)
+    with pytest.raises(vllm_engine.EngineError, match="make engine"):
+        vllm_engine.load_vllm()
+
+
+def test_gemma3_target_is_refused_and_qwen3_served():
+    gemma = Gemma3TextConfig(architectures=["Gemma3ForCausalLM"])
+    qwen = Qwen3Config(architectures=["Qwen3ForCausalLM"])
+    problem = vllm_dflash_problem({"architectures": ["DFlashDraftModel"]}, gemma)
+    assert problem is not None and "Gemma3ForCausalLM" in problem
+    assert vllm_dflash_problem({"architectures": ["DFlashDraftModel"]}, qwen) is None
+    assert "Gemma3ForCausalLM" not in VLLM_DFLASH_TARGETS
+
+
+def test_dflash2_is_said_to_need_a_gpu_on_a_cpu_machine():
+    qwen = Qwen3Config(architectures=["Qwen3ForCausalLM"])
+    problem = vllm_dflash_problem({"architectures": ["DFlash2DraftModel"]}, qwen)
+    if torch.cuda.is_available():
+        assert problem is None
+    else:
+        assert problem is not None and "GPU" in problem
+
+
+def test_rollout_with_an_unknown_engine_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["rollout", "--target", "tiny", "--prompts", "stdlib:eval", "--out", "x",
+              "--engine", "sglang"])  # fmt: skip
+    assert stop.value.code == 2
+    assert "--engine" in capsys.readouterr().err
+
+
+def test_serve_check_needs_rollouts_or_a_suite(capsys):
+    assert main(["serve-check", "--target", "tiny", "some-drafter"]) == 2
+    assert "--rollouts" in capsys.readouterr().err
