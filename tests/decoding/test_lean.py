@@ -27,16 +27,24 @@ from blockdraft.targets.testing import make_random_target
 
 
 def _full_forward(target, ids):  # type: ignore[no-untyped-def]
+    """HF logits, and features as raw layer outputs: the top layer's from a second pass
+    with the final norm made the identity (HF normalises its last hidden state)."""
+    decoder = target.model.get_decoder()
     with torch.no_grad():
         out = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-    feats = torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)
+        norm, decoder.norm = decoder.norm, torch.nn.Identity()
+        try:
+            raw = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        finally:
+            decoder.norm = norm
+    feats = torch.cat([raw.hidden_states[i + 1] for i in target.layer_ids], dim=-1)
     return out.logits[0], feats[0]
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_lean_target_equals_the_hf_forward(arch) -> None:
     target = make_random_target(arch, num_layers=4)
-    target.layer_ids = [0, 2, 3]  # the last layer: HF's state after the final norm
+    target.layer_ids = [0, 2, 3]  # the top layer too: its raw output, before the final norm
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(3, target.vocab_size, (40,), generator=g).tolist()
     logits, feats = _full_forward(target, seq)

@@ -32,17 +32,14 @@ def tiny_sets(tiny, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="session")
-def tiny_drafter(tiny, tiny_sets, tmp_path_factory):
-    """A 1-layer DFlash drafter trained for a few dozen steps on a 512-token draft
-    vocabulary: enough that vLLM accepts some of its proposals and some it rejects."""
-    run = tmp_path_factory.mktemp("engine-drafter") / "run"
+def _train(tiny, rollouts, run, layer_ids=None):
     cfg = config_from_dict(
         {
             "run_dir": str(run),
             "seed": 0,
+            "target": {"layer_ids": layer_ids},
             "num_anchors": 32,
-            "data": {"train_rollouts": str(tiny_sets["train"]), "eval_split": 0.1,
+            "data": {"train_rollouts": str(rollouts), "eval_split": 0.1,
                      "max_seq_len": 256},
             "drafter": {"num_layers": 1, "block_size": 8, "draft_vocab_size": 512},
             "objective": {"name": "dpace"},
@@ -53,3 +50,10 @@ def tiny_drafter(tiny, tiny_sets, tmp_path_factory):
         }
     )  # fmt: skip
     return train(cfg, target=tiny)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter(tiny, tiny_sets, tmp_path_factory):
+    """A 1-layer DFlash drafter trained for a few dozen steps on a 512-token draft
+    vocabulary: enough that vLLM accepts some of its proposals and some it rejects."""
+    return _train(tiny, tiny_sets["train"], tmp_path_factory.mktemp("engine-drafter") / "run")

@@ -1,5 +1,7 @@
 """`Target.forward(with_logits=False)` keeps only the feature layers and stops after the
-highest one (issue 17): same features as the full `output_hidden_states` forward."""
+highest one: same features as the full `output_hidden_states` forward. The feature of
+layer i is its raw output, what serving engines capture, also for the top layer (whose
+HF hidden state is taken after the final norm)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,14 @@ from blockdraft.targets.testing import make_random_target
 
 
 def _reference(target, ids, mask):
-    out = target.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    """HF's hidden states with the final norm made the identity, so that the top state is
+    the last layer's raw output as well (an engine's view, computed independently)."""
+    decoder = target.model.get_decoder()
+    norm, decoder.norm = decoder.norm, torch.nn.Identity()
+    try:
+        out = target.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    finally:
+        decoder.norm = norm
     return torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)
 
 
@@ -49,13 +58,18 @@ def test_features_identical_and_upper_layers_skipped(arch):
     torch.testing.assert_close(full.features, ref, rtol=0, atol=0)
 
 
-def test_last_layer_feature_falls_back_to_full_forward():
-    """HF's last hidden state is after the final norm: that path is kept as it was."""
-    target = make_random_target(num_layers=4)
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "gemma3"])
+def test_top_layer_feature_is_its_raw_output_before_the_final_norm(arch):
+    """Serving engines capture the top layer's output before the final norm; a drafter
+    trained on HF's normed state reads other features when served."""
+    target = make_random_target(arch=arch, num_layers=4)
     target.layer_ids = [1, 3]
-    ids = torch.randint(0, target.vocab_size, (1, 10))
+    ids = torch.randint(0, target.vocab_size, (1, 10), generator=torch.Generator().manual_seed(2))
     ref = _reference(target, ids, None)
+    hf = target.model(input_ids=ids, output_hidden_states=True).hidden_states[4]
+    assert not torch.allclose(ref[..., -hf.shape[-1] :], hf)  # the normed state differs
     torch.testing.assert_close(target.forward(ids, with_logits=False).features, ref)
+    torch.testing.assert_close(target.forward(ids).features, ref)
 
 
 def test_auto_dtype_is_bf16_on_cuda_fp32_on_cpu(monkeypatch):

@@ -9,7 +9,9 @@ exposes exactly those, so nothing else in blockdraft touches model-specific code
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +23,9 @@ def default_layer_ids(num_layers: int, count: int = 5) -> list[int]:
     """Target layers whose outputs feed the drafter: `count` evenly spaced in [1, N-3].
 
     This is DFlash's default. Layer ids index the decoder layers (0-based); the feature of
-    layer i is the output of decoder layer i, i.e. `hidden_states[i + 1]` in HF terms.
+    layer i is the raw output of decoder layer i, which serving engines capture as the
+    input of layer i + 1: HF's `hidden_states[i + 1]` for every layer but the top one,
+    whose HF state is taken after the final norm (docs/methods.md, "Target features").
     Small targets with fewer layers than `count` get every usable layer once.
     """
     lo, hi = 1, num_layers - 3
@@ -174,20 +178,25 @@ class Target:
             if features is not None:
                 return TargetOutput(logits=None, features=features)
         model = self.model if with_logits else self.model.get_decoder()
+        layers = self._decoder_layers()
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": position_ids,
-            "output_hidden_states": True,
+            "output_hidden_states": layers is None,
             "use_cache": use_cache,
         }
         if logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
         if cache is not None:
             kwargs[self._cache_kwarg] = cache
-        out = model(**kwargs)
-        hidden = out.hidden_states
-        features = torch.cat([hidden[i + 1] for i in self.layer_ids], dim=-1)
+        if layers is None:  # no layer list to hook: HF's states (the top one after the norm)
+            out = model(**kwargs)
+            features = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        else:
+            with self._layer_outputs(layers, stop=False) as kept:
+                out = model(**kwargs)
+            features = torch.cat([kept[i] for i in self.layer_ids], dim=-1)
         if not with_logits:
             return TargetOutput(logits=None, features=features)
         start = max(0, input_ids.shape[1] - logits_to_keep) if logits_to_keep else 0
@@ -204,6 +213,32 @@ class Target:
             logits=out.logits, features=features, cache=new_cache, logits_start=start
         )
 
+    def _decoder_layers(self) -> nn.ModuleList | None:
+        layers = getattr(self.model.get_decoder(), "layers", None)
+        return layers if isinstance(layers, nn.ModuleList) else None
+
+    @contextlib.contextmanager
+    def _layer_outputs(self, layers: nn.ModuleList, stop: bool) -> Iterator[dict[int, Any]]:
+        """Forward hooks that copy out the feature layers' raw outputs during a forward
+        (and, with `stop`, end it after the highest one by raising `_StopForward`)."""
+        kept: dict[int, torch.Tensor] = {}
+        top = max(self.layer_ids)
+
+        def keep(i: int):  # type: ignore[no-untyped-def]
+            def hook(module, args, output):  # type: ignore[no-untyped-def]
+                kept[i] = output[0] if isinstance(output, tuple) else output
+                if stop and i == top:
+                    raise _StopForward
+
+            return hook
+
+        handles = [layers[i].register_forward_hook(keep(i)) for i in sorted(set(self.layer_ids))]
+        try:
+            yield kept
+        finally:
+            for h in handles:
+                h.remove()
+
     def _features_only(
         self,
         input_ids: torch.Tensor,
@@ -215,38 +250,18 @@ class Target:
 
         Why: `output_hidden_states` keeps all N+1 states (37 x [T, 4096] at 8B) and the
         layers above the highest feature layer (DFlash: the top 3) are wasted work.
-        Forward hooks copy out the chosen layers' outputs and a hook on the highest raises
-        `_StopForward`. None (caller falls back to the full forward) when the decoder has
-        no `layers` list or the last layer is a feature layer: HF's last hidden state is
-        taken after the final norm, not the layer's raw output.
+        None (caller falls back to the full forward) when the decoder has no `layers` list.
         """
-        layers = getattr(self.model.get_decoder(), "layers", None)
-        top = max(self.layer_ids)
-        if not isinstance(layers, nn.ModuleList) or top >= len(layers) - 1:
+        layers = self._decoder_layers()
+        if layers is None:
             return None
-        kept: dict[int, torch.Tensor] = {}
-
-        def keep(i: int):  # type: ignore[no-untyped-def]
-            def hook(module, args, output):  # type: ignore[no-untyped-def]
-                kept[i] = output[0] if isinstance(output, tuple) else output
-                if i == top:
-                    raise _StopForward
-
-            return hook
-
-        handles = [layers[i].register_forward_hook(keep(i)) for i in sorted(set(self.layer_ids))]
-        try:
+        with self._layer_outputs(layers, stop=True) as kept, contextlib.suppress(_StopForward):
             self.model.get_decoder()(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
                 use_cache=False,
             )
-        except _StopForward:
-            pass
-        finally:
-            for h in handles:
-                h.remove()
         return torch.cat([kept[i] for i in self.layer_ids], dim=-1)
 
     def encode(self, text: str) -> list[int]:

@@ -82,7 +82,6 @@ class LeanTarget:
         self.eps = cfg.rms_norm_eps
         self.inter = cfg.intermediate_size
         self.layer_ids = list(layer_ids)
-        self.last = len(inner.layers) - 1
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
         head = model.get_output_embeddings().weight.detach()
@@ -163,7 +162,7 @@ class LeanTarget:
         self, ids: torch.Tensor, cache: LeanCache, features: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`ids [T]` at positions `cache.length..` -> (final-normed hidden `[T, H]`, the
-        chosen layers' outputs `[T, F]` as HF's `hidden_states[i + 1]` gives them, or None)."""
+        chosen layers' raw outputs `[T, F]` as `Target.forward` gives them, or None)."""
         T, start = ids.shape[0], cache.length
         end = start + T
         self.calls += 1
@@ -200,7 +199,6 @@ class LeanTarget:
         final = _rms(x, self.norm, eps)
         if not features:
             return final, None
-        kept[self.last] = final  # HF's last hidden state is taken after the final norm
         return final, torch.cat([kept[i] for i in self.layer_ids], dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
