@@ -102,3 +102,16 @@ def test_sampled_engine_rollouts_store_their_distribution_and_resume(tmp_path, c
         assert bool(hit.any(-1).all())  # the sampled token is among the stored ones
         at = row.topk_logprobs[hit]
         assert (at - row.logprobs).abs().max() < 1e-4  # and its log-prob is the stored one
+
+
+def test_rounds_trace_follows_vllm_round_by_round(tiny, tiny_drafter, tiny_sets):
+    from blockdraft.serving.serve_check import rounds_trace
+
+    trace = rounds_trace(tiny, tiny_drafter, tiny_sets["eval"], 1)
+    assert trace["output_equals_rollout"] and trace["first_difference"] is None
+    rounds = trace["rounds"]
+    assert all(r["anchor_is_rollout_token"] for r in rounds)
+    # the rounds tile the response: each starts right after the last one's accepted tokens
+    for a, b in zip(rounds, rounds[1:], strict=False):
+        assert b["start"] == a["start"] + a["vllm_accepted"] + 1
+    assert sum(r["vllm_accepted"] for r in rounds) > 0

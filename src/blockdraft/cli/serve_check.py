@@ -19,7 +19,7 @@ from blockdraft.cli.eval import add_target_args, setup_target
 from blockdraft.engines.vllm_engine import EngineError
 from blockdraft.evaluation.runs import write_json
 from blockdraft.evaluation.suite import benchmark_rollouts, load_suite
-from blockdraft.serving.serve_check import WAYS, serve_check
+from blockdraft.serving.serve_check import WAYS, rounds_trace, serve_check
 
 EXAMPLE = """example:
   blockdraft serve-check --target tiny --rollouts blockdraft-demo/rollouts/eval/set \\
@@ -68,6 +68,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=["float32", "bfloat16", "float16"],
         help="vLLM's dtype (default: the target's, so greedy outputs can equal the rollouts)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        metavar="I",
+        help="instead: serve prompt I of the first rollout set and compare vLLM's proposals "
+        "with the evaluator round by round (where a served/offline gap comes from)",
+    )
     p.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap draws for CIs")
     p.add_argument("--json", default=None, help="write the full comparison as JSON here")
     p.set_defaults(func=run)
@@ -80,6 +88,14 @@ def run(args: argparse.Namespace) -> int:
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
     try:
         target = setup_target(args)
+        if args.rounds is not None:
+            if not args.rollouts:
+                raise ValueError("--rounds I needs --rollouts DIR")
+            trace = rounds_trace(target, args.drafter, args.rollouts[0], args.rounds)
+            print(render_rounds(trace))
+            if args.json:
+                write_json(args.json, trace)
+            return 0 if trace["first_difference"] is None else 1
         dirs = list(args.rollouts)
         if args.suite:
             suite = load_suite(args.suite)
@@ -168,3 +184,32 @@ def _verdict(
             f"{agree['accepted_past_end_per_position']})"
         )
     return text
+
+
+def render_rounds(trace: dict[str, Any]) -> str:
+    """`--rounds`: one line per drafting round; `!` marks where vLLM and the evaluator part."""
+    lines = [
+        f"# prompt {trace['prompt']}: vLLM's output "
+        f"{'equals' if trace['output_equals_rollout'] else 'DIFFERS FROM'} the rollout",
+        "",
+        "| round | start | vLLM accepted | offline accepted | proposed | rollout's next tokens |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(trace["rounds"]):
+        mark = "" if r["vllm_accepted"] == r["offline_accepted"] else " !"
+        lines.append(
+            f"| {i}{mark} | {r['start']} | {r['vllm_accepted']} | {r['offline_accepted']} | "
+            f"{r['proposed']} | {r['rollout_next']} |"
+        )
+    first = trace["first_difference"]
+    lines.append(
+        ""
+        if first is None
+        else f"\nfirst difference: round {first} (start {trace['rounds'][first]['start']})"
+    )
+    lines.append(
+        "every round: vLLM accepted what the evaluator accepts"
+        if first is None
+        else "from there the served and offline rounds part"
+    )
+    return "\n".join(lines)

@@ -133,8 +133,12 @@ class VllmEngine:
         max_model_len: int = 2048,
         logprobs: str | None = None,
         seed: int = 0,
+        record_drafts: bool = False,
     ) -> None:
         vllm = load_vllm()
+        self.drafts: list[tuple[list[int], list[list[int]]]] = []
+        if record_drafts:
+            _record_drafts(self.drafts)
         self.version = vllm_version()
         self.speculative = speculative
         kwargs: dict[str, Any] = {
@@ -176,6 +180,12 @@ class VllmEngine:
         token_prompts = [{"prompt_token_ids": list(map(int, p))} for p in prompts]
         return self.llm.generate(token_prompts, params, use_tqdm=False)
 
+    def take_drafts(self) -> list[tuple[list[int], list[list[int]]]]:
+        """(anchor ids, proposed ids) of every drafting step since the last call, in order
+        (`record_drafts=True`): what `serve-check --rounds` compares round by round."""
+        out, self.drafts[:] = list(self.drafts), []
+        return out
+
     def counters(self) -> SpecCounters:
         """The spec-decode counters since this engine started (zeros without a drafter)."""
         out = SpecCounters()
@@ -207,6 +217,33 @@ class VllmEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _record_drafts(store: list) -> None:
+    """Wrap vLLM's drafting step so each step's anchors and proposals land in `store`.
+
+    In-process engines only (this module runs vLLM in its own process with
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0`); the wrapper returns the proposals unchanged."""
+    # lazy: vLLM is an optional extra that takes seconds to import
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    original = SpecDecodeBaseProposer.propose
+    if getattr(original, "_blockdraft_recording", False):
+        return
+
+    def propose(self: Any, *args: Any, **kwargs: Any) -> Any:
+        drafts = original(self, *args, **kwargs)
+        anchors = kwargs.get("next_token_ids")
+        store.append(
+            (
+                [] if anchors is None else [int(t) for t in anchors.reshape(-1).tolist()],
+                [[int(t) for t in row] for row in drafts.reshape(drafts.shape[0], -1).tolist()],
+            )
+        )
+        return drafts
+
+    propose._blockdraft_recording = True  # type: ignore[attr-defined]
+    SpecDecodeBaseProposer.propose = propose
 
 
 def sampling_args(
@@ -272,6 +309,11 @@ class EngineProcess:
         self._conn.send(("counters",))
         return self._receive()
 
+    def take_drafts(self) -> list[tuple[list[int], list[list[int]]]]:
+        """The recorded drafting steps since the last call (`VllmEngine.take_drafts`)."""
+        self._conn.send(("drafts",))
+        return self._receive()
+
     def __enter__(self) -> EngineProcess:
         return self
 
@@ -300,6 +342,9 @@ def _serve_rows(conn: Any, engine_kwargs: dict[str, Any]) -> None:
         while (request := conn.recv()) is not None:
             if request[0] == "counters":
                 conn.send(engine.counters())
+                continue
+            if request[0] == "drafts":
+                conn.send(engine.take_drafts())
                 continue
             _, prompts, args, topk = request
             params = [engine._vllm.SamplingParams(**a) for a in args]

@@ -306,4 +306,81 @@ def serve_check(
     return out
 
 
-__all__ = ["WAYS", "serve_check", "speculative_config"]
+def _leading_ones(row: Any) -> int:
+    n = 0
+    for v in row:
+        if float(v) < 0.5:
+            break
+        n += 1
+    return n
+
+
+def rounds_trace(
+    target: Any, drafter: str | Path, rollout_dir: str | Path, index: int
+) -> dict[str, Any]:
+    """One greedy prompt served by vLLM with the drafter, round by round: each round's
+    anchor, vLLM's proposals, the rollout's next tokens, and how many tokens vLLM accepted
+    next to how many the evaluator's acceptance row for that position accepts. The first
+    round where they differ is where a served/offline gap comes from."""
+    rollouts = RolloutSet.open(rollout_dir)
+    check_target(rollouts, target)
+    if not rollouts.settings.greedy:
+        raise EngineError("--rounds compares rounds of a greedy (temperature 0) rollout set")
+    if not 0 <= index < len(rollouts):
+        raise EngineError(f"--rounds {index}: {rollout_dir} holds prompts 0..{len(rollouts) - 1}")
+    one = rollouts.subset([index])
+    row = one[0]
+    ckpt = resolve_checkpoint(drafter)
+    problem = vllm_dflash_problem(read_config(ckpt), target.model.config)
+    if problem:
+        raise EngineError(problem)
+    model, model_id = load_drafter_spec(str(ckpt), target)
+    acc = score_rollout_set(model, target, one, drafter_id=model_id, progress=False)[0]
+    k = int(model.config.num_proposals)
+    with tempfile.TemporaryDirectory(prefix="blockdraft-rounds-") as tmp:
+        export_dir = str(export_drafter(ckpt, Path(tmp) / "drafter", target=target))
+        with EngineProcess(
+            model_dir=str(model_directory(target)),
+            dtype=str(target.dtype).removeprefix("torch."),
+            speculative=speculative_config("dflash", export_dir, k),
+            max_model_len=target.context_length or 4096,
+            record_drafts=True,
+        ) as engine:
+            args = sampling_args(rollouts.settings, list(target.stop_token_ids))
+            output = engine.rows([row.prompt_ids.tolist()], [args])[0].response_ids
+            steps = engine.take_drafts()
+    tokens = row.response_ids.tolist()
+    rounds, start = [], 0
+    for anchors, proposals in steps:
+        if start >= len(tokens) - 1:
+            break
+        proposed = proposals[0]
+        actual = tokens[start + 1 : start + 1 + k]
+        served = 0
+        while served < len(actual) and proposed[served] == actual[served]:
+            served += 1
+        offline = min(_leading_ones(acc[start]), len(actual))
+        rounds.append(
+            {
+                "start": start,
+                "anchor": anchors[0] if anchors else None,
+                "anchor_is_rollout_token": bool(anchors) and anchors[0] == tokens[start],
+                "proposed": proposed,
+                "rollout_next": actual,
+                "vllm_accepted": served,
+                "offline_accepted": offline,
+            }
+        )
+        start += served + 1
+    first = next(
+        (i for i, r in enumerate(rounds) if r["vllm_accepted"] != r["offline_accepted"]), None
+    )
+    return {
+        "prompt": row.prompt_id,
+        "output_equals_rollout": output == tokens,
+        "rounds": rounds,
+        "first_difference": first,
+    }
+
+
+__all__ = ["WAYS", "rounds_trace", "serve_check", "speculative_config"]
