@@ -17,10 +17,11 @@ import torch
 from safetensors.torch import load_file
 
 from blockdraft.cli.arguments import nonnegative_float, positive_int, seed_int
+from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.prompts import check_fits_context
 from blockdraft.errors import BlockdraftError
 from blockdraft.targets import gemma, registry, tiny
-from blockdraft.targets.registry import list_targets, load_target, target_fingerprint
+from blockdraft.targets.registry import list_targets, target_fingerprint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,19 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", help="tiny | gemma-3-270m | HF model id | local path")
-    p.add_argument("--mask-token", default=None, help="mask token for targets without one")
-    p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
-    p.add_argument("--trust-remote-code", action="store_true")
+    add_target_options(p, positional=True)
 
 
 def _load(args: argparse.Namespace):
-    return load_target(
-        args.name,
-        mask_token=args.mask_token,
-        allow_download=args.allow_download,
-        trust_remote_code=args.trust_remote_code,
-    )
+    return load_target_from_args(args)
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -68,7 +68,7 @@ def load_target(
     dtype: torch.dtype = torch.float32,
     layer_ids: list[int] | None = None,
     num_feature_layers: int = 5,
-    mask_token: str | None = None,
+    mask_token: str | int | None = None,
     allow_download: bool = False,
     trust_remote_code: bool = False,
     progress: bool = True,
@@ -121,7 +121,7 @@ def _load_target(
     dtype: torch.dtype,
     layer_ids: list[int] | None,
     num_feature_layers: int,
-    mask_token: str | None,
+    mask_token: str | int | None,
     allow_download: bool,
     trust_remote_code: bool,
     progress: bool,
@@ -148,7 +148,7 @@ def _load_target(
     if layer_ids is None:
         target.layer_ids = default_layer_ids(target.num_layers, num_feature_layers)
     if mask_token is not None:
-        target.mask_token_id = _token_id(target.tokenizer, mask_token, target.vocab_size)
+        target.mask_token_id = token_id(target.tokenizer, mask_token, target.vocab_size)
     return target
 
 
@@ -243,13 +243,13 @@ def load_tokenizer(name_or_path: str) -> Any | None:
 
 
 def choose_mask_token_id(
-    tokenizer: Any, vocab_size: int, mask_token: str | None = None
+    tokenizer: Any, vocab_size: int, mask_token: str | int | None = None
 ) -> int | None:
     """The mask id: an explicit `mask_token`, else the tokenizer's mask token, else a reserved
     special token (e.g. `<unused0>`, `<|reserved_special_token_0|>`), else the first embedding
     row beyond the tokenizer (padded vocabularies such as Qwen's); None if there is none."""
     if mask_token is not None:
-        return _token_id(tokenizer, mask_token, vocab_size)
+        return token_id(tokenizer, mask_token, vocab_size)
     if getattr(tokenizer, "mask_token", None):
         return int(tokenizer.convert_tokens_to_ids(tokenizer.mask_token))
     vocab = tokenizer.get_vocab()
@@ -263,7 +263,13 @@ def choose_mask_token_id(
     return None
 
 
-def _token_id(tokenizer: Any, token: str, vocab_size: int) -> int:
+def token_id(tokenizer: Any, token: str | int, vocab_size: int) -> int:
+    """The id of `token`: a token string of the vocabulary, an int id (as checkpoints record
+    it) or the digits of an id that is not itself a token."""
+    if isinstance(token, int) and not isinstance(token, bool):
+        if 0 <= token < vocab_size:
+            return token
+        raise ValueError(f"mask token id {token} is outside the target's vocabulary ({vocab_size})")
     vocab = tokenizer.get_vocab()
     if token in vocab:
         return int(vocab[token])
