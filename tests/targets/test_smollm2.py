@@ -69,3 +69,16 @@ def test_smollm2_converts_once_and_loads_as_a_chat_target(tmp_path):
     assert smollm2.convert_smollm2(
         cache_dir=tmp_path, progress=False
     ) == smollm2.smollm2_cache_path(tmp_path)
+
+
+def test_the_smollm2_suite_is_math_code_and_chat_at_32_prompts_128_tokens_greedy():
+    from pathlib import Path
+
+    from blockdraft.evaluation.suite import load_suite
+
+    suite = load_suite(Path(__file__).resolve().parents[2] / "configs" / "suites" / "smollm2.yaml")
+    assert [(b.name, b.limit) for b in suite.benchmarks] == [
+        ("gsm8k", 32), ("humaneval", 32), ("mt-bench", 32)
+    ]  # fmt: skip
+    assert suite.sampling.temperature == 0 and suite.sampling.max_new_tokens == 128
+    assert "test.jsonl" in suite.benchmarks[0].prompts
