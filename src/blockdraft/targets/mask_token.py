@@ -81,8 +81,10 @@ def load_target_with_mask(
     try:
         target = loader(name_or_path, mask_token=chosen, **kwargs)
     except ValueError as exc:
-        if chosen is None or "mask token" not in str(exc):
+        if "mask token" not in str(exc):
             raise
+        if chosen is None:  # the target has none: the message says to pass one
+            raise MaskTokenError(str(exc)) from None
         where = "--mask-token" if mask_token is not None else recorded[0].source
         raise MaskTokenError(f"{exc} (named by {where})") from None
     try:

