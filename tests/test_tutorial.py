@@ -30,7 +30,7 @@ DATA = REPO.parent / "shared" / "data"  # the suite's offline benchmark copies
 STAND_IN_MASK = "'<gh_stars>'"
 SPEEDUPS = {
     "target": f"--mask-token {STAND_IN_MASK}",
-    "rollout": f"--max-new-tokens 8 --no-progress --mask-token {STAND_IN_MASK}",
+    "rollout": f"--max-new-tokens 8 --limit 8 --no-progress --mask-token {STAND_IN_MASK}",
     "train": "optim.max_steps=2 num_anchors=8 eval.max_rollouts=4 data.max_seq_len=128 "
     "logging.progress=false device=cpu target.layer_ids=[0,1,2] drafter.draft_vocab_size=128",
     "eval": "--n-boot 50 --no-progress",
