@@ -16,7 +16,14 @@
 #             at each seed of SEEDS
 #   suite     `blockdraft suite`: prompt lookup, then every finished drafter ($OUT/suite.txt)
 # Sizes: MIX, FT_MIX, STEPS. TINY=1 runs every stage at a toy size (a few prompts, a few
-# steps) to check the pipeline end to end in minutes.
+# steps) to check the pipeline end to end (3.5 minutes on one busy core).
+# Budget, from rates measured on one core of a shared 2-core machine: rollouts about 35-50
+# response tokens/s (8 GSM8K prompts x 64 tokens: 15 s with the model load), so the greedy
+# mix (512 prompts, ~100 tokens each) ~25 min, the T = 0.7 set ~10 min, the suite's 96
+# prompts ~6 min; training ~6.5 s/step at batch 8 with the target run every step, so D-PACE
+# and decay 2 x 300 steps ~65 min, the four one-epoch fine-tunes (24 steps each) ~20 min:
+# about 2 h 10 min in all. THREADS=1 on a machine others share (OpenMP threads that wait
+# for a busy core run many times slower).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BD=${BD:-.venv/bin/blockdraft}
