@@ -14,10 +14,10 @@ import pytest
 
 from blockdraft.cli import build_parser
 from blockdraft.cli.target_options import TARGET_OPTIONS
-from blockdraft.data.rollout_store import RolloutSet, check_target, read_manifest
+from blockdraft.data.rollout_store import RolloutSet, check_target, read_manifest, write_manifest
 from blockdraft.targets.registry import load_target
 from blockdraft.targets.testing import save_target_without_mask
-from clikit import one_line_error, run_cli
+from clikit import make_rollouts, one_line_error, run_cli
 
 MASK = "<gh_stars>"
 TRAIN = [
@@ -165,3 +165,14 @@ def test_every_command_that_loads_a_target_takes_the_same_target_options():
         # of the target options it takes the mask token
         wanted = ("--mask-token",) if name == "demo" else TARGET_OPTIONS
         assert {k: opts.get(k) for k in wanted} == {k: reference[k] for k in wanted}, name
+
+
+def test_sets_written_before_the_mask_was_recorded_still_resume(random_target, tmp_path):
+    out = make_rollouts(random_target, tmp_path / "r", n=4)
+    manifest = read_manifest(out)
+    for key in ("mask_token", "mask_token_id", "tokenizer_parts"):
+        del manifest["target"][key]
+    manifest["complete"] = False
+    write_manifest(out, manifest)
+    make_rollouts(random_target, out, n=4)  # resumes: no "refusing to mix"
+    assert read_manifest(out)["complete"]
