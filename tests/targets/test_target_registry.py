@@ -120,7 +120,7 @@ def test_fingerprint_is_stable_and_tells_targets_apart(saved_random):
 
 def test_list_targets_names():
     names = {t["name"]: t for t in list_targets()}
-    assert set(names) == {"tiny", "gemma-3-270m"}
+    assert set(names) == {"tiny", "gemma-3-270m", "smollm2-135m"}
     assert names["tiny"]["ready"] is True  # shipped weights, even with a fresh cache dir
     assert names["tiny"]["path"] == str(tiny.SHIPPED_DIR)
 

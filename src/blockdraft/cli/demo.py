@@ -12,6 +12,7 @@ from blockdraft.cli.arguments import (
     positive_int,
     seed_int,
 )
+from blockdraft.cli.target_options import MASK_TOKEN_HELP
 from blockdraft.heap import retain_freed_memory
 from blockdraft.pipeline.demo import DemoSettings, run_demo
 from blockdraft.threads import add_threads_arg, configure_cpu
@@ -27,6 +28,7 @@ _HELP = {
     "device": "device of every model: auto (the GPU if there is one, else cpu), cpu, cuda, cuda:N",
     "dtype": "dtype of the target and the drafters: auto (bfloat16 on GPU, float32 on CPU), "
     "float32, bfloat16, float16",
+    "mask_token": MASK_TOKEN_HELP,
 }
 
 # the checked flag type of each numeric setting (the others are checked by name below)
@@ -35,6 +37,7 @@ _TYPES = {
     "block_size": int_at_least_2,
     "seed": seed_int,
     "draft_vocab_size": positive_int,
+    "mask_token": str,
 }
 
 

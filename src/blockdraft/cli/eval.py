@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from blockdraft.cli.arguments import positive_int, seed_int
+from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.devices import (
     add_device_args,
     add_drafter_dtype_arg,
@@ -35,7 +36,6 @@ from blockdraft.evaluation.runs import (  # noqa: F401
 )
 from blockdraft.pipeline.report import eval_markdown
 from blockdraft.serialization.drafter_spec import checkpoint_of
-from blockdraft.targets.registry import load_target
 from blockdraft.threads import add_threads_arg, configure_cpu
 
 
@@ -50,9 +50,7 @@ def add_rollouts_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target", required=True, help="target name (tiny, gemma-3-270m) or HF model path"
-    )
+    add_target_options(p)
     p.add_argument("--cache-dir", default=None, help="acceptance cache (default: user cache dir)")
     add_device_args(p)
     add_drafter_dtype_arg(p)
@@ -65,7 +63,15 @@ def setup_target(args: argparse.Namespace) -> Any:
     configure_cpu(args.threads, args.device)
 
     device, dtype = device_and_dtype(args)
-    return load_target(args.target, device=device, dtype=dtype, progress=not args.no_progress)
+    drafters = getattr(args, "drafters", None) or getattr(args, "drafter", None)
+    return load_target_from_args(
+        args,
+        rollouts=getattr(args, "rollouts", None),
+        drafters=drafters,
+        device=device,
+        dtype=dtype,
+        progress=not args.no_progress,
+    )
 
 
 def drafter_dtype_of(args: argparse.Namespace, target: Any) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.engines.dflash_support import vllm_dflash_problem
 from blockdraft.serialization.checkpoint import (
     NAMESPACE,
@@ -21,7 +22,7 @@ from blockdraft.serialization.checkpoint import (
     verify_weights,
 )
 from blockdraft.serialization.export import export_drafter, serve_commands, validate_for_serving
-from blockdraft.targets.registry import list_targets, load_target, model_directory
+from blockdraft.targets.registry import list_targets, model_directory
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -38,11 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", help="output directory (required unless --check)")
     p.add_argument("--dtype", choices=_DTYPES, default=None, help="cast weights (default: keep)")
-    p.add_argument(
-        "--target",
-        default=None,
-        help="target name/path: needed for a reduced draft vocab; also names the mask token",
-    )
+    add_target_options(p, required=False)  # needed for a reduced draft vocab; names the mask
     p.add_argument("--check", action="store_true", help="only validate CKPT, write nothing")
     p.add_argument(
         "--expand-vocab",
@@ -72,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     target = None
     if args.target:
-        target = load_target(args.target)
+        target = load_target_from_args(args, drafters=[ckpt])
     try:
         out = export_drafter(
             ckpt,

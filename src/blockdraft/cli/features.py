@@ -12,10 +12,12 @@ import argparse
 import sys
 
 from blockdraft.cli.arguments import int_at_least_2, nonnegative_int, positive_float, positive_int
+from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.feature_store import FeatureError
 from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollout_store import RolloutError
 from blockdraft.devices import DTYPES, resolve_flags
+from blockdraft.targets.mask_token import MaskTokenError
 from blockdraft.targets.registry import load_target
 from blockdraft.threads import add_threads_arg, configure_cpu
 
@@ -28,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "features (hidden states of the target's layer_ids) in shards, so `blockdraft train "
         "data.features=OUT` skips the target forward on every step.",
     )
-    p.add_argument("--target", required=True, help="target name (tiny, gemma-3-270m) or HF path")
+    add_target_options(p)
     p.add_argument("--rollouts", required=True, help="rollout directory (blockdraft rollout)")
     p.add_argument(
         "--out", required=True, help="features directory (created; resumed if it exists)"
@@ -76,7 +78,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="dtype the target runs in (training's target.dtype); auto: bfloat16 on GPU, "
         "float32 on CPU",
     )
-    p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_threads_arg(p)
     p.set_defaults(func=run)
@@ -87,13 +88,16 @@ def run(args: argparse.Namespace) -> int:
 
     device, dtype = resolve_flags(args.device, args.target_dtype)  # one-line error if bad
     try:
-        target = load_target(
-            args.target,
+        target = load_target_from_args(
+            args,
+            loader=load_target,
+            rollouts=[args.rollouts],
             device=device,
             dtype=dtype,
-            allow_download=args.allow_download,
             progress=not args.no_progress,
         )
+    except MaskTokenError:
+        raise
     except (ValueError, OSError) as exc:
         print(f"error: cannot load target {args.target!r}: {exc}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ from blockdraft.cli.arguments import (
     seed_int,
     top_k_or_minus_one,
 )
+from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.distributed_rollouts import init_from_env
 from blockdraft.data.engine_rollouts import ENGINES, engine_rows
 from blockdraft.data.prompts import PromptError, load_prompts
@@ -33,6 +34,7 @@ from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.devices import add_device_args, resolve_dtype
 from blockdraft.errors import UserError
 from blockdraft.sampling import SamplingSettings
+from blockdraft.targets.mask_token import MaskTokenError
 from blockdraft.targets.registry import load_target, model_directory
 from blockdraft.threads import add_threads_arg, configure_cpu
 
@@ -43,9 +45,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="generate target rollouts (resumable, sharded)",
         description="Generate one target response per prompt and store token ids, the "
         "log-prob of each sampled token and optionally the top-k distribution.",
-    )
-    p.add_argument(
-        "--target", required=True, help="target name (tiny, gemma-3-270m) or HF model path"
     )
     p.add_argument(
         "--prompts",
@@ -95,10 +94,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
+    add_target_options(p)
     add_device_args(p, "the target")
-    p.add_argument("--mask-token", default=None, help="mask token for targets without one")
-    p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
-    p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_threads_arg(p)
 
@@ -115,7 +112,6 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
         "Recipe: docs/rollouts.md.",
     )
     p.add_argument("file", help="JSONL file, one response per line (formats: docs/rollouts.md)")
-    p.add_argument("--target", required=True, help="target name or HF model path")
     p.add_argument("--out", required=True, help="rollout directory (created; resumed if it exists)")
     p.add_argument(
         "--prompts",
@@ -164,15 +160,16 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
 def _load(args: argparse.Namespace, device: Any) -> Any:
     """The target; a bad name or path is a one-line UserError (the CLI handler prints it)."""
     try:
-        return load_target(
-            args.target,
+        return load_target_from_args(
+            args,
+            loader=load_target,
+            rollouts=[args.out] if read_manifest(Path(args.out)) is not None else [],
             device=device,
             dtype=resolve_dtype(args.dtype, device),
-            mask_token=args.mask_token,
-            allow_download=args.allow_download,
-            trust_remote_code=args.trust_remote_code,
             progress=not args.no_progress,
         )
+    except MaskTokenError:
+        raise
     except (ValueError, OSError) as exc:
         raise UserError(f"cannot load target {args.target!r}: {exc}") from None
 

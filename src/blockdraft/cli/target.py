@@ -1,8 +1,9 @@
 """`blockdraft target build|info|sample NAME`: build, inspect and try out targets.
 
 `build tiny` trains the embedded target from source into the cache (minutes) and says
-whether it equals the weights the package ships; `build gemma-3-270m` converts the GGUF
-once. `sample` is the quickest way to see that a target produces sensible text.
+whether it equals the weights the package ships; `build gemma-3-270m` (and
+`build smollm2-135m`) converts the GGUF once. `sample` is the quickest way to see that a
+target produces sensible text.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import torch
 from safetensors.torch import load_file
 
 from blockdraft.cli.arguments import nonnegative_float, positive_int, seed_int
+from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.prompts import check_fits_context
 from blockdraft.errors import BlockdraftError
-from blockdraft.targets import gemma, registry, tiny
-from blockdraft.targets.registry import list_targets, load_target, target_fingerprint
+from blockdraft.targets import gemma, registry, smollm2, tiny
+from blockdraft.targets.registry import list_targets, target_fingerprint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="target_command", required=True)
 
     build = sub.add_parser("build", help="build/convert a named target into the cache")
-    build.add_argument("name", help="tiny | gemma-3-270m")
+    build.add_argument("name", help="tiny | gemma-3-270m | smollm2-135m")
     build.add_argument(
         "--seed", type=seed_int, default=None, help="seed of the tiny build (default 0)"
     )
@@ -59,19 +61,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", help="tiny | gemma-3-270m | HF model id | local path")
-    p.add_argument("--mask-token", default=None, help="mask token for targets without one")
-    p.add_argument("--allow-download", action="store_true", help="allow hub downloads")
-    p.add_argument("--trust-remote-code", action="store_true")
+    add_target_options(p, positional=True)
 
 
 def _load(args: argparse.Namespace):
-    return load_target(
-        args.name,
-        mask_token=args.mask_token,
-        allow_download=args.allow_download,
-        trust_remote_code=args.trust_remote_code,
-    )
+    return load_target_from_args(args)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -85,9 +79,13 @@ def _build(args: argparse.Namespace) -> int:
     elif args.name == registry.GEMMA:
         path = gemma.convert_gemma(progress=True)
         manifest = gemma.read_manifest()
+    elif args.name == registry.SMOLLM2:
+        path = smollm2.convert_smollm2(progress=True)
+        manifest = smollm2.read_manifest()
     else:
         print(
-            f"error: only named targets are built ({registry.TINY}, {registry.GEMMA}); "
+            f"error: only named targets are built ({registry.TINY}, {registry.GEMMA}, "
+            f"{registry.SMOLLM2}); "
             f"got {args.name!r}",
             file=sys.stderr,
         )

@@ -63,6 +63,41 @@ def tokenizer_hash(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps([vocab, extra], default=str).encode()).hexdigest()
 
 
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, default=str).encode()).hexdigest()[:16]
+
+
+def tokenizer_parts(tokenizer: Any) -> dict[str, Any]:
+    """What `tokenizer_hash` covers, part by part, so a mismatch can say what changed."""
+    return {
+        "vocab_sha256": _sha(sorted(tokenizer.get_vocab().items())),
+        "special_tokens": [str(t) for t in getattr(tokenizer, "all_special_tokens", [])],
+        "chat_template_sha256": _sha(getattr(tokenizer, "chat_template", None)),
+    }
+
+
+def tokenizer_difference(stored: dict[str, Any] | None, tokenizer: Any) -> str:
+    """What differs between a recorded `tokenizer_parts` and `tokenizer` ("" if unknown)."""
+    if not isinstance(stored, dict):
+        return ""
+    now = tokenizer_parts(tokenizer)
+    what = []
+    if stored.get("vocab_sha256") != now["vocab_sha256"]:
+        what.append("the vocabulary")
+    old, new = list(stored.get("special_tokens") or []), now["special_tokens"]
+    added = [t for t in new if t not in old]
+    removed = [t for t in old if t not in new]
+    if added:
+        what.append(f"special tokens added: {', '.join(map(repr, added[:5]))}")
+    if removed:
+        what.append(f"special tokens removed: {', '.join(map(repr, removed[:5]))}")
+    if not added and not removed and old != new:
+        what.append("the order of the special tokens")
+    if stored.get("chat_template_sha256") != now["chat_template_sha256"]:
+        what.append("the chat template")
+    return "; ".join(what)
+
+
 def target_fingerprint(target: Any) -> str:
     """Identity of a target (tokenizer, config, weight sample), as the model registry defines it.
 
@@ -278,12 +313,13 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
     where = f"{what}: " if what else ""
     src = rollouts.directory
     name = getattr(target, "name", "?")
-    if stored.get("tokenizer_hash") and stored["tokenizer_hash"] != tokenizer_hash(
-        target.tokenizer
-    ):
+    now = tokenizer_hash(target.tokenizer)
+    if stored.get("tokenizer_hash") and stored["tokenizer_hash"] != now:
+        diff = tokenizer_difference(stored.get("tokenizer_parts"), target.tokenizer)
         raise RolloutError(
-            f"{where}rollouts in {src} used another tokenizer (target {stored.get('name')!r}, "
-            f"not {name!r})"
+            f"{where}rollouts in {src} were made with another tokenizer than target {name!r} "
+            f"has now ({'changed: ' + diff + '; ' if diff else ''}"
+            f"tokenizer hash {stored['tokenizer_hash'][:12]} != {now[:12]})"
         )
     made_with = stored.get("fingerprint")
     if not made_with or made_with == target_fingerprint(target):

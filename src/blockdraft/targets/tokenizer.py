@@ -19,10 +19,17 @@ EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|mask|>"
 PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = [EOS_TOKEN, PAD_TOKEN, MASK_TOKEN]
+UNNAMED_SPECIAL_TOKEN = "<gh_stars>"  # a special token that is not a mask token
 
 
-def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on `texts`; special tokens get ids 0 (eos), 1 (pad), 2 (mask)."""
+def train_bpe_tokenizer(
+    texts: Iterable[str], vocab_size: int, *, mask_token: str | None = MASK_TOKEN
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on `texts`; special tokens get ids 0 (eos), 1 (pad), 2 (mask).
+
+    `mask_token=None` names no mask token: id 2 is then `UNNAMED_SPECIAL_TOKEN`, a special
+    token that no reserved-token pattern matches (like most instruct models' tokenizers).
+    """
     # lazy: transformers takes seconds to import; `targets.registry` imports this module
     # (through `tiny`) for every stage, most of which never train a tokenizer
     from transformers import PreTrainedTokenizerFast
@@ -32,7 +39,9 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedToke
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS
+        if mask_token
+        else [EOS_TOKEN, PAD_TOKEN, UNNAMED_SPECIAL_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -41,5 +50,5 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedToke
         tokenizer_object=tok,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
-        mask_token=MASK_TOKEN,
+        **({"mask_token": mask_token} if mask_token else {}),
     )

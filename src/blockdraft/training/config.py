@@ -31,6 +31,8 @@ class TargetConfig:
     name: str = "tiny"  # registry name (tiny, gemma-3-270m), HF id or local path
     layer_ids: list[int] | None = None  # target layers feeding the drafter; null = DFlash default
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # target weights dtype
+    # mask token of a target without one; null = the one the rollouts were made with
+    mask_token: str | None = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from blockdraft.data.mask_records import recorded_masks
 from blockdraft.data.rollout_store import RolloutError, check_target, nested_subset
 from blockdraft.data.rollouts import RolloutSet
 from blockdraft.devices import resolve_device, resolve_dtype
@@ -25,6 +26,7 @@ from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.errors import BlockdraftError
 from blockdraft.objectives.registry import make_objective
 from blockdraft.serialization.checkpoint import load_drafter
+from blockdraft.targets.mask_token import MaskTokenError, load_target_with_mask
 from blockdraft.targets.registry import load_target
 from blockdraft.training.config import ConfigError, DataConfig, TrainConfig, objective_spec
 
@@ -49,7 +51,20 @@ def load_target_for(cfg: TrainConfig, device: torch.device):
     """
     kwargs: dict[str, Any] = {"device": device, "progress": cfg.logging.progress}
     kwargs["dtype"] = resolve_dtype(cfg.target.dtype, device)
-    target = load_target(cfg.target.name, **kwargs)
+    recorded = recorded_masks(
+        [d for d in (cfg.data.train_rollouts, cfg.data.eval_rollouts) if d],
+        [cfg.drafter.init_from] if cfg.drafter.init_from else [],
+    )
+    try:
+        target = load_target_with_mask(
+            cfg.target.name,
+            mask_token=cfg.target.mask_token,
+            recorded=recorded,
+            loader=load_target,
+            **kwargs,
+        )
+    except MaskTokenError as exc:
+        raise ConfigError(f"target.mask_token: {exc}") from None
     if cfg.target.layer_ids is not None:  # checked here: the layer count is known now
         bad = [i for i in cfg.target.layer_ids if not 0 <= i < target.num_layers]
         if bad:
