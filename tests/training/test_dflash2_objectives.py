@@ -120,7 +120,9 @@ def test_dpace_weights_both_terms_by_the_selector(setup):
     w = dpace_weights(torch.where(mask, q_sel, 0.0).detach(), alpha=0.5, mask=mask)
     ce = -torch.where(inside, q_sel.clamp_min(1e-30).log(), 0.0) - q_u.clamp_min(1e-30).log()
     want = _grads(drafter, (w * torch.where(mask, ce, 0.0)).sum() / w.sum())
-    _assert_same(got, want)
+    # the target's top layer (1 of 2) feeds its raw output, unnormalised: gradients up to
+    # ~4, whose float32 sums round their smallest entries by ~1e-7 of the largest
+    _assert_same(got, want, scale_atol=1e-6)
 
 
 def test_e2e_applies_the_selector_gradient_to_both_overlaps(setup):
