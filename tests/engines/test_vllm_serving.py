@@ -115,3 +115,16 @@ def test_rounds_trace_follows_vllm_round_by_round(tiny, tiny_drafter, tiny_sets)
     for a, b in zip(rounds, rounds[1:], strict=False):
         assert b["start"] == a["start"] + a["vllm_accepted"] + 1
     assert sum(r["vllm_accepted"] for r in rounds) > 0
+
+
+def test_the_demo_adds_a_vllm_row(tiny, tiny_drafter, tiny_sets, tmp_path):
+    from blockdraft.pipeline.demo import DemoSettings, served_in_vllm, served_summary
+
+    s = DemoSettings(out=str(tmp_path), online_prompts=4)
+    served = served_in_vllm(tiny, s, {"edr": tiny_drafter}, {"eval": tiny_sets["eval"]}, tmp_path)
+    assert served is not None and served["outputs_equal_rollouts"] == 4
+    assert served["rounds_equal_offline"] and served["served_tau"] == served["offline_mal"]
+    line = served_summary(served)
+    assert "outputs equal the rollouts 4/4" in line and "batch4" in line
+    # a second run reuses the stage
+    assert served_in_vllm(tiny, s, {"edr": tiny_drafter}, {"eval": tiny_sets["eval"]}, tmp_path)

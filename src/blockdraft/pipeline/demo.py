@@ -26,6 +26,7 @@ from blockdraft.decoding.hf_generate import ar_vs_hf, has_hf_generate
 from blockdraft.decoding.loop import decode
 from blockdraft.devices import drafter_dtype, resolve_flags
 from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.engines.vllm_engine import EngineError, vllm_version
 from blockdraft.evaluation.lookup_split import lookup_split
 from blockdraft.evaluation.offline import mal_ci
 from blockdraft.evaluation.runs import compare, evaluate, load_scored, write_json
@@ -34,6 +35,7 @@ from blockdraft.heap import retain_freed_memory
 from blockdraft.pipeline.report import terminal_summary, write_report
 from blockdraft.pipeline.stages import Stage, fingerprint, portable, recorded_key
 from blockdraft.serialization.drafter_spec import load_drafter_spec
+from blockdraft.serving.serve_check import serve_check
 from blockdraft.targets.registry import load_target, target_fingerprint
 from blockdraft.training import train
 from blockdraft.training.config import config_from_dict
@@ -416,6 +418,80 @@ def evaluate_online(
     return online
 
 
+SERVED_DRAFTER = "edr"
+
+
+def served_in_vllm(
+    target: Any, s: DemoSettings, trained: dict[str, Path], rollouts: dict[str, Path], out: Path
+) -> dict[str, Any] | None:
+    """With vLLM installed (`make engine`), the EDR drafter served by vLLM on the online
+    prompts next to vLLM's prompt lookup and no speculation (`serve_check`); None without
+    vLLM or when vLLM cannot serve it (said in one line: the demo's results stand)."""
+    if vllm_version() is None or SERVED_DRAFTER not in trained or s.temperature != 0:
+        return None
+    stage = Stage(
+        out / "served",
+        {
+            "drafter": recorded_key(trained[SERVED_DRAFTER].parent),
+            "settings": fingerprint(portable(_settings_key(s, out), out)),
+            "engine": vllm_version(),
+            "version": 1,
+        },
+    )
+    if stage.is_done():
+        _log("vLLM: reused")
+        return stage.outputs()["served"]
+    _log(f"vLLM: serving {SERVED_DRAFTER} on {s.online_prompts} held-out prompts")
+    try:
+        result = serve_check(
+            target,
+            trained[SERVED_DRAFTER],
+            [rollouts["eval"]],
+            limit=s.online_prompts,
+            batch_size=s.online_prompts,
+            log=lambda msg: None,
+        )
+    except EngineError as exc:
+        _log(f"vLLM: not served ({exc})")
+        return None
+    bench = result["benchmarks"][0]
+    way = bench["served"]
+    b = f"tokens_per_s_batch{s.online_prompts}"
+    served = {
+        "engine": result["engine"],
+        "drafter": SERVED_DRAFTER,
+        "num_prompts": bench["num_prompts"],
+        "outputs_equal_rollouts": way["dflash"]["outputs_equal_rollouts"],
+        "rounds_equal_offline": bench["agreement"]["dflash"]["exact"],
+        "served_tau": way["dflash"]["served_tau"],
+        "offline_mal": bench["offline"]["dflash"]["mal"],
+        "vllm_ngram_served_tau": way["ngram"]["served_tau"],
+        "tokens_per_s": {
+            w: {"batch1": v["tokens_per_s_batch1"], f"batch{s.online_prompts}": v[b]}
+            for w, v in way.items()
+        },
+    }
+    stage.finish({"served": served})
+    return served
+
+
+def served_summary(served: dict[str, Any]) -> str:
+    """The vLLM row of the demo's summary."""
+    tps = served["tokens_per_s"]
+    batches = list(next(iter(tps.values())))
+    speeds = "; ".join(
+        f"{batch}: " + ", ".join(f"{w} {v[batch]:.0f}" for w, v in tps.items()) for batch in batches
+    )
+    return (
+        f"Served by {served['engine']} ({served['drafter']}, {served['num_prompts']} prompts): "
+        f"outputs equal the rollouts {served['outputs_equal_rollouts']}/{served['num_prompts']}, "
+        f"rounds {'equal' if served['rounds_equal_offline'] else 'NOT equal'} to the offline "
+        f"evaluator's, served tau {served['served_tau']:.3f} (offline MAL "
+        f"{served['offline_mal']:.3f}; vLLM's prompt lookup {served['vllm_ngram_served_tau']:.3f})"
+        f"; tokens/s {speeds}"
+    )
+
+
 def build_report_json(
     s: DemoSettings,
     rollouts: dict[str, Path],
@@ -525,7 +601,12 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     report = build_report_json(s, rollouts, offline, comparisons, online)
     report["draft_vocab_size"] = draft_vocab
     report["baseline_split"] = split
+    served = served_in_vllm(target, s, trained, rollouts, out)
+    if served is not None:
+        report["served_vllm"] = served
     write_json(out / "report.json", report)
     print(terminal_summary(report), flush=True)
+    if served is not None:
+        print(served_summary(served), flush=True)
     _log(f"report: {md}  json: {out / 'report.json'}")
     return report
