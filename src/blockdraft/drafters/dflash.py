@@ -176,7 +176,7 @@ class BlockDrafter(nn.Module):
         """`[V_draft, H]` LM-head rows the drafter scores (target ids -> rows via draft_ids).
         The gathered rows are kept until the head or the draft vocabulary changes: a drafter
         that drafts slot by slot asks for them every round, and the gather out of a large
-        vocabulary was a visible part of its draft (docs/results/gemma.md, session 25). A
+        vocabulary was a visible part of its draft (research/gemma.md, session 25). A
         frozen head only: a trainable one gets a fresh, differentiable gather."""
         weight = self._need_target().head.weight
         if self.config.draft_vocab_size is None:

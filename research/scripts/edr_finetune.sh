@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "EDR as in the paper" on `tiny` (docs/results.md, issue #31): fine-tune a D-PACE drafter
+# "EDR as in the paper" on `tiny` (research/results.md, issue #31): fine-tune a D-PACE drafter
 # trained to its plateau for one epoch, from the same checkpoint with the same data order
 # and step count, with (a) continued D-PACE (the control), (b) E2E, (c) EDR; then exact
 # offline MAL on held-out rollouts at the same sampling settings, paired against the
@@ -15,7 +15,7 @@
 # budget: BUDGETS (round starts drafted with gradient; default 32), SAMPLERS (default
 #   "gradient uniform"), TAG (a suffix for its json tables, so a later sweep keeps the last).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 BD=${BD:-.venv/bin/blockdraft}
 PY=${PY:-.venv/bin/python}
@@ -44,7 +44,7 @@ rollouts() {  # rollouts NAME PROMPTS LIMIT SETTING
   $BD rollout --target tiny --prompts "$2" --limit "$3" $(sampling "$4") \
       --max-new-tokens 128 --out "$OUT/rollouts/$1" --no-progress
 }
-train() {  # train NAME SETTING key=value...: the recipe of docs/results.md section 1
+train() {  # train NAME SETTING key=value...: the recipe of research/results.md section 1
   local name=$1 set=$2; shift 2
   [ -d "$R/$name/final" ] && return 0
   local again=""  # continue a step checkpoint; a run stopped before its first one restarts
@@ -185,7 +185,7 @@ budget)  # every setting and seed: EDR on a bounded number of round starts per r
   done; done ;;
 relax)  # relaxed vs true expected rounds per checkpoint (validation rollouts)
   for seed in $SEEDS; do
-    $PY scripts/edr_relaxation.py --target tiny --rollouts "$OUT/rollouts/val-t0" \
+    $PY research/scripts/edr_relaxation.py --target tiny --rollouts "$OUT/rollouts/val-t0" \
         --limit 24 --steps 0,16,32,48 --betas 1,0.5,0.25 --json "$OUT/json/relax_t0-s$seed.json" \
         "$R/g-s$seed-edr-b1-3e-4" "$R/g-s$seed-edr-b0.5-3e-4" "$R/g-s$seed-dpace-3e-4" \
         | tee "$OUT/json/relax_t0-s$seed.md"

@@ -1,4 +1,4 @@
-"""How much the `tiny` target's samples look like Python (docs/results.md, "The tiny target").
+"""How much the `tiny` target's samples look like Python (research/results.md, "The tiny target").
 
 For the first N held-out stdlib prompts (`stdlib:eval`: a function signature + docstring),
 sample a continuation and measure the share of its complete lines that, appended to the
@@ -6,7 +6,7 @@ prompt, still parse as Python (non-blank lines; `ast.parse` on the longest parsa
 block openers closed with `pass`). `--reference` scores the functions' real bodies (cut
 to the same token count) as the ceiling of the measure. Also prints a few samples. Usage:
 
-    python scripts/tiny_quality.py [TARGET ...] [--n 32] [--tokens 96] [--temperature 1.0]
+    python research/scripts/tiny_quality.py [TARGET ...] [--n 32] [--tokens 96] [--temperature 1.0]
 """
 
 from __future__ import annotations

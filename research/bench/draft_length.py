@@ -1,6 +1,6 @@
 """Fewer draft tokens per round: exact offline MAL against this machine's round cost (T = 0).
 
-    python bench/draft_length.py --drafter blockdraft-demo/runs/dpace/final \
+    python research/bench/draft_length.py --drafter blockdraft-demo/runs/dpace/final \
         --rollouts blockdraft-demo/rollouts/eval/set
 
 Speculative decoding's speedup is MAL / round cost in AR steps, and a round verifying

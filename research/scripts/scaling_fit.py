@@ -1,7 +1,7 @@
 """The data-scaling curve of a suite run: MAL per benchmark vs training rollouts, and how
 many rollouts a log-linear fit says the drafter would need to reach prompt lookup.
 
-Reads the JSON of `blockdraft suite` (e.g. scripts/gemma_mix.sh's `suite.json`), takes the
+Reads the JSON of `blockdraft suite` (e.g. research/scripts/gemma_mix.sh's `suite.json`), takes the
 drafters whose name carries their training-set size (`dpace-n1150-s0`: `--pattern`), fits
 `MAL = a + b log2(N)` per benchmark and on the suite mean (least squares over the sizes),
 and prints a markdown table: each size's MAL, the gain per doubling of data `b`, and `N*`,
@@ -9,7 +9,7 @@ the size at which the fit reaches the baseline's MAL (and 1.2x it on the mean, t
 issue's goal). An extrapolation from a few sizes, not a measurement: it says how far off
 the goal is, in data.
 
-    python scripts/scaling_fit.py results_runs/gemma-scale/suite.json [--pattern REGEX]
+    python research/scripts/scaling_fit.py results_runs/gemma-scale/suite.json [--pattern REGEX]
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ that plus the drafter. The last line prints the products' rate at M rows against
 product's (the CPU's attainable GEMM rate), to show whether few-row products are what
 limits. docs/decoding.md, "Why a `tiny` round cannot cost 1.5 AR steps on a fast core".
 
-    python bench/verify_floor.py [--target tiny] [--threads 1] [--reps 400]
+    python research/bench/verify_floor.py [--target tiny] [--threads 1] [--reps 400]
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Exact commands behind the `tiny` sections of docs/results.md (run from the repo root).
+# Exact commands behind the `tiny` sections of research/results.md (run from the repo root).
 # Sections are in priority order; each is idempotent (finished runs are skipped), so the
 # script can be re-run after an interruption. Run dirs and JSON go OUTSIDE the repo
-# ($OUT); only the PNGs are copied to docs/results/. One thread per process: the runs
-# shared 2 cores with the Gemma job (scripts/gemma_gsm8k.sh).
+# ($OUT); only the PNGs are copied to research/. One thread per process: the runs
+# shared 2 cores with the Gemma job (research/scripts/gemma_gsm8k.sh).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
 BD=.venv/bin/blockdraft
 OUT=${OUT:-results_runs/tiny2}       # ignored by git
@@ -85,16 +85,16 @@ seeds-t0)  # 8. Seed replicates of the T=0 headline pair
     train "$T0" "t0-dpace-s$s" objective.name=dpace seed=$s
     compare "$T0" "t0-seed$s" "$R/t0-decay-s$s" "$R/t0-dpace-s$s"
   done ;;
-report)  # 9. Plots (training curves with held-out MAL, AR_k, D-PACE weight profiles) -> docs/results/
+report)  # 9. Plots (training curves with held-out MAL, AR_k, D-PACE weight profiles) -> research/
   $BD report "$T1/runs/decay" "$T1/runs/dpace" "$R/cumulative" "$R/continuation" "$R/alpha0.0" \
       --out "$OUT/report/variants" --title "tiny, block 8, T=1: decay vs D-PACE variants" \
       --eval "$OUT/json/eval_variants.json" --compare "$OUT/json/compare_variants.json"
   for f in training_curves acceptance_rates dpace_weight_profile; do
-    cp "$OUT/report/variants/$f.png" "docs/results/tiny_t1_variants_$f.png"
+    cp "$OUT/report/variants/$f.png" "research/tiny_t1_variants_$f.png"
   done
   for t in 0 1; do
     for f in training_curves acceptance_rates; do
-      cp "$OUT/demo-t$t/report/$f.png" "docs/results/tiny_t${t}_demo_$f.png"
+      cp "$OUT/demo-t$t/report/$f.png" "research/tiny_t${t}_demo_$f.png"
     done
   done ;;
 *) echo "unknown section $section" >&2; exit 2 ;;

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The recipe study behind docs/results.md "Beating prompt lookup" (run from the repo root):
+# The recipe study behind research/results.md "Beating prompt lookup" (run from the repo root):
 # why trained `tiny` drafters stalled below the n-gram baseline, and what fixes it.
 # Every section is idempotent (finished runs are skipped); run dirs and JSON go OUTSIDE
 # the repo ($OUT). Held-out MAL curves come from each run's metrics.jsonl (eval every
 # 100 steps on the first 32 held-out rollouts); the final tables are `blockdraft compare`
 # on all 64 held-out rollouts with `ngram` as the first (baseline) drafter.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 BD=.venv/bin/blockdraft
 OUT=${OUT:-results_runs/recipe}       # ignored by git
@@ -79,13 +79,13 @@ hybrid)  # the long drafters with prompt lookup as per-slot fallback (drafters/h
   compare hybrid-t0 eval-t0 "$R/long-dpace-s0" "hybrid:$R/long-dpace-s0" "hybrid:$R/long-decay-s0" ;;
 samplers)  # EDR round-start samplers: step time, gradient noise, PPS sizes (docs/training.md)
   for m in 32 86; do
-    .venv/bin/python bench/edr_sampler.py --drafter "$R/long-dpace-s0/final" \
+    .venv/bin/python research/bench/edr_sampler.py --drafter "$R/long-dpace-s0/final" \
         --rollouts "$OUT/rollouts/train-t0" --max-anchors $m
-    .venv/bin/python bench/edr_sampler.py --drafter "$R/t1-dpace/final" \
+    .venv/bin/python research/bench/edr_sampler.py --drafter "$R/t1-dpace/final" \
         --rollouts "$OUT/rollouts/train-t1" --max-anchors $m
   done 2>/dev/null | tee "$OUT/json/edr_samplers.txt"
   for run in long-dpace-s0:train-t0 t1-dpace:train-t1; do
-    .venv/bin/python bench/edr_sampler_sizes.py --drafter "$R/${run%%:*}/final" \
+    .venv/bin/python research/bench/edr_sampler_sizes.py --drafter "$R/${run%%:*}/final" \
         --rollouts "$OUT/rollouts/${run##*:}" --max-anchors 32
   done 2>/dev/null | tee "$OUT/json/edr_sampler_sizes.txt" ;;
 report)  # held-out MAL vs steps of every run, as a table

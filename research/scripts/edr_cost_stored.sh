@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # EDR's fine-tune cost on `tiny` at T = 0.7 / top-p 0.8 / top-k 20 with and without the
-# target's distributions stored in the rollouts (docs/results.md, section 6, session 32):
+# target's distributions stored in the rollouts (research/results.md, section 6, session 32):
 # 8 training rollouts written twice (the same tokens: the sampler is counter-based), once
 # with `--store-topk 0` (the step processes the target's logits) and once with the
 # default (the top 20 stored), their cached features, then the cost bench on the stored
 # set with the logits set's E2E and EDR @16 rows in the same rounds, and on cached
 # features, RUNS times. Needs the T = 0.7 start of `SETTINGS=t07 SEEDS=0
-# scripts/edr_finetune.sh rollouts base` (DRAFTER). Output under $OUT (ignored).
+# research/scripts/edr_finetune.sh rollouts base` (DRAFTER). Output under $OUT (ignored).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 O=${OUT:-results_runs/edr-cost-stored}
 BD=${BD:-.venv/bin/blockdraft}
 PY=${PY:-.venv/bin/python}

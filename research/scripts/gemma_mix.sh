@@ -42,7 +42,7 @@
 #             hybrid:) copied in bf16 to $OUT/bf16/<name>-as-bf16 (a bf16 checkpoint loads in
 #             bf16), scored on the suite next to the fp32 originals ($OUT/suite-bf16.txt)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BD=${BD:-.venv/bin/blockdraft}
 OUT=${OUT:-results_runs/gemma-mix}
 DATA=${DATA:-../shared/data}

@@ -1,9 +1,9 @@
-"""Which kernel choices change the `tiny` build and its greedy rollouts (docs/results.md,
+"""Which kernel choices change the `tiny` build and its greedy rollouts (research/results.md,
 "The tiny target", "Across CPUs").
 
-    python scripts/tiny_determinism.py builds              # micro builds under ISA caps
-    python scripts/tiny_determinism.py rollouts --target tiny   # same weights, rollouts
-    python scripts/tiny_determinism.py speed               # what the fixes would cost
+    python research/scripts/tiny_determinism.py builds              # micro builds under ISA caps
+    python research/scripts/tiny_determinism.py rollouts --target tiny   # same weights, rollouts
+    python research/scripts/tiny_determinism.py speed               # what the fixes would cost
 
 `builds` runs a 60-step micro build of `tiny` (the real code path) in a child process per
 setting and prints its weights' hash and held-out loss: a setting that changes the hash

@@ -1,8 +1,8 @@
 """Print the hybrid confidence threshold with the highest MAL in a `blockdraft eval --json`.
 
-    python scripts/pick_threshold.py OUT/json/select.json
+    python research/scripts/pick_threshold.py OUT/json/select.json
 
-Used by scripts/gemma_gsm8k.sh on *validation* rollouts, so the threshold reported on
+Used by research/scripts/gemma_gsm8k.sh on *validation* rollouts, so the threshold reported on
 the held-out rollouts was not chosen on them. Ties go to the lower threshold.
 """
 

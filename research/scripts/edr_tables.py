@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""docs/results.md's "EDR as in the paper" tables from scripts/edr_finetune.sh's JSON.
+"""research/results.md's "EDR as in the paper" tables from research/scripts/edr_finetune.sh's JSON.
 
 One table per setting and seed: each fine-tune's held-out MAL, its paired gain over the
 start (the D-PACE drafter it was fine-tuned from) and over the continued-D-PACE control
 at the same lr (or the named control), and its acceptance per position AR_k.
 
-    python scripts/edr_tables.py results_runs/edr/json t0-s0 t0-s1 t1-s0 ...
+    python research/scripts/edr_tables.py results_runs/edr/json t0-s0 t0-s1 t1-s0 ...
 """
 
 from __future__ import annotations

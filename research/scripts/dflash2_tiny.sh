@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DFlash2 vs DFlash on `tiny` at T = 0, equal budget and (nearly) equal parameters
-# (docs/results.md "DFlash2 on tiny"): D-PACE, the recipe of docs/results.md section 1
+# (research/results.md "DFlash2 on tiny"): D-PACE, the recipe of research/results.md section 1
 # (block 8, 64 anchors, batch 8, lr 3e-3, feature layers 0-3) for STEPS steps, one seed.
 #   dflash-1L   DFlash, 1 layer                      262,720 parameters
 #   dflash-2L   DFlash, 2 layers                     459,648
@@ -8,7 +8,7 @@
 # then `blockdraft compare` on the 64 held-out greedy rollouts, prompt lookup first.
 # Run from the repo root; everything goes to $OUT (git-ignored). Idempotent.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 BD=${BD:-env PYTHONPATH=$PWD/src /work/main/.venv/bin/python -m blockdraft}  # this checkout
 OUT=${OUT:-results_runs/dflash2/tiny}

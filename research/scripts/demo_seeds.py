@@ -1,6 +1,6 @@
 """The demo at several seeds: does each fine-tune beat its D-PACE start and the control?
 
-    python scripts/demo_seeds.py --seeds 0 1 2 --out results_runs/demo-seeds
+    python research/scripts/demo_seeds.py --seeds 0 1 2 --out results_runs/demo-seeds
 
 Runs `blockdraft demo --seed S` (reusing every finished stage) into OUT/sS and prints, per
 seed, each drafter's held-out MAL next to ngram and the paired gains the demo computed

@@ -9,9 +9,9 @@ prints, per size rule, `sum_n (1/pi_n - 1) ||g_n||^2` (the variance of Poisson s
 with inclusion probabilities `pi`, a close stand-in for the systematic design the step
 uses) relative to occupancy sizes: `gradient` is `gradient_sizes` (the default sampler's
 sizes); `oracle` is the floor that no rule computed from the recursion outputs can beat.
-bench/edr_sampler.py measures the real step variance of the samplers.
+research/bench/edr_sampler.py measures the real step variance of the samplers.
 
-    python bench/edr_sampler_sizes.py [--demo blockdraft-demo] [--drafter DIR]
+    python research/bench/edr_sampler_sizes.py [--demo blockdraft-demo] [--drafter DIR]
         [--rollouts DIR] [--max-anchors 32] [--batch 4] [--mode auto]
 """
 

@@ -4,7 +4,7 @@ At T > 0 the selector's q lives on the top-`selector_top_k` tokens of the unary 
 only, so a label outside them has q = 0 and is always rejected. This prints the share of
 the labels (every slot of every round start, teacher-forced) inside that top-k:
 
-    python scripts/candidate_coverage.py --target tiny DRAFTER_DIR ROLLOUTS_DIR
+    python research/scripts/candidate_coverage.py --target tiny DRAFTER_DIR ROLLOUTS_DIR
 """
 
 from __future__ import annotations
