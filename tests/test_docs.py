@@ -2,8 +2,8 @@
 
 README.md, docs/ and src/ must not cite work sessions, commit hashes or issue numbers
 (research/ is the lab notebook and may), every `docs/methods.md` section that a source file
-cites must exist, and every relative link in README.md and docs/*.md must reach an existing
-file (and, for a markdown file, an existing heading when the link names one).
+cites must exist, and every relative link in README.md, docs/*.md and research/*.md must
+reach an existing file (and, for a markdown file, an existing heading when the link names one).
 """
 
 from __future__ import annotations
@@ -156,7 +156,11 @@ def test_link_checker_finds_broken_links(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "page",
-    [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "research" / "README.md"],
+    [
+        REPO / "README.md",
+        *sorted((REPO / "docs").glob("*.md")),
+        *sorted((REPO / "research").glob("*.md")),
+    ],
     ids=lambda p: str(p.relative_to(REPO)),
 )
 def test_relative_links_resolve(page: Path) -> None:
