@@ -23,7 +23,7 @@ import torch
 from blockdraft.drafters import block_attention
 from blockdraft.heap import retain_freed_memory
 from blockdraft.training.draft_forward import DraftForward
-from train_step import MEMORY_SHAPE, SHAPES, build, drafter_step
+from common import MEMORY_SHAPE, SHAPES, build, drafter_step
 
 
 # --- heap: glibc keeping freed memory (blockdraft/heap.py) ------------------------------------

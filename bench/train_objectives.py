@@ -54,6 +54,7 @@ from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step, score_round_starts
 from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step, pad_anchor_lists
+from common import SHAPES, random_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +114,6 @@ def _bench_batch(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     prompt_len, token_limit = 32, None
     if args.objectives_shape == "gemma":
-        from train_step import SHAPES, random_target
-
         s = SHAPES["gemma"]
         target = random_target(s)
         config = DrafterConfig.for_target(

@@ -2,7 +2,7 @@
 
 `python scripts/curves.py RUN_DIR...` reads each run's metrics.jsonl (the `eval` events
 the trainer logs) and prints a markdown table: run, then `MAL@step (seconds)` per
-evaluation. Used by scripts/recipe_tiny.sh; the numbers go into docs/results.md.
+evaluation. Used by research/scripts/recipe_tiny.sh; the numbers go into research/results.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@
 #   finetune  from the D-PACE drafter, one epoch of EDR and of E2E on the T = 0.7 rollouts,
 #             at each seed of SEEDS
 #   suite     `blockdraft suite`: prompt lookup, then every finished drafter ($OUT/suite.txt)
-# Sizes: MIX, FT_MIX, STEPS. TINY=1 runs every stage at a toy size (a few prompts, a few
+# Sizes: MIX, FT_MIX, STEPS. ENGINE=vllm generates the greedy mix through vLLM. TINY=1 runs every stage at a toy size (a few prompts, a few
 # steps) to check the pipeline end to end (3.5 minutes on one busy core).
 # Budget, from rates measured on one core of a shared 2-core machine: rollouts about 35-50
 # response tokens/s (8 GSM8K prompts x 64 tokens: 15 s with the model load), so the greedy
@@ -30,6 +30,7 @@ BD=${BD:-.venv/bin/blockdraft}
 OUT=${OUT:-results_runs/smollm2}
 DATA=${DATA:-../shared/data}
 THREADS=${THREADS:-2}
+ENGINE=${ENGINE:-blockdraft}  # vllm: the greedy rollouts through vLLM (`make engine`; same tokens, faster)
 if [ "${TINY:-0}" = 1 ]; then
   MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@4+stdlib:train@2+pydoc:train@2"}
   FT_MIX=${FT_MIX:-"$DATA/gsm8k/train.jsonl:question@2+stdlib:train@1+pydoc:train@1"}
@@ -37,6 +38,7 @@ if [ "${TINY:-0}" = 1 ]; then
 else
   MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@256+stdlib:train@128+pydoc:train@128"}
   FT_MIX=${FT_MIX:-"$DATA/gsm8k/train.jsonl:question@96+stdlib:train@48+pydoc:train@48"}
+  TOKENS=${TOKENS:-128}; STEPS=${STEPS:-300}; SUITE_LIMIT=${SUITE_LIMIT:-}
 fi
 SEEDS=${SEEDS:-"0 1"}
 FT_LR=${FT_LR:-3e-4}
@@ -72,7 +74,7 @@ scratch() {  # scratch NAME OBJECTIVE: from scratch on the greedy mix
 for section in $SECTIONS; do case $section in
 rollouts)
   log "rollouts: $MIX (greedy), $FT_MIX (T = 0.7)"
-  rollouts mix-t0 "$MIX" --temperature 0
+  rollouts mix-t0 "$MIX" --temperature 0 --engine "$ENGINE"
   rollouts mix-t07 "$FT_MIX" --temperature 0.7 --top-p 0.8 --top-k 20 --seed 0
   log "rollouts done" ;;
 dpace) log "dpace"; scratch dpace dpace; log "dpace done" ;;

@@ -1,8 +1,8 @@
 """The training benches run: each reaches into the training step's internals, so a refactor
-of a step's signature breaks them silently unless something runs them (one did: session
-33 found `bench/train_step.py --part objectives` passing a target where the step now takes
-stop ids). Smallest sizes, one round: this checks that they run and print their table,
-never their numbers (speed claims stay in bench/, run by hand)."""
+of a step's signature breaks them silently unless something runs them (one did:
+`bench/train_step.py --part objectives` once passed a target where the step takes stop
+ids). Smallest sizes, one round: this checks that they run and print their table, never
+their numbers (speed claims stay in bench/, run by hand)."""
 
 from __future__ import annotations
 

@@ -95,3 +95,16 @@ def test_readme_quick_start_runs_verbatim(local_model, tmp_path):
     assert (served / "model.safetensors").is_file() and (served / "modeling_dflash.py").is_file()
     assert "--speculative-algorithm DFLASH" in res.stdout
     assert (tmp_path / "eval.json").is_file()
+
+
+def test_real_model_commands_are_the_tutorials():
+    """The README's real-model block is the tutorial's, line for line, so the tutorial's
+    verbatim test (tests/test_tutorial.py) covers it."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## A real model") :]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    commands = [line for line in block.splitlines() if line.strip()]
+    tutorial = (REPO / "docs" / "tutorial.md").read_text()
+    tutorial_lines = set(tutorial.splitlines())
+    missing = [c for c in commands if c not in tutorial_lines]
+    assert len(commands) >= 5 and not missing, missing

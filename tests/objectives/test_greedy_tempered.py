@@ -1,5 +1,5 @@
-"""Greedy EDR's tempered relaxation `A = softmax(z / beta)(x)` (docs/methods.md, "Greedy
-EDR"): it is the exact acceptance of a drafter that *samples* its proposals at
+"""Greedy EDR's tempered relaxation `A = softmax(z / beta)(x)` (docs/methods.md, "EDR",
+greedy EDR): it is the exact acceptance of a drafter that *samples* its proposals at
 temperature beta against a greedy target, so its expected rounds must equal a brute-force
 enumeration of every proposal block such a drafter can draw, and tend to the greedy
 (argmax) drafter's rounds as beta -> 0; its TD-form training gradient must equal autograd

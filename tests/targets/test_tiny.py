@@ -123,7 +123,7 @@ def test_bad_config_is_rejected(tmp_path):
 @pytest.mark.slow
 def test_thread_count_does_not_change_the_micro_model(micro_build, tmp_path):
     """The micro build's products are too small for MKL to split, so 1 and 2 threads agree
-    bit for bit; the default build's are not (its last bits move: docs/results.md), which
+    bit for bit; the default build's are not (its last bits move: research/results.md), which
     is why the default ships and the thread count is recorded in every manifest."""
     _, one = micro_build  # built with build_threads(), which may be 1 or 2
     two = build_tiny_target(MICRO, cache_dir=tmp_path / "a", progress=False, num_threads=2)

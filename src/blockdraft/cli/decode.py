@@ -5,7 +5,7 @@ wall-clock speedup over autoregressive decoding timed alternately in the same ru
 
 With `--rollouts DIR` the prompts *and sampling settings* come from a rollout set and the
 drafter's offline MAL on those same rollouts is computed too: the online/offline
-agreement check of METHODS.md §3 in one command.
+agreement check of docs/methods.md ("The offline evaluator") in one command.
 """
 
 from __future__ import annotations

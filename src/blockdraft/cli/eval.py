@@ -2,11 +2,11 @@
 
 (`--rollouts` may be repeated: one benchmark per rollout set.)
 
-Exact offline evaluation (METHODS.md §3) of each drafter on each rollout set (one
-"benchmark" per set): expected rounds, MAL with a bootstrap CI, AR_k and T_{>=k}.
-Acceptance tensors are cached per (drafter checkpoint, rollouts), so `compare` and
-`report` after `eval` cost nothing. `blockdraft.evaluation.runs.evaluate()` is the same
-as a Python function; this module only parses arguments and prints.
+Exact offline evaluation (docs/methods.md, "The offline evaluator") of each drafter on
+each rollout set (one "benchmark" per set): expected rounds, MAL with a bootstrap CI, AR_k
+and T_{>=k}. Acceptance tensors are cached per (drafter checkpoint, rollouts), so `compare`
+and `report` after `eval` cost nothing. `blockdraft.evaluation.runs.evaluate()` is the
+same as a Python function; this module only parses arguments and prints.
 """
 
 from __future__ import annotations

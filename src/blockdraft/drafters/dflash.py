@@ -1,4 +1,4 @@
-"""The DFlash parallel block drafter (METHODS.md §4): `BlockDrafter` and `DrafterState`.
+"""The DFlash parallel block drafter: `BlockDrafter` and `DrafterState`.
 
 One forward turns a block `[x_n, MASK x K]` into K proposals: Qwen3-style decoder layers
 at the target's width (like the public DFlash drafters, so engines load what is trained
@@ -6,7 +6,8 @@ here) into which the target's features of positions `< n` (projected by `fc`, no
 injected as keys/values, with bidirectional attention inside the block and the target's
 frozen embedding and LM head (never saved). `forward_blocks` (training and scoring: every
 block of a sequence in one pass) and the context KV cache of `DrafterState` (one block at
-a time) agree exactly. Interface and conventions: docs/architecture.md ("drafters").
+a time) agree exactly. Interface and conventions: docs/architecture.md ("drafters"); the
+math: docs/methods.md, "The drafter".
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ class BlockDrafter(nn.Module):
         """`[V_draft, H]` LM-head rows the drafter scores (target ids -> rows via draft_ids).
         The gathered rows are kept until the head or the draft vocabulary changes: a drafter
         that drafts slot by slot asks for them every round, and the gather out of a large
-        vocabulary was a visible part of its draft (docs/results/gemma.md, session 25). A
+        vocabulary was a visible part of its draft (research/gemma.md). A
         frozen head only: a trainable one gets a fresh, differentiable gather."""
         weight = self._need_target().head.weight
         if self.config.draft_vocab_size is None:

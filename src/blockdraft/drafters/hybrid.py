@@ -1,6 +1,6 @@
 """A trained drafter with prompt lookup as a per-slot fallback (`hybrid[:conf=C]:PATH`).
 
-Why: their errors are complementary (docs/results.md): the trained drafter wins the first
+Why: their errors are complementary (research/results.md): the trained drafter wins the first
 slots, prompt lookup the late slots of text that repeats its context. So slot h takes
 the drafter's token where the drafter is confident (max probability >= `min_confidence`)
 or lookup has nothing there, and the looked-up token otherwise. The choice depends only

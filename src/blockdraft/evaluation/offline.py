@@ -1,4 +1,4 @@
-"""Exact offline evaluator (METHODS.md §3): drafter quality on fixed target rollouts.
+"""Exact offline evaluator: drafter quality on fixed target rollouts.
 
 From each rollout's acceptance tensor `[L-1, K]` (`A = min(1, q/p)` when sampling,
 `1[argmax q = x]` when greedy) it computes exact expectations over speculative decoding's

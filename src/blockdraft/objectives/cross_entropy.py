@@ -73,7 +73,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
     Goes through the fused `cross_entropy(reduction="none")` kernel, faster forward +
     backward on CPU than gather-minus-logsumexp, so the weighted loss built on it costs
-    what plain cross-entropy costs (bench/objectives.py; docs/training.md, "Benchmark").
+    what plain cross-entropy costs (bench/objectives.py; research/training-benchmarks.md).
     """
     if logits.dim() < 1:
         raise ValueError("logits must have a trailing vocabulary dimension")

@@ -1,4 +1,4 @@
-"""D-PACE position weights (METHODS.md §1; docs/methods.md, "D-PACE").
+"""D-PACE position weights (docs/methods.md, "D-PACE").
 
 Each proposal's cross-entropy is weighted by its sensitivity `w_j = q~_j dS/dq~_j` of the
 smooth accepted-length surrogate `S = sum_k prod_{i<=k} q~_i`, so training effort goes to

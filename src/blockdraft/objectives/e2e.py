@@ -1,4 +1,4 @@
-"""E2E, the block-local expected-accepted-length objective (METHODS.md §1, baselines).
+"""E2E, the block-local expected-accepted-length objective (docs/methods.md, "Baselines").
 
 Proposal i is accepted under lossless sampling with probability `alpha_i = sum_v
 min(p_i(v), q_i(v))`; treating positions as independent, E2E minimises `1 - (1/K_b)

@@ -176,7 +176,7 @@ class E2EObjective(Objective):
 
 
 class EDRObjective(Objective):
-    """Expected decoding rounds (METHODS.md §2) over whole rollouts.
+    """Expected decoding rounds (docs/methods.md, "EDR") over whole rollouts.
 
     `rounds_loss` pads the rollouts into one batch and calls the batched
     `blockdraft.objectives.edr.edr_surrogate` once (edr is imported when first used, so

@@ -42,7 +42,7 @@ def fused_chunk_rows(chunk_rows: int | None, vocab_size: int, device: torch.devi
     Why: those kernels read and write each `[rows, V]` chunk several times (softmax,
     `p - q`, the sums), so a chunk that fits in cache makes every pass after the first
     cheap; the memory budget's ~64 MB chunks go to DRAM on every pass (measured by
-    bench/fused_chunks.py; docs/training.md, "Fused vocabulary kernels' chunks").
+    bench/fused_chunks.py; research/training-benchmarks.md).
     Accelerators keep the large chunks (fewer kernel launches)."""
     rows = check_chunk_rows(chunk_rows, vocab_size)
     if chunk_rows is None and device.type == "cpu":

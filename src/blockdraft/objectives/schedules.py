@@ -1,8 +1,8 @@
 """Fixed position-weight schedules: the baselines D-PACE is compared against.
 
 Both schedules depend only on the proposal index j = 1..K, never on the example, which
-is exactly the limitation D-PACE removes (METHODS.md §1). They return 1-D weights of
-length K that broadcast against `[N, K]` per-proposal losses.
+is exactly the limitation D-PACE removes (docs/methods.md, "Baselines"). They return 1-D
+weights of length K that broadcast against `[N, K]` per-proposal losses.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class DemoSettings:
     # T=0 by default: greedy decoding is how speculative decoders are usually reported
     # (DFlash, EAGLE) and where prompt lookup is a real competitor (the `tiny` target's
     # greedy text repeats its context; at T=1 prompt lookup's MAL is ~1.03 and beating it
-    # says little). docs/results.md has both temperatures.
+    # says little). research/results.md has both temperatures.
     temperature: float = 0.0
     block_size: int = 8
     train_prompts: str = "stdlib:train"
@@ -66,7 +66,7 @@ class DemoSettings:
     draft_vocab_size: int | None = None
     num_anchors: int = 64
     batch_size: int = 8
-    # 12 epochs (~580 steps) at lr 3e-3: the recipe study of docs/results.md ("Beating
+    # 12 epochs (~580 steps) at lr 3e-3: the recipe study of research/results.md ("Beating
     # prompt lookup") found the old 3 epochs at 1e-3 far from converged (held-out MAL
     # still rising steeply); the demo stays within its time budget.
     epochs: float = 12.0
@@ -91,10 +91,10 @@ SCRATCH = [("decay", ["objective.name=decay"]), ("dpace", ["objective.name=dpace
 # steps of D-PACE), so a fine-tune has paid off only if it beats both its start and the
 # control. At T = 0, E2E and EDR train the tempered relaxation A = softmax(z / 0.5)(x)
 # (the library default of objective.greedy_temperature): with A = q(x) the relaxed
-# objective improves while the true rounds get worse (docs/results.md, "EDR as in the
+# objective improves while the true rounds get worse (research/results.md, "EDR as in the
 # paper"); sampled rollouts ignore it. EDR drafts 32 of each rollout's ~127 round starts
 # with gradient (the `gradient` sampler; the rest scored without): as good as all of them
-# at 3 seeds, and the epoch costs ~1.2x the control's instead of ~1.8x (docs/results.md,
+# at 3 seeds, and the epoch costs ~1.2x the control's instead of ~1.8x (research/results.md,
 # "Cost of the fine-tune epoch").
 CONTROL = "dpace-ft"
 FINETUNE = [
@@ -173,7 +173,7 @@ def draft_vocab_for(s: DemoSettings, target: Any, train_rollouts: Path) -> int |
     uses few of them (`tiny`: 290 distinct tokens in 49k response tokens); scoring only the
     frequent ones concentrates the softmax on them, which raised the D-PACE and EDR
     drafters' held-out MAL by 3-13% at three seeds and cut the head's cost 8x
-    (docs/results.md, "A draft vocabulary for the demo"). Auto = the distinct response
+    (research/results.md, "A draft vocabulary for the demo"). Auto = the distinct response
     tokens rounded up to a power of two (the most frequent tokens of prompts and
     responses fill it, training/setup.py); sampled text reaches most of the vocabulary,
     and then the drafter scores all of it."""
@@ -222,7 +222,7 @@ def _train_config(
             f"optim.epochs={s.finetune_epochs}",
             f"optim.lr={s.finetune_lr}",
             "optim.warmup_ratio=0.0",
-            # constant, as in the study that chose these settings (docs/results.md s. 6)
+            # constant, as in the study that chose these settings (research/results.md s. 6)
             "optim.schedule=constant",
         ]
     return config_from_dict({}, base + overrides + list(s.extra_overrides))

@@ -379,7 +379,7 @@ def expand_dflash2_vocab(cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) 
     successor rows of tokens outside D are 0, so such a token, if the whole head puts it
     among a slot's top-k, is scored by its unary logit alone. Where no such token enters
     the top-k the proposals are the trained drafter's; how often one does is measured by
-    scoring the export (docs/export.md, docs/results/gemma.md)."""
+    scoring the export (docs/export.md, research/gemma.md)."""
     d2t = tensors.pop("d2t")
     tensors.pop("lm_head.weight", None)  # the target's own head serves the unary logits
     ids = draft_ids_from_d2t(d2t)

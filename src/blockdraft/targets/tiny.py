@@ -5,7 +5,7 @@ trains a small Qwen3 model with its own BPE on the Python standard library's sou
 (`build_tiny_target`, minutes on a CPU, cached by a key over `TinyConfig` and the corpus).
 The default build ships in the package (`tiny_weights/`, checksummed): the same weights on
 every machine, since the CPU's vector ISA and the Python version's stdlib change a local
-build's (docs/results.md, "The tiny target"). Other configs build on first use.
+build's (research/results.md, "The tiny target"). Other configs build on first use.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class TinyConfig:
     eval_windows: int = 32
     eval_seq_len: int = 256  # held-out loss on windows as long as demo rollouts (prompt + 128)
     # fp32 everywhere: bf16 autocast where the CPU has it made the same config build
-    # different models on different CPUs, and is no faster at this width (docs/results.md)
+    # different models on different CPUs, and is no faster at this width (research/results.md)
     precision: str = "fp32"  # or "bf16" (autocast)
 
     @classmethod
@@ -410,7 +410,7 @@ def _build_into(
             "build_seconds": round(time.perf_counter() - t0, 2),
             "timings": timings,
             "torch_threads": num_threads,
-            # what sets the last bits of every product (docs/results.md, "The tiny target")
+            # what sets the last bits of every product (research/results.md, "The tiny target")
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpu_model": _cpu_model(),
             "python_version": platform.python_version(),

@@ -79,7 +79,7 @@ class ObjectiveConfig:
     anchor_sampler: Literal["gradient", "occupancy", "uniform"] = "gradient"
     # edr / e2e on greedy rollouts: the drafter temperature beta of the relaxation
     # A = softmax(z / beta)(x), the exact acceptance of a drafter sampling at beta; -> the
-    # true 0/1 argmax acceptance as beta -> 0 (docs/methods.md, "Greedy EDR"); 1.0 = the
+    # true 0/1 argmax acceptance as beta -> 0 (docs/methods.md, "EDR", greedy EDR); 1.0 = the
     # old A = q(x), whose fine-tunes hurt at T = 0; 0.5 chosen on validation rollouts
     greedy_temperature: float = 0.5
     # uniform / decay / dpace: lambda, the share of the target's stored top-k distribution

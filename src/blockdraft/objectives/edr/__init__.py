@@ -1,4 +1,4 @@
-"""EDR, Expected Decoding Rounds (METHODS.md §2): the public import point.
+"""EDR, Expected Decoding Rounds (docs/methods.md, "EDR"): the public import point.
 
 Split by concern: `acceptance.py` (per-proposal acceptance A and cost c from logits),
 `recursion.py` (occupancy / value recursions, the exact objective), `kernels.py` and

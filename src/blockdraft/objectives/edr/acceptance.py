@@ -1,4 +1,4 @@
-"""Per-proposal acceptance A and immediate cost c of EDR (METHODS.md §2), from logits.
+"""Per-proposal acceptance A and immediate cost c of EDR (docs/methods.md, "EDR"), from logits.
 
 Modes: `"sampling"` (lossless speculative sampling, `A = min(1, q(x)/p(x))`, TV cost),
 `"greedy_hard"` (`A = 1[argmax q = x]`, evaluation) and `"greedy_soft"` (`A = q(x)` at

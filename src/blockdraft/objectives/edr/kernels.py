@@ -4,7 +4,7 @@ Why a compiled scalar loop: the recursions are sequential over positions with on
 states each, so a tensor formulation pays kernel launches per position for nanoseconds of
 work, while a scalar loop over rollouts, rows and proposals runs at memory speed (on a GPU
 `recursion.py` copies the tensors to the host and back). Layout: that of `recursion.py`;
-all arithmetic in float64 (docs/methods.md, "Precision"); outputs are written in full
+all arithmetic in float64 (docs/methods.md, "EDR", precision); outputs are written in full
 (exact zeros where no state exists), so callers pass `np.empty`. Cached on disk
 (`cache=True`): only the first import in a fresh checkout compiles them.
 """

@@ -1,5 +1,5 @@
-"""The EDR Markov reward process (METHODS.md §2): occupancy / value recursions and the exact
-objective, with the host glue that runs them compiled.
+"""The EDR Markov reward process (docs/methods.md, "EDR"): occupancy / value recursions and
+the exact objective, with the host glue that runs them compiled.
 
 Conditioned on a rollout, speculative decoding is a Markov chain on states `(n, t)` (the
 round started at n is deciding position t). `state_occupancy`, `occupancy_and_value` and

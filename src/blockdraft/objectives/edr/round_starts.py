@@ -1,4 +1,4 @@
-"""Round-start (anchor) sub-sampling for long rollouts (METHODS.md §2, "Anchors").
+"""Round-start (anchor) sub-sampling for long rollouts (docs/methods.md, "EDR").
 
 Each round start needs its own drafter block, so in long rollouts at most `max_anchors` of
 them carry gradient: drawn by systematic PPS sampling (exactly min(max_anchors, #drawable)
