@@ -33,7 +33,7 @@ def replay_rounds(
         logits = d.draft_logits(state, int(seq[0, a]), a)  # [K, V]
         conf = torch.softmax(logits.float(), -1).amax(-1).tolist()
         mine = logits.argmax(-1).tolist()
-        looked = naive_propose(prompt + out[:done], K, 3, 1)
+        looked = naive_propose(prompt + out[:done], K, 3, 1, latest=False)
         take = [h < len(looked) and conf[h] < hybrid.min_confidence for h in range(K)]
         block = [looked[h] if take[h] else mine[h] for h in range(K)]
         if log is not None:

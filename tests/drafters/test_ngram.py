@@ -14,7 +14,7 @@ from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
 
 
-def naive_propose(seq: list[int], k: int, max_n: int, min_n: int, latest: bool = True) -> list[int]:
+def naive_propose(seq: list[int], k: int, max_n: int, min_n: int, latest: bool) -> list[int]:
     """The rule as stated, by scanning every earlier window (no index)."""
     for n in range(max_n, min_n - 1, -1):
         if n >= len(seq):
@@ -45,7 +45,9 @@ def greedy_rounds(prompt: list[int], response: list[int], d: NgramDrafter) -> in
     out, rounds = 1, 0
     while out < len(response):
         text = prompt + response[:out]
-        proposal = naive_propose(text, c.num_proposals, c.max_ngram, c.min_ngram)
+        proposal = naive_propose(
+            text, c.num_proposals, c.max_ngram, c.min_ngram, c.match == "latest"
+        )
         accepted = 0
         for y in proposal:
             if out + accepted < len(response) and response[out + accepted] == y:
@@ -162,3 +164,12 @@ def test_spec_parsing() -> None:
     for bad in ("ngram:k=x", "ngram:depth=3", "ngram:k", "ngram:min=3,max=2"):
         with pytest.raises(ValueError, match="ngram"):
             parse_drafter_spec(bad)
+
+
+def test_default_rule_is_earliest_occurrence_and_named_by_spec() -> None:
+    seq = [1, 2, 9, 1, 2, 8, 1, 2]  # the suffix (1, 2) occurs at 0 and at 3
+    assert NgramDrafter(2).propose(seq) == [9, 1]  # vLLM's rule: the earliest occurrence
+    latest = NgramDrafter(2, match="latest")
+    assert latest.propose(seq) == [8, 1]
+    assert parse_drafter_spec(latest.name).config == latest.config
+    assert "match" not in NgramDrafter().name and "match=latest" in latest.name

@@ -17,8 +17,9 @@ from blockdraft.drafters.ngram import NgramDrafter, NgramTable
 
 
 def lookup_rule(num_proposals: int) -> NgramDrafter:
-    """The lookup a `lookup_inputs` drafter reads (fixed: it is what training saw)."""
-    return NgramDrafter(num_proposals)
+    """The lookup a `lookup_inputs` drafter reads (fixed: it is what training saw, so it
+    keeps the latest-occurrence rule these drafters were trained with)."""
+    return NgramDrafter(num_proposals, match="latest")
 
 
 def lookup_block_inputs(

@@ -1,10 +1,12 @@
 """The n-gram (prompt lookup) drafter: the free baseline every trained drafter must beat.
 
-It proposes the tokens that followed the latest earlier occurrence of the text's last few
-tokens: no training, no target features, and hard to beat on text that repeats its
-context (code, quotations, greedy loops), so a drafter result without it says little.
-The rule is HF `prompt_lookup_num_tokens` / vLLM `ngram` (longest suffix first, latest
-match, up to K tokens; no match proposes nothing). A deterministic proposal y is accepted
+It proposes the tokens that followed an earlier occurrence of the text's last few tokens:
+no training, no target features, and hard to beat on text that repeats its context (code,
+quotations, greedy loops), so a drafter result without it says little. The default rule
+is vLLM's `ngram` method (longest suffix first, its earliest occurrence, up to K tokens; no
+match proposes nothing), checked proposal for proposal against vLLM's own function where
+vLLM is installed, so the offline baseline is the one a server runs; `match=latest` takes
+the latest occurrence instead. A deterministic proposal y is accepted
 with `min(1, q(x)/p(x)) = 1[x = y]` (a one-hot q), exact at every temperature, so
 `acceptance_from_tokens` needs token ids only. Contract: docs/architecture.md.
 """
@@ -25,7 +27,7 @@ class NgramConfig:
     num_proposals: int = 7
     max_ngram: int = 3
     min_ngram: int = 1
-    match: str = "latest"  # latest earlier occurrence (vLLM-like) | first (HF generate)
+    match: str = "first"  # earliest occurrence (vLLM's `ngram`) | latest
 
     @property
     def block_size(self) -> int:
@@ -38,7 +40,7 @@ class NgramDrafter:
     objective = "none"
 
     def __init__(
-        self, num_proposals: int = 7, max_ngram: int = 3, min_ngram: int = 1, match: str = "latest"
+        self, num_proposals: int = 7, max_ngram: int = 3, min_ngram: int = 1, match: str = "first"
     ) -> None:
         if num_proposals < 1:
             raise ValueError(f"ngram drafter: k must be >= 1, got {num_proposals}")
@@ -60,7 +62,7 @@ class NgramDrafter:
         if c == NgramConfig():
             return "ngram"
         name = f"ngram:k={c.num_proposals},max={c.max_ngram},min={c.min_ngram}"
-        return name + (",match=first" if c.match == "first" else "")
+        return name + (",match=latest" if c.match == "latest" else "")
 
     def eval(self) -> NgramDrafter:  # same call shape as a torch drafter
         return self
@@ -155,7 +157,7 @@ def parse_drafter_spec(spec: str | object) -> NgramDrafter | None:
         ok = key == "match" and value in ("latest", "first") or key in _KEYS and value.isdigit()
         if not sep or not ok:
             raise ValueError(
-                f"bad drafter spec {spec!r}: expected ngram:k=K,max=N,min=M[,match=latest|first]"
+                f"bad drafter spec {spec!r}: expected ngram:k=K,max=N,min=M[,match=first|latest]"
                 f" (got {part!r})"
             )
         kwargs[_KEYS[key]] = value if key == "match" else int(value)

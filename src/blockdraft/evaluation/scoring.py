@@ -32,7 +32,9 @@ from blockdraft.drafters.ngram import NgramDrafter, future_tokens
 from blockdraft.sampling import processed_probs
 from blockdraft.user_cache import cache_root
 
-SCORING_VERSION = "2"  # 2: scored in the draft vocabulary (sampling q may move by rounding)
+# 2: scored in the draft vocabulary (sampling q may move by rounding); 3: a hybrid's
+# prompt lookup defaults to vLLM's rule (its key names the rule by its spec only)
+SCORING_VERSION = "3"
 LOGIT_BUDGET = 1 << 24  # floats of drafter logits materialised at once (64 MB float32)
 
 
