@@ -40,6 +40,17 @@ def test_served_lossless_and_rounds_equal_the_offline_evaluator(checked):
     assert 1.0 < offline["mal"] < 8.0
 
 
+def test_vllms_prompt_lookup_takes_the_evaluators_ngram_rounds(checked):
+    """blockdraft's default `ngram` is vLLM's rule, so its offline rounds are what vLLM's
+    own prompt lookup does on the same text, request for request."""
+    bench = checked["benchmarks"][0]
+    served, offline = bench["served"]["ngram"], bench["offline"]["ngram"]
+    assert served["outputs_equal_rollouts"] == bench["num_prompts"]
+    assert bench["agreement"]["ngram"]["exact"], bench["agreement"]["ngram"]
+    assert served["served_tau"] == pytest.approx(offline["mal"], rel=1e-12)
+    assert 0 < served["accepted"]  # lookup found matches: not vacuous
+
+
 def test_accepted_per_position_differs_only_past_the_end_of_responses(checked):
     bench = checked["benchmarks"][0]
     served, offline = bench["served"]["dflash"], bench["offline"]["dflash"]
