@@ -6,7 +6,8 @@ the engine cannot run misleads. vLLM's DFlash reads the target's hidden states a
 chosen layers, which only target classes with vLLM's EAGLE-3 interface expose; DFlash2
 drafts (candidate heads) run only in vLLM's GPU runner. With vLLM installed the answer
 comes from its own model registry (the target class alone is imported); without it, from
-`VLLM_DFLASH_TARGETS`, read from vLLM 0.32.0's registry (`VLLM_TABLE_VERSION`).
+`VLLM_DFLASH_TARGETS`, read from vLLM 0.32.0's registry (`VLLM_TABLE_VERSION`) plus Gemma 3,
+which blockdraft's vLLM plugin (`engines/vllm_gemma3.py`) makes servable in that version.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from typing import Any
 import torch
 
 from blockdraft.engines.vllm_engine import vllm_version
+from blockdraft.engines.vllm_gemma3 import register as register_gemma3_plugin
 
 VLLM_TABLE_VERSION = "0.32.0"
 # Text-model architectures whose vLLM 0.32.0 class exposes auxiliary hidden states (the
-# EAGLE-3 interface DFlash uses); Gemma 3 and Gemma 2 are not among them.
+# EAGLE-3 interface DFlash uses), Gemma 3 through blockdraft's plugin; Gemma 2 is not served.
 VLLM_DFLASH_TARGETS = frozenset(
     {
         "ApertusForCausalLM", "ArceeForCausalLM", "DeepseekV2ForCausalLM",
-        "DeepseekV3ForCausalLM", "Ernie4_5ForCausalLM", "Gemma4ForCausalLM",
+        "DeepseekV3ForCausalLM", "Ernie4_5ForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM",
         "GlmForCausalLM", "GptOssForCausalLM", "GraniteForCausalLM",
         "InternLM3ForCausalLM", "LLaMAForCausalLM", "Llama4ForCausalLM", "LlamaForCausalLM",
         "MiMoForCausalLM", "MiniCPMForCausalLM", "MistralForCausalLM", "Olmo2ForCausalLM",
@@ -45,6 +47,7 @@ def _installed_vllm_serves(architecture: str) -> bool | None:
         from vllm.model_executor.models import ModelRegistry
         from vllm.model_executor.models.interfaces import supports_eagle3
 
+        register_gemma3_plugin()  # what `vllm serve` loads through the entry point
         cls = ModelRegistry._try_load_model_cls(architecture)
     except Exception:  # an engine that fails to import answers nothing
         return None

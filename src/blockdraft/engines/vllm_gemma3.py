@@ -1,0 +1,121 @@
+"""A vLLM plugin that lets vLLM serve DFlash drafters for Gemma 3 targets.
+
+vLLM's DFlash reads the target's hidden states at chosen layers through its EAGLE-3
+interface, which vLLM's Gemma 3 class does not implement, and its DFlash drafter class
+ignores `dflash_config.input_embedding_scale`, while a Gemma drafter was trained on token
+embeddings scaled by sqrt(hidden_size) as Gemma scales them (unscaled, it reads inputs
+25x too small at hidden 640). The plugin registers, under vLLM's own architecture names,
+a Gemma 3 class that records the residual stream after each requested layer (what
+blockdraft's features are: the raw layer output, docs/methods.md "Target features") and a
+DFlash drafter class that applies the scale. vLLM loads it in every process through the
+`vllm.general_plugins` entry point (so `vllm serve` gets it too) and blockdraft's engine
+process registers it explicitly. Written against vLLM 0.32's model classes
+(`SUPPORTED_VLLM`); for another version `register` does nothing and says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+SUPPORTED_VLLM = ("0.32.",)
+GEMMA3_ARCH = "Gemma3ForCausalLM"
+DFLASH_ARCH = "DFlashDraftModel"
+_log = logging.getLogger(__name__)
+
+
+def plugin_applies(version: str | None) -> bool:
+    """Whether the installed vLLM is one whose classes this plugin extends."""
+    return version is not None and version.startswith(SUPPORTED_VLLM)
+
+
+def register() -> None:
+    """vLLM's plugin hook: override the Gemma 3 and DFlash classes in its model registry."""
+    import vllm  # lazy: vLLM is an optional extra
+    from vllm import ModelRegistry  # lazy: (the same)
+
+    if not plugin_applies(vllm.__version__):
+        _log.warning(
+            "blockdraft's Gemma 3 DFlash plugin targets vLLM 0.32, not %s", vllm.__version__
+        )
+        return
+
+    ModelRegistry.register_model(GEMMA3_ARCH, f"{__name__}:Gemma3WithAuxForCausalLM")
+    ModelRegistry.register_model(DFLASH_ARCH, f"{__name__}:ScaledDFlashForCausalLM")
+
+
+@functools.cache
+def _classes() -> dict[str, Any]:
+    """The plugin's vLLM classes, built once on first use (vLLM is an optional extra)."""
+    # lazy: vLLM's model classes, importable only where the engine is installed
+    from vllm.distributed import get_pp_group
+    from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM, Gemma3Model
+    from vllm.model_executor.models.interfaces import EagleModelMixin, SupportsEagle3
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+
+    class Gemma3AuxModel(EagleModelMixin, Gemma3Model):
+        """Gemma 3's decoder that also returns the residual stream after chosen layers."""
+
+        def forward(
+            self,
+            input_ids: Any,
+            positions: Any,
+            intermediate_tensors: Any = None,
+            inputs_embeds: Any = None,
+            **kwargs: Any,
+        ) -> Any:
+            if not self.aux_hidden_state_layers or get_pp_group().world_size > 1:
+                return super().forward(
+                    input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs
+                )
+            hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+            residual = None
+            aux: list[Any] = []
+            self._maybe_add_hidden_state(aux, 0, hidden, residual)
+            for idx, layer in enumerate(self.layers):
+                hidden, residual = layer(positions, hidden, residual, **kwargs)
+                # a Gemma layer returns (update, residual): the stream is their sum
+                self._maybe_add_hidden_state(aux, idx + 1, hidden, residual)
+            hidden, _ = self.norm(hidden, residual)
+            return hidden, aux
+
+    class Gemma3WithAuxForCausalLM(Gemma3ForCausalLM, SupportsEagle3):
+        """vLLM's Gemma 3 with the EAGLE-3 interface DFlash reads features through."""
+
+        def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+            # the decoder as built, with the forward above: same modules, same weights
+            self.model.__class__ = Gemma3AuxModel
+
+    class ScaledDFlashForCausalLM(DFlashQwen3ForCausalLM):
+        """vLLM's DFlash drafter, with the embedding scale the drafter was trained with."""
+
+        def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+            dflash = getattr(self.config, "dflash_config", None) or {}
+            scale = float(dflash.get("input_embedding_scale") or 1.0)
+            if scale != 1.0:
+                inner = self.model
+                embed = inner.embed_input_ids
+                inner.embed_input_ids = lambda input_ids: embed(input_ids) * scale
+
+    classes = {
+        "Gemma3WithAuxForCausalLM": Gemma3WithAuxForCausalLM,
+        "ScaledDFlashForCausalLM": ScaledDFlashForCausalLM,
+    }
+    for name, cls in classes.items():  # found by pickle and the registry under this module
+        cls.__qualname__, cls.__module__ = name, __name__
+    return classes
+
+
+_CLASS_NAMES = ("Gemma3WithAuxForCausalLM", "ScaledDFlashForCausalLM")
+
+
+def __getattr__(name: str) -> Any:  # vLLM's registry imports the classes by name
+    if name in _CLASS_NAMES:
+        return _classes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["DFLASH_ARCH", "GEMMA3_ARCH", "SUPPORTED_VLLM", "plugin_applies", "register"]
