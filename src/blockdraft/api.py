@@ -130,10 +130,14 @@ def generate_rollouts(
     """`blockdraft rollout`: one target response per prompt, written to `out` (resumed
     when `out` holds an unfinished set). Returns the finished `RolloutSet`.
 
+        >>> greedy = {"temperature": 0, "max_new_tokens": 32}
         >>> rollouts = blockdraft.generate_rollouts(
-        ...     target, "examples/prompts.jsonl", "rollouts/train", temperature=0,
-        ...     max_new_tokens=32)
-        >>> len(rollouts), rollouts.manifest["num_response_tokens"]
+        ...     target, "examples/prompts.jsonl", "rollouts/train", **greedy
+        ... )
+        >>> heldout = blockdraft.generate_rollouts(
+        ...     target, "examples/heldout.jsonl", "rollouts/heldout", **greedy
+        ... )
+        >>> print(len(rollouts), rollouts.manifest["num_response_tokens"])
     """
     settings = SamplingSettings(
         temperature=temperature,
@@ -158,8 +162,8 @@ def generate_rollouts(
 def open_rollouts(directory: str | Path, *, allow_incomplete: bool = False) -> RolloutSet:
     """A rollout set written earlier (by `blockdraft rollout` or `generate_rollouts`).
 
-        >>> rollouts = blockdraft.open_rollouts("rollouts/train")
-        >>> rollouts[0].response_ids[:10]
+    >>> rollouts = blockdraft.open_rollouts("rollouts/train")
+    >>> print(target.decode(rollouts[0].response_ids.tolist()))
     """
     return RolloutSet.open(directory, allow_incomplete=allow_incomplete)
 
@@ -179,9 +183,12 @@ def train(
     `["optim.max_steps=5"]` or `{"optim.max_steps": 5}`. An already loaded `target` saves
     loading it again. Metrics go to `<run_dir>/metrics.jsonl`.
 
-        >>> final = blockdraft.train("configs/tiny.yaml", {
-        ...     "run_dir": "runs/quick", "data.train_rollouts": "rollouts/train",
-        ...     "optim.max_steps": 5}, target=target)
+        >>> final = blockdraft.train(
+        ...     "configs/tiny.yaml",
+        ...     {"run_dir": "runs/quick", "data.train_rollouts": "rollouts/train",
+        ...      "data.eval_rollouts": "rollouts/heldout", "optim.max_steps": 5},
+        ...     target=target,
+        ... )
     """
     if isinstance(overrides, Mapping):
         # JSON is YAML, and the command line parses each value as YAML
@@ -201,7 +208,7 @@ def load_drafter(spec: str | Path, target: Target, *, dtype: str | None = None) 
     `final/`), `ngram[:k=7,max=3,min=1]` (prompt lookup) or `hybrid:RUN`.
 
         >>> drafter = blockdraft.load_drafter("runs/quick", target)
-        >>> drafter.config.block_size
+        >>> print(drafter.config.block_size)
     """
     return load_drafter_spec(spec, target, dtype=_drafter_dtype(dtype, target))[0]
 
@@ -229,8 +236,8 @@ def evaluate(
     """`blockdraft eval --json`: exact offline MAL (with a bootstrap 95% CI), expected
     rounds, `ar_k` and `t_ge_k` of each drafter on each rollout set ("benchmark").
 
-        >>> result = blockdraft.evaluate(target, ["ngram", "runs/quick"], "rollouts/heldout")
-        >>> [(d["name"], d["mal"]) for d in result["benchmarks"][0]["drafters"]]
+        >>> scores = blockdraft.evaluate(target, ["ngram", "runs/quick"], "rollouts/heldout")
+        >>> print([(d["name"], d["mal"]) for d in scores["benchmarks"][0]["drafters"]])
     """
     names = _many(drafters)
     for d in names:
@@ -265,8 +272,8 @@ def compare(
     95% CI that resamples rollouts for both drafters together) of each drafter over the
     first (or of every pair) on the same rollouts.
 
-        >>> result = blockdraft.compare(target, ["ngram", "runs/quick"], "rollouts/heldout")
-        >>> result["comparisons"][0]["mal_gain"], result["comparisons"][0]["mal_gain_ci95"]
+        >>> gains = blockdraft.compare(target, ["ngram", "runs/quick"], "rollouts/heldout")
+        >>> print(gains["comparisons"][0]["mal_gain"], gains["comparisons"][0]["mal_gain_ci95"])
     """
     names = _many(drafters)
     for d in names:
@@ -310,9 +317,11 @@ def run_suite(
     `suite` is a suite file (`configs/suites/*.yaml`) or a `Suite`; `benchmarks` adds
     `{name: prompt spec}` (as `--benchmark NAME=SPEC`); `limit` caps each benchmark.
 
-        >>> result = blockdraft.run_suite(target, None, ["runs/quick"],
-        ...     benchmarks={"heldout": "examples/heldout.jsonl"}, limit=4)
-        >>> [(m["name"], m["mal"]) for m in result["mean"]]
+        >>> table = blockdraft.run_suite(
+        ...     target, None, ["runs/quick"], limit=4,
+        ...     benchmarks={"heldout": "examples/heldout.jsonl"}, rollouts_dir="rollouts/suite",
+        ... )
+        >>> print([(m["name"], m["mal"]) for m in table["mean"]])
     """
     if isinstance(suite, Suite):
         chosen = suite
@@ -366,8 +375,8 @@ def decode(
     autoregressive decoding timed alternately in the same call. `outputs` holds the token
     ids (`target.decode(ids)` for text).
 
-        >>> result = blockdraft.decode(target, "runs/quick", ["def fib(n):"], max_new_tokens=32)
-        >>> result["tau"], result["speedup"]
+        >>> decoded = blockdraft.decode(target, "runs/quick", ["def fib(n):"], max_new_tokens=32)
+        >>> print(decoded["tau"], decoded["speedup"], target.decode(decoded["outputs"][0]))
     """
     ckpt = checkpoint_of(drafter)
     model = load_drafter(drafter, target, dtype=drafter_dtype)
@@ -409,7 +418,7 @@ def export(
     `dtype` casts the weights (`"bfloat16"` for engines); a reduced draft vocabulary needs
     its `target` for the LM-head rows.
 
-        >>> blockdraft.export("runs/quick", "export/quick")
+        >>> print(blockdraft.export("runs/quick", "export/quick"))
     """
     return export_drafter(
         resolve_checkpoint(checkpoint),
