@@ -135,8 +135,9 @@ def _cli_json(work: Path, argv: list[str]) -> dict[str, Any]:
 )  # fmt: skip
 def test_python_results_have_the_keys_of_the_commands_json(pipeline, result, argv):
     work, ns = pipeline
-    mine, theirs = key_paths(json.loads(json.dumps(ns[result], default=str))), key_paths(
-        _cli_json(work, argv)
+    mine, theirs = (
+        key_paths(json.loads(json.dumps(ns[result], default=str))),
+        key_paths(_cli_json(work, argv)),
     )
     assert mine == theirs, f"only in Python: {mine - theirs}; only in JSON: {theirs - mine}"
 
