@@ -165,3 +165,29 @@ def test_link_checker_finds_broken_links(tmp_path: Path) -> None:
 )
 def test_relative_links_resolve(page: Path) -> None:
     assert not broken_links(page), f"{page.relative_to(REPO)}: " + ", ".join(broken_links(page))
+
+
+DOCS_LINE_BUDGET = 3000
+
+
+def docs_lines(docs: Path) -> int:
+    """Lines of the product documentation: every .md under `docs`, research/ left out (the
+    lab notebook lives at the top level, but a docs/research/ would not count either)."""
+    pages = [p for p in docs.rglob("*.md") if "research" not in p.relative_to(docs).parts]
+    return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in pages)
+
+
+def test_docs_line_counter_counts_pages_and_skips_research(tmp_path: Path) -> None:
+    (tmp_path / "research").mkdir()
+    (tmp_path / "a.md").write_text("1\n2\n3\n")
+    (tmp_path / "research" / "log.md").write_text("x\n" * 50)
+    assert docs_lines(tmp_path) == 3
+
+
+def test_docs_stay_within_their_line_budget() -> None:
+    """docs/ is read by users: measurement logs belong in research/ (linked from docs)."""
+    lines = docs_lines(REPO / "docs")
+    assert lines <= DOCS_LINE_BUDGET, (
+        f"docs/ has {lines} lines, over the budget of {DOCS_LINE_BUDGET}: move measurement "
+        "logs to research/ and cut repetition"
+    )

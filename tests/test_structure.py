@@ -16,7 +16,11 @@ The layers, bottom first (a package may import its own layer and those below):
     7  evaluation                        (offline scoring, statistics, suites)
     8  training
     9  pipeline                          (demo, stages, reports)
-    10 cli, __main__
+    10 api                               (the Python API: one function per command)
+    11 cli, __main__
+
+`blockdraft/__init__` reaches the API only by name, on first use (its `__getattr__`), so
+`import blockdraft` loads nothing below it.
 
 `KNOWN` lists violations tolerated for now (none today): a new one fails, and so does a
 listed one that is gone (delete it from the list).
@@ -44,6 +48,7 @@ LAYERS = [
     {"serving"},
     {"training"},
     {"pipeline"},
+    {"api"},
     {"cli", "__main__"},
 ]
 KNOWN: set[tuple[str, str]] = set()

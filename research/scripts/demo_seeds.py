@@ -53,7 +53,7 @@ def table(rows: dict[int, dict]) -> str:
     names = [d["name"] for d in next(iter(rows.values()))["drafters"]]
     out = ["| seed | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for seed, r in rows.items():
-        mal = {d["name"]: d["mal_offline"] for d in r["drafters"]}
+        mal = {d["name"]: d.get("mal", d.get("mal_offline")) for d in r["drafters"]}
         out.append(f"| {seed} | " + " | ".join(f"{mal[n]:.3f}" for n in names) + " |")
     out += [
         "",

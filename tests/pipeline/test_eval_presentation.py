@@ -29,13 +29,23 @@ def test_relative_ci_carries_its_unit():
         "b": "y",
         "mal_a": 2.0,
         "mal_b": 2.1,
-        "diff": 0.1,
-        "diff_ci95": [0.0, 0.2],
+        "mal_gain": 0.1,
+        "mal_gain_ci95": [0.0, 0.2],
         "rel_gain": 0.05,
         "rel_gain_ci95": [0.01, 0.09],
     }
     row = comparison_table([c])[-1]
     assert "[1.00%, 9.00%]" in row and "5.00%" in row
+
+
+def test_compare_json_written_before_mal_gain_still_renders():
+    """`blockdraft report --compare` on a file whose gain is still called `diff`."""
+    new = {"a": "x", "b": "y", "mal_a": 2.0, "mal_b": 2.1, "mal_gain": 0.1234,
+           "mal_gain_ci95": [0.0111, 0.2222], "rel_gain": None}  # fmt: skip
+    old = {k: v for k, v in new.items() if not k.startswith("mal_gain")}
+    old |= {"diff": new["mal_gain"], "diff_ci95": new["mal_gain_ci95"]}
+    assert comparison_table([old]) == comparison_table([new])
+    assert "0.1234" in comparison_table([old])[-1]
 
 
 def _capture(monkeypatch):

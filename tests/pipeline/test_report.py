@@ -81,8 +81,8 @@ def test_write_report_from_plain_data(tmp_path) -> None:
             "b": "dpace",
             "mal_a": 2.5,
             "mal_b": 2.7,
-            "diff": 0.2,
-            "diff_ci95": [0.1, 0.3],
+            "mal_gain": 0.2,
+            "mal_gain_ci95": [0.1, 0.3],
             "rel_gain": 0.08,
             "rel_gain_ci95": [0.04, 0.12],
         }
@@ -239,7 +239,7 @@ def test_commands_end_to_end(tmp_path, capsys) -> None:
     )
     cmp = json.loads((tmp_path / "cmp.json").read_text())["comparisons"]
     assert [(c["a"], c["b"]) for c in cmp] == [("runA", "runA2"), ("runA", "runB")]
-    assert cmp[0]["diff"] == 0.0 and cmp[0]["diff_ci95"] == [0.0, 0.0]
+    assert cmp[0]["mal_gain"] == 0.0 and cmp[0]["mal_gain_ci95"] == [0.0, 0.0]
     assert cmp[1]["mal_b"] == pytest.approx(got["runB"]["mal"], rel=1e-9)
 
     assert (
@@ -312,16 +312,16 @@ def test_terminal_summary_shows_online_next_to_offline_on_the_same_text() -> Non
 
     drafter = {
         "name": "dpace",
-        "mal_offline": 3.048,
-        "mal_offline_ci95": [2.894, 3.208],
-        "tau_online": 2.965,
-        "mal_offline_online_prompts": 2.965,
+        "mal": 3.048,
+        "mal_ci95": [2.894, 3.208],
+        "tau": 2.965,
+        "offline_mal": 2.965,
         "speedup": 1.41,
         "speedup_ci95": [1.204, 1.618],
         "speedup_vs_hf": 1.6,
     }
     old = {**drafter, "name": "old"}  # a report.json written before these fields existed
-    for key in ("mal_offline_online_prompts", "speedup_vs_hf", "speedup_ci95"):
+    for key in ("offline_mal", "speedup_vs_hf", "speedup_ci95"):
         del old[key]
     report = {
         "target": "tiny",
@@ -353,8 +353,8 @@ def test_summary_says_plainly_which_drafters_are_slower_than_hf_generate() -> No
     from blockdraft.pipeline.report import speed_verdict, terminal_summary
 
     def row(name, vs_ar, vs_hf):  # type: ignore[no-untyped-def]
-        return {"name": name, "mal_offline": 2.0, "mal_offline_ci95": [1.9, 2.1],
-                "tau_online": 2.0, "speedup": vs_ar, "speedup_vs_hf": vs_hf}  # fmt: skip
+        return {"name": name, "mal": 2.0, "mal_ci95": [1.9, 2.1],
+                "tau": 2.0, "speedup": vs_ar, "speedup_vs_hf": vs_hf}  # fmt: skip
 
     drafters = [row("ngram", 1.1, 0.97), row("dpace", 1.4, 1.3)]
     report = {"target": "tiny", "block_size": 8, "temperature": 0.0, "rollouts": {},

@@ -181,7 +181,8 @@ def compare(
     allow_incomplete: bool = False,
     drafter_dtype: Any = None,
 ) -> list[dict[str, Any]]:
-    """Paired comparisons (B vs A) per benchmark, as JSON-ready dicts."""
+    """Paired comparisons (B vs A) per benchmark, as JSON-ready dicts: `mal_gain` is
+    MAL(B) - MAL(A), `rel_gain` that over MAL(A), each with its paired 95% CI."""
 
     if len(drafter_paths) < 2:
         raise ValueError("compare needs at least two drafters")
@@ -205,8 +206,8 @@ def compare(
                     "b": names[j],
                     "mal_a": c.mal_a,
                     "mal_b": c.mal_b,
-                    "diff": c.diff,
-                    "diff_ci95": list(c.diff_ci95),
+                    "mal_gain": c.diff,
+                    "mal_gain_ci95": list(c.diff_ci95),
                     "rel_gain": c.rel_gain,
                     "rel_gain_ci95": list(c.rel_gain_ci95),
                 }

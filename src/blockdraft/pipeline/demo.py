@@ -499,7 +499,9 @@ def build_report_json(
     comparisons: list[dict[str, Any]],
     online: dict[str, Any],
 ) -> dict[str, Any]:
-    """The machine-readable summary other tools read (`DIR/report.json`)."""
+    """The machine-readable summary other tools read (`DIR/report.json`), in the keys of
+    the commands' JSON: `mal` as `eval`, `tau` and `offline_mal` as `decode`, `mal_gain`
+    and `rel_gain` as `compare` (tests/test_api.py compares the key sets)."""
     objective = {n: n for n, _ in SCRATCH + FINETUNE} | {BASELINE: "none", CONTROL: "dpace"}
     drafters = []
     for d in offline["benchmarks"][0]["drafters"]:
@@ -508,15 +510,15 @@ def build_report_json(
             {
                 "name": d["name"],
                 "objective": objective.get(d["name"], d["name"]),
-                "mal_offline": d["mal"],
-                "mal_offline_ci95": d["mal_ci95"],
-                "tau_online": o.get("tau"),
-                "tau_online_ci95": o.get("tau_ci95"),
+                "mal": d["mal"],
+                "mal_ci95": d["mal_ci95"],
+                "tau": o.get("tau"),
+                "tau_ci95": o.get("tau_ci95"),
                 "speedup": o.get("speedup"),
                 "speedup_ci95": o.get("speedup_ci95"),
                 "speedup_vs_hf": o.get("speedup_vs_hf"),
                 # the offline MAL of the online prompts at the online length (= tau at T = 0)
-                "mal_offline_online_prompts": o.get("offline_mal"),
+                "offline_mal": o.get("offline_mal"),
                 "ar_k": d["ar_k"],
             }
         )
@@ -530,8 +532,8 @@ def build_report_json(
             {
                 "a": c["a"],
                 "b": c["b"],
-                "mal_gain": c["diff"],
-                "mal_gain_ci95": c["diff_ci95"],
+                "mal_gain": c["mal_gain"],
+                "mal_gain_ci95": c["mal_gain_ci95"],
                 "rel_gain": c["rel_gain"],
                 "rel_gain_ci95": c["rel_gain_ci95"],
             }

@@ -119,12 +119,14 @@ def comparison_table(comparisons: Sequence[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in comparisons:
+        gain = c.get("mal_gain", c.get("diff"))  # `diff`: compare JSON written before the rename
+        gain_ci = c.get("mal_gain_ci95", c.get("diff_ci95"))
         rel = c.get("rel_gain")
         rel_ci = c.get("rel_gain_ci95")
         lines.append(
             f"| {c.get('benchmark', '')} | {c['a']} | {c['b']} | {_fmt(c['mal_a'])} | "
             f"{_fmt(c['mal_b'])} | "
-            f"{_fmt(c['diff'], 4)} | {_ci(c.get('diff_ci95'), 4)} | "
+            f"{_fmt(gain, 4)} | {_ci(gain_ci, 4)} | "
             f"{_fmt(100 * rel, 2) + '%' if rel is not None else '–'} | "
             f"{_ci([100 * v for v in rel_ci], 2, '%') if rel_ci else '–'} |"
         )
@@ -328,16 +330,16 @@ def terminal_summary(report: dict[str, Any]) -> str:
         f"{'(offline)':>10} {'vs AR':>7} {'95% CI':>14} {'vs HF':>7}",
     ]
     for d in report["drafters"]:
-        lo, hi = d["mal_offline_ci95"]
-        tau = f"{d['tau_online']:.3f}" if d["tau_online"] is not None else "-"
-        same = d.get("mal_offline_online_prompts")
+        lo, hi = d["mal_ci95"]
+        tau = f"{d['tau']:.3f}" if d["tau"] is not None else "-"
+        same = d.get("offline_mal")
         same = f"({same:.3f})" if same is not None else "-"
         sp = f"{d['speedup']:.2f}x" if d["speedup"] is not None else "-"
         sp_ci = _speedup_ci(d.get("speedup_ci95")).replace("–", "-")
         hf = d.get("speedup_vs_hf")
         hf = f"{hf:.2f}x" if hf is not None else "-"
         lines.append(
-            f"{d['name']:<8} {d['mal_offline']:>12.3f} {f'[{lo:.3f}, {hi:.3f}]':>16} "
+            f"{d['name']:<8} {d['mal']:>12.3f} {f'[{lo:.3f}, {hi:.3f}]':>16} "
             f"{tau:>11} {same:>10} {sp:>7} {sp_ci:>14} {hf:>7}"
         )
     lines += [

@@ -1,0 +1,430 @@
+"""The Python API: every stage of the `blockdraft` command as one function.
+
+Why a facade: the library functions behind the commands take what the command line has
+already parsed (devices, dtypes, sampling settings, prompt lists, recorded mask tokens);
+these take what a user has at hand (names, paths, plain numbers) and do that parsing the
+way the command does. Each result is the JSON document the matching command writes with
+`--json`, with the same keys (`blockdraft.evaluate(...)` is `blockdraft eval --json`), so
+a notebook and a shell script read the same fields. `import blockdraft` loads none of
+this until a name is used (`blockdraft/__init__.py`). Page: docs/python-api.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blockdraft.data.mask_records import recorded_masks
+from blockdraft.data.prompt import Prompt
+from blockdraft.data.prompts import load_prompts, render_prompt
+from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts import generate_rollouts as _generate_rollouts
+from blockdraft.decoding.loop import decode as _decode
+from blockdraft.devices import drafter_dtype, resolve_flags
+from blockdraft.evaluation import runs
+from blockdraft.evaluation.suite import Suite, benchmark_arg, load_suite
+from blockdraft.evaluation.suite import run_suite as _run_suite
+from blockdraft.sampling import SamplingSettings
+from blockdraft.serialization.checkpoint import resolve_checkpoint
+from blockdraft.serialization.drafter_spec import checkpoint_of, load_drafter_spec
+from blockdraft.serialization.export import export_drafter
+from blockdraft.targets.mask_token import load_target_with_mask
+from blockdraft.targets.target import Target
+from blockdraft.training.config import TrainConfig, config_from_dict, load_config
+from blockdraft.training.trainer import train as _train
+
+__all__ = [
+    "RolloutSet",
+    "Target",
+    "TrainConfig",
+    "compare",
+    "decode",
+    "evaluate",
+    "export",
+    "generate_rollouts",
+    "load_drafter",
+    "load_prompts",
+    "load_target",
+    "open_rollouts",
+    "run_suite",
+    "train",
+]
+
+Paths = str | Path | Iterable[str | Path]
+
+
+def _many(value: Paths) -> list[str]:
+    """One path or spec, or several, as a list of strings (a RolloutSet by its directory)."""
+    if isinstance(value, (str, Path, RolloutSet)):
+        value = [value]
+    return [str(v.directory if isinstance(v, RolloutSet) else v) for v in value]
+
+
+def load_target(
+    name: str = "tiny",
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    mask_token: str | int | None = None,
+    rollouts: Paths = (),
+    drafters: Paths = (),
+    allow_download: bool = False,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> Target:
+    """The target model by registry name (`tiny`, `gemma-3-270m`, `smollm2-135m`), Hugging
+    Face id or local path, as every command's `--target` loads it.
+
+    `device`/`dtype` take the commands' values (`auto`: the GPU in bfloat16 if there is
+    one, else the CPU in float32). A target without a mask token needs `mask_token` once;
+    later calls find it in the `rollouts` and `drafters` they name.
+
+        >>> target = blockdraft.load_target("tiny", device="cpu")
+    """
+    dev, dt = resolve_flags(device, dtype)
+    return load_target_with_mask(
+        name,
+        mask_token=mask_token,
+        recorded=recorded_masks(_many(rollouts), _many(drafters)),
+        allow_download=allow_download,
+        trust_remote_code=trust_remote_code,
+        device=dev,
+        dtype=dt,
+        progress=progress,
+    )
+
+
+def _prompt_list(prompts: str | Sequence[str | Prompt], limit: int | None) -> list[Prompt]:
+    """A prompt spec (`examples/prompts.jsonl`, `stdlib:eval`), or the prompts themselves
+    (plain strings get ids `p0`, `p1`, ...: a rollout's seed derives from its id)."""
+    if isinstance(prompts, (str, Path)):
+        return load_prompts(str(prompts), limit=limit)
+    out = [
+        p if isinstance(p, Prompt) else Prompt(f"p{i}", str(p), None, "python")
+        for i, p in enumerate(prompts)
+    ]
+    return out[:limit] if limit is not None else out
+
+
+def generate_rollouts(
+    target: Target,
+    prompts: str | Sequence[str | Prompt],
+    out: str | Path,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int = 256,
+    seed: int = 0,
+    limit: int | None = None,
+    batch_size: int = 8,
+    shard_size: int = 64,
+    store_topk: int = 0,
+    progress: bool = True,
+) -> RolloutSet:
+    """`blockdraft rollout`: one target response per prompt, written to `out` (resumed
+    when `out` holds an unfinished set). Returns the finished `RolloutSet`.
+
+        >>> greedy = {"temperature": 0, "max_new_tokens": 32}
+        >>> rollouts = blockdraft.generate_rollouts(
+        ...     target, "examples/prompts.jsonl", "rollouts/train", **greedy
+        ... )
+        >>> heldout = blockdraft.generate_rollouts(
+        ...     target, "examples/heldout.jsonl", "rollouts/heldout", **greedy
+        ... )
+        >>> print(len(rollouts), rollouts.manifest["num_response_tokens"])
+    """
+    settings = SamplingSettings(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+    )
+    return _generate_rollouts(
+        target,
+        _prompt_list(prompts, limit),
+        out,
+        settings,
+        batch_size=batch_size,
+        shard_size=shard_size,
+        store_topk=store_topk,
+        progress=progress,
+        prompt_spec=str(prompts) if isinstance(prompts, (str, Path)) else None,
+    )
+
+
+def open_rollouts(directory: str | Path, *, allow_incomplete: bool = False) -> RolloutSet:
+    """A rollout set written earlier (by `blockdraft rollout` or `generate_rollouts`).
+
+    >>> rollouts = blockdraft.open_rollouts("rollouts/train")
+    >>> print(target.decode(rollouts[0].response_ids.tolist()))
+    """
+    return RolloutSet.open(directory, allow_incomplete=allow_incomplete)
+
+
+def train(
+    config: str | Path | Mapping[str, Any] | TrainConfig | None = None,
+    overrides: Mapping[str, Any] | Sequence[str] = (),
+    *,
+    target: Target | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> Path:
+    """`blockdraft train`: train a drafter; returns its `final/` checkpoint directory.
+
+    `config` is a YAML file (`configs/tiny.yaml`), a nested dict, a `TrainConfig` or None
+    (the defaults); `overrides` are dotted keys as on the command line, either
+    `["optim.max_steps=5"]` or `{"optim.max_steps": 5}`. An already loaded `target` saves
+    loading it again. Metrics go to `<run_dir>/metrics.jsonl`.
+
+        >>> final = blockdraft.train(
+        ...     "configs/tiny.yaml",
+        ...     {"run_dir": "runs/quick", "data.train_rollouts": "rollouts/train",
+        ...      "data.eval_rollouts": "rollouts/heldout", "optim.max_steps": 5},
+        ...     target=target,
+        ... )
+    """
+    if isinstance(overrides, Mapping):
+        # JSON is YAML, and the command line parses each value as YAML
+        overrides = [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+    overrides = list(overrides)
+    if isinstance(config, TrainConfig):
+        cfg = config_from_dict(asdict(config), overrides) if overrides else config
+    elif isinstance(config, Mapping):
+        cfg = config_from_dict(dict(config), overrides)
+    else:
+        cfg = load_config(config, overrides)
+    return _train(cfg, target=target, resume=resume, overwrite=overwrite)
+
+
+def load_drafter(spec: str | Path, target: Target, *, dtype: str | None = None) -> Any:
+    """A drafter bound to `target` for decoding: a checkpoint or run directory (its
+    `final/`), `ngram[:k=7,max=3,min=1]` (prompt lookup) or `hybrid:RUN`.
+
+        >>> drafter = blockdraft.load_drafter("runs/quick", target)
+        >>> print(drafter.config.block_size)
+    """
+    return load_drafter_spec(spec, target, dtype=_drafter_dtype(dtype, target))[0]
+
+
+def _drafter_dtype(dtype: str | None, target: Target) -> torch.dtype | None:
+    """None keeps a drafter's own dtype beside a CPU target and takes a GPU target's, as
+    the commands do (`--drafter-dtype auto`); a name (`"bfloat16"`) casts it."""
+    on_gpu = torch.device(target.device).type == "cuda"
+    spec = str(target.dtype).removeprefix("torch.") if on_gpu else "auto"
+    return drafter_dtype(spec, target.device, dtype)
+
+
+def evaluate(
+    target: Target,
+    drafters: Paths,
+    rollouts: Paths,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+    allow_incomplete: bool = False,
+    drafter_dtype: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """`blockdraft eval --json`: exact offline MAL (with a bootstrap 95% CI), expected
+    rounds, `ar_k` and `t_ge_k` of each drafter on each rollout set ("benchmark").
+
+        >>> scores = blockdraft.evaluate(target, ["ngram", "runs/quick"], "rollouts/heldout")
+        >>> print([(d["name"], d["mal"]) for d in scores["benchmarks"][0]["drafters"]])
+    """
+    names = _many(drafters)
+    for d in names:
+        checkpoint_of(d)  # a missing checkpoint: one error before any scoring
+    return runs.evaluate(
+        target,
+        names,
+        _many(rollouts),
+        n_boot,
+        seed,
+        cache_dir,
+        progress=progress,
+        allow_incomplete=allow_incomplete,
+        drafter_dtype=_drafter_dtype(drafter_dtype, target),
+    )
+
+
+def compare(
+    target: Target,
+    drafters: Paths,
+    rollouts: Paths,
+    *,
+    all_pairs: bool = False,
+    n_boot: int = 2000,
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+    allow_incomplete: bool = False,
+    drafter_dtype: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """`blockdraft compare --json`: the paired MAL gain (`mal_gain`, `rel_gain`, each with a
+    95% CI that resamples rollouts for both drafters together) of each drafter over the
+    first (or of every pair) on the same rollouts.
+
+        >>> gains = blockdraft.compare(target, ["ngram", "runs/quick"], "rollouts/heldout")
+        >>> print(gains["comparisons"][0]["mal_gain"], gains["comparisons"][0]["mal_gain_ci95"])
+    """
+    names = _many(drafters)
+    for d in names:
+        checkpoint_of(d)
+    rows = runs.compare(
+        target,
+        names,
+        _many(rollouts),
+        all_pairs,
+        n_boot,
+        seed,
+        cache_dir,
+        progress=progress,
+        allow_incomplete=allow_incomplete,
+        drafter_dtype=_drafter_dtype(drafter_dtype, target),
+    )
+    return {"comparisons": rows}
+
+
+def run_suite(
+    target: Target,
+    suite: str | Path | Suite | None = None,
+    drafters: Paths = (),
+    *,
+    benchmarks: Mapping[str, str] | None = None,
+    limit: int | None = None,
+    baseline: str | None = None,
+    data_dir: str | Path | None = None,
+    rollouts_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    split: bool = False,
+    drafter_dtype: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """`blockdraft suite --json`: every drafter, the baseline (prompt lookup) first, on
+    every benchmark of a suite, with the mean over benchmarks and paired gains. Missing
+    benchmark rollouts are generated and cached (`rollouts_dir`, default the user cache).
+
+    `suite` is a suite file (`configs/suites/*.yaml`) or a `Suite`; `benchmarks` adds
+    `{name: prompt spec}` (as `--benchmark NAME=SPEC`); `limit` caps each benchmark.
+
+        >>> table = blockdraft.run_suite(
+        ...     target, None, ["runs/quick"], limit=4,
+        ...     benchmarks={"heldout": "examples/heldout.jsonl"}, rollouts_dir="rollouts/suite",
+        ... )
+        >>> print([(m["name"], m["mal"]) for m in table["mean"]])
+    """
+    if isinstance(suite, Suite):
+        chosen = suite
+    elif suite is not None:
+        chosen = load_suite(suite, data_dir=data_dir)
+    else:
+        chosen = Suite("python", benchmarks=[])
+    extra = [benchmark_arg(f"{name}={spec}") for name, spec in (benchmarks or {}).items()]
+    benches = [*chosen.benchmarks, *extra]
+    if not benches:
+        raise ValueError("run_suite: give a suite file or benchmarks={name: prompt spec}")
+    if limit is not None:
+        benches = [replace(b, limit=min(b.limit or limit, limit)) for b in benches]
+    chosen = replace(chosen, benchmarks=benches, baseline=baseline or chosen.baseline)
+    names = _many(drafters)
+    for d in names:
+        checkpoint_of(d)  # before any rollout is generated
+    return _run_suite(
+        target,
+        chosen,
+        names,
+        rollouts_root=rollouts_dir,
+        cache_dir=cache_dir,
+        n_boot=n_boot,
+        seed=seed,
+        progress=progress,
+        drafter_dtype=_drafter_dtype(drafter_dtype, target),
+        log=print if progress else (lambda *_: None),
+        split=split,
+    )
+
+
+def decode(
+    target: Target,
+    drafter: str | Path,
+    prompts: str | Sequence[str | Prompt],
+    *,
+    limit: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    verifier: str = "standard",
+    measure_ar: bool = True,
+    drafter_dtype: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """`blockdraft decode --json`: real speculative decoding at batch 1 with `tau` (tokens
+    per round) and its CI, tokens/s and, unless `measure_ar=False`, the `speedup` over
+    autoregressive decoding timed alternately in the same call. `outputs` holds the token
+    ids (`target.decode(ids)` for text).
+
+        >>> decoded = blockdraft.decode(target, "runs/quick", ["def fib(n):"], max_new_tokens=32)
+        >>> print(decoded["tau"], decoded["speedup"], target.decode(decoded["outputs"][0]))
+    """
+    ckpt = checkpoint_of(drafter)
+    model = load_drafter(drafter, target, dtype=drafter_dtype)
+    loaded = _prompt_list(prompts, limit)
+    result = _decode(
+        target,
+        model,
+        [render_prompt(target.tokenizer, p) for p in loaded],
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        verifier=verifier,
+        measure_ar=measure_ar,
+        progress=progress,
+    )
+    return {
+        "drafter": runs.drafter_names([drafter])[0],
+        "path": str(ckpt) if ckpt is not None else None,
+        "target": target.name,
+        "drafter_dtype": str(getattr(model, "dtype", "")).removeprefix("torch.") or None,
+        **result.to_dict(),
+    }
+
+
+def export(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    dtype: str | None = None,
+    target: Target | None = None,
+    overwrite: bool = False,
+    expand_vocab: bool = False,
+) -> Path:
+    """`blockdraft export`: a serving-ready copy of a drafter (SGLang, vLLM, z-lab's
+    loader), validated before it is moved into place; returns the output directory.
+
+    `dtype` casts the weights (`"bfloat16"` for engines); a reduced draft vocabulary needs
+    its `target` for the LM-head rows.
+
+        >>> print(blockdraft.export("runs/quick", "export/quick"))
+    """
+    return export_drafter(
+        resolve_checkpoint(checkpoint),
+        out,
+        dtype=getattr(torch, dtype) if dtype else None,
+        target=target,
+        overwrite=overwrite,
+        expand_vocab=expand_vocab,
+    )
