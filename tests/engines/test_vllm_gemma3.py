@@ -5,7 +5,8 @@ Gemma 3 is where a served drafter can silently read other inputs than it was tra
 its embeddings are scaled by sqrt(hidden) (the drafter's `input_embedding_scale`, which
 vLLM's plain DFlash class ignores) and the plugin supplies the layer features vLLM's Gemma 3
 class does not expose, including the top layer's raw output. Exact rounds on the same text
-rule out both kinds of mismatch. The target is a small random Gemma 3 (head size 64, which vLLM's CPU attention supports).
+rule out both kinds of mismatch. The target is a small random Gemma 3 (head size 64, which
+vLLM's CPU attention supports).
 """
 
 from __future__ import annotations
