@@ -227,4 +227,3 @@ def test_features_dtype_is_the_targets_and_store_dtype_the_stored_one(features_r
     assert "note: features --dtype is the target's dtype" in err and "--store-dtype" in err
     target, stored, err = features_run(capsys, "d", "--target-dtype", "float16")
     assert (target, stored) == ("float16", "bfloat16") and "note:" not in err
-
