@@ -6,7 +6,8 @@ on its line or in the comment lines right above it; consecutive imports share on
 
 The layers, bottom first (a package may import its own layer and those below):
 
-    0  blockdraft/__init__, errors, devices, threads, heap, artifacts, user_cache, bootstrap
+    0  blockdraft/__init__, errors, devices, threads, heap, artifacts, user_cache, bootstrap,
+       recipes (the shipped config recipes)
     1  objectives, sampling              (pure tensor maths; the sampling distribution)
     2  targets                           (the model being accelerated)
     3  drafters                          (what proposes tokens)
@@ -34,9 +35,21 @@ from pathlib import Path
 
 import pytest
 
+from blockdraft.cli import STAGES
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = [
-    {"blockdraft", "errors", "devices", "threads", "heap", "artifacts", "user_cache", "bootstrap"},
+    {
+        "blockdraft",
+        "errors",
+        "devices",
+        "threads",
+        "heap",
+        "artifacts",
+        "user_cache",
+        "bootstrap",
+        "recipes",
+    },
     {"objectives", "sampling", "kernels"},
     {"targets"},
     {"drafters"},
@@ -323,6 +336,37 @@ def test_a_package_outside_the_layers_is_named(tmp_path):
     src = _tree(tmp_path, {"gadgets/g.py": "from blockdraft.errors import E\n", "errors.py": ""})
     with pytest.raises(AssertionError, match="'gadgets' is in no layer"):
         violations(src)
+
+
+def command_imports(src: Path) -> list[tuple[str, str]]:
+    """(command module, command module it imports) for `blockdraft.cli.<command>` modules:
+    the commands of `blockdraft.cli.STAGES` share helpers through their own modules
+    (`cli/arguments.py`, `cli/target_options.py`, `cli/drafter_options.py`), never each
+    other."""
+    commands = {f"blockdraft.cli.{s.replace('-', '_')}" for s in STAGES}
+    return sorted(
+        (mod, dep)
+        for mod, dep, _ in imports(src, "blockdraft")
+        if mod in commands and dep in commands and dep != mod
+    )
+
+
+def test_no_command_module_imports_another():
+    assert command_imports(SRC) == []
+
+
+def test_a_command_importing_another_is_found(tmp_path):
+    src = _tree(
+        tmp_path,
+        {
+            "cli/__init__.py": "",
+            "cli/eval.py": "X = 1\n",
+            "cli/decode.py": "from blockdraft.cli.eval import X\n",
+            "cli/arguments.py": "",
+            "cli/suite.py": "from blockdraft.cli.arguments import Y\n",
+        },
+    )
+    assert command_imports(src) == [("blockdraft.cli.decode", "blockdraft.cli.eval")]
 
 
 def test_every_module_imports():

@@ -79,7 +79,7 @@ features)
   log "features start"
   grep -qs '"complete": true' "$OUT/features/train/manifest.json" ||
     $BD features $TGT --rollouts "$OUT/rollouts/train" --out "$OUT/features/train" \
-        --layer-ids $LAYER_ARGS --dtype bfloat16 --threads 2 --no-progress
+        --layer-ids $LAYER_ARGS --store-dtype bfloat16 --threads 2 --no-progress
   log "features done" ;;
 train)
   log "train start ($OBJS, seeds $SEEDS, $STEPS steps)"

@@ -79,8 +79,8 @@ log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
 cache_features() {  # cache_features SET: bf16 features of rollouts/SET in features/SET (resumable)
   grep -qs '"complete": true' "$OUT/features/$1/manifest.json" ||
     $BD features $TGT --rollouts "$OUT/rollouts/$1" --out "$OUT/features/$1" \
-        --layer-ids $(echo "$LAYERS" | tr -d '[]' | tr ',' ' ') --dtype bfloat16 --threads 2 \
-        --target-dtype "$TARGET_DTYPE" --no-progress
+        --layer-ids $(echo "$LAYERS" | tr -d '[]' | tr ',' ' ') --store-dtype bfloat16 --threads 2 \
+        --dtype "$TARGET_DTYPE" --no-progress
 }
 
 train() {  # train NAME key=value...

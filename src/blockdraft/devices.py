@@ -59,7 +59,7 @@ def add_device_args(p: argparse.ArgumentParser, what: str = "the target and the 
         "--dtype",
         default="auto",
         choices=list(DTYPES),
-        help=f"dtype {what} run in; auto: bfloat16 on GPU, float32 on CPU",
+        help=f"dtype of {what}; auto: bfloat16 on GPU, float32 on CPU",
     )
 
 

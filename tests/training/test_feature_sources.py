@@ -271,5 +271,5 @@ def test_disk_formula_and_max_gb_guard(target, rollout_dirs, tmp_path, monkeypat
     assert code == 2 and f"{tokens} tokens x 64 features" in out
     assert err.startswith("error: --max-gb: the features would take") and "pass --max-gb" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
-    assert main(argv + ["--out", str(tmp_path / "y"), "--dtype", "float32"]) == 0
+    assert main(argv + ["--out", str(tmp_path / "y"), "--store-dtype", "float32"]) == 0
     assert FeatureStore(tmp_path / "y").manifest["num_tokens"] == tokens

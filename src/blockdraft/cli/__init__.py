@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import signal
 import sys
@@ -39,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="blockdraft",
         description="Train and evaluate parallel block draft models for speculative decoding.",
+        epilog="examples:\n"
+        "  blockdraft demo            # the whole pipeline on the embedded target\n"
+        "  blockdraft COMMAND --help  # each command's options and examples\n",
     )
+    parser.add_argument("--version", action="version", version=f"blockdraft {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for stage in STAGES:
         try:
@@ -50,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.register(sub)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (`pyproject.toml`), or `unknown` when the
+    package runs from a source tree that was never installed."""
+    try:
+        return importlib.metadata.version("blockdraft")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class Terminated(KeyboardInterrupt):

@@ -1,5 +1,9 @@
 """Value checks for every numeric command-line flag, and the one-line argparse error.
 
+The parser also suggests the closest name for a mistyped sub-command, flag or choice
+(`did you mean 'eval'?`, with `difflib`) and points at that sub-command's own `--help`;
+`HelpFormatter` keeps the examples of every sub-command's epilog as written.
+
 Why one place: a `--batch-size 0` or `--temperature -1` used to reach the library and
 end in a traceback or in an error naming a parameter (`temperature must be >= 0`) rather
 than the flag. Used as argparse `type=` callables, these checks run while the command
@@ -12,21 +16,144 @@ gets, with exit status 2 (argparse's own status for a bad command line).
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+import re
 import sys
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+# `key.sub=value`: a dotted config override (`train`, `demo`), wherever it is typed
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that text with line breaks (the examples of an epilog,
+    a module docstring used as description) is printed as written instead of re-wrapped."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text.strip():
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def closest(word: str, candidates: Sequence[str]) -> str | None:
+    """The candidate `word` most likely misspells (difflib), or None."""
+    found = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return found[0] if found else None
 
 
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one `error: ...` line (exit 2), like all others.
 
-    Sub-parsers inherit the class (argparse makes them with the parent's type).
+    Sub-parsers inherit the class (argparse makes them with the parent's type), and with
+    it `HelpFormatter`. At the top, `parse_args` takes dotted overrides in any position
+    (also after a flag) and answers an unknown flag with the closest one of the chosen
+    sub-command.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
-        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        self._fail(message, self.prog)
+
+    def _fail(self, message: str, prog: str) -> NoReturn:
+        hint = self._choice_hint(message)
+        if hint is not None:
+            message, prog = hint
+        print(f"error: {message} (see `{prog} --help`)", file=sys.stderr)
         raise SystemExit(2)
+
+    def _choice_hint(self, message: str) -> tuple[str, str] | None:
+        """(message, prog whose help to name) for argparse's `invalid choice` error with
+        the closest choice added; None for other errors."""
+        m = re.match(r"argument (\S+): invalid choice: (['\"]?)(.*?)\2 \(choose from", message)
+        if m is None:
+            return None
+        name, value = m.group(1), m.group(3)
+        for action in self._actions:
+            if not action.choices or not {name, *name.split("/")} & {
+                action.dest,
+                *action.option_strings,
+            }:
+                continue
+            guess = closest(value, [str(c) for c in action.choices])
+            if isinstance(action, argparse._SubParsersAction):
+                what = f"unknown command {value!r}"
+                if guess is None:
+                    return f"{what}: choose from {', '.join(action.choices)}", self.prog
+                return f"{what}: did you mean {guess!r}?", f"{self.prog} {guess}"
+            if guess is not None:
+                return f"{message.split(' (choose from')[0]}: did you mean {guess!r}?", self.prog
+        return None
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        # unknown flags first: argparse would report a missing required flag before them
+        chosen = _typed_parser(self, argv)
+        for arg in argv:
+            if arg == "--":
+                break
+            if arg.startswith("--"):
+                self._check_flag(arg, chosen)
+        ns, extras = self.parse_known_args(argv, namespace)
+        chosen = _chosen_parser(self, ns)
+        if extras and getattr(ns, "overrides", None) is not None:
+            taken = [a for a in extras if OVERRIDE.match(a)]
+            ns.overrides = [*ns.overrides, *taken]
+            extras = [a for a in extras if not OVERRIDE.match(a)]
+        if not extras:
+            return ns
+        for arg in extras:
+            if arg.startswith("-"):
+                self._check_flag(arg, chosen)
+        self._fail(f"unrecognized arguments: {' '.join(extras)}", chosen.prog)
+
+    def _check_flag(self, arg: str, parser: argparse.ArgumentParser) -> None:
+        """Fail on a flag `parser` does not know (nor abbreviates), naming the closest one."""
+        flag = arg.split("=", 1)[0]
+        flags = [o for a in parser._actions for o in a.option_strings]
+        if any(o == flag or (parser.allow_abbrev and o.startswith(flag)) for o in flags):
+            return
+        guess = closest(flag, flags)
+        if guess is None:
+            self._fail(f"unrecognized argument {arg}", parser.prog)
+        self._fail(f"unrecognized argument {arg}: did you mean {guess!r}?", parser.prog)
+
+
+class PrintAndExit(argparse.Action):
+    """A flag that prints `text()` and exits 0 while the command line is parsed (like
+    `--version`), so that it needs none of the command's required flags."""
+
+    def __init__(self, option_strings: list[str], dest: str, text: Callable[[], str], **kw: Any):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+        self.text = text
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
+        print(self.text())
+        parser.exit()
+
+
+def _typed_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The (sub-)sub-command parser the words of `argv` name (before parsing it)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for i, word in enumerate(argv):
+                if word in action.choices:
+                    return _typed_parser(action.choices[word], argv[i + 1 :])
+    return parser
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, ns: Any) -> argparse.ArgumentParser:
+    """The (sub-)sub-command parser the parsed command line chose (for its flags and help)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(ns, action.dest, None)
+            if name in action.choices:
+                return _chosen_parser(action.choices[name], ns)
+    return parser
 
 
 def _number(kind: type, value: str) -> int | float:

@@ -13,16 +13,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blockdraft.cli.arguments import positive_int, seed_int
-from blockdraft.cli.eval import (
+from blockdraft.cli.drafter_options import (
     add_allow_incomplete,
     add_rollouts_arg,
+    add_scoring_args,
     add_target_args,
     drafter_dtype_of,
     run_scored_command,
 )
 from blockdraft.evaluation.runs import compare  # noqa: F401 - the Python API, re-exported
 from blockdraft.pipeline.report import comparison_table
+
+EXAMPLE = """example:
+  blockdraft compare --target tiny --rollouts blockdraft-demo/rollouts/eval/set \\
+      blockdraft-demo/runs/dpace blockdraft-demo/runs/edr --json compare.json
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="paired MAL differences between drafters on the same rollouts",
         description="MAL of each drafter minus the first (or all pairs) on the same rollouts, with "
         "paired bootstrap 95% confidence intervals.",
+        epilog=EXAMPLE,
     )
     add_target_args(p)
     add_rollouts_arg(p)
@@ -42,9 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--all-pairs", action="store_true", help="compare every pair, not just each vs the first"
     )
-    p.add_argument("--json", default=None, help="write the comparisons as JSON here")
-    p.add_argument("--n-boot", type=positive_int, default=2000)
-    p.add_argument("--seed", type=seed_int, default=0)
+    add_scoring_args(p, "comparisons")
     add_allow_incomplete(p)
     p.set_defaults(func=run)
 

@@ -1,4 +1,4 @@
-"""`blockdraft decode --target NAME --drafter CKPT (--prompts SPEC | --rollouts DIR) [...]`.
+"""`blockdraft decode --target NAME DRAFTER (--prompts SPEC | --rollouts DIR) [...]`.
 
 Real speculative decoding at batch 1 with tau, its CI and histogram, tokens/s and the
 wall-clock speedup over autoregressive decoding timed alternately in the same run.
@@ -23,20 +23,26 @@ from blockdraft.cli.arguments import (
     probability,
     seed_int,
 )
-from blockdraft.cli.eval import (
+from blockdraft.cli.drafter_options import (
+    DRAFTER_HELP,
     add_target_args,
     drafter_dtype_of,
-    drafter_names,
     setup_target,
-    write_json,
 )
 from blockdraft.data.prompts import PromptError, check_fits_context, load_prompts, render_prompt
 from blockdraft.data.rollout_store import RolloutSet, check_target
 from blockdraft.decoding.hf_generate import has_hf_generate, versus_hf
 from blockdraft.decoding.loop import decode
 from blockdraft.evaluation.offline import mal_ci
+from blockdraft.evaluation.runs import drafter_names, write_json
 from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.serialization.drafter_spec import checkpoint_of, load_drafter_spec
+
+EXAMPLE = """examples:
+  blockdraft decode --target tiny blockdraft-demo/runs/dpace \\
+      --rollouts blockdraft-demo/rollouts/eval/set --limit 8 --json decode.json
+  blockdraft decode --target tiny ngram --prompts stdlib:eval --limit 4 --temperature 1
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,14 +51,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="real speculative decoding: tau, tokens/s and speedup vs autoregressive",
         description="Speculative decoding (greedy or lossless sampling) of prompts with a target "
         "and a drafter, timed alternately against plain autoregressive decoding.",
+        epilog=EXAMPLE,
     )
     add_target_args(p)
+    # positional, as in eval/compare/suite/serve-check; --drafter stays for older scripts
+    p.add_argument("drafter", nargs="?", default=None, metavar="DRAFTER", help=DRAFTER_HELP)
     p.add_argument(
         "--drafter",
-        required=True,
-        help="drafter checkpoint directory (or run dir with final/); `ngram` or "
-        "`ngram:k=7,max=3,min=1` for prompt lookup; `hybrid[:conf=C]:RUN` for RUN with prompt "
-        "lookup as a per-slot fallback",
+        dest="drafter_flag",
+        metavar="DRAFTER",
+        default=None,
+        help="the same as the positional DRAFTER",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", help="prompt spec (as for `blockdraft rollout`)")
@@ -66,14 +75,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--temperature",
         type=nonnegative_float,
         default=None,
-        help="0 = greedy (default 0, or the rollouts')",
+        help="sampling temperature, 0 = greedy (default 0, or the rollouts' with --rollouts)",
     )
-    p.add_argument("--top-p", type=probability, default=None)
-    p.add_argument("--top-k", type=nonnegative_int, default=None)
     p.add_argument(
-        "--max-new-tokens", type=positive_int, default=None, help="default 128, or the rollouts'"
+        "--top-p",
+        type=probability,
+        default=None,
+        help="nucleus sampling cutoff in (0, 1] (default 1 = off, or the rollouts')",
     )
-    p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument(
+        "--top-k",
+        type=nonnegative_int,
+        default=None,
+        help="sample among the k most likely tokens (default 0 = off, or the rollouts')",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        help="tokens generated per prompt (default 128, or the rollouts')",
+    )
+    p.add_argument(
+        "--seed", type=seed_int, default=0, help="seed of the sampling (T > 0; default 0)"
+    )
     p.add_argument(
         "--verifier",
         choices=["standard", "block"],
@@ -138,8 +162,20 @@ def _check_vs_hf(target: Any, no_ar: bool) -> None:
         raise ValueError("--vs-hf needs the AR baseline: drop --no-ar")
 
 
+def _one_drafter(args: argparse.Namespace) -> str:
+    """The drafter, given positionally or as `--drafter` (not both, not neither)."""
+    given = [d for d in (args.drafter, args.drafter_flag) if d is not None]
+    if len(given) != 1:
+        raise ValueError(
+            "decode takes one drafter: `blockdraft decode --target NAME DRAFTER ...`"
+            + (" (given twice: positionally and as --drafter)" if given else "")
+        )
+    return given[0]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        args.drafter = _one_drafter(args)
         ckpt = checkpoint_of(args.drafter)  # a missing checkpoint fails before the target loads
         target = setup_target(args)
         drafter, drafter_id = load_drafter_spec(

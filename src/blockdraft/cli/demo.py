@@ -13,6 +13,7 @@ from blockdraft.cli.arguments import (
     seed_int,
 )
 from blockdraft.cli.target_options import MASK_TOKEN_HELP
+from blockdraft.devices import DTYPES
 from blockdraft.heap import retain_freed_memory
 from blockdraft.pipeline.demo import DemoSettings, run_demo
 from blockdraft.threads import add_threads_arg, configure_cpu
@@ -30,6 +31,13 @@ _HELP = {
     "float32, bfloat16, float16",
     "mask_token": MASK_TOKEN_HELP,
 }
+
+EXAMPLE = """examples:
+  blockdraft demo                          # the embedded tiny target on the CPU (cached stages)
+  blockdraft demo --target gemma-3-270m --out demo-gemma --temperature 1
+"""
+# the allowed values of a setting that has a fixed set
+_CHOICES = {"dtype": list(DTYPES)}
 
 # the checked flag type of each numeric setting (the others are checked by name below)
 _TYPES = {
@@ -51,7 +59,12 @@ def _flag_type(name: str, value: object):
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "demo", help="run the whole pipeline and compare objectives", description=__doc__
+        "demo",
+        help="run the whole pipeline and compare objectives",
+        description="Rollouts, five drafters (decay and D-PACE from scratch, then E2E, EDR and "
+        "a D-PACE control fine-tuned from the D-PACE one), exact offline MAL with paired "
+        "comparisons, real decoding and a report, each stage cached in --out.",
+        epilog=EXAMPLE,
     )
     defaults = DemoSettings()
     for f in fields(DemoSettings):
@@ -63,6 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             flag,
             type=_flag_type(f.name, value),
             default=value,
+            choices=_CHOICES.get(f.name),
             help=_HELP.get(f.name, f"(default: {value})"),
         )
     p.add_argument(

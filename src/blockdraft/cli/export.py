@@ -25,6 +25,10 @@ from blockdraft.serialization.export import export_drafter, serve_commands, vali
 from blockdraft.targets.registry import list_targets, model_directory
 
 _DTYPES = ("float32", "bfloat16", "float16")
+EXAMPLE = """examples:
+  blockdraft export runs/edr --out drafters/my-dflash --dtype bfloat16
+  blockdraft export runs/edr --check          # validate only, write nothing
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "export",
         help="validate a drafter checkpoint and write the DFlash serving format",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLE,
     )
     p.add_argument(
         "ckpt", help="drafter checkpoint directory, or a run directory (its final/ is used)"

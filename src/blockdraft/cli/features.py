@@ -4,6 +4,10 @@ Prints the disk the features will take before computing anything and refuses set
 above `--max-gb` (hidden-state disk size is what bites users of offline drafter
 training). Re-running the same command after an interruption resumes it. Train on the
 result with `blockdraft train ... data.features=OUT` (see docs/training.md).
+
+`--dtype` is the target's dtype, as in every command that runs a target; the stored
+features' dtype is `--store-dtype`. (`--dtype` once named the stored dtype: an explicit
+`--dtype` without `--store-dtype` prints a note saying so, so an older script is told.)
 """
 
 from __future__ import annotations
@@ -16,10 +20,17 @@ from blockdraft.cli.target_options import add_target_options, load_target_from_a
 from blockdraft.data.feature_store import FeatureError
 from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollout_store import RolloutError
-from blockdraft.devices import DTYPES, resolve_flags
+from blockdraft.devices import DTYPES, add_device_args, resolve_flags
 from blockdraft.targets.mask_token import MaskTokenError
 from blockdraft.targets.registry import load_target
 from blockdraft.threads import add_threads_arg, configure_cpu
+
+EXAMPLE = """example:
+  blockdraft features --target tiny --rollouts rollouts/tiny-greedy --out features/tiny
+  blockdraft train --config tiny data.train_rollouts=rollouts/tiny-greedy \\
+      data.features=features/tiny
+"""
+STORE_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run the target once over every rollout and store the drafter's context "
         "features (hidden states of the target's layer_ids) in shards, so `blockdraft train "
         "data.features=OUT` skips the target forward on every step.",
+        epilog=EXAMPLE,
     )
     add_target_options(p)
     p.add_argument("--rollouts", required=True, help="rollout directory (blockdraft rollout)")
@@ -36,10 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out", required=True, help="features directory (created; resumed if it exists)"
     )
     p.add_argument(
-        "--dtype",
-        default="bfloat16",
-        choices=["bfloat16", "float16", "float32"],
-        help="storage dtype (default bfloat16: half the disk of float32)",
+        "--store-dtype",
+        default=None,
+        choices=STORE_DTYPES,
+        help="dtype the features are stored in (default bfloat16: half the disk of float32)",
     )
     p.add_argument(
         "--layer-ids",
@@ -65,28 +77,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--batch-size", type=positive_int, default=8, help="sequences per target forward"
     )
     p.add_argument("--shard-size", type=positive_int, default=32, help="rollouts per shard file")
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="device of the target: auto (this rank's GPU if there is one, else cpu), cpu, "
-        "cuda, cuda:N",
-    )
-    p.add_argument(
-        "--target-dtype",
-        default="auto",
-        choices=list(DTYPES),
-        help="dtype the target runs in (training's target.dtype); auto: bfloat16 on GPU, "
-        "float32 on CPU",
-    )
+    add_device_args(p, "the target")
+    p.set_defaults(dtype=None)  # None: not given (auto), so an explicit --dtype gets the note
+    # the old name of --dtype here, still accepted
+    p.add_argument("--target-dtype", default=None, choices=list(DTYPES), help="the same as --dtype")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_threads_arg(p)
     p.set_defaults(func=run)
 
 
+def _dtype_note(args: argparse.Namespace) -> str | None:
+    """The note for `--dtype` given without `--store-dtype` (its meaning changed)."""
+    if args.dtype is None or args.store_dtype is not None:
+        return None
+    return (
+        "note: features --dtype is the target's dtype (as in every command); the stored "
+        "features' dtype is --store-dtype (default bfloat16)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
-
-    device, dtype = resolve_flags(args.device, args.target_dtype)  # one-line error if bad
+    note = _dtype_note(args)
+    if note:
+        print(note, file=sys.stderr)
+    target_dtype = args.dtype or args.target_dtype or "auto"
+    device, dtype = resolve_flags(args.device, target_dtype)  # one-line error if bad
     try:
         target = load_target_from_args(
             args,
@@ -116,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             target,
             args.rollouts,
             args.out,
-            dtype=args.dtype,
+            dtype=args.store_dtype or "bfloat16",
             max_seq_len=args.max_seq_len,
             shard_size=args.shard_size,
         )

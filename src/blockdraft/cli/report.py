@@ -15,6 +15,11 @@ from typing import Any
 
 from blockdraft.pipeline.report import drafters_from_eval, write_report
 
+EXAMPLE = """example:
+  blockdraft report runs/dpace runs/edr --eval eval.json --compare compare.json \\
+      --decode decode.json --out report
+"""
+
 
 def _load(path: str) -> Any:
     try:
@@ -32,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write acceptance-rate, accepted-length, training-curve and D-PACE weight "
         "plots "
         "plus report.md that embeds them.",
+        epilog=EXAMPLE,
     )
     p.add_argument("runs", nargs="*", help="training run directories (with metrics.jsonl)")
     # one file per flag, repeatable: a greedy nargs would swallow the run directories
@@ -57,7 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a JSON file from `blockdraft decode --json` (repeatable)",
     )
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--title", default="blockdraft report")
+    p.add_argument(
+        "--title", default="blockdraft report", help="report.md's heading (default: %(default)s)"
+    )
     p.set_defaults(func=run)
 
 

@@ -38,6 +38,17 @@ from blockdraft.targets.mask_token import MaskTokenError
 from blockdraft.targets.registry import load_target, model_directory
 from blockdraft.threads import add_threads_arg, configure_cpu
 
+EXAMPLE = """examples:
+  blockdraft rollout --target tiny --prompts stdlib:train --out rollouts/tiny-greedy \\
+      --temperature 0
+  blockdraft rollout --target Qwen/Qwen3-4B --prompts examples/prompts.jsonl:prompt \\
+      --out rollouts/train --temperature 0 --max-new-tokens 1024 --batch-size 32
+"""
+IMPORT_EXAMPLE = """example:
+  blockdraft rollout-import vllm-responses.jsonl --target Qwen/Qwen3-4B \\
+      --out rollouts/imported --temperature 0
+"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -45,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="generate target rollouts (resumable, sharded)",
         description="Generate one target response per prompt and store token ids, the "
         "log-prob of each sampled token and optionally the top-k distribution.",
+        epilog=EXAMPLE,
     )
     p.add_argument(
         "--prompts",
@@ -54,13 +66,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="rollout directory (created; resumed if it exists)")
     p.add_argument(
-        "--temperature", type=nonnegative_float, default=1.0, help="0 = greedy (default 1.0)"
+        "--temperature",
+        type=nonnegative_float,
+        default=1.0,
+        help="sampling temperature, 0 = greedy (default 1.0)",
     )
-    p.add_argument("--top-p", type=probability, default=1.0)
-    p.add_argument("--top-k", type=nonnegative_int, default=0, help="0 = no top-k filter")
-    p.add_argument("--max-new-tokens", type=positive_int, default=256)
-    p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument(
+        "--top-p",
+        type=probability,
+        default=1.0,
+        help="nucleus sampling cutoff in (0, 1] (default 1.0 = off)",
+    )
+    p.add_argument(
+        "--top-k", type=nonnegative_int, default=0, help="top-k cutoff (default 0 = off)"
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=256,
+        help="longest response in tokens (default 256)",
+    )
+    p.add_argument(
+        "--seed",
+        type=seed_int,
+        default=0,
+        help="sampling seed (default 0)",
+    )
+    p.add_argument(
+        "--batch-size", type=positive_int, default=8, help="prompts generated together (default 8)"
+    )
     p.add_argument("--shard-size", type=positive_int, default=64, help="rollouts per shard file")
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts")
     p.add_argument(
@@ -110,6 +144,7 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
         "one teacher-forced pass, and write the shards + manifest `blockdraft rollout` "
         "writes. Responses that cannot be rollouts of this target are dropped and counted. "
         "Recipe: docs/rollouts.md.",
+        epilog=IMPORT_EXAMPLE,
     )
     p.add_argument("file", help="JSONL file, one response per line (formats: docs/rollouts.md)")
     p.add_argument("--out", required=True, help="rollout directory (created; resumed if it exists)")
@@ -122,7 +157,9 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--temperature", type=nonnegative_float, default=None, help="as sampled (0 = greedy)"
     )
-    p.add_argument("--top-p", type=probability, default=None)
+    p.add_argument(
+        "--top-p", type=probability, default=None, help="as sampled: the nucleus cutoff in (0, 1]"
+    )
     p.add_argument(
         "--top-k", type=top_k_or_minus_one, default=None, help="0 or -1 = no top-k filter"
     )

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from blockdraft.cli.arguments import positive_int
-from blockdraft.cli.eval import add_target_args, setup_target
+from blockdraft.cli.drafter_options import add_target_args, setup_target
 from blockdraft.engines.vllm_engine import EngineError
 from blockdraft.evaluation.runs import write_json
 from blockdraft.evaluation.suite import benchmark_rollouts, load_suite
@@ -33,7 +33,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="serve a drafter in vLLM and compare it with the offline evaluator",
         description=__doc__,
         epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_target_args(p)
     p.add_argument(

@@ -12,8 +12,13 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from blockdraft.cli.arguments import positive_int, seed_int
-from blockdraft.cli.eval import add_target_args, drafter_dtype_of, setup_target
+from blockdraft.cli.arguments import PrintAndExit, positive_int
+from blockdraft.cli.drafter_options import (
+    add_scoring_args,
+    add_target_args,
+    drafter_dtype_of,
+    setup_target,
+)
 from blockdraft.evaluation.runs import write_json
 from blockdraft.evaluation.suite import (
     Suite,
@@ -24,7 +29,14 @@ from blockdraft.evaluation.suite import (
 )
 from blockdraft.pipeline.report import suite_tables
 from blockdraft.pipeline.report_plots import plot_suite
+from blockdraft.recipes import SUITE, recipe_listing, resolve_recipe
 from blockdraft.serialization.drafter_spec import checkpoint_of
+
+EXAMPLE = """examples:
+  blockdraft suite --target tiny --suite tiny blockdraft-demo/runs/dpace blockdraft-demo/runs/edr
+  blockdraft suite --target smollm2-135m --suite smollm2 --data-dir ../shared/data runs/dpace
+  blockdraft suite --list-suites      # the shipped suites (a path to any suite file works too)
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,12 +46,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Exact offline MAL of each drafter on each benchmark of a suite (rollouts "
         "generated and cached when missing), the mean over benchmarks, and paired gains over "
         "the baseline (prompt lookup unless the suite says otherwise) and between drafters.",
+        epilog=EXAMPLE,
     )
     add_target_args(p)
     p.add_argument(
         "--suite",
         default=None,
-        help="suite YAML file (configs/suites/*.yaml; format in docs/evaluation.md)",
+        help="suite YAML file, or the name of a shipped suite (`--list-suites`; format in "
+        "docs/evaluation.md)",
+    )
+    p.add_argument(
+        "--list-suites",
+        action=PrintAndExit,
+        text=lambda: recipe_listing(SUITE),
+        help="list the shipped suites and exit",
     )
     p.add_argument(
         "--benchmark",
@@ -58,7 +78,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="where benchmark rollouts are kept (default: the user cache, <cache>/suites)",
     )
-    p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
     p.add_argument(
         "--split",
@@ -67,8 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "accepted there, with each drafter's mean accepted length per group and the MAL of "
         "a per-round oracle choosing between the two (where a drafter loses to lookup)",
     )
-    p.add_argument("--n-boot", type=positive_int, default=2000)
-    p.add_argument("--seed", type=seed_int, default=0)
+    add_scoring_args(p)
     p.add_argument(
         "drafters",
         nargs="*",
@@ -83,7 +101,7 @@ def suite_from_args(args: argparse.Namespace) -> Suite:
     if args.suite is None and not args.benchmark:
         raise SuiteError("give --suite FILE or at least one --benchmark NAME=SPEC")
     suite = (
-        load_suite(args.suite, data_dir=args.data_dir)
+        load_suite(resolve_recipe(args.suite, SUITE, "--suite"), data_dir=args.data_dir)
         if args.suite
         else Suite("cli", benchmarks=[])
     )

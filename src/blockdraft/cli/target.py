@@ -24,12 +24,29 @@ from blockdraft.errors import BlockdraftError
 from blockdraft.targets import gemma, registry, smollm2, tiny
 from blockdraft.targets.registry import list_targets, target_fingerprint
 
+EXAMPLES = {
+    "target": "  blockdraft target list\n  blockdraft target sample tiny --prompt 'def add('",
+    "build": "  blockdraft target build tiny\n  blockdraft target build gemma-3-270m",
+    "info": "  blockdraft target info tiny\n  blockdraft target info Qwen/Qwen3-4B",
+    "sample": "  blockdraft target sample tiny --prompt 'import os' --max-new-tokens 32\n"
+    "  blockdraft target sample smollm2-135m --prompt 'What is 2 + 3?' --chat",
+    "list": "  blockdraft target list",
+}
+
+
+def _epilog(name: str) -> str:
+    return f"examples:\n{EXAMPLES[name]}\n"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("target", help="build, inspect and sample targets")
+    parser = subparsers.add_parser(
+        "target", help="build, inspect and sample targets", epilog=_epilog("target")
+    )
     sub = parser.add_subparsers(dest="target_command", required=True)
 
-    build = sub.add_parser("build", help="build/convert a named target into the cache")
+    build = sub.add_parser(
+        "build", help="build/convert a named target into the cache", epilog=_epilog("build")
+    )
     build.add_argument("name", help="tiny | gemma-3-270m | smollm2-135m")
     build.add_argument(
         "--seed", type=seed_int, default=None, help="seed of the tiny build (default 0)"
@@ -43,20 +60,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     build.set_defaults(func=_build)
 
-    info = sub.add_parser("info", help="show a target's shapes, tokens, fingerprint and manifest")
+    info = sub.add_parser(
+        "info",
+        help="show a target's shapes, tokens, fingerprint and manifest",
+        epilog=_epilog("info"),
+    )
     _common(info)
     info.set_defaults(func=_info)
 
-    sample = sub.add_parser("sample", help="generate text from a prompt")
+    sample = sub.add_parser("sample", help="generate text from a prompt", epilog=_epilog("sample"))
     _common(sample)
     sample.add_argument("--prompt", default="def ", help="prompt text (default 'def ')")
-    sample.add_argument("--max-new-tokens", type=positive_int, default=64)
-    sample.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 = greedy")
-    sample.add_argument("--seed", type=seed_int, default=0)
+    sample.add_argument(
+        "--max-new-tokens", type=positive_int, default=64, help="tokens to generate (default 64)"
+    )
+    sample.add_argument(
+        "--temperature",
+        type=nonnegative_float,
+        default=0.0,
+        help="sampling temperature, 0 = greedy (default 0)",
+    )
+    sample.add_argument("--seed", type=seed_int, default=0, help="sampling seed (T > 0; default 0)")
     sample.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     sample.set_defaults(func=_sample)
 
-    lst = sub.add_parser("list", help="list named targets and whether they are ready")
+    lst = sub.add_parser(
+        "list", help="list named targets and whether they are ready", epilog=_epilog("list")
+    )
     lst.set_defaults(func=_list)
 
 

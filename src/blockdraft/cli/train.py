@@ -1,7 +1,9 @@
-"""`blockdraft train --config FILE [key.sub=value ...] [--resume]`.
+"""`blockdraft train --config FILE|NAME [key.sub=value ...] [--resume]`.
 
-Runs the same under `torchrun --nproc_per_node N -m blockdraft train ...` (data parallel);
-see docs/training.md. Config and setup problems print one line and exit with status 2.
+`--config` takes a YAML file or the name of a shipped recipe (`--list-configs`;
+`blockdraft.recipes`); dotted overrides may stand anywhere on the line. Runs the same
+under `torchrun --nproc_per_node N -m blockdraft train ...` (data parallel); see
+docs/training.md. Config and setup problems print one line and exit with status 2.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import os
 import sys
 from pathlib import Path
 
-from blockdraft.cli.arguments import positive_float, positive_int
+from blockdraft.cli.arguments import PrintAndExit, positive_float, positive_int
 from blockdraft.data.rollout_store import RolloutError
 from blockdraft.heap import retain_freed_memory
+from blockdraft.recipes import TRAIN, recipe_listing, resolve_recipe
 from blockdraft.threads import add_threads_arg, configure_cpu, runs_on_cpu
 from blockdraft.training.config import ConfigError, dump_yaml, load_config
 from blockdraft.training.loop import NonFiniteLossError
@@ -22,15 +25,35 @@ from blockdraft.training.plan import plan_memory
 from blockdraft.training.setup import TrainSetupError
 from blockdraft.training.trainer import train
 
+EXAMPLE = """examples:
+  blockdraft train --config tiny data.train_rollouts=rollouts/tiny-greedy run_dir=runs/tiny
+  blockdraft train --config configs/tiny.yaml run_dir=runs/tiny --resume  # after Ctrl-C
+  blockdraft train --config dflash-qwen3-8b target.name=Qwen/Qwen3-8B --plan --nproc 8
+  blockdraft train --list-configs     # the shipped recipes (a path to any YAML works too)
+"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a drafter (any objective; resumable; torchrun for multi-process)",
         description="Train a parallel block drafter on target rollouts. Settings come from a YAML "
-        "config (see configs/) and dotted overrides such as optim.lr=3e-4 objective.name=dpace.",
+        "config (a file, or a shipped recipe by name) and dotted overrides such as "
+        "optim.lr=3e-4 objective.name=dpace, anywhere on the command line.",
+        epilog=EXAMPLE,
     )
-    p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="YAML config file, or the name of a shipped recipe (`--list-configs`); default: "
+        "the built-in defaults",
+    )
+    p.add_argument(
+        "--list-configs",
+        action=PrintAndExit,
+        text=lambda: recipe_listing(TRAIN),
+        help="list the shipped config recipes and exit",
+    )
     p.add_argument(
         "overrides",
         nargs="*",
@@ -40,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the newest checkpoint in run_dir (exactly where it stopped)",
+        help="continue from the newest checkpoint in run_dir (exactly where it stopped; a "
+        "run_dir without a checkpoint yet starts from the beginning; a missing one is refused)",
     )
     p.add_argument(
         "--allow-changed",
@@ -88,7 +112,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     allow_changed = [k.strip() for v in args.allow_changed for k in v.split(",") if k.strip()]
     try:
-        cfg = load_config(args.config, args.overrides)
+        path = resolve_recipe(args.config, TRAIN) if args.config is not None else None
+        cfg = load_config(path, args.overrides)
         if allow_changed and not args.resume:
             raise ConfigError("--allow-changed: only means something with --resume")
     except ConfigError as exc:
@@ -111,6 +136,13 @@ def run(args: argparse.Namespace) -> int:
     if runs_on_cpu(cfg.device):
         retain_freed_memory()  # training steps reuse their big buffers (heap.py)
 
+    if args.resume and not Path(cfg.run_dir).exists():
+        print(
+            f"error: --resume: no run directory {cfg.run_dir}: drop --resume to start a new run "
+            "(or set run_dir=... to the run to continue)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         final = train(
             cfg, resume=args.resume, overwrite=args.overwrite, allow_changed=allow_changed

@@ -62,7 +62,8 @@ def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], int]:
 
 
 def training_series(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """(step, value) series of eval MAL and loss, and the D-PACE profile per logged step."""
+    """(step, value) series of eval MAL and loss, the D-PACE profile per logged step and
+    the held-out rollout counts of the evaluations."""
 
     def series(key: str) -> list[tuple[int, float]]:
         return [
@@ -74,7 +75,14 @@ def training_series(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for e in events
         if isinstance(e.get("dpace_weight_profile"), list)
     ]
-    return {"eval_mal": series("eval_mal"), "loss": series("loss"), "profile": profile}
+    # how many held-out rollouts each evaluation scored (the MAL curve's sample size)
+    counts = sorted({e["eval_rollouts"] for e in events if isinstance(e.get("eval_rollouts"), int)})
+    return {
+        "eval_mal": series("eval_mal"),
+        "loss": series("loss"),
+        "profile": profile,
+        "eval_rollouts": counts,
+    }
 
 
 def drafters_from_eval(eval_json: dict[str, Any]) -> list[dict[str, Any]]:

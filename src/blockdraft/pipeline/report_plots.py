@@ -101,34 +101,68 @@ def plot_accepted_histogram(online: dict[str, dict[str, Any]], path: Path) -> Pa
     return _save(fig, path)
 
 
-def plot_training_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], path: Path) -> Path:
-    """Left: eval MAL vs step; right: training loss vs step (log scale), one line per run."""
-    fig, (ax_mal, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.0))
-    for name, c in curves.items():
-        if c.get("eval_mal"):
-            s, v = zip(*c["eval_mal"], strict=True)
-            ax_mal.plot(s, v, marker="o", ms=3, label=name)
-        if c.get("loss"):
-            s, v = zip(*c["loss"], strict=True)
-            # a run with one or two logged points (a short fine-tuning stage) needs markers,
-            # or it is in the legend but invisible
-            ax_loss.plot(s, v, lw=1, marker="o" if len(s) < 3 else None, ms=4, label=name)
-    ax_mal.set_ylim(bottom=1.0)  # MAL >= 1 always: the honest floor
-    ax_mal.set_xlabel("training step")
-    ax_mal.set_ylabel("eval MAL (tokens per round)")
-    ax_mal.set_title("held-out mean accepted length")
-    ax_loss.set_xlabel("training step")
-    ax_loss.set_ylabel("training loss")
-    ax_loss.set_title("training loss (objectives differ in scale)")
-    if any(c.get("loss") for c in curves.values()) and all(
-        v > 0 for c in curves.values() for _, v in c.get("loss", [])
-    ):
-        ax_loss.set_yscale("log")
-    for ax in (ax_mal, ax_loss):
-        _integer_steps(ax)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+def _run_length(c: dict[str, Any]) -> int:
+    return max((s for key in ("eval_mal", "loss") for s, _ in c.get(key) or []), default=0)
+
+
+def length_groups(curves: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Run names grouped by run length (shortest first): a new group where a run is more
+    than twice as long as the group's shortest, so a 48-step fine-tune never shares an
+    x-axis with a 576-step run (it would be squeezed into the axis' first tenth)."""
+    groups: list[list[str]] = []
+    first = 0
+    for name in sorted(curves, key=lambda n: _run_length(curves[n])):
+        length = _run_length(curves[name])
+        if not groups or length > 2 * max(first, 1):
+            groups.append([])
+            first = length
+        groups[-1].append(name)
+    return groups
+
+
+def _held_out(curves: dict[str, dict[str, Any]], names: list[str]) -> str:
+    """`on N held-out rollouts` (or `on N-M ...`) as the runs' eval events recorded it."""
+    counts = sorted({n for name in names for n in curves[name].get("eval_rollouts") or []})
+    if not counts:
+        return "held-out"
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"on {n} held-out rollouts"
+
+
+def plot_training_curves(curves: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Per group of runs of similar length (`length_groups`), one row: eval MAL vs step
+    (titled with how many held-out rollouts it is measured on) and training loss vs step
+    (log scale), one line per run."""
+    groups = length_groups(curves) or [[]]
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 4.0 * len(groups)), squeeze=False)
+    for (ax_mal, ax_loss), names in zip(axes, groups, strict=True):
+        for name in names:
+            c = curves[name]
+            if c.get("eval_mal"):
+                s, v = zip(*c["eval_mal"], strict=True)
+                ax_mal.plot(s, v, marker="o", ms=3, label=name)
+            if c.get("loss"):
+                s, v = zip(*c["loss"], strict=True)
+                # a run with one or two logged points (a short fine-tuning stage) needs
+                # markers, or it is in the legend but invisible
+                ax_loss.plot(s, v, lw=1, marker="o" if len(s) < 3 else None, ms=4, label=name)
+        runs = f" ({', '.join(names)})" if len(groups) > 1 else ""
+        if ax_mal.get_lines():
+            ax_mal.set_ylim(bottom=1.0)  # MAL >= 1 always: the honest floor
+        ax_mal.set_xlabel("training step")
+        ax_mal.set_ylabel("eval MAL (tokens per round)")
+        ax_mal.set_title(f"mean accepted length {_held_out(curves, names)}{runs}", fontsize=10)
+        ax_loss.set_xlabel("training step")
+        ax_loss.set_ylabel("training loss")
+        ax_loss.set_title(f"training loss (objectives differ in scale){runs}", fontsize=10)
+        losses = [v for name in names for _, v in curves[name].get("loss") or []]
+        if losses and all(v > 0 for v in losses):
+            ax_loss.set_yscale("log")
+        for ax in (ax_mal, ax_loss):
+            _integer_steps(ax)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
     return _save(fig, path)
 
 

@@ -308,7 +308,10 @@ def cpu_fallback_note(cfg: TrainConfig, device: torch.device) -> str | None:
     Why: `auto` falls back to the CPU silently, and a recipe sized for a GPU then runs in
     float32 for days; the line says so and names what to override."""
     sized = gpu_sized_settings(cfg)
-    if cfg.device != "auto" or device.type != "cpu" or not sized:
+    # data.max_seq_len is a cap (short rollouts cost the same under any cap): alone it
+    # does not make a run GPU-sized (the demo trains under the default 2048 on a CPU)
+    costly = [s for s in sized if not s.startswith("data.max_seq_len=")]
+    if cfg.device != "auto" or device.type != "cpu" or not costly:
         return None
     precision = "under bf16 autocast (amp: bf16)" if cfg.amp == "bf16" else "in float32"
     return (

@@ -1,0 +1,119 @@
+"""The options every command that runs drafters on a target takes, and their set-up.
+
+Why one module: `eval`, `compare`, `suite`, `decode` and `serve-check` load a target on
+`--device` in `--dtype`, cast drafters by `--drafter-dtype`, read `--rollouts` and keep
+acceptance tensors in `--cache-dir`; defined here once, the flags mean the same in each,
+and no command module imports another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from blockdraft.cli.arguments import positive_int, seed_int
+from blockdraft.cli.target_options import add_target_options, load_target_from_args
+from blockdraft.devices import (
+    add_device_args,
+    add_drafter_dtype_arg,
+    device_and_dtype,
+    drafter_dtype,
+)
+from blockdraft.evaluation.runs import write_json
+from blockdraft.serialization.drafter_spec import checkpoint_of
+from blockdraft.threads import add_threads_arg, configure_cpu
+
+DRAFTER_HELP = (
+    "drafter checkpoint directory (or run dir with final/); `ngram` or "
+    "`ngram:k=7,max=3,min=1` for prompt lookup; `hybrid[:conf=C]:RUN` for RUN with prompt "
+    "lookup as a per-slot fallback"
+)
+
+
+def add_rollouts_arg(p: argparse.ArgumentParser) -> None:
+    """`--rollouts DIR`, repeatable: one benchmark per rollout set (eval and compare)."""
+    p.add_argument(
+        "--rollouts",
+        required=True,
+        action="append",
+        help="rollout directory (a benchmark); repeat for several",
+    )
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    """The target options, `--cache-dir`, `--device`/`--dtype`, `--drafter-dtype`,
+    `--threads` and `--no-progress`."""
+    add_target_options(p)
+    p.add_argument("--cache-dir", default=None, help="acceptance cache (default: user cache dir)")
+    add_device_args(p)
+    add_drafter_dtype_arg(p)
+    add_threads_arg(p)
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def add_scoring_args(p: argparse.ArgumentParser, what: str = "results") -> None:
+    """`--json`, `--n-boot` and `--seed` of the commands that report bootstrap CIs."""
+    p.add_argument("--json", default=None, help=f"write the {what} as JSON here")
+    p.add_argument(
+        "--n-boot",
+        type=positive_int,
+        default=2000,
+        help="bootstrap resamples of the rollouts for the 95%% CIs (default 2000)",
+    )
+    p.add_argument(
+        "--seed", type=seed_int, default=0, help="seed of the bootstrap resampling (default 0)"
+    )
+
+
+def setup_target(args: argparse.Namespace) -> Any:
+    """The target on `--device` in `--dtype` (drafters follow it: `drafter_dtype_of`)."""
+    configure_cpu(args.threads, args.device)
+
+    device, dtype = device_and_dtype(args)
+    drafters = getattr(args, "drafters", None) or getattr(args, "drafter", None)
+    return load_target_from_args(
+        args,
+        rollouts=getattr(args, "rollouts", None),
+        drafters=drafters,
+        device=device,
+        dtype=dtype,
+        progress=not args.no_progress,
+    )
+
+
+def drafter_dtype_of(args: argparse.Namespace, target: Any) -> Any:
+    """The dtype drafters are cast to for `--drafter-dtype` / `--dtype` (None: keep the
+    checkpoint's)."""
+    return drafter_dtype(args.dtype, target.device, getattr(args, "drafter_dtype", None))
+
+
+def add_allow_incomplete(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="score rollout sets whose `blockdraft rollout` was interrupted (refused otherwise)",
+    )
+
+
+def run_scored_command(
+    args: argparse.Namespace,
+    compute: Callable[[Any], Any],
+    markdown: Callable[[Any], str],
+    json_obj: Callable[[Any], Any],
+) -> int:
+    """Shared body of `eval` and `compare`: check the checkpoints, load the target, compute,
+    print markdown, optionally write JSON; bad input is a one-line error and exit code 2."""
+    try:
+        for d in args.drafters:
+            checkpoint_of(d)
+        result = compute(setup_target(args))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(markdown(result))
+    if args.json:
+        write_json(args.json, json_obj(result))
+        print(f"wrote {args.json}")
+    return 0
