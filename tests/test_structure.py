@@ -18,6 +18,10 @@ The layers, bottom first (a package may import its own layer and those below):
     9  pipeline                          (demo, stages, reports)
     10 cli, __main__
 
+Beyond the order, `FORBIDDEN` names packages that must not import another even where
+the layers allow it: training uses what decoding uses only through the shared layer below
+both (`kernels/`), never the decoder's own modules.
+
 `KNOWN` lists violations tolerated for now (none today): a new one fails, and so does a
 listed one that is gone (delete it from the list).
 """
@@ -47,6 +51,8 @@ LAYERS = [
     {"cli", "__main__"},
 ]
 KNOWN: set[tuple[str, str]] = set()
+# (importer package, imported package) pairs the layers allow but the house does not
+FORBIDDEN = {("training", "decoding")}
 # blockdraft modules a function may import: importing them loads a heavy dependency
 LAZY_MODULES = {
     "blockdraft.objectives.edr.kernels": "numba and its compiled kernels",
@@ -93,9 +99,14 @@ def imports(src: Path, root: str) -> list[tuple[str, str, str | None]]:
     return found
 
 
-def _layer(module: str) -> int:
+def _package(module: str) -> str:
+    """`blockdraft.training.loop` -> `training` (a top-level module names itself)."""
     parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else parts[0]
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _layer(module: str) -> int:
+    top = _package(module)
     for rank, names in enumerate(LAYERS):
         if top in names:
             return rank
@@ -154,6 +165,8 @@ def violations(src: Path, root: str = "blockdraft") -> set[tuple[str, str]]:
         edges.setdefault(a, set()).add(b)
         if _layer(b) > _layer(a):
             out.add(("upward", f"{a} -> {b}"))
+        if (_package(a), _package(b)) in FORBIDDEN:
+            out.add(("forbidden", f"{a} -> {b}"))
         if name is not None and name.startswith("_") and not name.startswith("__"):
             out.add(("private", f"{a} -> {b}.{name}"))
     for comp in _cycles(edges):
@@ -296,6 +309,11 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
             {"decoding/r.py": "from blockdraft.evaluation.s import ci\n",
              "evaluation/s.py": "ci = 1\n"},
             {("upward", "blockdraft.decoding.r -> blockdraft.evaluation.s")},
+        ),
+        (  # training reaching into the decoder, which the layers alone would allow
+            {"training/t.py": "from blockdraft.decoding.cpu import fast\n",
+             "decoding/cpu/fast.py": ""},
+            {("forbidden", "blockdraft.training.t -> blockdraft.decoding.cpu.fast")},
         ),
         (  # another module's private name
             {"data/a.py": "from blockdraft.data.b import _helper, public\n",

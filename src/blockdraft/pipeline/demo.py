@@ -572,7 +572,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
             "drafters": {n: recorded_key(p.parent) for n, p in trained.items() if n != CONTROL},
             "settings": fingerprint(portable(_settings_key(s, out), out)),
             # 2: offline MAL on the same prompts and length, HF generate row; 3: lean forwards;
-            # 4: numpy's argmax for the greedy choice (decoding/cpu/row_argmax.py);
+            # 4: numpy's argmax for the greedy choice (kernels/row_argmax.py);
             # 5: the speedup's CI over prompts (`speedup_ci95`)
             "version": 5,
         },
