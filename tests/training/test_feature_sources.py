@@ -18,6 +18,7 @@ from blockdraft.objectives.registry import make_objective
 from blockdraft.targets.testing import make_random_target
 from blockdraft.training import train
 from blockdraft.training.batching import collate
+from blockdraft.training.builders import TrainSetupError
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.feature_sources import (
@@ -26,7 +27,6 @@ from blockdraft.training.feature_sources import (
     build_feature_source,
 )
 from blockdraft.training.objective_step import block_micro_step
-from blockdraft.training.setup import TrainSetupError
 
 
 @pytest.fixture(scope="module")

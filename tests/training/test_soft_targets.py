@@ -17,11 +17,11 @@ from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.dpace import dpace_weights
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training.batching import collate
+from blockdraft.training.builders import TrainSetupError
 from blockdraft.training.config import ConfigError, config_from_dict
 from blockdraft.training.draft_forward import DraftForward, soft_target_logq
 from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.objective_step import block_micro_step
-from blockdraft.training.setup import TrainSetupError
 from blockdraft.training.trainer import train
 
 

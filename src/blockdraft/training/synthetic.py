@@ -3,7 +3,7 @@
 Why: the GPU check (`bench/gpu_check.py`, `tests/gpu/`) must test and time the step a
 user's run takes, not a look-alike. `synthetic_run` builds the objective, drafter,
 optimizer, feature source and autocast from a `TrainConfig` with the same functions
-`trainer.py` uses (`training/setup.py`), for one process on one device; `loop.train_step`
+`trainer.py` uses (`training/builders.py`), for one process on one device; `loop.train_step`
 then runs one real optimizer step on it (micro-batches, global normalisation, clipping,
 AdamW). Random token ids are fine for costs and for comparing precisions; they say
 nothing about quality.
@@ -17,11 +17,7 @@ import torch
 
 from blockdraft.data.rollout_shards import Rollout
 from blockdraft.training.batching import total_steps
-from blockdraft.training.distributed import DistContext
-from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.loop import LoopParts
-from blockdraft.training.setup import (
+from blockdraft.training.builders import (
     RolloutData,
     amp_dtype,
     build_drafter,
@@ -30,6 +26,10 @@ from blockdraft.training.setup import (
     dpace_profile_args,
     resolve_mode,
 )
+from blockdraft.training.distributed import DistContext
+from blockdraft.training.draft_forward import DraftForward
+from blockdraft.training.feature_sources import OnlineTargetFeatures
+from blockdraft.training.loop import LoopParts
 
 
 def random_rollouts(

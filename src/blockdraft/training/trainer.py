@@ -28,6 +28,21 @@ from blockdraft.serialization.checkpoint import save_drafter
 from blockdraft.threads import flush_denormals
 from blockdraft.training import state as ckpt
 from blockdraft.training.batching import total_steps
+from blockdraft.training.builders import (
+    TrainSetupError,
+    amp_dtype,
+    build_drafter,
+    build_objective,
+    build_optimizer,
+    check_against_target,
+    check_batch_split,
+    check_device,
+    cpu_fallback_note,
+    dpace_profile_args,
+    load_target_for,
+    load_train_eval,
+    resolve_mode,
+)
 from blockdraft.training.config import TrainConfig, dump_yaml
 from blockdraft.training.distributed import (
     DistContext,
@@ -48,21 +63,6 @@ from blockdraft.training.feature_sources import build_feature_source
 from blockdraft.training.logging import MetricsLogger, truncate_metrics
 from blockdraft.training.loop import LoopParts, NonFiniteLossError, run_loop
 from blockdraft.training.resume import check_resumed_config
-from blockdraft.training.setup import (
-    TrainSetupError,
-    amp_dtype,
-    build_drafter,
-    build_objective,
-    build_optimizer,
-    check_against_target,
-    check_batch_split,
-    check_device,
-    cpu_fallback_note,
-    dpace_profile_args,
-    load_target_for,
-    load_train_eval,
-    resolve_mode,
-)
 
 
 def git_sha() -> str | None:

@@ -4,7 +4,7 @@ Why: a run that does not fit should find out before minutes of loading an 8B tar
 every rank. Every term is a count of the tensors the code creates, written from reading
 it (the target forward, `forward_blocks`, the attention path the device takes, the
 cross-entropy or the sampled E2E/EDR buffers, AdamW, DDP/FSDP2), not a fit, and
-`tests/training/test_plan.py` checks it against the live tensor bytes of small CPU runs.
+`tests/training/test_memory_plan.py` checks it against the live tensor bytes of small CPU runs.
 Peak = persistent (weights, grads, optimizer) + max(target forward, drafter step), per
 micro-batch of `max_seq_len` sequences; what is and is not counted: docs/training.md.
 """

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from blockdraft.training.config import load_config
-from blockdraft.training.plan import GiB, plan_memory
+from blockdraft.training.memory_plan import GiB, plan_memory
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qwen3_8b_config.json"
 TINY_YAML = str(Path(__file__).parents[2] / "configs" / "tiny.yaml")
