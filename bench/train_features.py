@@ -52,7 +52,7 @@ from blockdraft.targets.testing import make_shaped_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import CachedFeatures, OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step
+from blockdraft.training.steps.block import block_micro_step
 
 
 def _clock() -> float:

@@ -51,9 +51,9 @@ from blockdraft.targets.testing import make_random_target
 from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.edr_step import edr_micro_step, score_round_starts
 from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step, pad_anchor_lists
+from blockdraft.training.steps.block import block_micro_step, pad_anchor_lists
+from blockdraft.training.steps.rounds import edr_micro_step, score_round_starts
 from common import SHAPES, random_target
 
 

@@ -2,7 +2,7 @@
 
 Why: when a rollout has more round starts than `objective.max_anchors`, the EDR step
 drafts only a sample of them with gradient and weights them by 1 / inclusion probability
-(training/edr_step.py). All samplers give unbiased gradients; they differ in cost and
+(training/steps/rounds.py). All samplers give unbiased gradients; they differ in cost and
 variance:
 
 - `uniform` draws the rows first and scores only the others without gradient (each
@@ -40,8 +40,8 @@ from blockdraft.serialization.checkpoint import load_drafter
 from blockdraft.targets.registry import load_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.feature_sources import OnlineTargetFeatures
+from blockdraft.training.steps.rounds import edr_micro_step
 
 SAMPLERS = ("uniform", "occupancy", "gradient")
 

@@ -24,13 +24,13 @@ from blockdraft.objectives.registry import make_objective
 from blockdraft.targets.testing import make_random_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import (
+from blockdraft.training.steps.block import (
     block_micro_step,
     labels_and_prev,
     sampled_anchors,
 )
+from blockdraft.training.steps.rounds import edr_micro_step
 
 BLOCK, TOP_K = 4, 48
 
@@ -268,7 +268,7 @@ def test_scoring_pass_on_the_candidates_equals_the_dense_one(setup):
     (`candidate_scores`); a wrapped forward compares `[N, K, V]` logits (-inf off the
     candidates) with the target rows: the same A, c and gradient moments, with stop tokens
     (one inside a reduced draft vocabulary, one maybe outside) among the labels."""
-    from blockdraft.training import edr_step
+    from blockdraft.training.steps import rounds
 
     target, drafter, batch = setup
 
@@ -279,7 +279,7 @@ def test_scoring_pass_on_the_candidates_equals_the_dense_one(setup):
     labels, _, _ = labels_and_prev(batch, anchors, BLOCK)
     stops = [int(labels[0, 0, 1]), int(labels[1, 1, 2])]  # realised labels are stops
     outs = [
-        edr_step.score_round_starts(
+        rounds.score_round_starts(
             fwd, stops, tout, batch, anchors, _Sampling, "sampling", 64, moments=True
         )
         for fwd in (DraftForward(drafter), Wrapped(drafter))

@@ -12,11 +12,11 @@ from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.e2e import overlap_with_logits
 from blockdraft.objectives.edr import acceptance_and_cost
 from blockdraft.objectives.registry import make_objective
-from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.draft_space import DraftSpace, TargetRowTable, sampling_targets
 from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step, label_positions
+from blockdraft.training.steps import rounds
+from blockdraft.training.steps.block import block_micro_step, label_positions
 from blockdraft.training.target_distributions import target_probs_for
 
 VOCAB, STOPS = 40, [1, 2]
@@ -79,7 +79,7 @@ def _step(setup, objective: str):
             fwd, drafter, OnlineTargetFeatures(target), obj, batch, num_anchors=9, **common
         )
     else:
-        out = edr_step.edr_micro_step(
+        out = rounds.edr_micro_step(
             fwd,
             drafter,
             OnlineTargetFeatures(target),
@@ -122,7 +122,7 @@ def test_scoring_pass_and_moments_equal_target_space(setup, monkeypatch) -> None
     anchors[1, 8:] = -1
 
     def score():
-        return edr_step.score_round_starts(
+        return rounds.score_round_starts(
             DraftForward(drafter), target.stop_token_ids, tout, batch, anchors, _Settings,
             "sampling", 4, moments=True,
         )  # fmt: skip
@@ -182,8 +182,8 @@ def test_step_reading_response_logits_only_equals_full_logits(objective, monkeyp
     shortest prompt only (`response_logits_to_keep`); prompts of different lengths in one
     batch, so rows start at different offsets: same loss and gradients as full logits."""
     from blockdraft.data.rollout_store import Rollout
-    from blockdraft.training import objective_step
     from blockdraft.training.batching import collate
+    from blockdraft.training.steps import block
 
     target, _, _ = random_step_batch([3])
     torch.manual_seed(0)
@@ -197,12 +197,12 @@ def test_step_reading_response_logits_only_equals_full_logits(objective, monkeyp
     ]  # fmt: skip
     batch = collate(rows, [0, 1, 2], 0, 4096)
     seq_len = batch.input_ids.shape[1]
-    assert objective_step.response_logits_to_keep(batch) == seq_len - 3
+    assert block.response_logits_to_keep(batch) == seq_len - 3
     setup = (target, drafter, batch)
     loss, grads, _ = _step(setup, objective)
     full = lambda b: b.input_ids.shape[1]  # noqa: E731
-    monkeypatch.setattr(objective_step, "response_logits_to_keep", full)
-    monkeypatch.setattr(edr_step, "response_logits_to_keep", full)
+    monkeypatch.setattr(block, "response_logits_to_keep", full)
+    monkeypatch.setattr(rounds, "response_logits_to_keep", full)
     ref_loss, ref_grads, _ = _step(setup, objective)
     assert ref_loss.item() > 0
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-7)

@@ -20,13 +20,13 @@ from blockdraft.training import train
 from blockdraft.training.batching import collate
 from blockdraft.training.builders import TrainSetupError
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.feature_sources import (
     CachedFeatures,
     OnlineTargetFeatures,
     build_feature_source,
 )
-from blockdraft.training.objective_step import block_micro_step
+from blockdraft.training.steps.block import block_micro_step
+from blockdraft.training.steps.rounds import edr_micro_step
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from blockdraft.objectives.e2e import e2e_from_overlap
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import (
+from blockdraft.training.steps.block import (
     block_micro_step,
     labels_and_prev,
     sampled_anchors,

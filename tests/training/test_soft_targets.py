@@ -21,7 +21,7 @@ from blockdraft.training.builders import TrainSetupError
 from blockdraft.training.config import ConfigError, config_from_dict
 from blockdraft.training.draft_forward import DraftForward, soft_target_logq
 from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step
+from blockdraft.training.steps.block import block_micro_step
 from blockdraft.training.trainer import train
 
 

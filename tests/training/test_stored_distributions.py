@@ -15,11 +15,11 @@ from trainkit import draft_space_step_setup
 
 from blockdraft.objectives.registry import make_objective
 from blockdraft.sampling import SamplingSettings, sampling_logprobs
-from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.draft_space import DraftSpace
 from blockdraft.training.feature_sources import OnlineTargetFeatures, needs_target_logits
-from blockdraft.training.objective_step import block_micro_step
+from blockdraft.training.steps import rounds
+from blockdraft.training.steps.block import block_micro_step
 from blockdraft.training.target_distributions import stored_topk
 
 SETTINGS = SamplingSettings(temperature=0.8, top_p=0.9, top_k=12)
@@ -69,7 +69,7 @@ def _step(target, drafter, batch, objective: str):  # type: ignore[no-untyped-de
     if objective == "e2e":
         out = block_micro_step(fwd, drafter, source, obj, batch, num_anchors=9, **common)
     else:
-        out = edr_step.edr_micro_step(
+        out = rounds.edr_micro_step(
             fwd, drafter, source, target.stop_token_ids, obj, batch, mode="sampling", **common
         )
     out.numerator.backward()

@@ -9,10 +9,10 @@ from trainkit import random_step_batch
 
 import blockdraft.objectives.cross_entropy as ce
 from blockdraft.objectives.registry import make_objective
-from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step
+from blockdraft.training.steps import rounds
+from blockdraft.training.steps.block import block_micro_step
 
 
 class _Settings:
@@ -45,7 +45,7 @@ def test_sampled_step_is_the_same_with_any_row_chunk(setup, objective, monkeypat
             return block_micro_step(
                 fwd, drafter, OnlineTargetFeatures(target), obj, batch, num_anchors=6, **common
             )
-        return edr_step.edr_micro_step(
+        return rounds.edr_micro_step(
             fwd,
             drafter,
             OnlineTargetFeatures(target),

@@ -136,7 +136,7 @@ def draft_space_step_setup():  # type: ignore[no-untyped-def]
 def every_round_start(batch):  # type: ignore[no-untyped-def]
     """`[B, A]` anchors of every round start of each rollout in `batch` (-1 = padding)."""
     from blockdraft.data.anchors import round_start_anchors
-    from blockdraft.training.objective_step import pad_anchor_lists
+    from blockdraft.training.steps.block import pad_anchor_lists
 
     return pad_anchor_lists(
         [

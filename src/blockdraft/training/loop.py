@@ -2,7 +2,7 @@
 
 One optimizer step = the global batch of `optim.batch_size` sequences, split over
 `world_size` processes x `grad_accum` micro-batches. Each micro-batch back-propagates its
-un-normalised loss numerator (see `objective_step.py`); after the last one the gradient
+un-normalised loss numerator (see `steps/block.py`); after the last one the gradient
 is multiplied by `world_size / global_denominator` (DDP/FSDP averaged over ranks, we
 want the sum over the batch divided by the batch's denominator). The result equals one
 process on the whole batch up to float summation order.
@@ -27,9 +27,9 @@ from blockdraft.training.distributed import (
     clip_grad_norm,
     no_grad_sync,
 )
-from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.feature_sources import FeatureSource
-from blockdraft.training.objective_step import StepStats, block_micro_step
+from blockdraft.training.steps.block import StepStats, block_micro_step
+from blockdraft.training.steps.rounds import edr_micro_step
 
 
 class NonFiniteLossError(RuntimeError):

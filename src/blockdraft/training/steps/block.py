@@ -6,7 +6,7 @@ back-propagates its *un-normalised* numerator and the loop divides the summed gr
 the all-reduced global denominator, so N processes x M accumulation steps give exactly
 the gradient of one process on the whole batch (averaging per-micro-batch losses would
 weight micro-batches equally instead). Block objectives train on `num_anchors` sampled
-anchors per sequence; the rounds objective (EDR) lives in `edr_step.py`.
+anchors per sequence; the rounds objective (EDR) lives in `rounds.py`.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from blockdraft.training.draft_forward import (
     with_unary_gradient,
 )
 from blockdraft.training.draft_space import DraftSpace, TargetRowTable, sampling_target_rows
-from blockdraft.training.objective_step import (
+from blockdraft.training.steps.block import (
     MicroOutput,
     block_stats,
     label_positions,

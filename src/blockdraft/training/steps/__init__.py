@@ -1,0 +1,1 @@
+"""One micro-batch through target, drafter and objective, per objective family."""
