@@ -41,7 +41,8 @@ from blockdraft.targets.registry import load_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.steps.rounds import edr_micro_step
+from blockdraft.training.steps import StepInputs
+from blockdraft.training.steps.rounds import rounds_step
 
 SAMPLERS = ("uniform", "occupancy", "gradient")
 
@@ -53,11 +54,11 @@ class _Settings:  # the rollouts' sampling settings (filled from the manifest)
 def _step(fwd, drafter, target, objective, batch, mode: str, seed: int) -> torch.Tensor:
     """One EDR micro-step + backward; the flattened gradient."""
     drafter.zero_grad(set_to_none=True)
-    out = edr_micro_step(
-        fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
-        seed=seed, step=0, settings=_Settings,
-        mode=mode, want_acc=False, alpha=0.5, variant="full",
+    inputs = StepInputs(
+        fwd, drafter, OnlineTargetFeatures(target), objective, _Settings, seed=seed, mode=mode,
+        stop_token_ids=target.stop_token_ids,
     )  # fmt: skip
+    out = rounds_step(inputs, batch, 0, False)
     out.numerator.backward()
     return torch.cat([p.grad.flatten() for p in drafter.parameters() if p.grad is not None])
 

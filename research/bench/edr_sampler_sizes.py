@@ -43,17 +43,14 @@ def _row_gradient_norms(fwd, drafter, target, batch: Batch, i: int, mode: str):
         one.input_ids, attention_mask=one.attention_mask.long(), with_logits=mode == "sampling"
     )
     starts = round_start_anchors(int(one.prompt_lens[0]), int(one.response_lens[0]))
-    acc, cost, *_ = rounds._acceptance(
-        fwd, target, tout, one, starts[:-1][None], _Settings, mode, True
-    )
+    rb = rounds.RoundsBatch(fwd, target.stop_token_ids, tout, one, _Settings, mode)
+    acc, cost, *_ = rounds._acceptance(rb, starts[:-1][None], True)
     k = acc.shape[-1]
     acc = torch.cat([acc[0], acc.new_zeros(1, k)])  # + the dead last row
     cost = torch.cat([cost[0], cost.new_zeros(1, k)])
     state = occupancy_and_value(acc.detach().double(), cost.detach().double())
     if mode == "sampling":
-        *_, moments = rounds.score_round_starts(
-            fwd, target, tout, one, starts[:-1][None], _Settings, mode, 1 << 30, moments=True
-        )
+        *_, moments = rounds.score_round_starts(rb, starts[:-1][None], 1 << 30, moments=True)
         moments = torch.cat([moments[0], moments.new_zeros(1, k, 3)])
     else:
         moments = greedy_gradient_moments(acc.detach())

@@ -138,10 +138,10 @@ def test_cpu_estimate_within_20_percent_of_measured_peak(shape):
 
 def _measured_sampled_e2e_peak(*, hidden, drafter_layers, block, batch, seq, anchors):
     """`_measured_peak` for a sampled E2E step: target logits, full drafter logits, target
-    probabilities and the row-chunked overlap (block.block_micro_step's path)."""
+    probabilities and the row-chunked overlap (`steps.block_step`'s path)."""
     from blockdraft.data.generation import SamplingSettings
     from blockdraft.objectives.e2e import e2e_from_overlap, overlap_with_logits
-    from blockdraft.training.steps.block import label_positions
+    from blockdraft.training.steps.anchored_blocks import label_positions
     from blockdraft.training.target_distributions import target_probs_for
 
     settings = SamplingSettings(temperature=0.8)

@@ -30,6 +30,7 @@ from blockdraft.training.distributed import DistContext
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import OnlineTargetFeatures
 from blockdraft.training.loop import LoopParts
+from blockdraft.training.steps import StepInputs, micro_step_for
 
 
 def random_rollouts(
@@ -65,22 +66,28 @@ def synthetic_run(
     optimizer, scheduler = build_optimizer(cfg, params, steps)
     alpha, variant = dpace_profile_args(cfg)
     pad = getattr(target.tokenizer, "pad_token_id", None)
+    inputs = StepInputs(
+        fwd=DraftForward(drafter),
+        drafter=drafter,
+        features=OnlineTargetFeatures(target),
+        objective=objective,
+        settings=settings,
+        seed=cfg.seed,
+        mode=mode,
+        stop_token_ids=list(target.stop_token_ids),
+        num_anchors=cfg.num_anchors,
+        profile_alpha=alpha,
+        profile_variant=variant,
+    )
     return LoopParts(
         cfg=cfg,
         ctx=DistContext(0, 1, 0, device),
-        features=OnlineTargetFeatures(target),
-        stop_token_ids=list(target.stop_token_ids),
-        drafter=drafter,
-        fwd=DraftForward(drafter),
-        objective=objective,
+        inputs=inputs,
+        micro_step=micro_step_for(objective),
         optimizer=optimizer,
         scheduler=scheduler,
         rollouts=rollouts,
-        settings=settings,
-        mode=mode,
         pad_id=int(pad if pad is not None else (target.stop_token_ids or [0])[0]),
         total_steps=steps,
         amp_dtype=amp_dtype(cfg, device),
-        profile_alpha=alpha,
-        profile_variant=variant,
     )
