@@ -9,7 +9,7 @@ machine; wall time with --threads > 1), the drafter's linears packed as the loop
 them: the drafter's `extend_context` of 3 verified positions + `draft_hidden` + the
 greedy head, the same through `LeanDrafter` (decoding/cpu/lean_drafter.py), the head
 alone, the greedy choice over the draft and target rows by torch's argmax and by
-`row_argmax` (decoding/cpu/row_argmax.py), and the target's lean 1-token and 8-token
+`row_argmax` (kernels/row_argmax.py), and the target's lean 1-token and 8-token
 forwards; prints each in lean AR steps (the 1-token forward) and the largest difference
 between the two drafters' hidden states.
 """
@@ -23,10 +23,10 @@ import time
 import torch
 
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
-from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.decoding.proposers import GreedyDraftHead
 from blockdraft.decoding.steps import TargetRunner
 from blockdraft.kernels.packed_linear import packed_linears
+from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.serialization.drafter_spec import load_drafter_spec
 from blockdraft.targets.registry import load_target
 

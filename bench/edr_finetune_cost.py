@@ -11,7 +11,7 @@ training reads it: greedy at beta 0.5, or sampling) on every round start and wit
 no-grad scoring pass over every round start; the demo's fine-tune is the greedy 32 row),
 and 32 / 64 drawn uniformly (only the rows not drawn are scored); `--score-chunks 16 128`
 adds EDR @16 with its scoring pass split into passes of that many round starts per
-rollout (the sampling-mode default, `edr_step.default_score_chunk`, is one pass here).
+rollout (the sampling-mode default, `rounds.default_score_chunk`, is one pass here).
 `--amp bf16` runs every row's forward under CPU bf16 autocast, as `amp: bf16` trains (the
 rows' ratio then says what the fine-tune costs on a CPU with bf16 matrix units);
 `--features` reads cached target features for every row (rollouts that store their whole
@@ -43,8 +43,11 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-import blockdraft.training.edr_step as edr_step
-import blockdraft.training.objective_step as objective_step
+import blockdraft.objectives.edr as edr_package
+import blockdraft.objectives.edr.acceptance as edr_acceptance
+import blockdraft.training.steps.block as block
+import blockdraft.training.steps.proposal_scores as proposal_scores
+import blockdraft.training.steps.rounds as rounds
 from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.heap import retain_freed_memory
 from blockdraft.objectives.registry import make_objective
@@ -54,9 +57,10 @@ from blockdraft.targets.registry import load_target
 from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.feature_sources import CachedFeatures, OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step
+from blockdraft.training.steps import StepInputs
+from blockdraft.training.steps.block import block_step
+from blockdraft.training.steps.rounds import rounds_step
 
 
 def main() -> None:
@@ -127,23 +131,22 @@ def main() -> None:
             max_seq_len=max_len,
         )  # fmt: skip
     rows_per = int(batch.response_lens.max()) - 1
-    common = dict(seed=0, settings=settings, want_acc=False, alpha=0.5, variant="full")
 
     def block(name: str, anchors: int, on=batch, **params):
         obj = make_objective(name, **params)
-        return lambda step: block_micro_step(
-            fwd, drafter, feats, obj, on, num_anchors=anchors, step=step, **common
-        )
+        inputs = StepInputs(fwd, drafter, feats, obj, settings, num_anchors=anchors)
+        return lambda step: block_step(inputs, on, step, False)
 
     def edr(max_anchors: int, sampler: str = "gradient", score_chunk: int | None = None, on=batch):
         obj = make_objective(
             "edr", mode=mode, max_anchors=max_anchors, greedy_temperature=0.5,
             anchor_sampler=sampler,
         )  # fmt: skip
-        return lambda step: edr_micro_step(
-            fwd, drafter, feats, target.stop_token_ids, obj, on, mode=mode, step=step,
-            score_chunk=score_chunk, **common,
+        inputs = StepInputs(
+            fwd, drafter, feats, obj, settings, mode=mode,
+            stop_token_ids=target.stop_token_ids, score_chunk=score_chunk,
         )  # fmt: skip
+        return lambda step: rounds_step(inputs, on, step, False)
 
     kind = "greedy beta 0.5" if mode == "greedy" else f"sampling T = {settings.temperature:g}"
     rows = {
@@ -210,22 +213,23 @@ def main() -> None:
 
 def with_tensor_sums(step):
     """`step` with the scoring pass's dense sums on the tensor-op backend (the GPU path)."""
-    compiled = edr_step.scores_with_gradient_moments
+    compiled = edr_acceptance.scores_with_gradient_moments
 
     def run(i):
-        edr_step.scores_with_gradient_moments = functools.partial(compiled, backend="torch")
+        edr_acceptance.scores_with_gradient_moments = functools.partial(compiled, backend="torch")
         try:
             return step(i)
         finally:
-            edr_step.scores_with_gradient_moments = compiled
+            edr_acceptance.scores_with_gradient_moments = compiled
 
     return run
 
 
 PHASES = {  # module -> public functions timed as phases
-    objective_step: ["sampling_targets", "overlap_with_logits"],
-    edr_step: ["score_round_starts", "head_chunked_scores", "scores_and_moments",
-               "sampling_target_rows"],
+    block: ["sampling_targets", "overlap_with_logits"],
+    rounds: ["score_round_starts", "sampling_target_rows"],
+    proposal_scores: ["head_chunked_scores"],
+    edr_package: ["sampling_scores_and_moments"],
 }  # fmt: skip
 
 

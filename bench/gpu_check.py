@@ -205,7 +205,7 @@ def part_train(
     from blockdraft.data.generation import SamplingSettings
     from blockdraft.training.batching import collate
     from blockdraft.training.loop import train_step
-    from blockdraft.training.plan import plan_memory
+    from blockdraft.training.memory_plan import plan_memory
     from blockdraft.training.synthetic import random_rollouts, synthetic_run
 
     path, cfg = train_config(objective, device, smoke)

@@ -12,7 +12,7 @@ ratio, so two shapes are timed in one run, each on the same batch and anchors:
   draft vocabulary); sequences and anchors scaled down to fit a CPU budget.
 
 A step = features (target forward, or shard reads) + drafter forward/backward (D-PACE) +
-AdamW step, exactly the loop's `block_micro_step`. Rounds alternate the order of the two
+AdamW step, exactly the loop's `block_step`. Rounds alternate the order of the two
 sources; the factor is the median over rounds of time(online) / time(cached), in CPU
 seconds of this process (tokens per CPU second), which a busy shared machine distorts
 far less than wall time. The
@@ -52,7 +52,8 @@ from blockdraft.targets.testing import make_shaped_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import CachedFeatures, OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step
+from blockdraft.training.steps import StepInputs
+from blockdraft.training.steps.block import block_step
 
 
 def _clock() -> float:
@@ -148,20 +149,10 @@ def bench_shape(shape: Shape, rounds: int, root: Path) -> None:
     def step(name: str, step_index: int) -> float:
         opt.zero_grad(set_to_none=True)
         t = _clock()
-        out = block_micro_step(
-            fwd,
-            drafter,
-            sources[name],
-            objective,
-            batch,
-            num_anchors=shape.anchors,
-            seed=0,
-            step=step_index,
-            settings=settings,
-            want_acc=False,
-            alpha=0.5,
-            variant="full",
+        inputs = StepInputs(
+            fwd, drafter, sources[name], objective, settings, num_anchors=shape.anchors
         )
+        out = block_step(inputs, batch, step_index, False)
         out.numerator.backward()
         opt.step()
         return _clock() - t

@@ -51,9 +51,11 @@ from blockdraft.targets.testing import make_random_target
 from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.edr_step import edr_micro_step, score_round_starts
 from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step, pad_anchor_lists
+from blockdraft.training.steps import StepInputs
+from blockdraft.training.steps.anchored_blocks import pad_anchor_lists
+from blockdraft.training.steps.block import block_step
+from blockdraft.training.steps.rounds import RoundsBatch, rounds_step, score_round_starts
 from common import SHAPES, random_target
 
 
@@ -169,35 +171,26 @@ def objective_ratios(args: argparse.Namespace) -> None:
             for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
         ]
     )
-    common = dict(seed=0, step=0, settings=_Settings, want_acc=False, alpha=0.5, variant="full")
 
     def step(name: str) -> float:
-        if name == SCORING:  # features and target logits given, as inside edr_micro_step
+        if name == SCORING:  # features and target logits given, as inside rounds_step
             t0 = time.perf_counter()
-            score_round_starts(
-                fwd,
-                target.stop_token_ids,
-                tout,
-                batch,
-                every_start,
-                _Settings,
-                "sampling",
-                args.sampled_anchors,
-                moments=True,
-            )
+            rb = RoundsBatch(fwd, target.stop_token_ids, tout, batch, _Settings, "sampling")
+            score_round_starts(rb, every_start, args.sampled_anchors, moments=True)
             return time.perf_counter() - t0
         row = by_name[name]
         obj = objectives[name]
         drafter.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         if row.objective == "edr":
-            out = edr_micro_step(
-                fwd, drafter, source, target.stop_token_ids, obj, batch, mode=row.mode, **common
-            )
+            inputs = StepInputs(
+                fwd, drafter, source, obj, _Settings, mode=row.mode,
+                stop_token_ids=target.stop_token_ids,
+            )  # fmt: skip
+            out = rounds_step(inputs, batch, 0, False)
         else:
-            out = block_micro_step(
-                fwd, drafter, source, obj, batch, num_anchors=budget(row), **common
-            )
+            inputs = StepInputs(fwd, drafter, source, obj, _Settings, num_anchors=budget(row))
+            out = block_step(inputs, batch, 0, False)
         out.numerator.backward()
         return time.perf_counter() - t0
 

@@ -23,6 +23,14 @@ The layers, bottom first (a package may import its own layer and those below):
 `blockdraft/__init__` reaches the API only by name, on first use (its `__getattr__`), so
 `import blockdraft` loads nothing below it.
 
+Beyond the order, `FORBIDDEN` names packages that must not import another even where
+the layers allow it: training uses what decoding uses only through the shared layer below
+both (`kernels/`), never the decoder's own modules. `SEALED` packages are reached from
+the named importers through their `__init__` only: training asks `objectives.edr` for
+what its step needs through the package's exports, not its internals. And the training
+steps (`training/steps/`) take at most `MAX_STEP_PARAMETERS` parameters a function: what
+a step needs travels as one typed object, not a dozen keywords.
+
 `KNOWN` lists violations tolerated for now (none today): a new one fails, and so does a
 listed one that is gone (delete it from the list).
 """
@@ -65,6 +73,12 @@ LAYERS = [
     {"cli", "__main__"},
 ]
 KNOWN: set[tuple[str, str]] = set()
+# (importer package, imported package) pairs the layers allow but the house does not
+FORBIDDEN = {("training", "decoding")}
+# package -> importer packages that may import it but none of its modules
+SEALED = {"blockdraft.objectives.edr": {"training"}}
+STEPS = "blockdraft.training.steps"
+MAX_STEP_PARAMETERS = 5  # self / cls not counted
 # blockdraft modules a function may import: importing them loads a heavy dependency
 LAZY_MODULES = {
     "blockdraft.objectives.edr.kernels": "numba and its compiled kernels",
@@ -111,9 +125,14 @@ def imports(src: Path, root: str) -> list[tuple[str, str, str | None]]:
     return found
 
 
-def _layer(module: str) -> int:
+def _package(module: str) -> str:
+    """`blockdraft.training.loop` -> `training` (a top-level module names itself)."""
     parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else parts[0]
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _layer(module: str) -> int:
+    top = _package(module)
     for rank, names in enumerate(LAYERS):
         if top in names:
             return rank
@@ -172,6 +191,11 @@ def violations(src: Path, root: str = "blockdraft") -> set[tuple[str, str]]:
         edges.setdefault(a, set()).add(b)
         if _layer(b) > _layer(a):
             out.add(("upward", f"{a} -> {b}"))
+        if (_package(a), _package(b)) in FORBIDDEN:
+            out.add(("forbidden", f"{a} -> {b}"))
+        for sealed, importers in SEALED.items():
+            if b.startswith(sealed + ".") and _package(a) in importers:
+                out.add(("sealed", f"{a} -> {b} (import {sealed} itself)"))
         if name is not None and name.startswith("_") and not name.startswith("__"):
             out.add(("private", f"{a} -> {b}.{name}"))
     for comp in _cycles(edges):
@@ -315,6 +339,20 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
              "evaluation/s.py": "ci = 1\n"},
             {("upward", "blockdraft.decoding.r -> blockdraft.evaluation.s")},
         ),
+        (  # training reaching into the decoder, which the layers alone would allow
+            {"training/t.py": "from blockdraft.decoding.cpu import fast\n",
+             "decoding/cpu/fast.py": ""},
+            {("forbidden", "blockdraft.training.t -> blockdraft.decoding.cpu.fast")},
+        ),
+        (  # training reaching past a sealed package's exports, and through them (fine)
+            {"training/t.py": "from blockdraft.objectives.edr.inner import f\n"
+                              "from blockdraft.objectives import edr\n"
+                              "from blockdraft.objectives.edr import g\n",
+             "objectives/edr/inner.py": "def f(): ...\n",
+             "objectives/edr/__init__.py": "from blockdraft.objectives.edr.inner import f as g\n"},
+            {("sealed", "blockdraft.training.t -> blockdraft.objectives.edr.inner "
+                        "(import blockdraft.objectives.edr itself)")},
+        ),
         (  # another module's private name
             {"data/a.py": "from blockdraft.data.b import _helper, public\n",
              "data/b.py": "def _helper(): ...\npublic = 1\n"},
@@ -381,3 +419,40 @@ def test_every_module_imports():
         except Exception as exc:  # noqa: BLE001 - every failure is reported, with its module
             failed.append(f"{name}: {type(exc).__name__}: {exc}")
     assert not failed, "\n".join(failed)
+
+
+def wide_step_functions(src: Path, package: str = STEPS) -> set[str]:
+    """`module:function (n)` for every function (methods and nested ones included) of a
+    module under `package` with more than `MAX_STEP_PARAMETERS` parameters."""
+    out = set()
+    for mod, (file, _) in modules(src).items():
+        if mod != package and not mod.startswith(package + "."):
+            continue
+        for fn in ast.walk(ast.parse(file.read_text(), str(file))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = fn.args
+            names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+            names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+            n = len([x for x in names if x not in ("self", "cls")])
+            if n > MAX_STEP_PARAMETERS:
+                out.add(f"{mod}:{fn.name} ({n})")
+    return out
+
+
+def test_training_steps_take_at_most_five_parameters():
+    found = wide_step_functions(SRC)
+    assert not found, "step functions with more than 5 parameters:\n" + "\n".join(sorted(found))
+
+
+def test_a_wide_step_function_is_found(tmp_path):
+    src = _tree(tmp_path, {
+        "training/steps/s.py": "class C:\n    def ok(self, a, b, c, d, e): ...\n"
+                               "def wide(a, b, c, d, *, e, f): ...\n"
+                               "def outer():\n    def inner(a, b, c, d, e, *rest): ...\n",
+        "training/loop.py": "def elsewhere(a, b, c, d, e, f): ...\n",
+    })  # fmt: skip
+    assert wide_step_functions(src) == {
+        "blockdraft.training.steps.s:wide (6)",
+        "blockdraft.training.steps.s:inner (6)",
+    }

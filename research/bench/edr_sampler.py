@@ -2,7 +2,7 @@
 
 Why: when a rollout has more round starts than `objective.max_anchors`, the EDR step
 drafts only a sample of them with gradient and weights them by 1 / inclusion probability
-(training/edr_step.py). All samplers give unbiased gradients; they differ in cost and
+(training/steps/rounds.py). All samplers give unbiased gradients; they differ in cost and
 variance:
 
 - `uniform` draws the rows first and scores only the others without gradient (each
@@ -40,8 +40,9 @@ from blockdraft.serialization.checkpoint import load_drafter
 from blockdraft.targets.registry import load_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.feature_sources import OnlineTargetFeatures
+from blockdraft.training.steps import StepInputs
+from blockdraft.training.steps.rounds import rounds_step
 
 SAMPLERS = ("uniform", "occupancy", "gradient")
 
@@ -53,11 +54,11 @@ class _Settings:  # the rollouts' sampling settings (filled from the manifest)
 def _step(fwd, drafter, target, objective, batch, mode: str, seed: int) -> torch.Tensor:
     """One EDR micro-step + backward; the flattened gradient."""
     drafter.zero_grad(set_to_none=True)
-    out = edr_micro_step(
-        fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
-        seed=seed, step=0, settings=_Settings,
-        mode=mode, want_acc=False, alpha=0.5, variant="full",
+    inputs = StepInputs(
+        fwd, drafter, OnlineTargetFeatures(target), objective, _Settings, seed=seed, mode=mode,
+        stop_token_ids=target.stop_token_ids,
     )  # fmt: skip
+    out = rounds_step(inputs, batch, 0, False)
     out.numerator.backward()
     return torch.cat([p.grad.flatten() for p in drafter.parameters() if p.grad is not None])
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from edr_sampler import _Settings, common_arguments, load_inputs
 
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.objectives.edr import (
@@ -29,9 +30,8 @@ from blockdraft.objectives.edr import (
     inclusion_probabilities,
     occupancy_and_value,
 )
-from blockdraft.training import edr_step
 from blockdraft.training.batching import Batch
-from edr_sampler import _Settings, common_arguments, load_inputs
+from blockdraft.training.steps import rounds
 
 
 def _row_gradient_norms(fwd, drafter, target, batch: Batch, i: int, mode: str):
@@ -43,17 +43,14 @@ def _row_gradient_norms(fwd, drafter, target, batch: Batch, i: int, mode: str):
         one.input_ids, attention_mask=one.attention_mask.long(), with_logits=mode == "sampling"
     )
     starts = round_start_anchors(int(one.prompt_lens[0]), int(one.response_lens[0]))
-    acc, cost, *_ = edr_step._acceptance(
-        fwd, target, tout, one, starts[:-1][None], _Settings, mode, True
-    )
+    rb = rounds.RoundsBatch(fwd, target.stop_token_ids, tout, one, _Settings, mode)
+    acc, cost, *_ = rounds._acceptance(rb, starts[:-1][None], True)
     k = acc.shape[-1]
     acc = torch.cat([acc[0], acc.new_zeros(1, k)])  # + the dead last row
     cost = torch.cat([cost[0], cost.new_zeros(1, k)])
     state = occupancy_and_value(acc.detach().double(), cost.detach().double())
     if mode == "sampling":
-        *_, moments = edr_step.score_round_starts(
-            fwd, target, tout, one, starts[:-1][None], _Settings, mode, 1 << 30, moments=True
-        )
+        *_, moments = rounds.score_round_starts(rb, starts[:-1][None], 1 << 30, moments=True)
         moments = torch.cat([moments[0], moments.new_zeros(1, k, 3)])
     else:
         moments = greedy_gradient_moments(acc.detach())

@@ -52,8 +52,8 @@ def _eval(capsys, setup, rollouts, *extra):
 
 
 def _train_setup(setup, rollouts, **data):
+    from blockdraft.training.builders import load_train_eval
     from blockdraft.training.config import config_from_dict
-    from blockdraft.training.setup import load_train_eval
 
     cfg = config_from_dict({"data": {"train_rollouts": str(rollouts), **data}})
     return load_train_eval(cfg, setup["target"])

@@ -6,7 +6,7 @@ the trainer's builders, `loop.train_step`, bf16 target and autocast, `flex` atte
 minus what was allocated before; the plan is `plan_memory` of the same config and
 target config on "cuda". Within 20%, for each shape. On the CPU
 (BLOCKDRAFT_GPU_TESTS_ON_CPU=1) the same steps are measured as live tensor bytes
-(tests/training/test_plan.py's `LiveBytes`) against the CPU plan.
+(tests/training/test_memory_plan.py's `LiveBytes`) against the CPU plan.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import contextlib
 
 import pytest
 import torch
-from test_plan import LiveBytes
+from test_memory_plan import LiveBytes
 
 from blockdraft.data.generation import SamplingSettings
 from blockdraft.devices import resolve_dtype
 from blockdraft.targets.testing import make_shaped_target
 from blockdraft.training.config import load_config
 from blockdraft.training.loop import train_step
-from blockdraft.training.plan import plan_memory
+from blockdraft.training.memory_plan import plan_memory
 from blockdraft.training.synthetic import random_rollouts, synthetic_run
 
 # (target shape overrides of `qwen3-8b`, config overrides, rollout temperature)

@@ -83,8 +83,8 @@ def test_truncated_or_corrupt_checkpoint_is_a_one_line_error(setup, tmp_path, ca
 
 
 def test_init_from_a_broken_checkpoint_names_the_key(setup, tmp_path):
+    from blockdraft.training.builders import TrainSetupError, build_drafter, load_train_eval
     from blockdraft.training.config import config_from_dict
-    from blockdraft.training.setup import TrainSetupError, build_drafter, load_train_eval
 
     ckpt = _drafter(setup, tmp_path / "init", block_size=8)
     with open(ckpt / "model.safetensors", "r+b") as fh:

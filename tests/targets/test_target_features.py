@@ -74,12 +74,12 @@ def test_top_layer_feature_is_its_raw_output_before_the_final_norm(arch):
 
 def test_auto_dtype_is_bf16_on_cuda_fp32_on_cpu(monkeypatch):
     """`target.dtype: auto` resolves per device (no GPU: the loader is replaced)."""
-    import blockdraft.training.setup as setup
+    import blockdraft.training.builders as builders
+    from blockdraft.training.builders import load_target_for
     from blockdraft.training.config import load_config
-    from blockdraft.training.setup import load_target_for
 
     seen = {}
-    monkeypatch.setattr(setup, "load_target", lambda name, **kw: seen.update(kw))
+    monkeypatch.setattr(builders, "load_target", lambda name, **kw: seen.update(kw))
     cfg = load_config(None, ["data.train_rollouts=unused"])
     load_target_for(cfg, torch.device("cuda", 0))
     assert seen["dtype"] == torch.bfloat16 and seen["device"] == torch.device("cuda", 0)

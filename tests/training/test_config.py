@@ -35,7 +35,7 @@ def test_overrides_are_typed_and_applied():
     assert cfg.objective.gamma == 5.0 and isinstance(cfg.objective.gamma, float)
     assert cfg.optim.betas == [0.8, 0.9] and cfg.num_anchors == 64
     edr = config_from_dict(BASE, ["objective.name=edr", "objective.anchor_sampler=uniform"])
-    from blockdraft.training.setup import build_objective
+    from blockdraft.training.builders import build_objective
 
     objective = build_objective(edr, "greedy")
     assert objective.anchor_sampler == "uniform" and objective.mode == "greedy"

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from trainkit import make_config, read_metrics
 
 from blockdraft.training import train
-from blockdraft.training.setup import amp_dtype
+from blockdraft.training.builders import amp_dtype
 
 CPU = torch.device("cpu")
 

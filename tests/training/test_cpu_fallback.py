@@ -10,8 +10,8 @@ import torch
 import yaml
 from trainkit import make_config
 
+from blockdraft.training.builders import cpu_fallback_note, gpu_sized_settings
 from blockdraft.training.config import load_config
-from blockdraft.training.setup import cpu_fallback_note, gpu_sized_settings
 from blockdraft.training.trainer import train
 
 CONFIGS = Path(__file__).parents[2] / "configs"

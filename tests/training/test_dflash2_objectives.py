@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainkit import every_round_start, target_output, wrapped_forward_class
+from trainkit import (
+    every_round_start,
+    rounds_batch,
+    step_inputs,
+    target_output,
+    wrapped_forward_class,
+)
 
 from blockdraft.data.rollout_store import Rollout
 from blockdraft.drafters.dflash import DrafterConfig
@@ -24,22 +30,15 @@ from blockdraft.objectives.registry import make_objective
 from blockdraft.targets.testing import make_random_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.edr_step import edr_micro_step
-from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import (
-    block_micro_step,
-    labels_and_prev,
-    sampled_anchors,
-)
+from blockdraft.training.steps.anchored_blocks import labels_and_prev
+from blockdraft.training.steps.block import block_step, sampled_anchors
+from blockdraft.training.steps.rounds import rounds_step
 
 BLOCK, TOP_K = 4, 48
 
 
 class _Greedy:
     temperature, top_p, top_k, greedy = 0.0, 1.0, 0, True
-
-
-_COMMON = dict(settings=_Greedy, want_acc=False, alpha=0.5, variant="full")
 
 
 @pytest.fixture(scope="module", params=[None, 0.6], ids=["full-vocab", "draft-vocab"])
@@ -108,10 +107,8 @@ def _pieces(target, drafter, batch, anchors):
 def test_dpace_weights_both_terms_by_the_selector(setup):
     target, drafter, batch = setup
     obj = make_objective("dpace", alpha=0.5)
-    out = block_micro_step(
-        DraftForward(drafter), drafter, OnlineTargetFeatures(target), obj, batch,
-        num_anchors=4, seed=0, step=2, **_COMMON,
-    )  # fmt: skip
+    inputs = step_inputs(target, drafter, obj, _Greedy, num_anchors=4)
+    out = block_step(inputs, batch, step=2, want_acc=False)
     got = _grads(drafter, out.numerator / out.denominator)
     anchors = sampled_anchors(batch, 4, BLOCK, 0, 2)
     mask, q_sel, q_u = _pieces(target, drafter, batch, anchors)
@@ -128,10 +125,8 @@ def test_dpace_weights_both_terms_by_the_selector(setup):
 def test_e2e_applies_the_selector_gradient_to_both_overlaps(setup):
     target, drafter, batch = setup
     obj = make_objective("e2e", greedy_temperature=1.0)  # the reference below is at beta = 1
-    out = block_micro_step(
-        DraftForward(drafter), drafter, OnlineTargetFeatures(target), obj, batch,
-        num_anchors=4, seed=0, step=3, **_COMMON,
-    )  # fmt: skip
+    inputs = step_inputs(target, drafter, obj, _Greedy, num_anchors=4)
+    out = block_step(inputs, batch, step=3, want_acc=False)
     got = _grads(drafter, out.numerator / out.denominator)
     anchors = sampled_anchors(batch, 4, BLOCK, 0, 3)
     mask, q_sel, q_u = _pieces(target, drafter, batch, anchors)
@@ -147,10 +142,7 @@ def test_edr_exact_rounds_gradient_for_selector_and_unary(setup):
     obj = make_objective(
         "edr", mode="greedy", max_anchors=64, anchor_sampler="uniform", greedy_temperature=1.0
     )
-    out = edr_micro_step(
-        DraftForward(drafter), drafter, OnlineTargetFeatures(target), target.stop_token_ids,
-        obj, batch, seed=0, step=1, mode="greedy", **_COMMON,
-    )  # fmt: skip
+    out = rounds_step(step_inputs(target, drafter, obj, _Greedy), batch, step=1, want_acc=False)
     got = _grads(drafter, out.numerator)
     anchors = every_round_start(batch)
     _, q_sel, q_u = _pieces(target, drafter, batch, anchors)
@@ -200,11 +192,10 @@ def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler, set
     for fwd in (DraftForward(drafter), Wrapped(drafter)):
         # the same scoring passes for both (by default an unwrapped step scores in one
         # pass, a wrapped one in passes of max_anchors: other rounding, other PPS draws)
-        out = edr_micro_step(
-            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, obj, batch,
-            seed=0, step=1, mode="sampling", score_chunk=3,
-            **{**_COMMON, "settings": settings, "want_acc": True},
-        )  # fmt: skip
+        inputs = step_inputs(
+            target, drafter, obj, settings, fwd=fwd, mode="sampling", score_chunk=3
+        )
+        out = rounds_step(inputs, batch, step=1, want_acc=True)
         results.append((out.numerator.detach(), _grads(drafter, out.numerator)))
         profiles.append(out.stats.profile_sum)
     (na, ga), (nb, gb) = results
@@ -227,10 +218,8 @@ def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler, set
 
 def test_sampling_e2e_runs_on_dflash2(setup):
     target, drafter, batch = setup
-    out = block_micro_step(
-        DraftForward(drafter), drafter, OnlineTargetFeatures(target), make_objective("e2e"),
-        batch, num_anchors=4, seed=0, step=1, **{**_COMMON, "settings": _Sampling},
-    )  # fmt: skip
+    inputs = step_inputs(target, drafter, make_objective("e2e"), _Sampling, num_anchors=4)
+    out = block_step(inputs, batch, step=1, want_acc=False)
     grads = _grads(drafter, out.numerator / out.denominator)
     assert torch.isfinite(out.numerator) and grads["fc.weight"].abs().sum() > 0
 
@@ -268,7 +257,7 @@ def test_scoring_pass_on_the_candidates_equals_the_dense_one(setup):
     (`candidate_scores`); a wrapped forward compares `[N, K, V]` logits (-inf off the
     candidates) with the target rows: the same A, c and gradient moments, with stop tokens
     (one inside a reduced draft vocabulary, one maybe outside) among the labels."""
-    from blockdraft.training import edr_step
+    from blockdraft.training.steps import rounds
 
     target, drafter, batch = setup
 
@@ -279,8 +268,8 @@ def test_scoring_pass_on_the_candidates_equals_the_dense_one(setup):
     labels, _, _ = labels_and_prev(batch, anchors, BLOCK)
     stops = [int(labels[0, 0, 1]), int(labels[1, 1, 2])]  # realised labels are stops
     outs = [
-        edr_step.score_round_starts(
-            fwd, stops, tout, batch, anchors, _Sampling, "sampling", 64, moments=True
+        rounds.score_round_starts(
+            rounds_batch(fwd, stops, tout, batch, _Sampling, "sampling"), anchors, 64, moments=True
         )
         for fwd in (DraftForward(drafter), Wrapped(drafter))
     ]

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainkit import draft_space_step_setup, random_step_batch
+from trainkit import draft_space_step_setup, random_step_batch, rounds_batch, step_inputs
 
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.e2e import overlap_with_logits
 from blockdraft.objectives.edr import acceptance_and_cost
 from blockdraft.objectives.registry import make_objective
-from blockdraft.training import edr_step
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.draft_space import DraftSpace, TargetRowTable, sampling_targets
-from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step, label_positions
+from blockdraft.training.steps import rounds
+from blockdraft.training.steps.anchored_blocks import label_positions
+from blockdraft.training.steps.block import block_step
 from blockdraft.training.target_distributions import target_probs_for
 
 VOCAB, STOPS = 40, [1, 2]
@@ -70,25 +70,15 @@ def setup():
 
 def _step(setup, objective: str):
     target, drafter, batch = setup
-    fwd = DraftForward(drafter)
     obj = make_objective(objective, **({"mode": "sampling"} if objective == "edr" else {}))
-    common = dict(seed=0, step=1, settings=_Settings, want_acc=True, alpha=0.5, variant="full")
     drafter.zero_grad(set_to_none=True)
     if objective == "e2e":
-        out = block_micro_step(
-            fwd, drafter, OnlineTargetFeatures(target), obj, batch, num_anchors=9, **common
+        out = block_step(
+            step_inputs(target, drafter, obj, _Settings, num_anchors=9), batch, 1, True
         )
     else:
-        out = edr_step.edr_micro_step(
-            fwd,
-            drafter,
-            OnlineTargetFeatures(target),
-            target.stop_token_ids,
-            obj,
-            batch,
-            mode="sampling",
-            **common,
-        )
+        inputs = step_inputs(target, drafter, obj, _Settings, mode="sampling")
+        out = rounds.rounds_step(inputs, batch, 1, True)
     out.numerator.backward()
     grads = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
     return out.numerator.detach(), grads, out.stats
@@ -122,10 +112,10 @@ def test_scoring_pass_and_moments_equal_target_space(setup, monkeypatch) -> None
     anchors[1, 8:] = -1
 
     def score():
-        return edr_step.score_round_starts(
-            DraftForward(drafter), target.stop_token_ids, tout, batch, anchors, _Settings,
-            "sampling", 4, moments=True,
-        )  # fmt: skip
+        rb = rounds_batch(
+            DraftForward(drafter), target.stop_token_ids, tout, batch, _Settings, "sampling"
+        )
+        return rounds.score_round_starts(rb, anchors, 4, moments=True)
 
     got = score()
     monkeypatch.setattr(DraftSpace, "of", classmethod(lambda cls, *a, **k: None))
@@ -182,8 +172,8 @@ def test_step_reading_response_logits_only_equals_full_logits(objective, monkeyp
     shortest prompt only (`response_logits_to_keep`); prompts of different lengths in one
     batch, so rows start at different offsets: same loss and gradients as full logits."""
     from blockdraft.data.rollout_store import Rollout
-    from blockdraft.training import objective_step
     from blockdraft.training.batching import collate
+    from blockdraft.training.steps import anchored_blocks, block
 
     target, _, _ = random_step_batch([3])
     torch.manual_seed(0)
@@ -197,12 +187,12 @@ def test_step_reading_response_logits_only_equals_full_logits(objective, monkeyp
     ]  # fmt: skip
     batch = collate(rows, [0, 1, 2], 0, 4096)
     seq_len = batch.input_ids.shape[1]
-    assert objective_step.response_logits_to_keep(batch) == seq_len - 3
+    assert anchored_blocks.response_logits_to_keep(batch) == seq_len - 3
     setup = (target, drafter, batch)
     loss, grads, _ = _step(setup, objective)
     full = lambda b: b.input_ids.shape[1]  # noqa: E731
-    monkeypatch.setattr(objective_step, "response_logits_to_keep", full)
-    monkeypatch.setattr(edr_step, "response_logits_to_keep", full)
+    monkeypatch.setattr(block, "response_logits_to_keep", full)
+    monkeypatch.setattr(rounds, "response_logits_to_keep", full)
     ref_loss, ref_grads, _ = _step(setup, objective)
     assert ref_loss.item() > 0
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-7)

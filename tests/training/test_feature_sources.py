@@ -18,15 +18,16 @@ from blockdraft.objectives.registry import make_objective
 from blockdraft.targets.testing import make_random_target
 from blockdraft.training import train
 from blockdraft.training.batching import collate
+from blockdraft.training.builders import TrainSetupError
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.edr_step import edr_micro_step
 from blockdraft.training.feature_sources import (
     CachedFeatures,
     OnlineTargetFeatures,
     build_feature_source,
 )
-from blockdraft.training.objective_step import block_micro_step
-from blockdraft.training.setup import TrainSetupError
+from blockdraft.training.steps import StepInputs
+from blockdraft.training.steps.block import block_step
+from blockdraft.training.steps.rounds import rounds_step
 
 
 @pytest.fixture(scope="module")
@@ -76,25 +77,16 @@ def _step(source, target, rollouts, settings, objective_name: str):
     fwd = DraftForward(drafter)
     idx = [3, 0, 11, 7, 20]
     batch = collate([rollouts[i] for i in idx], idx, 0, 64)
-    common = dict(seed=0, step=2, want_acc=True, alpha=0.5, variant="full")
     if objective_name == "edr":
         obj = make_objective("edr", mode="greedy", max_anchors=8)  # long rows are PPS-sampled
-        out = edr_micro_step(
-            fwd,
-            drafter,
-            source,
-            target.stop_token_ids,
-            obj,
-            batch,
-            settings=settings,
-            mode="greedy",
-            **common,
+        inputs = StepInputs(
+            fwd, drafter, source, obj, settings, stop_token_ids=target.stop_token_ids
         )
+        out = rounds_step(inputs, batch, step=2, want_acc=True)
     else:
         obj = make_objective(objective_name, alpha=0.5)
-        out = block_micro_step(
-            fwd, drafter, source, obj, batch, num_anchors=8, settings=settings, **common
-        )
+        inputs = StepInputs(fwd, drafter, source, obj, settings, num_anchors=8)
+        out = block_step(inputs, batch, step=2, want_acc=True)
     out.numerator.backward()
     grads = {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
     return out.numerator.detach(), out.denominator, grads

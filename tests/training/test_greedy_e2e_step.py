@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainkit import random_step_batch
+from trainkit import random_step_batch, step_inputs
 
 from blockdraft.objectives.e2e import e2e_from_overlap
 from blockdraft.objectives.registry import make_objective
-from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import (
-    block_micro_step,
-    labels_and_prev,
-    sampled_anchors,
-)
+from blockdraft.training.steps.anchored_blocks import labels_and_prev
+from blockdraft.training.steps.block import block_step, sampled_anchors
 
 
 class _Greedy:
@@ -26,13 +21,10 @@ class _Greedy:
 @pytest.mark.parametrize("beta", [1.0, 0.4])
 def test_greedy_e2e_step_uses_the_tempered_overlap(beta):
     target, drafter, batch = random_step_batch([20, 11, 6])
-    fwd = DraftForward(drafter)
     obj = make_objective("e2e", greedy_temperature=beta)
-    common = dict(seed=0, step=3, settings=_Greedy, want_acc=False, alpha=0.5, variant="full")
     drafter.zero_grad(set_to_none=True)
-    out = block_micro_step(
-        fwd, drafter, OnlineTargetFeatures(target), obj, batch, num_anchors=5, **common
-    )
+    inputs = step_inputs(target, drafter, obj, _Greedy, num_anchors=5)
+    out = block_step(inputs, batch, step=3, want_acc=False)
     out.numerator.backward()
     got = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
 

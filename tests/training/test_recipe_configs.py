@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from blockdraft.training.config import load_config
-from blockdraft.training.plan import GiB, plan_memory
+from blockdraft.training.memory_plan import GiB, plan_memory
 
 ROOT = Path(__file__).parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"

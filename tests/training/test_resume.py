@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from trainkit import make_config, read_metrics
 
 import blockdraft.training.loop as loop
-from blockdraft.training import ConfigError, train
+from blockdraft.training import ConfigError, steps, train
 from blockdraft.training.loop import NonFiniteLossError
 
 
@@ -73,15 +73,15 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(target, rollout_dirs, tmp
         checkpoint={"save_every": 2},
         eval={"at_start": False},
     )
-    real = loop.block_micro_step
+    real = steps.block_step
 
-    def poisoned(*args, step, **kwargs):
-        out = real(*args, step=step, **kwargs)
+    def poisoned(inputs, batch, step, want_acc):
+        out = real(inputs, batch, step, want_acc)
         if step == 2:  # the third optimizer step
             out.numerator = out.numerator * float("nan")
         return out
 
-    monkeypatch.setattr(loop, "block_micro_step", poisoned)
+    monkeypatch.setattr(steps, "block_step", poisoned)  # what `micro_step_for` hands out
     with pytest.raises(NonFiniteLossError) as err:
         train(cfg, target=target)
     msg = str(err.value)

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from trainkit import make_config, random_step_batch, read_metrics
+from trainkit import make_config, random_step_batch, read_metrics, step_inputs
 
 from blockdraft.data.rollout_store import Rollout
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
@@ -17,11 +17,10 @@ from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.dpace import dpace_weights
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training.batching import collate
+from blockdraft.training.builders import TrainSetupError
 from blockdraft.training.config import ConfigError, config_from_dict
-from blockdraft.training.draft_forward import DraftForward, soft_target_logq
-from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step
-from blockdraft.training.setup import TrainSetupError
+from blockdraft.training.draft_forward import soft_target_logq
+from blockdraft.training.steps.block import block_step
 from blockdraft.training.trainer import train
 
 
@@ -99,11 +98,8 @@ def _with_topk(batch, topk_ids: torch.Tensor, topk_lps: torch.Tensor):
 
 def _step_loss(target, drafter, batch, soft_weight: float) -> torch.Tensor:
     obj = make_objective("dpace", **({"soft_weight": soft_weight} if soft_weight else {}))
-    out = block_micro_step(
-        DraftForward(drafter), drafter, OnlineTargetFeatures(target), obj, batch,
-        num_anchors=6, seed=0, step=1, settings=SamplingSettings(0.0), want_acc=False,
-        alpha=0.5, variant="full",
-    )  # fmt: skip
+    inputs = step_inputs(target, drafter, obj, SamplingSettings(0.0), num_anchors=6)
+    out = block_step(inputs, batch, step=1, want_acc=False)
     return out.numerator / out.denominator
 
 

@@ -11,15 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from trainkit import draft_space_step_setup
+from trainkit import draft_space_step_setup, step_inputs
 
 from blockdraft.objectives.registry import make_objective
 from blockdraft.sampling import SamplingSettings, sampling_logprobs
-from blockdraft.training import edr_step
-from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.draft_space import DraftSpace
 from blockdraft.training.feature_sources import OnlineTargetFeatures, needs_target_logits
-from blockdraft.training.objective_step import block_micro_step
+from blockdraft.training.steps import rounds
+from blockdraft.training.steps.block import block_step
 from blockdraft.training.target_distributions import stored_topk
 
 SETTINGS = SamplingSettings(temperature=0.8, top_p=0.9, top_k=12)
@@ -61,17 +60,15 @@ def setup():  # type: ignore[no-untyped-def]
 
 
 def _step(target, drafter, batch, objective: str):  # type: ignore[no-untyped-def]
-    fwd = DraftForward(drafter)
     source = _Recording(target)
     obj = make_objective(objective, **({"mode": "sampling"} if objective == "edr" else {}))
-    common = dict(seed=0, step=1, settings=SETTINGS, want_acc=True, alpha=0.5, variant="full")
     drafter.zero_grad(set_to_none=True)
     if objective == "e2e":
-        out = block_micro_step(fwd, drafter, source, obj, batch, num_anchors=9, **common)
+        inputs = step_inputs(target, drafter, obj, SETTINGS, features=source, num_anchors=9)
+        out = block_step(inputs, batch, step=1, want_acc=True)
     else:
-        out = edr_step.edr_micro_step(
-            fwd, drafter, source, target.stop_token_ids, obj, batch, mode="sampling", **common
-        )
+        inputs = step_inputs(target, drafter, obj, SETTINGS, features=source, mode="sampling")
+        out = rounds.rounds_step(inputs, batch, step=1, want_acc=True)
     out.numerator.backward()
     grads = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
     return out.numerator.detach(), grads, source.asked

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainkit import random_step_batch
+from trainkit import random_step_batch, step_inputs
 
 import blockdraft.objectives.cross_entropy as ce
 from blockdraft.objectives.registry import make_objective
-from blockdraft.training import edr_step
-from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.objective_step import block_micro_step
+from blockdraft.training.steps import rounds
+from blockdraft.training.steps.block import block_step
 
 
 class _Settings:
@@ -36,25 +34,14 @@ def _run(step, drafter) -> tuple[torch.Tensor, list[torch.Tensor]]:
 @pytest.mark.parametrize("objective", ["e2e", "edr"])
 def test_sampled_step_is_the_same_with_any_row_chunk(setup, objective, monkeypatch) -> None:
     target, drafter, batch = setup
-    fwd = DraftForward(drafter)
     obj = make_objective(objective, **({"mode": "sampling"} if objective == "edr" else {}))
-    common = dict(seed=0, step=1, settings=_Settings, want_acc=False, alpha=0.5, variant="full")
 
     def step():
         if objective == "e2e":
-            return block_micro_step(
-                fwd, drafter, OnlineTargetFeatures(target), obj, batch, num_anchors=6, **common
-            )
-        return edr_step.edr_micro_step(
-            fwd,
-            drafter,
-            OnlineTargetFeatures(target),
-            target.stop_token_ids,
-            obj,
-            batch,
-            mode="sampling",
-            **common,
-        )
+            inputs = step_inputs(target, drafter, obj, _Settings, num_anchors=6)
+            return block_step(inputs, batch, step=1, want_acc=False)
+        inputs = step_inputs(target, drafter, obj, _Settings, mode="sampling")
+        return rounds.rounds_step(inputs, batch, step=1, want_acc=False)
 
     results = []
     for elements in (2 * target.vocab_size, 1 << 40):  # two rows per chunk, one chunk

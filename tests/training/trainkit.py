@@ -136,7 +136,7 @@ def draft_space_step_setup():  # type: ignore[no-untyped-def]
 def every_round_start(batch):  # type: ignore[no-untyped-def]
     """`[B, A]` anchors of every round start of each rollout in `batch` (-1 = padding)."""
     from blockdraft.data.anchors import round_start_anchors
-    from blockdraft.training.objective_step import pad_anchor_lists
+    from blockdraft.training.steps.anchored_blocks import pad_anchor_lists
 
     return pad_anchor_lists(
         [
@@ -144,6 +144,26 @@ def every_round_start(batch):  # type: ignore[no-untyped-def]
             for p, n in zip(batch.prompt_lens, batch.response_lens, strict=True)
         ]
     )
+
+
+def step_inputs(target, drafter, objective, settings, **fields):  # type: ignore[no-untyped-def]
+    """`StepInputs` of a one-process step of `drafter` on `target`'s online features;
+    `fields` override or add to them (fwd, features, seed, mode, score_chunk, ...)."""
+    from blockdraft.training.draft_forward import DraftForward
+    from blockdraft.training.feature_sources import OnlineTargetFeatures
+    from blockdraft.training.steps import StepInputs
+
+    fields.setdefault("fwd", DraftForward(drafter))
+    fields.setdefault("features", OnlineTargetFeatures(target))
+    fields.setdefault("stop_token_ids", target.stop_token_ids)
+    return StepInputs(drafter=drafter, objective=objective, settings=settings, **fields)
+
+
+def rounds_batch(fwd, stops, tout, batch, settings, mode):  # type: ignore[no-untyped-def]
+    """The `RoundsBatch` a scoring pass reads (no step-wide target rows, no head cap)."""
+    from blockdraft.training.steps.rounds import RoundsBatch
+
+    return RoundsBatch(fwd, stops, tout, batch, settings, mode)
 
 
 def wrapped_forward_class():  # type: ignore[no-untyped-def]

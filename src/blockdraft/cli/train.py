@@ -19,10 +19,10 @@ from blockdraft.data.rollout_store import RolloutError
 from blockdraft.heap import retain_freed_memory
 from blockdraft.recipes import TRAIN, recipe_listing, resolve_recipe
 from blockdraft.threads import add_threads_arg, configure_cpu, runs_on_cpu
+from blockdraft.training.builders import TrainSetupError
 from blockdraft.training.config import ConfigError, dump_yaml, load_config
 from blockdraft.training.loop import NonFiniteLossError
-from blockdraft.training.plan import plan_memory
-from blockdraft.training.setup import TrainSetupError
+from blockdraft.training.memory_plan import plan_memory
 from blockdraft.training.trainer import train
 
 EXAMPLE = """examples:

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 import torch
 
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
-from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.drafters.dflash import BlockDrafter
 from blockdraft.drafters.draft_vocab import in_target_space, sample_draft_logits
 from blockdraft.drafters.hybrid import HybridDrafter
@@ -26,6 +25,7 @@ from blockdraft.drafters.ngram import NgramTable
 from blockdraft.kernels import cpu_kernels_apply
 from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
 from blockdraft.kernels.packed_linear import pack_weight
+from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.sampling import processed_probs, sample
 
 

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from blockdraft.decoding.cpu.lean_target import LeanCache, LeanTarget
-from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.kernels import cpu_kernels_apply
 from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
+from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.sampling import processed_probs, sample
 
 

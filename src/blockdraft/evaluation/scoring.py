@@ -25,10 +25,10 @@ from tqdm import tqdm
 
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollout_store import target_fingerprint
-from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter, future_tokens
+from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.sampling import processed_probs
 from blockdraft.user_cache import cache_root
 

@@ -219,7 +219,7 @@ def make_objective(name: str, **params: Any) -> Objective:
     overlap is `softmax(z / beta)(x)`, as greedy EDR's acceptance; default 0.5); edr
     `mode` ("sampling" | "greedy") and `max_anchors` (round starts sampled per rollout,
     default 512) and `anchor_sampler` (how they are drawn beyond that: "gradient" (the
-    default) | "occupancy" | "uniform", see `training/edr_step.py`) and
+    default) | "occupancy" | "uniform", see `training/steps/rounds.py`) and
     `greedy_temperature` (greedy mode: beta of the relaxation `A = softmax(z / beta)(x)`,
     default 0.5; 1.0 is the old `A = q(x)`).
     """

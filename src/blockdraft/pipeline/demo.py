@@ -175,7 +175,7 @@ def draft_vocab_for(s: DemoSettings, target: Any, train_rollouts: Path) -> int |
     drafters' held-out MAL by 3-13% at three seeds and cut the head's cost 8x
     (research/results.md, "A draft vocabulary for the demo"). Auto = the distinct response
     tokens rounded up to a power of two (the most frequent tokens of prompts and
-    responses fill it, training/setup.py); sampled text reaches most of the vocabulary,
+    responses fill it, training/builders.py); sampled text reaches most of the vocabulary,
     and then the drafter scores all of it."""
     if s.draft_vocab_size is not None:
         return s.draft_vocab_size
@@ -574,7 +574,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
             "drafters": {n: recorded_key(p.parent) for n, p in trained.items() if n != CONTROL},
             "settings": fingerprint(portable(_settings_key(s, out), out)),
             # 2: offline MAL on the same prompts and length, HF generate row; 3: lean forwards;
-            # 4: numpy's argmax for the greedy choice (decoding/cpu/row_argmax.py);
+            # 4: numpy's argmax for the greedy choice (kernels/row_argmax.py);
             # 5: the speedup's CI over prompts (`speedup_ci95`)
             "version": 5,
         },

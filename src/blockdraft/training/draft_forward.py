@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.semi_ar import SemiARDrafter
+from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.objectives.cross_entropy import (
     target_logprobs,
     target_logprobs_and_top,

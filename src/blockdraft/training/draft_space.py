@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from blockdraft.objectives.edr.acceptance import target_support
+from blockdraft.objectives.edr import target_support
 from blockdraft.training.target_distributions import stored_rows, target_probs_for
 
 Tensor = torch.Tensor

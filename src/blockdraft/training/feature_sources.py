@@ -19,7 +19,7 @@ from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_se
 from blockdraft.data.rollout_store import read_manifest, target_fingerprint
 from blockdraft.targets.target import TargetOutput
 from blockdraft.training.batching import Batch
-from blockdraft.training.setup import TrainSetupError
+from blockdraft.training.builders import TrainSetupError
 from blockdraft.training.target_distributions import stored_topk_is_whole
 
 KEY = "data.features"

@@ -2,7 +2,7 @@
 
 One optimizer step = the global batch of `optim.batch_size` sequences, split over
 `world_size` processes x `grad_accum` micro-batches. Each micro-batch back-propagates its
-un-normalised loss numerator (see `objective_step.py`); after the last one the gradient
+un-normalised loss numerator (`steps/interface.py`); after the last one the gradient
 is multiplied by `world_size / global_denominator` (DDP/FSDP averaged over ranks, we
 want the sum over the batch divided by the batch's denominator). The result equals one
 process on the whole batch up to float summation order.
@@ -27,9 +27,7 @@ from blockdraft.training.distributed import (
     clip_grad_norm,
     no_grad_sync,
 )
-from blockdraft.training.edr_step import edr_micro_step
-from blockdraft.training.feature_sources import FeatureSource
-from blockdraft.training.objective_step import StepStats, block_micro_step
+from blockdraft.training.steps import MicroStep, StepInputs, StepStats
 
 
 class NonFiniteLossError(RuntimeError):
@@ -38,63 +36,26 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclass
 class LoopParts:
-    """Everything the loop touches, built by `trainer.py`."""
+    """Everything the loop touches, built by `trainer.py` (and `synthetic.py`)."""
 
     cfg: Any
     ctx: DistContext
-    features: FeatureSource  # online target or cached features (`training/feature_sources.py`)
-    stop_token_ids: list[int]  # the target's: EDR's cost is 0 at a stop token
-    drafter: nn.Module
-    fwd: nn.Module  # DraftForward, possibly DDP/FSDP-wrapped
-    objective: Any
+    inputs: StepInputs  # what each micro-step reads besides its batch
+    micro_step: MicroStep  # the objective family's step (`steps.micro_step_for`)
     optimizer: torch.optim.Optimizer
     scheduler: Any
     rollouts: list
-    settings: Any
-    mode: str
     pad_id: int
     total_steps: int
     amp_dtype: torch.dtype | None
-    profile_alpha: float
-    profile_variant: str
     bar_position: int = 0  # the progress bar's terminal line (trainings side by side)
     hooks: dict[str, Any] = field(
         default_factory=dict
     )  # evaluate(step), save(step, kind), log(step, dict)
 
-
-def _micro_step(parts: LoopParts, batch, step: int, want_acc: bool):
-    cfg = parts.cfg
-    if parts.objective.is_rounds_objective:
-        return edr_micro_step(
-            parts.fwd,
-            parts.drafter,
-            parts.features,
-            parts.stop_token_ids,
-            parts.objective,
-            batch,
-            seed=cfg.seed,
-            step=step,
-            settings=parts.settings,
-            mode=parts.mode,
-            want_acc=want_acc,
-            alpha=parts.profile_alpha,
-            variant=parts.profile_variant,
-        )
-    return block_micro_step(
-        parts.fwd,
-        parts.drafter,
-        parts.features,
-        parts.objective,
-        batch,
-        num_anchors=cfg.num_anchors,
-        seed=cfg.seed,
-        step=step,
-        settings=parts.settings,
-        want_acc=want_acc,
-        alpha=parts.profile_alpha,
-        variant=parts.profile_variant,
-    )
+    @property
+    def drafter(self) -> nn.Module:
+        return self.inputs.drafter
 
 
 def train_step(parts: LoopParts, step: int, want_acc: bool) -> dict[str, Any]:
@@ -119,9 +80,9 @@ def train_step(parts: LoopParts, step: int, want_acc: bool) -> dict[str, Any]:
         batch = collate(
             [parts.rollouts[j] for j in ids], ids, parts.pad_id, cfg.data.max_seq_len
         ).to(ctx.device)
-        with no_grad_sync(parts.fwd, enabled=ctx.distributed and i < accum - 1):
+        with no_grad_sync(parts.inputs.fwd, enabled=ctx.distributed and i < accum - 1):
             with autocast:
-                out = _micro_step(parts, batch, step, want_acc)
+                out = parts.micro_step(parts.inputs, batch, step, want_acc)
             out.numerator.backward()
         num += float(out.numerator.detach())
         den += out.denominator

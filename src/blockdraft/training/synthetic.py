@@ -3,7 +3,7 @@
 Why: the GPU check (`bench/gpu_check.py`, `tests/gpu/`) must test and time the step a
 user's run takes, not a look-alike. `synthetic_run` builds the objective, drafter,
 optimizer, feature source and autocast from a `TrainConfig` with the same functions
-`trainer.py` uses (`training/setup.py`), for one process on one device; `loop.train_step`
+`trainer.py` uses (`training/builders.py`), for one process on one device; `loop.train_step`
 then runs one real optimizer step on it (micro-batches, global normalisation, clipping,
 AdamW). Random token ids are fine for costs and for comparing precisions; they say
 nothing about quality.
@@ -17,11 +17,7 @@ import torch
 
 from blockdraft.data.rollout_shards import Rollout
 from blockdraft.training.batching import total_steps
-from blockdraft.training.distributed import DistContext
-from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.loop import LoopParts
-from blockdraft.training.setup import (
+from blockdraft.training.builders import (
     RolloutData,
     amp_dtype,
     build_drafter,
@@ -30,6 +26,11 @@ from blockdraft.training.setup import (
     dpace_profile_args,
     resolve_mode,
 )
+from blockdraft.training.distributed import DistContext
+from blockdraft.training.draft_forward import DraftForward
+from blockdraft.training.feature_sources import OnlineTargetFeatures
+from blockdraft.training.loop import LoopParts
+from blockdraft.training.steps import StepInputs, micro_step_for
 
 
 def random_rollouts(
@@ -65,22 +66,28 @@ def synthetic_run(
     optimizer, scheduler = build_optimizer(cfg, params, steps)
     alpha, variant = dpace_profile_args(cfg)
     pad = getattr(target.tokenizer, "pad_token_id", None)
+    inputs = StepInputs(
+        fwd=DraftForward(drafter),
+        drafter=drafter,
+        features=OnlineTargetFeatures(target),
+        objective=objective,
+        settings=settings,
+        seed=cfg.seed,
+        mode=mode,
+        stop_token_ids=list(target.stop_token_ids),
+        num_anchors=cfg.num_anchors,
+        profile_alpha=alpha,
+        profile_variant=variant,
+    )
     return LoopParts(
         cfg=cfg,
         ctx=DistContext(0, 1, 0, device),
-        features=OnlineTargetFeatures(target),
-        stop_token_ids=list(target.stop_token_ids),
-        drafter=drafter,
-        fwd=DraftForward(drafter),
-        objective=objective,
+        inputs=inputs,
+        micro_step=micro_step_for(objective),
         optimizer=optimizer,
         scheduler=scheduler,
         rollouts=rollouts,
-        settings=settings,
-        mode=mode,
         pad_id=int(pad if pad is not None else (target.stop_token_ids or [0])[0]),
         total_steps=steps,
         amp_dtype=amp_dtype(cfg, device),
-        profile_alpha=alpha,
-        profile_variant=variant,
     )

@@ -28,6 +28,21 @@ from blockdraft.serialization.checkpoint import save_drafter
 from blockdraft.threads import flush_denormals
 from blockdraft.training import state as ckpt
 from blockdraft.training.batching import total_steps
+from blockdraft.training.builders import (
+    TrainSetupError,
+    amp_dtype,
+    build_drafter,
+    build_objective,
+    build_optimizer,
+    check_against_target,
+    check_batch_split,
+    check_device,
+    cpu_fallback_note,
+    dpace_profile_args,
+    load_target_for,
+    load_train_eval,
+    resolve_mode,
+)
 from blockdraft.training.config import TrainConfig, dump_yaml
 from blockdraft.training.distributed import (
     DistContext,
@@ -48,21 +63,7 @@ from blockdraft.training.feature_sources import build_feature_source
 from blockdraft.training.logging import MetricsLogger, truncate_metrics
 from blockdraft.training.loop import LoopParts, NonFiniteLossError, run_loop
 from blockdraft.training.resume import check_resumed_config
-from blockdraft.training.setup import (
-    TrainSetupError,
-    amp_dtype,
-    build_drafter,
-    build_objective,
-    build_optimizer,
-    check_against_target,
-    check_batch_split,
-    check_device,
-    cpu_fallback_note,
-    dpace_profile_args,
-    load_target_for,
-    load_train_eval,
-    resolve_mode,
-)
+from blockdraft.training.steps import StepInputs, micro_step_for
 
 
 def git_sha() -> str | None:
@@ -210,24 +211,30 @@ def _train(
         cfg, ctx, target, drafter, optimizer, scheduler, progress, logger, eval_data, mode, sharded
     )
     alpha, variant = dpace_profile_args(cfg)
+    inputs = StepInputs(
+        fwd=fwd,
+        drafter=drafter,
+        features=features,
+        objective=objective,
+        settings=train_data.settings,
+        seed=cfg.seed,
+        mode=mode,
+        stop_token_ids=list(target.stop_token_ids),
+        num_anchors=cfg.num_anchors,
+        profile_alpha=alpha,
+        profile_variant=variant,
+    )
     parts = LoopParts(
         cfg=cfg,
         ctx=ctx,
-        features=features,
-        stop_token_ids=list(target.stop_token_ids),
-        drafter=drafter,
-        fwd=fwd,
-        objective=objective,
+        inputs=inputs,
+        micro_step=micro_step_for(objective),
         optimizer=optimizer,
         scheduler=scheduler,
         rollouts=train_data.rollouts,
-        settings=train_data.settings,
-        mode=mode,
         pad_id=_pad_id(target),
         total_steps=steps,
         amp_dtype=amp_dtype(cfg, ctx.device),
-        profile_alpha=alpha,
-        profile_variant=variant,
         hooks={"log": logger.log, "evaluate": run.evaluate, "save": run.save},
         bar_position=bar_position,
     )

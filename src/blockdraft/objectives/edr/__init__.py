@@ -4,7 +4,9 @@ Split by concern: `acceptance.py` (per-proposal acceptance A and cost c from log
 `recursion.py` (occupancy / value recursions, the exact objective), `kernels.py` and
 `reference.py` (those recursions compiled, and as a readable torch reference),
 `round_starts.py` (round-start sub-sampling with inverse-inclusion weights), and here the
-TD-form training loss `edr_surrogate`. Layouts: docs/architecture.md ("objectives").
+TD-form training loss `edr_surrogate`. A training step imports this package, never its
+modules (tests/test_structure.py): what it needs is exported here. Layouts:
+docs/architecture.md ("objectives").
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from blockdraft.objectives.edr.acceptance import (
     COST_FORMS,
     MODES,
     acceptance_and_cost,
+    candidate_scores,
     greedy_soft_from_logprobs,
+    sampling_scores_and_moments,
+    support_scores,
+    target_support,
 )
 from blockdraft.objectives.edr.recursion import (
     OccupancyValue,
@@ -29,6 +35,7 @@ from blockdraft.objectives.edr.recursion import (
 )
 from blockdraft.objectives.edr.round_starts import (
     dense_row_weights,
+    draw_scored_round_starts,
     gradient_sizes,
     greedy_gradient_moments,
     inclusion_probabilities,
@@ -118,8 +125,10 @@ __all__ = [
     "OccupancyValue",
     "REDUCTIONS",
     "acceptance_and_cost",
+    "candidate_scores",
     "greedy_soft_from_logprobs",
     "dense_row_weights",
+    "draw_scored_round_starts",
     "gradient_sizes",
     "greedy_gradient_moments",
     "edr_surrogate",
@@ -131,5 +140,8 @@ __all__ = [
     "rounds_objective",
     "sample_round_starts",
     "sample_round_starts_uniformly",
+    "sampling_scores_and_moments",
     "state_occupancy",
+    "support_scores",
+    "target_support",
 ]

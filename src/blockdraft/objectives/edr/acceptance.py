@@ -699,3 +699,42 @@ def _scores_on_columns(q, columns, logq_x, big_q, p_rows, p_index, ids, t, stops
         q_g = ((q * q + qs * q) / 2).sum(-1)
         out = _gradient_moments(a, q_x, g_x, s, big_q, q_g, mass, live & ~x_stop, t)
     return acc, cost, out
+
+
+def sampling_scores_and_moments(
+    logits: Tensor,
+    p: Tensor,
+    ids: Tensor,
+    *,
+    temperature: float,
+    stop_token_ids: Sequence[int] = (),
+    p_index: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`(A, c, moments [..., 3])` of every proposal `ids [...]` against target
+    probabilities `p`: `acceptance_and_cost`'s sampling values (c zeroed at stop tokens
+    and clamped at 1, as it does) and the logit-gradient moments of
+    `scores_with_gradient_moments`, in one pass over the vocabulary. `p_index`: proposal
+    i's target row is `p[p_index[i]]` (distinct rows), else `p` is laid out like `logits`."""
+    vocab = logits.shape[-1]
+    stops = None
+    if len(stop_token_ids):
+        stops = torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=logits.device)
+    acc, cost, moments = scores_with_gradient_moments(
+        logits.reshape(-1, vocab),
+        p.reshape(-1, vocab),
+        ids.reshape(-1),
+        temperature=temperature,
+        target_is_probs=True,
+        stops=stops,
+        chunk_rows=fused_chunk_rows(None, vocab, logits.device),
+        target_index=None if p_index is None else p_index.reshape(-1),
+    )
+    acc, cost = acc.view(ids.shape), cost.view(ids.shape).clamp(max=1.0)
+    moments = moments.view(*ids.shape, 3)
+    if stops is not None:
+        stop = torch.isin(ids, stops)
+        cost = torch.where(stop, torch.zeros((), dtype=cost.dtype), cost)
+        # c is 0 at a stop label whatever the logits: its gradient moments are 0 there too
+        keep = torch.tensor([1.0, 0.0, 0.0], dtype=moments.dtype, device=moments.device)
+        moments = torch.where(stop.unsqueeze(-1), moments * keep, moments)
+    return acc, cost, moments

@@ -7,13 +7,20 @@ round-start occupancy or `gradient_sizes` (estimated row gradient norms, the def
 uniformly (`sample_round_starts_uniformly`, which needs no occupancies). Sampled rows are
 weighted by `1 / pi_n`, so loss and gradient stay unbiased; the last round start (it only
 drafts x_L) is never a candidate. Why each choice: docs/methods.md ("EDR").
+`draw_scored_round_starts` is what a training step asks for: the PPS draw of every long
+rollout from its detached scores.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from blockdraft.objectives.edr.recursion import occupancy_and_value, state_occupancy
+
 Tensor = torch.Tensor
+SCORED_SAMPLERS = ("gradient", "occupancy")
 
 
 def inclusion_probabilities(size: Tensor, max_anchors: int) -> Tensor:
@@ -182,3 +189,37 @@ def dense_row_weights(indices: Tensor, inclusion_weights: Tensor, num_rows: int)
     out = torch.zeros(num_rows, dtype=inclusion_weights.dtype, device=inclusion_weights.device)
     out[indices] = inclusion_weights
     return out
+
+
+def draw_scored_round_starts(
+    sampler: str,
+    acceptance: Tensor,
+    cost: Tensor,
+    rows: Sequence[int],
+    max_anchors: int,
+    generators: Sequence[torch.Generator | None],
+    moments: Tensor | None = None,
+) -> list[tuple[Tensor, Tensor]]:
+    """`(rows drawn [m], dense inclusion weights [rows[j]])` per rollout, `max_anchors` of
+    its `rows[j]` usable round starts drawn by PPS (`sample_round_starts`) on the sizes
+    `sampler` names ("gradient": `gradient_sizes`; "occupancy": round-start occupancy).
+
+    `acceptance`, `cost` `[B, R, K]` (host): each rollout's detached scores of its usable
+    rows, zero below (the dead last row and padding); rollout j has `rows[j] + 1` round
+    starts. `moments [B, R, K, 3]`: the proposals' logit-gradient moments for the
+    gradient sampler (sampling mode: `scores_with_gradient_moments`); None derives them
+    from A (`greedy_gradient_moments`). `generators[j]` draws rollout j."""
+    if sampler not in SCORED_SAMPLERS:
+        raise ValueError(f"sampler must be one of {', '.join(SCORED_SAMPLERS)}, got {sampler!r}")
+    lengths = torch.tensor([r + 1 for r in rows])
+    if sampler == "gradient":
+        state = occupancy_and_value(acceptance, cost, lengths)
+        grads = greedy_gradient_moments(acceptance) if moments is None else moments
+        sizes = gradient_sizes(state.occupancy, state.td, grads)
+    else:
+        sizes = state_occupancy(acceptance, lengths)[..., 0]
+    drawn = []
+    for j, r in enumerate(rows):
+        idx, w = sample_round_starts(sizes[j, :r], max_anchors, generators[j])
+        drawn.append((idx, dense_row_weights(idx, w.double(), r)))
+    return drawn

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from blockdraft.training.config import load_config
-from blockdraft.training.plan import GiB, plan_memory
+from blockdraft.training.memory_plan import GiB, plan_memory
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qwen3_8b_config.json"
 TINY_YAML = str(Path(__file__).parents[2] / "configs" / "tiny.yaml")
@@ -138,10 +138,10 @@ def test_cpu_estimate_within_20_percent_of_measured_peak(shape):
 
 def _measured_sampled_e2e_peak(*, hidden, drafter_layers, block, batch, seq, anchors):
     """`_measured_peak` for a sampled E2E step: target logits, full drafter logits, target
-    probabilities and the row-chunked overlap (objective_step.block_micro_step's path)."""
+    probabilities and the row-chunked overlap (`steps.block_step`'s path)."""
     from blockdraft.data.generation import SamplingSettings
     from blockdraft.objectives.e2e import e2e_from_overlap, overlap_with_logits
-    from blockdraft.training.objective_step import label_positions
+    from blockdraft.training.steps.anchored_blocks import label_positions
     from blockdraft.training.target_distributions import target_probs_for
 
     settings = SamplingSettings(temperature=0.8)
@@ -295,7 +295,7 @@ def _measured_sampled_edr_peak(hidden, block, seq, max_anchors) -> tuple[int, ob
 def test_sampled_edr_estimate_within_20_percent_of_measured_peak():
     """EDR's blocks are `objective.max_anchors` round starts, not `num_anchors` (the plan
     counted 512 blocks here: 8x the measured peak), and one process holds no whole
-    [rows, V] drafter logits (training/edr_step.py)."""
+    [rows, V] drafter logits (training/steps/rounds.py)."""
     measured, cfg, hf = _measured_sampled_edr_peak(hidden=128, block=16, seq=256, max_anchors=32)
     ratio = plan_memory(cfg, 1, "cpu", hf_config=hf).peak / measured
     assert 0.8 <= ratio <= 1.2, ratio

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainkit import every_round_start, random_step_batch, target_output, wrapped_forward_class
+from trainkit import (
+    every_round_start,
+    random_step_batch,
+    rounds_batch,
+    step_inputs,
+    target_output,
+    wrapped_forward_class,
+)
 
 from blockdraft.data.anchors import round_start_anchors
+from blockdraft.objectives import edr
 from blockdraft.objectives.registry import make_objective
-from blockdraft.training import draft_space, edr_step
+from blockdraft.training import draft_space
 from blockdraft.training.draft_forward import DraftForward
-from blockdraft.training.feature_sources import OnlineTargetFeatures
+from blockdraft.training.steps import proposal_scores, rounds
 
 
 class _Settings:
@@ -29,19 +37,19 @@ def test_chunked_scoring_equals_unchunked(setup, mode: str) -> None:
     fwd = DraftForward(drafter)
     tout = target_output(target, batch)
     anchors = every_round_start(batch)
-    full = edr_step.score_round_starts(
-        fwd, target.stop_token_ids, tout, batch, anchors, _Settings, mode, 1000
+    full = rounds.score_round_starts(
+        rounds_batch(fwd, target.stop_token_ids, tout, batch, _Settings, mode), anchors, 1000
     )
     for chunk in (1, 3, 7):
-        parts = edr_step.score_round_starts(
-            fwd, target.stop_token_ids, tout, batch, anchors, _Settings, mode, chunk
+        parts = rounds.score_round_starts(
+            rounds_batch(fwd, target.stop_token_ids, tout, batch, _Settings, mode), anchors, chunk
         )
         for a, b in zip(parts, full, strict=True):
             assert a.shape == b.shape == (*anchors.shape, 3)
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="score_chunk"):
-        edr_step.score_round_starts(
-            fwd, target.stop_token_ids, tout, batch, anchors, _Settings, mode, 0
+        rounds.score_round_starts(
+            rounds_batch(fwd, target.stop_token_ids, tout, batch, _Settings, mode), anchors, 0
         )
 
 
@@ -62,22 +70,25 @@ def test_micro_step_is_the_same_with_any_chunk(setup, mode: str, sampler: str, m
     # rollouts 0 and 1 are sampled (29 and 10 usable round starts > 6)
     objective = make_objective("edr", mode=mode, max_anchors=6, anchor_sampler=sampler)
     seen: list[torch.Tensor] = []
-    original = edr_step._acceptance
+    original = rounds._acceptance
 
-    def spy(fwd_, target_, tout_, batch_, anchors, *args, **kwargs):
+    def spy(rb, anchors, *args, **kwargs):
         seen.append(anchors.clone())
-        return original(fwd_, target_, tout_, batch_, anchors, *args, **kwargs)
+        return original(rb, anchors, *args, **kwargs)
 
-    monkeypatch.setattr(edr_step, "_acceptance", spy)
+    monkeypatch.setattr(rounds, "_acceptance", spy)
     results = []
     for chunk in (None, 4, 1000):
         seen.clear()
         drafter.zero_grad(set_to_none=True)
-        out = edr_step.edr_micro_step(
-            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
-            seed=0, step=1, settings=_Settings,
-            mode=mode, want_acc=False, alpha=0.5, variant="full", score_chunk=chunk,
-        )  # fmt: skip
+        out = rounds.rounds_step(
+            step_inputs(
+                target, drafter, objective, _Settings, fwd=fwd, seed=0, mode=mode, score_chunk=chunk
+            ),
+            batch,
+            step=1,
+            want_acc=False,
+        )
         out.numerator.backward()
         grads = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
         results.append((out.numerator.detach(), grads, [a.clone() for a in seen]))
@@ -120,14 +131,14 @@ def test_default_score_chunk_fills_the_target_rows_budget() -> None:
     budget; never below max_anchors."""
     from blockdraft.objectives.cross_entropy import DEFAULT_CHUNK_ELEMENTS
 
-    full = edr_step.DEFAULT_SCORE_CHUNK
-    assert edr_step.default_score_chunk(16, 8, 4096) == full  # tiny: 8 x 512 x 4096 fits
+    full = rounds.DEFAULT_SCORE_CHUNK
+    assert rounds.default_score_chunk(16, 8, 4096) == full  # tiny: 8 x 512 x 4096 fits
     gemma_space = 8192 + 2
-    chunk = edr_step.default_score_chunk(16, 8, gemma_space)
+    chunk = rounds.default_score_chunk(16, 8, gemma_space)
     assert 16 < chunk < full
     assert 8 * chunk * gemma_space <= DEFAULT_CHUNK_ELEMENTS < 8 * (chunk + 1) * gemma_space
-    assert edr_step.default_score_chunk(16, 8, 262144) == 16  # full Gemma vocabulary
-    assert edr_step.default_score_chunk(600, 1, 4096) == 600
+    assert rounds.default_score_chunk(16, 8, 262144) == 16  # full Gemma vocabulary
+    assert rounds.default_score_chunk(600, 1, 4096) == 600
 
 
 @pytest.mark.parametrize("mode", ["sampling", "greedy"])
@@ -137,7 +148,7 @@ def test_scoring_of_wrapped_forward_equals_unwrapped(setup, mode: str) -> None:
     through `forward`: same acceptance and cost, and the target probabilities computed
     once per distinct position equal `target_probs_for`'s per-slot rows."""
     from blockdraft.training.draft_space import sampling_targets
-    from blockdraft.training.objective_step import label_positions
+    from blockdraft.training.steps.anchored_blocks import label_positions
     from blockdraft.training.target_distributions import target_probs_for
 
     target, drafter, batch = setup
@@ -146,11 +157,15 @@ def test_scoring_of_wrapped_forward_equals_unwrapped(setup, mode: str) -> None:
 
     tout = target_output(target, batch)
     anchors = every_round_start(batch)
-    direct = edr_step.score_round_starts(
-        DraftForward(drafter), target.stop_token_ids, tout, batch, anchors, _Settings, mode, 5
+    direct = rounds.score_round_starts(
+        rounds_batch(DraftForward(drafter), target.stop_token_ids, tout, batch, _Settings, mode),
+        anchors,
+        5,
     )
-    wrapped = edr_step.score_round_starts(
-        Wrapped(drafter), target.stop_token_ids, tout, batch, anchors, _Settings, mode, 5
+    wrapped = rounds.score_round_starts(
+        rounds_batch(Wrapped(drafter), target.stop_token_ids, tout, batch, _Settings, mode),
+        anchors,
+        5,
     )
     for a, b in zip(direct, wrapped, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -181,16 +196,22 @@ def test_scoring_against_a_top_k_target_reads_its_support(setup, space: bool) ->
     stops = target.stop_token_ids
     for moments in (True, False):  # the `gradient` sampler's pass, and the others'
         outs = [
-            edr_step.score_round_starts(
-                fwd, stops, tout, batch, anchors, _TopK, "sampling", 64, moments=moments
+            rounds.score_round_starts(
+                rounds_batch(fwd, stops, tout, batch, _TopK, "sampling"),
+                anchors,
+                64,
+                moments=moments,
             )
             for fwd in (DraftForward(drafter), wrapped_forward_class()(drafter))
         ]
         assert len(outs[0]) == (3 if moments else 2)
         for got, want in zip(*outs, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    acc, _, moments = edr_step.score_round_starts(
-        DraftForward(drafter), stops, tout, batch, anchors, _TopK, "sampling", 64, moments=True
+    acc, _, moments = rounds.score_round_starts(
+        rounds_batch(DraftForward(drafter), stops, tout, batch, _TopK, "sampling"),
+        anchors,
+        64,
+        moments=True,
     )
     valid = (anchors >= 0)[..., None].expand_as(acc)
     assert (acc[valid] > 0).any() and (moments[..., 1][valid] > 0).any()
@@ -211,15 +232,16 @@ def test_micro_step_of_wrapped_forward_equals_unwrapped(
     autograd in the gradient pass), the wrapped one on whole rows: equal up to rounding."""
     target, drafter, batch = setup
     if chunk_rows is not None:
-        monkeypatch.setattr(edr_step, "default_chunk_rows", lambda vocab: chunk_rows)
+        for module in (rounds, proposal_scores):
+            monkeypatch.setattr(module, "default_chunk_rows", lambda vocab: chunk_rows)
     exact = chunk_rows is None and not top_k
     tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-5, "atol": 1e-7}
     settings = _TopK if top_k else _Settings
     if top_k:  # the support is what the unwrapped step reads (a test that can fail)
         calls = []
-        original = edr_step.support_scores
+        original = edr.support_scores
         monkeypatch.setattr(
-            edr_step, "support_scores", lambda *a, **k: calls.append(1) or original(*a, **k)
+            edr, "support_scores", lambda *a, **k: calls.append(1) or original(*a, **k)
         )
 
     Wrapped = wrapped_forward_class()
@@ -230,11 +252,21 @@ def test_micro_step_of_wrapped_forward_equals_unwrapped(
         drafter.zero_grad(set_to_none=True)
         # the same scoring passes for both (by default the unwrapped one scores in one pass,
         # whose products round differently: test_wrapped_forward_scores_in_passes_of_...)
-        out = edr_step.edr_micro_step(
-            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
-            seed=0, step=1, settings=settings,
-            mode="sampling", want_acc=True, alpha=0.5, variant="full", score_chunk=6,
-        )  # fmt: skip
+        out = rounds.rounds_step(
+            step_inputs(
+                target,
+                drafter,
+                objective,
+                settings,
+                fwd=fwd,
+                seed=0,
+                mode="sampling",
+                score_chunk=6,
+            ),
+            batch,
+            step=1,
+            want_acc=True,
+        )
         out.numerator.backward()
         grads = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
         results.append((out, grads))
@@ -260,8 +292,8 @@ def test_wrapped_forward_scores_in_passes_of_max_anchors(setup, monkeypatch) -> 
 
     passes: list[int] = []
     rows_built: list[tuple[int, ...]] = []
-    original = edr_step._acceptance
-    original_rows = edr_step.sampling_target_rows
+    original = rounds._acceptance
+    original_rows = rounds.sampling_target_rows
 
     def spy(*args, **kwargs):
         passes.append(1)
@@ -271,19 +303,20 @@ def test_wrapped_forward_scores_in_passes_of_max_anchors(setup, monkeypatch) -> 
         rows_built.append(tuple(positions.shape))
         return original_rows(tout, positions, *args, **kwargs)
 
-    monkeypatch.setattr(edr_step, "_acceptance", spy)
-    monkeypatch.setattr(edr_step, "sampling_target_rows", rows_spy)
+    monkeypatch.setattr(rounds, "_acceptance", spy)
+    monkeypatch.setattr(rounds, "sampling_target_rows", rows_spy)
     monkeypatch.setattr(draft_space, "sampling_target_rows", rows_spy)
     objective = make_objective("edr", mode="sampling", max_anchors=6)
     counts, built = [], []
     for fwd in (DraftForward(drafter), Wrapped(drafter)):
         passes.clear()
         rows_built.clear()
-        edr_step.edr_micro_step(
-            fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
-            seed=0, step=1, settings=_Settings,
-            mode="sampling", want_acc=False, alpha=0.5, variant="full",
-        )  # fmt: skip
+        rounds.rounds_step(
+            step_inputs(target, drafter, objective, _Settings, fwd=fwd, seed=0, mode="sampling"),
+            batch,
+            step=1,
+            want_acc=False,
+        )
         counts.append(len(passes))
         built.append(list(rows_built))
     # 29 usable round starts in the longest rollout: 1 scoring pass or ceil(29 / 6), + 1
@@ -297,11 +330,12 @@ def test_wrapped_forward_scores_in_passes_of_max_anchors(setup, monkeypatch) -> 
 def _step_gradient(fwd, drafter, target, objective, batch, seed: int, mode: str):
     """(numerator, flattened gradient) of one EDR micro-step."""
     drafter.zero_grad(set_to_none=True)
-    out = edr_step.edr_micro_step(
-        fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
-        seed=seed, step=0, settings=_Settings,
-        mode=mode, want_acc=False, alpha=0.5, variant="full",
-    )  # fmt: skip
+    out = rounds.rounds_step(
+        step_inputs(target, drafter, objective, _Settings, fwd=fwd, seed=seed, mode=mode),
+        batch,
+        step=0,
+        want_acc=False,
+    )
     out.numerator.backward()
     grad = torch.cat([p.grad.flatten() for p in drafter.parameters() if p.grad is not None])
     return out.numerator.detach().double(), grad.double()
@@ -347,9 +381,9 @@ def test_sampled_micro_step_is_unbiased(setup, mode: str, sampler: str) -> None:
     # power: the same test with the inclusion weights replaced by 1 (no Horvitz-Thompson
     # correction) rejects
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(
-            edr_step, "dense_row_weights", lambda idx, w, n: torch.zeros(n).index_fill(0, idx, 1.0)
-        )
+        unweighted = lambda idx, w, n: torch.zeros(n).index_fill(0, idx, 1.0)  # noqa: E731
+        patch.setattr(edr, "dense_row_weights", unweighted)  # the uniform draw's
+        patch.setattr(edr.round_starts, "dense_row_weights", unweighted)  # the PPS draws
         biased = torch.stack(
             [
                 torch.cat([loss.view(1), directions @ grad])
@@ -369,17 +403,18 @@ def test_greedy_step_with_tempered_relaxation_equals_autograd_of_the_recursion(s
     A = softmax(z / beta)(x), computed here independently from the drafter's logits, and
     its gradient is autograd through the exact (reference) recursion."""
     from blockdraft.objectives.edr import acceptance_and_cost, rounds_objective
-    from blockdraft.training.objective_step import labels_and_prev
+    from blockdraft.training.steps.anchored_blocks import labels_and_prev
 
     target, drafter, batch = setup
     fwd = DraftForward(drafter)
     objective = make_objective("edr", mode="greedy", max_anchors=512, greedy_temperature=beta)
     drafter.zero_grad(set_to_none=True)
-    out = edr_step.edr_micro_step(
-        fwd, drafter, OnlineTargetFeatures(target), target.stop_token_ids, objective, batch,
-        seed=0, step=1, settings=_Settings,
-        mode="greedy", want_acc=False, alpha=0.5, variant="full",
-    )  # fmt: skip
+    out = rounds.rounds_step(
+        step_inputs(target, drafter, objective, _Settings, fwd=fwd, seed=0, mode="greedy"),
+        batch,
+        step=1,
+        want_acc=False,
+    )
     out.numerator.backward()
     got = [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
 
@@ -410,7 +445,7 @@ def test_scores_and_moments_are_those_of_the_cost_edr_uses() -> None:
     """The `gradient` sampler's moments come with the cost as EDR uses it, zeroed at a stop
     label (`acceptance_and_cost`): there c does not depend on the logits, so its moments are
     0; elsewhere they equal autograd's of that same cost, float64."""
-    from blockdraft.objectives.edr import acceptance_and_cost
+    from blockdraft.objectives.edr import acceptance_and_cost, sampling_scores_and_moments
     from blockdraft.sampling import SamplingSettings
 
     gen = torch.Generator().manual_seed(2)
@@ -420,7 +455,9 @@ def test_scores_and_moments_are_those_of_the_cost_edr_uses() -> None:
     ids = torch.multinomial(probs.reshape(-1, vocab), 1, generator=gen).view(shape)
     ids[0, :2] = torch.tensor(stops)  # two stop labels
     settings = SamplingSettings(temperature=0.8)
-    acc, cost, got = edr_step.scores_and_moments(logits, probs, ids, settings, stops)
+    acc, cost, got = sampling_scores_and_moments(
+        logits, probs, ids, temperature=settings.temperature, stop_token_ids=stops
+    )
     x = logits.clone().requires_grad_(True)
     ref_acc, ref_cost = acceptance_and_cost(
         x, probs, ids, temperature=0.8, target_is_probs=True, stop_token_ids=stops, fused=False

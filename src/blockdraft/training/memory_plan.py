@@ -4,7 +4,7 @@ Why: a run that does not fit should find out before minutes of loading an 8B tar
 every rank. Every term is a count of the tensors the code creates, written from reading
 it (the target forward, `forward_blocks`, the attention path the device takes, the
 cross-entropy or the sampled E2E/EDR buffers, AdamW, DDP/FSDP2), not a fit, and
-`tests/training/test_plan.py` checks it against the live tensor bytes of small CPU runs.
+`tests/training/test_memory_plan.py` checks it against the live tensor bytes of small CPU runs.
 Peak = persistent (weights, grads, optimizer) + max(target forward, drafter step), per
 micro-batch of `max_seq_len` sequences; what is and is not counted: docs/training.md.
 """
@@ -286,8 +286,8 @@ def plan_memory(
 def _sampled_distribution_bytes(
     cfg: Any, vocab: int, b: int, T: int, Kb: int, ab: int, world_size: int = 1
 ) -> int:
-    """Vocabulary-sized memory of a sampled E2E/EDR step (`objective_step.py`,
-    `edr_step.py`, `objectives/row_chunks.py`): the drafter's `[rows, W]` logits (the
+    """Vocabulary-sized memory of a sampled E2E/EDR step (`steps/block.py`,
+    `steps/rounds.py`, `objectives/row_chunks.py`): the drafter's `[rows, W]` logits (the
     activation dtype) and the gradient autograd accumulates for them in backward, the
     target's processed probabilities (fp32), and two per-chunk float32 temporaries over
     the target vocabulary (`default_chunk_rows`: ~64 MB each; at most a few live at once,
@@ -295,7 +295,7 @@ def _sampled_distribution_bytes(
     the target vocabulary, or a reduced draft vocabulary + 2 (`draft_space.py`). EDR's
     gradient pass has up to `objective.max_anchors` round starts per rollout (its no-grad
     scoring pass, chunked the same, runs before it). Sampling EDR in one process runs its
-    LM head inside checkpointed row chunks (`training/edr_step.py`): of these it
+    LM head inside checkpointed row chunks (`training/steps/rounds.py`): of these it
     holds only the target probabilities whole, those of every round start when they fit
     the chunk budget (`TargetRowTable`, read by both passes)."""
     edr = cfg.objective.name == "edr"

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from blockdraft.decoding.cpu.row_argmax import row_argmax
 from blockdraft.kernels import ENV
+from blockdraft.kernels.row_argmax import row_argmax
 
 
 @pytest.mark.parametrize("shape", [(4096,), (7, 4096), (3, 2, 50)])
