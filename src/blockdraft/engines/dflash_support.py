@@ -7,7 +7,7 @@ chosen layers, which only target classes with vLLM's EAGLE-3 interface expose; D
 drafts (candidate heads) run only in vLLM's GPU runner. With vLLM installed the answer
 comes from its own model registry (the target class alone is imported); without it, from
 `VLLM_DFLASH_TARGETS`, read from vLLM 0.32.0's registry (`VLLM_TABLE_VERSION`) plus Gemma 3,
-which blockdraft's vLLM plugin (`engines/vllm_gemma3.py`) makes servable in that version.
+which blockdraft's vLLM plugin (`engines/vllm_plugin.py`) makes servable in that version.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from blockdraft.engines.vllm_engine import vllm_version
-from blockdraft.engines.vllm_gemma3 import register as register_gemma3_plugin
+from blockdraft.engines.vllm_plugin import register as register_vllm_plugin
 
 VLLM_TABLE_VERSION = "0.32.0"
 # Text-model architectures whose vLLM 0.32.0 class exposes auxiliary hidden states (the
@@ -47,7 +47,7 @@ def _installed_vllm_serves(architecture: str) -> bool | None:
         from vllm.model_executor.models import ModelRegistry
         from vllm.model_executor.models.interfaces import supports_eagle3
 
-        register_gemma3_plugin()  # what `vllm serve` loads through the entry point
+        register_vllm_plugin()  # what `vllm serve` loads through the entry point
         cls = ModelRegistry._try_load_model_cls(architecture)
     except Exception:  # an engine that fails to import answers nothing
         return None

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from blockdraft.engines.vllm_gemma3 import register as register_gemma3_plugin
+from blockdraft.engines.vllm_plugin import register as register_vllm_plugin
 from blockdraft.errors import BlockdraftError
 from blockdraft.sampling import SamplingSettings
 
@@ -74,7 +74,7 @@ def load_vllm() -> Any:
             else ""
         )
         raise EngineError(f"vLLM fails to import: {str(exc).splitlines()[0]}{hint}") from None
-    register_gemma3_plugin()  # also registered by the entry point, where pip installed it
+    register_vllm_plugin()  # also registered by the entry point, where pip installed it
     return vllm
 
 

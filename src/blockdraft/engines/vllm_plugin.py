@@ -1,4 +1,4 @@
-"""A vLLM plugin that lets vLLM serve DFlash drafters for Gemma 3 targets.
+"""blockdraft's vLLM plugin: DFlash drafters for Gemma 3 targets, and sampled DFlash on CPUs.
 
 vLLM's DFlash reads the target's hidden states at chosen layers through its EAGLE-3
 interface, which vLLM's Gemma 3 class does not implement, and its DFlash drafter class
@@ -7,10 +7,15 @@ embeddings scaled by sqrt(hidden_size) as Gemma scales them (unscaled, it reads 
 25x too small at hidden 640). The plugin registers, under vLLM's own architecture names,
 a Gemma 3 class that records the residual stream after each requested layer (what
 blockdraft's features are: the raw layer output, docs/methods.md "Target features") and a
-DFlash drafter class that applies the scale. vLLM loads it in every process through the
-`vllm.general_plugins` entry point (so `vllm serve` gets it too) and blockdraft's engine
-process registers it explicitly. Written against vLLM 0.32's model classes
-(`SUPPORTED_VLLM`); for another version `register` does nothing and says why.
+DFlash drafter class that applies the scale.
+
+vLLM 0.32's CPU sampler also fails every sampled (T > 0, top-k) speculative request: its
+top-k mask takes `k.max()` of the draft tokens' rows, which is an empty tensor in a
+decoding step without draft tokens. The plugin guards that one function (an empty batch of
+rows is returned as it is), so sampled drafting runs on a CPU. vLLM loads the plugin in
+every process through the `vllm.general_plugins` entry point (so `vllm serve` gets it too)
+and blockdraft's engine process registers it explicitly. Written against vLLM 0.32's model
+classes (`SUPPORTED_VLLM`); for another version `register` does nothing and says why.
 """
 
 from __future__ import annotations
@@ -43,6 +48,24 @@ def register() -> None:
 
     ModelRegistry.register_model(GEMMA3_ARCH, f"{__name__}:Gemma3WithAuxForCausalLM")
     ModelRegistry.register_model(DFLASH_ARCH, f"{__name__}:ScaledDFlashForCausalLM")
+    _guard_empty_top_k()
+
+
+def _guard_empty_top_k() -> None:
+    """Make vLLM's CPU top-k mask a no-op on zero rows instead of failing on `k.max()`."""
+    from vllm.v1.sample.ops import topk_topp_sampler  # lazy: vLLM is an optional extra
+
+    original = topk_topp_sampler.apply_top_k_only
+    if getattr(original, "guards_empty_rows", False):
+        return
+
+    def apply_top_k_only(logits: Any, k: Any) -> Any:
+        if logits.shape[0] == 0:
+            return logits
+        return original(logits, k)
+
+    apply_top_k_only.guards_empty_rows = True  # type: ignore[attr-defined]
+    topk_topp_sampler.apply_top_k_only = apply_top_k_only
 
 
 @functools.cache
