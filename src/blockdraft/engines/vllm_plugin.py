@@ -9,13 +9,16 @@ a Gemma 3 class that records the residual stream after each requested layer (wha
 blockdraft's features are: the raw layer output, docs/methods.md "Target features") and a
 DFlash drafter class that applies the scale.
 
-vLLM 0.32's CPU sampler also fails every sampled (T > 0, top-k) speculative request: its
-top-k mask takes `k.max()` of the draft tokens' rows, which is an empty tensor in a
-decoding step without draft tokens. The plugin guards that one function (an empty batch of
-rows is returned as it is), so sampled drafting runs on a CPU. vLLM loads the plugin in
-every process through the `vllm.general_plugins` entry point (so `vllm serve` gets it too)
-and blockdraft's engine process registers it explicitly. Written against vLLM 0.32's model
-classes (`SUPPORTED_VLLM`); for another version `register` does nothing and says why.
+vLLM 0.32's CPU build also fails every sampled (T > 0) speculative request, in two places
+the plugin mends: its C++ stand-in for the rejection sampler's `expand` kernel (which
+spreads each request's temperature, top-k and top-p over its draft tokens) casts float
+tensors to int64 and writes into that copy, so the draft tokens' settings are left
+uninitialised; and its top-k mask takes `k.max()` of zero rows in a step without draft
+tokens. The plugin supplies `expand` in torch and returns an empty batch of rows as it is.
+vLLM loads the plugin in every process through the `vllm.general_plugins` entry point (so
+`vllm serve` gets it too) and blockdraft's engine process registers it explicitly. Written
+against vLLM 0.32's model classes (`SUPPORTED_VLLM`); for another version `register` does
+nothing and says why.
 """
 
 from __future__ import annotations
@@ -49,6 +52,35 @@ def register() -> None:
     ModelRegistry.register_model(GEMMA3_ARCH, f"{__name__}:Gemma3WithAuxForCausalLM")
     ModelRegistry.register_model(DFLASH_ARCH, f"{__name__}:ScaledDFlashForCausalLM")
     _guard_empty_top_k()
+    _expand_in_torch()
+
+
+def expand_to_tokens(
+    output: Any,
+    input_val: Any,
+    cu_num_tokens: Any,
+    replace_from: Any,
+    replace_to: Any,
+    MAX_NUM_TOKENS: Any = None,  # noqa: N803 - the kernel's own parameter name
+) -> None:
+    """`output[t] = input_val[r]` for every token t of request r (`cu_num_tokens` the
+    running token counts), with `replace_from` values written as `replace_to`."""
+    import torch  # lazy: called only inside vLLM
+
+    ends = cu_num_tokens.long()
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    values = input_val.masked_fill(input_val == replace_from, replace_to)
+    output.copy_(torch.repeat_interleave(values, counts, output_size=output.numel()))
+
+
+def _expand_in_torch() -> None:
+    """Have vLLM's CPU platform register `expand_to_tokens` as its `expand` kernel (it
+    reads this attribute when it registers its stand-ins, after plugins load)."""
+    try:
+        from vllm.utils import cpu_triton_utils  # lazy: vLLM's CPU build only
+    except ImportError:
+        return
+    cpu_triton_utils._expand_kernel_impl = expand_to_tokens
 
 
 def _guard_empty_top_k() -> None:
