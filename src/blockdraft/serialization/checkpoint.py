@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from blockdraft.artifacts import check_file, ensure_free_space, file_digest
+from blockdraft.drafters.config import ConfigKeyError
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig, check_target_compatible
 from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
@@ -267,6 +268,8 @@ def config_from_serving(cfg: dict[str, Any], target: Any) -> DrafterConfig:
     def get(key: str, default: Any = None) -> Any:
         return dflash.get(key, cfg.get(key, default))
 
+    _check_serving_types(cfg, get)
+
     arch = cfg.get("architectures")
     if arch not in ([SERVING_ARCHITECTURE], [DFLASH2_ARCHITECTURE]):
         raise ValueError(f"architectures {arch} is not a DFlash or DFlash2 drafter")
@@ -330,28 +333,121 @@ def config_from_serving(cfg: dict[str, Any], target: Any) -> DrafterConfig:
     )
 
 
+# serving keys config_from_serving reads, with their type; REQUIRED have no default in
+# the engines' loaders either (z-lab's reads `config.block_size` and has none)
+_SERVING_INTS = (
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "vocab_size", "num_hidden_layers", "block_size", "mask_token_id",
+    "num_target_layers", "target_hidden_size", "max_position_embeddings",
+    "draft_vocab_size", "sliding_window", *DFLASH2_KEYS,
+)  # fmt: skip
+_SERVING_FLOATS = (
+    "rms_norm_eps", "rope_theta", "final_logit_softcapping", "input_embedding_scale",
+    "output_multiplier",
+)  # fmt: skip
+_SERVING_REQUIRED = (
+    "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
+    "num_hidden_layers", "block_size", "target_layer_ids",
+)  # fmt: skip
+
+
+def _check_serving_types(cfg: dict[str, Any], get: Callable[[str], Any]) -> None:
+    """Refuse a public config whose keys are missing or of the wrong type (`ConfigKeyError`
+    naming the key): `int(4.5)` or `float("1e-6")` would quietly make another drafter."""
+    for key in _SERVING_REQUIRED:
+        if get(key) is None:
+            raise ConfigKeyError(f"{key}: missing (the serving engines need it too)")
+    for key in _SERVING_INTS + _SERVING_FLOATS:
+        value = get(key)
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        if value is None or integer or (key in _SERVING_FLOATS and isinstance(value, float)):
+            continue
+        what = "an integer" if key in _SERVING_INTS else "a number"
+        raise ConfigKeyError(f"{key}: expected {what}, got {value!r}")
+    ids = get("target_layer_ids")
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
+        raise ConfigKeyError(f"target_layer_ids: expected a list of integers, got {ids!r}")
+
+
 def load_drafter_config(path: str | Path, target: Any = None) -> DrafterConfig:
-    """The `DrafterConfig` of a checkpoint: ours, or (given `target`) a public DFlash one."""
+    """The `DrafterConfig` of a checkpoint: ours, or (given `target`) a public DFlash one.
+
+    Ours is read strictly (`DrafterConfig.from_dict`: no key defaulted, no value
+    converted) and must agree with the engine-facing keys of the same file
+    (`serving_disagreement`): both are one-line `CheckpointError`s naming the file and
+    the key, so a drafter is never scored as one thing and served as another.
+    """
     cfg = read_config(path)
     data = cfg.get(NAMESPACE)
+    file = Path(path) / CONFIG_NAME
     if data is None and target is not None:
-        return config_from_serving(cfg, target)
+        try:
+            return config_from_serving(cfg, target)
+        except ConfigKeyError as exc:
+            raise CheckpointError(f"{file}: {exc}") from None
+    config = own_config(cfg, file)
+    problem = serving_disagreement(cfg, config)
+    if problem:
+        raise CheckpointError(f"{file}: {problem}")
+    return config
+
+
+def own_config(cfg: dict[str, Any], file: str | Path) -> DrafterConfig:
+    """blockdraft's `DrafterConfig` stored in config.json `cfg` (read from `file`)."""
+    data = cfg.get(NAMESPACE)
     if not isinstance(data, dict) or "drafter_config" not in data:
         raise CheckpointError(
-            f"{Path(path) / CONFIG_NAME} has no '{NAMESPACE}.drafter_config': "
-            "not a blockdraft checkpoint"
+            f"{file} has no '{NAMESPACE}.drafter_config': not a blockdraft checkpoint"
         )
     if data.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
-            f"{Path(path) / CONFIG_NAME}: checkpoint format_version "
+            f"{file}: checkpoint format_version "
             f"{data.get('format_version')} != supported {FORMAT_VERSION}"
         )
+    if not isinstance(data["drafter_config"], dict):
+        raise CheckpointError(f"{file}: {NAMESPACE}.drafter_config: expected a mapping")
     try:
         return DrafterConfig.from_dict(data["drafter_config"])
+    except ConfigKeyError as exc:
+        raise CheckpointError(f"{file}: {NAMESPACE}.drafter_config.{exc}") from None
     except (TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(
-            f"{Path(path) / CONFIG_NAME}: bad blockdraft.drafter_config ({exc})"
-        ) from None
+        raise CheckpointError(f"{file}: bad {NAMESPACE}.drafter_config ({exc})") from None
+
+
+# engine-facing keys that must say what the drafter's own config says: (where the engines
+# read it, DrafterConfig field); `dflash_config.*` is what SGLang / vLLM / z-lab read first
+SERVING_CONTRACT = (
+    ("dflash_config.block_size", "block_size"),
+    ("block_size", "block_size"),
+    ("dflash_config.target_layer_ids", "target_layer_ids"),
+    ("dflash_config.mask_token_id", "mask_token_id"),
+    ("num_hidden_layers", "num_hidden_layers"),
+    ("hidden_size", "hidden_size"),
+    ("vocab_size", "vocab_size"),
+    ("num_target_layers", "num_target_layers"),
+    ("target_hidden_size", "target_hidden_size"),
+)
+
+
+def serving_disagreement(cfg: dict[str, Any], config: DrafterConfig) -> str | None:
+    """The first engine-facing key of config.json `cfg` that says another drafter than
+    `config` (blockdraft's own), as one line; None when they agree. A key the file leaves
+    out is no disagreement (the engines then read the other spelling)."""
+    for spelled, key in SERVING_CONTRACT:
+        where, _, name = spelled.rpartition(".")
+        holder = cfg.get(where) if where else cfg
+        if not isinstance(holder, dict) or name not in holder:
+            continue
+        value, own = holder[name], getattr(config, key)
+        if value != own or type(value) is not type(own):
+            return (
+                f"{spelled} is {value!r} but {NAMESPACE}.drafter_config.{key} is {own!r}: "
+                "engines would run another drafter than blockdraft scores; re-export the "
+                "checkpoint (or fix the key by hand)"
+            )
+    return None
 
 
 def load_drafter(

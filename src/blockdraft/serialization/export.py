@@ -34,8 +34,10 @@ from blockdraft.serialization.checkpoint import (
     NAMESPACE,
     SERVING_ARCHITECTURE,
     WEIGHTS_NAME,
+    own_config,
     read_config,
     resolve_checkpoint,
+    serving_disagreement,
     verify_weights,
     write_checkpoint_dir,
 )
@@ -194,6 +196,18 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _contract_problems(cfg: dict[str, Any], file: Path) -> list[str]:
+    """blockdraft's own config (when the file has one) must read strictly and say what the
+    engine-facing keys say: else the drafter scored is not the drafter served."""
+    if cfg.get(NAMESPACE) is None:
+        return []  # a public drafter: the serving keys are all there is
+    try:
+        problem = serving_disagreement(cfg, own_config(cfg, file))
+    except CheckpointError as exc:
+        return [str(exc)]
+    return [f"{file}: {problem}"] if problem else []
+
+
 def validate_for_serving(path: str | Path) -> list[str]:
     """Problems that would stop SGLang / vLLM / z-lab dflash loading `path` as a DFlash drafter."""
     path = Path(path)
@@ -212,7 +226,7 @@ def validate_for_serving(path: str | Path) -> list[str]:
     problems = (
         [f"pickle weight files present ({pickles}); ship safetensors only"] if pickles else []
     )
-    problems += _config_problems(cfg)
+    problems += _config_problems(cfg) + _contract_problems(cfg, path / CONFIG_NAME)
     if problems:
         return problems
     expected = expected_weight_shapes(cfg)
