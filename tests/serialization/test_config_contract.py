@@ -40,6 +40,11 @@ def _edited(setup, tmp_path, edit) -> tuple:
     return d, d / "config.json"
 
 
+def _append(path, data: bytes) -> None:
+    with open(path, "ab") as fh:
+        fh.write(data)
+
+
 def _own(cfg: dict) -> dict:
     return cfg["blockdraft"]["drafter_config"]
 
@@ -130,3 +135,39 @@ def test_public_config_is_read_strictly_too(setup, tmp_path, edit, says):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=rf"{d / 'config.json'}: {says}"):
         load_drafter(d, setup["target"])
+
+
+@pytest.mark.parametrize(
+    ("tamper", "says"),
+    [
+        (
+            lambda d: _append(d / "modeling_dflash.py", b"\nimport os\n"),
+            "modeling_dflash.py",
+        ),
+        (lambda d: (d / "helper.py").write_text("import os\n"), "helper.py"),
+        (lambda d: (d / "modeling_dflash.py").unlink(), "modeling_dflash.py"),
+    ],
+)
+def test_export_check_verifies_the_code_trust_remote_code_runs(
+    setup, tmp_path, capsys, tamper, says
+):
+    """`modeling_dflash.py` is run by `AutoModel.from_pretrained(..., trust_remote_code=True)`:
+    its hash is recorded at export and `--check` refuses any other code beside it."""
+    out = tmp_path / "export"
+    code, _, err = run_cli(capsys, "export", setup["drafter"], "--out", out)
+    assert code == 0, err
+    code, out_text, _ = run_cli(capsys, "export", out, "--check")
+    assert code == 0 and "servable" in out_text
+    tamper(out)
+    code, out_text, err = run_cli(capsys, "export", out, "--check")
+    assert code == 1 and "1 problem" in out_text and says in err, err
+
+
+def test_export_check_refuses_auto_map_to_other_code(setup, tmp_path, capsys):
+    out = tmp_path / "export"
+    assert run_cli(capsys, "export", setup["drafter"], "--out", out)[0] == 0
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModel": "evil.Model"}
+    (out / "config.json").write_text(json.dumps(cfg))
+    code, _, err = run_cli(capsys, "export", out, "--check")
+    assert code == 1 and "auto_map" in err and "evil.Model" in err

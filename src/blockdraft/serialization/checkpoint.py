@@ -382,7 +382,8 @@ def load_drafter_config(path: str | Path, target: Any = None) -> DrafterConfig:
     cfg = read_config(path)
     data = cfg.get(NAMESPACE)
     file = Path(path) / CONFIG_NAME
-    if data is None and target is not None:
+    ours = isinstance(data, dict) and ("drafter_config" in data or "format_version" in data)
+    if not ours and target is not None:  # a public drafter (or its export: no own config)
         try:
             return config_from_serving(cfg, target)
         except ConfigKeyError as exc:

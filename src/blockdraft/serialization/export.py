@@ -22,6 +22,8 @@ from blockdraft.artifacts import (
     LOCK_NAME,
     describe_artifact,
     enclosing_artifact,
+    file_problem,
+    sha256_bytes,
     stored_artifact,
     writer_lock,
 )
@@ -199,13 +201,52 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
 def _contract_problems(cfg: dict[str, Any], file: Path) -> list[str]:
     """blockdraft's own config (when the file has one) must read strictly and say what the
     engine-facing keys say: else the drafter scored is not the drafter served."""
-    if cfg.get(NAMESPACE) is None:
+    data = cfg.get(NAMESPACE)
+    if not isinstance(data, dict) or not ("drafter_config" in data or "format_version" in data):
         return []  # a public drafter: the serving keys are all there is
     try:
         problem = serving_disagreement(cfg, own_config(cfg, file))
     except CheckpointError as exc:
         return [str(exc)]
     return [f"{file}: {problem}"] if problem else []
+
+
+def shipped_modeling_code() -> bytes:
+    """The `modeling_dflash.py` this blockdraft copies into every export."""
+    return (Path(__file__).parent / MODELING_FILE).read_bytes()
+
+
+def _code_problems(path: Path, cfg: dict[str, Any]) -> list[str]:
+    """The code a `trust_remote_code=True` loader would run from `path` must be the
+    `modeling_dflash.py` recorded at export (size and SHA-256 under `blockdraft.files`;
+    an export without the record must equal the shipped file), `auto_map` must name its
+    classes, and no other Python file may lie beside it."""
+    problems = [
+        f"{p.name}: code blockdraft did not write (a trust_remote_code loader may import it); "
+        "remove it"
+        for p in sorted(path.glob("*.py"))
+        if p.name != MODELING_FILE
+    ]
+    auto_map = cfg.get("auto_map")
+    if auto_map is not None and auto_map not in (AUTO_MAP, AUTO_MAP_DFLASH2):
+        problems.append(
+            f"auto_map {auto_map} names other code than {MODELING_FILE}'s classes; re-export"
+        )
+    code = path / MODELING_FILE
+    if auto_map is None and not code.exists():
+        return problems  # a checkpoint: no code to run
+    record = ((cfg.get(NAMESPACE) or {}).get("files") or {}).get(MODELING_FILE)
+    if isinstance(record, dict):
+        problem = file_problem(code, record, sha256=True, source=CONFIG_NAME)
+    elif not code.is_file():
+        problem = f"{code}: missing (auto_map names it)"
+    elif code.read_bytes() != shipped_modeling_code():
+        problem = f"{code}: differs from the code blockdraft ships and no hash was recorded"
+    else:
+        problem = None
+    if problem:
+        problems.append(f"{problem}; a trust_remote_code loader would run it: re-export")
+    return problems
 
 
 def validate_for_serving(path: str | Path) -> list[str]:
@@ -227,6 +268,7 @@ def validate_for_serving(path: str | Path) -> list[str]:
         [f"pickle weight files present ({pickles}); ship safetensors only"] if pickles else []
     )
     problems += _config_problems(cfg) + _contract_problems(cfg, path / CONFIG_NAME)
+    problems += _code_problems(path, cfg)
     if problems:
         return problems
     expected = expected_weight_shapes(cfg)
@@ -365,8 +407,10 @@ def _export_locked(
             )
         rows = head.index_select(0, draft_ids_from_d2t(tensors["d2t"]))
         tensors["lm_head.weight"] = rows.to(tensors["fc.weight"].dtype)
-    if NAMESPACE in cfg:
-        cfg[NAMESPACE]["exported_from"] = str(ckpt)
+    modeling = shipped_modeling_code()
+    ours = cfg.setdefault(NAMESPACE, {})  # a public drafter's export gets the records too
+    ours["exported_from"] = str(ckpt)
+    ours["files"] = {MODELING_FILE: {"bytes": len(modeling), "sha256": sha256_bytes(modeling)}}
     cfg["auto_map"] = dict(AUTO_MAP_DFLASH2 if dflash2 else AUTO_MAP)
     mask = mask_token_string(cfg, target)
     if mask is not None:
@@ -377,7 +421,6 @@ def _export_locked(
         if problems:
             raise ExportError(f"{ckpt} cannot be served: " + "; ".join(problems))
 
-    modeling = (Path(__file__).parent / MODELING_FILE).read_bytes()
     return write_checkpoint_dir(
         out_dir, cfg, tensors, check=check, extra_files={MODELING_FILE: modeling}
     )
