@@ -18,8 +18,8 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterable, Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from safetensors.torch import save
@@ -109,6 +109,47 @@ def writer_lock(directory: str | os.PathLike, what: str = "directory") -> Iterat
         if created:  # a run refused or failed before writing anything leaves no trace
             with contextlib.suppress(OSError):
                 directory.rmdir()  # only if empty
+
+
+# --- files a manifest lists ---------------------------------------------------------------
+
+
+def listed_file(
+    directory: str | os.PathLike,
+    name: Any,
+    manifest: str | os.PathLike,
+    error: type[BlockdraftError] = IntegrityError,
+) -> Path:
+    """`directory / name` for a file that `manifest` (the listing file's path) names.
+
+    A manifest describes its own directory, so `name` must be a relative path that stays
+    inside it: no absolute path, no `..`, no empty name. Decided from the text alone, so a
+    crafted or mistyped entry (`../../../etc/passwd`) is refused before any file is opened,
+    statted or written; raises `error` naming the manifest and the entry.
+    """
+    text = name if isinstance(name, str) else ""
+    parts = PurePosixPath(text).parts
+    if not parts or "\x00" in text or PurePosixPath(text).is_absolute() or ".." in parts:
+        raise error(
+            f"{manifest}: entry {name!r} is not a file inside {directory} (a manifest lists "
+            "only files in its own directory); restore the manifest or make the set again"
+        )
+    return Path(directory) / text
+
+
+def check_listed_files(
+    directory: str | os.PathLike,
+    entries: Iterable[Any],
+    manifest: str | os.PathLike,
+    error: type[BlockdraftError] = IntegrityError,
+) -> None:
+    """Every entry (a mapping with a `file` key) names a file inside `directory`."""
+    if not isinstance(entries, list):
+        raise error(f"{manifest}: 'shards' must be a list of entries, got {entries!r:.60}")
+    for entry in entries:
+        if not isinstance(entry, dict) or "file" not in entry:
+            raise error(f"{manifest}: entry {entry!r:.80} has no 'file'")
+        listed_file(directory, entry["file"], manifest, error)
 
 
 # --- files checked against their records -------------------------------------------------

@@ -32,6 +32,7 @@ from blockdraft.data.feature_store import (
     encode_shard,
     read_manifest,
     rollout_set_id,
+    shard_path,
     truncated_span,
 )
 from blockdraft.data.rollout_store import (
@@ -209,7 +210,7 @@ def write_features(
 def _drop_damaged(out: Path, manifest: dict[str, Any]) -> None:
     """Unlist the first listed shard that fails its size/SHA-256 check and all after it."""
     for i, shard in enumerate(manifest["shards"]):
-        problem = file_problem(out / shard["file"], shard)
+        problem = file_problem(shard_path(out, shard), shard)
         if problem is None:
             continue
         dropped = manifest["shards"][i:]

@@ -22,7 +22,9 @@ from typing import Any
 from blockdraft.artifacts import (  # noqa: F401  (write_atomic, sha256_bytes re-exported)
     canonical_json,
     check_file,
+    check_listed_files,
     file_problem,
+    listed_file,
     sha256_bytes,
     verify_mode,
     write_atomic,
@@ -122,7 +124,13 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         raise RolloutError(
             f"{path}: unsupported rollout format version {manifest.get('version')!r}"
         )
+    check_listed_files(directory, manifest.get("shards", []), path, RolloutError)
     return manifest
+
+
+def shard_path(directory: str | os.PathLike, entry: dict[str, Any]) -> Path:
+    """Where a manifest entry's shard lies: inside `directory`, or a `RolloutError`."""
+    return listed_file(directory, entry.get("file"), Path(directory) / MANIFEST, RolloutError)
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
@@ -234,7 +242,11 @@ class RolloutSet(Sequence):
         """Every listed shard exists with its recorded size (and SHA-256): one-line errors."""
         for shard in self._shards:
             check_file(
-                self.directory / shard["file"], shard, RolloutError, sha256=sha256, hint=REPAIR_HINT
+                shard_path(self.directory, shard),
+                shard,
+                RolloutError,
+                sha256=sha256,
+                hint=REPAIR_HINT,
             )
 
     @property
@@ -265,7 +277,7 @@ class RolloutSet(Sequence):
         """Prompt ids of the rollouts in this set (reads shard headers only)."""
         all_ids: list[str] = []
         for shard in self._shards:
-            path = self.directory / shard["file"]
+            path = shard_path(self.directory, shard)
             try:
                 with open(path, "rb") as fh:
                     n = int.from_bytes(fh.read(8), "little")
@@ -292,7 +304,7 @@ class RolloutSet(Sequence):
 
     def _load(self, s: int) -> list[Rollout]:
         if self._cache is None or self._cache[0] != s:
-            path = self.directory / self._shards[s]["file"]
+            path = shard_path(self.directory, self._shards[s])
             try:
                 self._cache = (s, decode_shard(path.read_bytes()))
             except OSError:
@@ -340,4 +352,4 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
 
 def verify_shard(directory: Path, shard: dict[str, Any]) -> None:
     """The shard's size and SHA-256 against its manifest entry (one line naming it)."""
-    check_file(Path(directory) / shard["file"], shard, RolloutError, sha256=True, hint=REPAIR_HINT)
+    check_file(shard_path(directory, shard), shard, RolloutError, sha256=True, hint=REPAIR_HINT)

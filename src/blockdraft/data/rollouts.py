@@ -50,6 +50,7 @@ from blockdraft.data.rollout_store import (
     ids_hash,
     read_manifest,
     sha256_bytes,
+    shard_path,
     split_by_prompt,
     target_fingerprint,
     tokenizer_hash,
@@ -273,7 +274,7 @@ def repair_damaged_shards(
     """
 
     def problem_of(entry: dict[str, Any]) -> str | None:
-        problem = file_problem(out / entry["file"], entry, sha256=True)
+        problem = file_problem(shard_path(out, entry), entry, sha256=True)
         if problem is not None and entry["first_row"] + entry["rows"] > num_rows:
             total = manifest["prompts"].get("requested", "all")
             raise RolloutError(
