@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import zipfile
@@ -29,6 +30,7 @@ from blockdraft.artifacts import (
     ensure_free_space,
     file_digest,
     file_problem,
+    listed_file,
     stored_artifact,
 )
 from blockdraft.errors import CheckpointError, disk_write_error
@@ -196,7 +198,11 @@ def checkpoint_problem(path: Path) -> str | None:
     files = data.get("files") if isinstance(data, dict) else None
     if files:  # the check rollout and feature shards get (artifacts.file_problem)
         for name, rec in files.items():
-            problem = file_problem(path / name, rec, sha256=True, source=STATE_JSON)
+            try:  # a record names a file of this checkpoint, nothing outside it
+                listed = listed_file(path, name, path / STATE_JSON, CheckpointError)
+            except CheckpointError as exc:
+                return str(exc)
+            problem = file_problem(listed, rec, sha256=True, source=STATE_JSON)
             if problem is not None:
                 return problem
         return None
@@ -346,5 +352,11 @@ def read_trainer_tensors(path: Path) -> dict[str, Any]:
     file = Path(path) / STATE_PT
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refused it: never suggest loading it anyway
+        raise CheckpointError(
+            f"{file}: refused: it holds more than plain tensors (torch's weights-only loader "
+            "stopped it), so blockdraft did not write it; delete this checkpoint directory "
+            "to resume from an earlier one"
+        ) from None
     except (RuntimeError, EOFError, ValueError) as exc:  # truncated zip, bad pickle
         raise CheckpointError(f"{file}: unreadable ({str(exc).splitlines()[0]})") from None
