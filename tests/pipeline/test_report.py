@@ -383,3 +383,24 @@ def test_summary_says_plainly_which_drafters_are_slower_than_hf_generate() -> No
     ]
     faster = speed_verdict([{"name": "e", "speedup": 1.3, "speedup_ci95": [1.1, 1.5]}])
     assert faster == ["Every timed drafter decodes faster than our AR loop (at least 1.30x)."]
+
+
+def test_report_never_replaces_a_report_without_overwrite(tmp_path, capsys) -> None:
+    """`report --out DIR` on a DIR holding a report (its report.md or a plot) is refused
+    unless --overwrite: the earlier report is left byte for byte."""
+    run = tmp_path / "run"
+    run.mkdir()
+    _metrics(run / "metrics.jsonl")
+    out = tmp_path / "o"
+    assert main(["report", str(run), "--out", str(out)]) == 0
+    capsys.readouterr()
+    (out / "report.md").write_text("my notes\n")
+    assert main(["report", str(run), "--out", str(out), "--title", "again"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "report.md" in err and "--overwrite" in err
+    assert "\n" not in err and (out / "report.md").read_text() == "my notes\n"
+    (out / "report.md").unlink()  # a plot alone counts as a report too
+    assert main(["report", str(run), "--out", str(out)]) == 2
+    assert "training_curves.png" in capsys.readouterr().err
+    assert main(["report", str(run), "--out", str(out), "--overwrite", "--title", "T2"]) == 0
+    assert (out / "report.md").read_text().startswith("# T2")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blockdraft.pipeline.report import drafters_from_eval, write_report
+from blockdraft.pipeline.report import drafters_from_eval, existing_report_files, write_report
 
 
 def _load(path: str) -> Any:
@@ -58,6 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--title", default="blockdraft report")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the report (report.md and its plots) already in --out",
+    )
     p.set_defaults(func=run)
 
 
@@ -80,6 +85,12 @@ def run(args: argparse.Namespace) -> int:
         if not (drafters or comparisons or online or logs):
             raise ValueError(
                 "nothing to report: give run directories and/or --eval/--compare/--decode files"
+            )
+        present = existing_report_files(args.out)
+        if present and not args.overwrite:
+            raise ValueError(
+                f"--out {args.out}: already holds {present[0]} (an earlier report); pass "
+                "--overwrite to replace it or choose another directory"
             )
         path = write_report(args.out, drafters, comparisons, logs, online, title=args.title)
     except (FileNotFoundError, ValueError) as exc:
