@@ -321,3 +321,24 @@ def test_export_overwrite_replaces_a_previous_export_only(run_dir, tmp_path, cap
     code, _, err = run_cli(capsys, "export", run_dir, "--out", out, "--overwrite")
     assert code != 0 and "README.md" in one_line_error(err)
     assert (out / "README.md").read_text() == "my notes"
+
+
+@pytest.mark.parametrize(
+    ("need", "free"), [(1_840_000, 16_800_000), (2_000_000_000, 2_010_000_000)]
+)
+def test_disk_space_refusal_states_the_reserve_in_one_unit(tmp_path, monkeypatch, need, free):
+    """More free than the stage needs, yet refused: the message says the reserve kept free
+    and what that makes in all, every amount in the same unit."""
+    import re
+
+    from blockdraft.artifacts import DiskSpaceError, ensure_free_space
+
+    _small_disk(monkeypatch, free=free)
+    with pytest.raises(DiskSpaceError) as info:
+        ensure_free_space(tmp_path, need, "the weights")
+    msg = str(info.value)
+    amounts = re.findall(r"(\d+(?:\.\d+)?) ([KMG]B)", msg)
+    assert len(amounts) == 4 and len({unit for _, unit in amounts}) == 1, msg
+    assert "kept free" in msg and "in all" in msg
+    need_said, reserve, total, free_said = (float(a) for a, _ in amounts)
+    assert need_said < free_said < total and abs(need_said + reserve - total) <= 0.02 * total

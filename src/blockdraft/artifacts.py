@@ -294,13 +294,27 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
 # --- disk space ------------------------------------------------------------------------
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.3g} GB" if n >= 1e7 else f"{n / 1e6:.3g} MB"
+def _amounts(*sizes: int) -> list[str]:
+    """`sizes` as text in one unit (MB, or GB from 1 GB up, by the largest), about three
+    digits and never in exponent notation."""
+    scale, unit = (1e9, "GB") if max(sizes) >= 1e9 else (1e6, "MB")
+
+    def text(v: float) -> str:
+        return f"{v:.0f}" if v >= 100 else f"{v:.3g}" if v >= 0.001 else f"{v:.4f}"
+
+    return [f"{text(n / scale)} {unit}" for n in sizes]
+
+
+def free_space_reserve(need_bytes: int) -> int:
+    """What `ensure_free_space` keeps free beyond a write: 1% of it plus 16 MiB, so a
+    stage never fills the disk to the last byte (logs, temporary files, other users)."""
+    return int(need_bytes) // 100 + (16 << 20)
 
 
 def ensure_free_space(directory: str | os.PathLike, need_bytes: int, what: str) -> None:
-    """Refuse (one line: need vs free, and where) to start writing `need_bytes` of `what`
-    into `directory` when its file system has less free space (plus 1% and 16 MB to spare)."""
+    """Refuse (one line: need, the reserve kept free, free, and where, in one unit) to
+    start writing `need_bytes` of `what` into `directory` when its file system has less
+    free space than the two together."""
     where = Path(directory)
     probe = where
     while not probe.exists() and probe != probe.parent:
@@ -310,10 +324,13 @@ def ensure_free_space(directory: str | os.PathLike, need_bytes: int, what: str) 
     except OSError:
         return  # no answer (some network file systems): the write itself will tell
     need = int(need_bytes)
-    if need > 0 and free < need + need // 100 + (16 << 20):
+    reserve = free_space_reserve(need)
+    if need > 0 and free < need + reserve:
+        need_s, reserve_s, total_s, free_s = _amounts(need, reserve, need + reserve, free)
         raise DiskSpaceError(
-            f"{where}: not enough free disk space for {what}: needs {_gb(need)}, "
-            f"{_gb(free)} free; free some space or choose another directory"
+            f"{where}: not enough free disk space for {what}: needs {need_s} plus {reserve_s} "
+            f"kept free ({total_s} in all), {free_s} free; free some space or choose "
+            "another directory"
         )
 
 
