@@ -328,9 +328,15 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
     now = tokenizer_hash(target.tokenizer)
     if stored.get("tokenizer_hash") and stored["tokenizer_hash"] != now:
         diff = tokenizer_difference(stored.get("tokenizer_parts"), target.tokenizer)
+        made_by = stored.get("name")
+        whose = (
+            f"with another tokenizer than target {name!r} has now"
+            if not made_by or made_by == name  # one target, changed since: named once
+            else f"by target {made_by!r}, whose tokenizer differs from target {name!r}'s"
+        )
         raise RolloutError(
-            f"{where}rollouts in {src} were made with another tokenizer than target {name!r} "
-            f"has now ({'changed: ' + diff + '; ' if diff else ''}"
+            f"{where}rollouts in {src} were made {whose} "
+            f"({'changed: ' + diff + '; ' if diff else ''}"
             f"tokenizer hash {stored['tokenizer_hash'][:12]} != {now[:12]})"
         )
     made_with = stored.get("fingerprint")

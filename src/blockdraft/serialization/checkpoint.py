@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.errors import CheckpointError, disk_write_error
+from blockdraft.targets.registry import target_fingerprint
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -208,8 +210,68 @@ def save_drafter(
         "drafter_config": drafter.config.to_dict(),
         "extra": dict(extra or {}),
     }
+    made_for = target_identity(getattr(drafter, "bound_target", None))
+    if made_for is not None:
+        config_json[NAMESPACE]["target"] = made_for
     json.dumps(config_json)  # fail before touching the disk if extra is not serialisable
     return write_checkpoint_dir(path, config_json, drafter.state_dict())
+
+
+def target_identity(target: Any) -> dict[str, str] | None:
+    """`{"name", "fingerprint"}` of the target a drafter was made for (None if unknown:
+    no target bound, or a stand-in without an HF config, as in unit tests)."""
+    if target is None:
+        return None
+    try:
+        return {"name": str(target.name), "fingerprint": str(target_fingerprint(target))}
+    except Exception:  # a stand-in target: nothing to record
+        return None
+
+
+_WARNED: set[tuple[str, str]] = set()  # (checkpoint, target fingerprint) warned about
+
+
+def warn_other_target(path: str | Path, cfg: dict[str, Any], target: Any) -> None:
+    """One warning line when checkpoint `path` says it was made for another target than
+    `target` (its recorded fingerprint differs; without one, its recorded name does).
+
+    A warning, not a refusal: the shapes fit (`check_target_compatible` passed), and
+    scoring a drafter on a sibling of its target (another fine-tune, a quantised copy) is
+    a legitimate experiment, but one a user must not run without knowing.
+    """
+    recorded = (cfg.get(NAMESPACE) or {}).get("target")
+    now = target_identity(target)
+    if now is None:
+        return
+    if isinstance(recorded, dict) and recorded.get("fingerprint"):
+        if recorded["fingerprint"] == now["fingerprint"]:
+            return
+        what = (
+            f"target {recorded.get('name')!r} (fingerprint {str(recorded['fingerprint'])[:12]}) "
+            f"but is used with target {now['name']!r} (fingerprint {now['fingerprint'][:12]})"
+        )
+    else:
+        made_for = ((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name")
+        if not made_for or _same_name(made_for, now["name"]):
+            return
+        what = f"target {made_for!r} but is used with target {now['name']!r}"
+    key = (str(Path(path).resolve()), now["fingerprint"])
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    print(
+        f"warning: drafter {path} was made for {what}: the shapes fit, so it runs, but its "
+        "acceptance is not the one it was trained for",
+        file=sys.stderr,
+    )
+
+
+def _same_name(a: str, b: str) -> bool:
+    """Two spellings of one target name (a path written relative or absolute)."""
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
 
 
 def checkpoint_hash(path: str | os.PathLike) -> str:
@@ -473,6 +535,7 @@ def load_drafter(
     each right before using it.
     """
     config = load_drafter_config(path, target)
+    warn_other_target(path, read_config(path), target)
     wanted = list(config.target_layer_ids)
     adoptable = config.num_target_layers == target.num_layers and all(
         0 <= i < target.num_layers for i in wanted
