@@ -88,6 +88,16 @@ NO_LOGPROB_NOTE = (
 )
 
 
+def stored_topk(requested: int, settings: SamplingSettings, vocab_size: int) -> int:
+    """How many entries of each sampling distribution a set can store: `requested`, but
+    at most the top-k cutoff when sampling (beyond it every entry is zero) and at most the
+    vocabulary; the manifest records this number, never a larger one."""
+    k = min(int(requested), int(vocab_size))
+    if not settings.greedy and 0 < int(settings.top_k or 0) < k:
+        k = int(settings.top_k)  # greedy sets store T = 1 log-probs: no cutoff applies
+    return k
+
+
 def generate_rollouts(
     target: Target,
     prompts: list[Prompt],
@@ -123,6 +133,7 @@ def generate_rollouts(
         )
     if not prompts:
         raise PromptError("no prompts to generate rollouts for")
+    store_topk = stored_topk(store_topk, settings, target.vocab_size)
     ids = [p.id for p in prompts]
     dup = next((i for i, n in Counter(ids).items() if n > 1), None)
     if dup is not None:
