@@ -11,6 +11,7 @@ the engine code it comes from: docs/export.md ("What `validate_for_serving` chec
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -488,22 +489,26 @@ def serve_commands(
     """How to serve an exported drafter with SGLang and vLLM (printed after export).
 
     `target_path` is what the engine loads the target from (a named target's folder, a
-    local model folder or a hub id); `vllm_problem`, when set, replaces the vLLM command
-    with the reason vLLM cannot serve this pair (`engines/dflash_support.py`)."""
+    local model folder or a hub id; None prints `TARGET`); `vllm_problem`, when set,
+    replaces the vLLM command with the reason vLLM cannot serve this pair
+    (`engines/dflash_support.py`). The drafter is named by its absolute path and every
+    argument is shell-quoted, so the commands work from any directory and any path."""
     cfg = read_config(out_dir)
-    name = target_path or "TARGET"
+    drafter = str(Path(out_dir).resolve())
+    name = shlex.quote(target_path) if target_path else "TARGET"
     k = int(_get(cfg, "block_size") or 16) - 1
-    spec = json.dumps({"method": "dflash", "model": str(out_dir), "num_speculative_tokens": k})
+    spec = json.dumps({"method": "dflash", "model": drafter, "num_speculative_tokens": k})
     vllm = (
         f"# vLLM: not servable here: {vllm_problem}\n"
         if vllm_problem
-        else f"# vLLM\nvllm serve {name} --speculative-config \\\n    '{spec}'\n"
+        else f"# vLLM\nvllm serve {name} --speculative-config \\\n    {shlex.quote(spec)}\n"
     )
     return (
         f"# SGLang\npython -m sglang.launch_server --model-path {name} \\\n"
-        f"    --speculative-algorithm DFLASH --speculative-draft-model-path {out_dir}\n"
+        f"    --speculative-algorithm DFLASH --speculative-draft-model-path "
+        f"{shlex.quote(drafter)}\n"
         f"{vllm}"
-        f"# transformers\nAutoModel.from_pretrained({str(out_dir)!r}, trust_remote_code=True)"
+        f"# transformers\nAutoModel.from_pretrained({drafter!r}, trust_remote_code=True)"
     )
 
 
