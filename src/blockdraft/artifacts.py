@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -139,17 +139,40 @@ def listed_file(
 
 def check_listed_files(
     directory: str | os.PathLike,
-    entries: Iterable[Any],
+    entries: Any,
     manifest: str | os.PathLike,
     error: type[BlockdraftError] = IntegrityError,
+    *,
+    contiguous: bool = True,
 ) -> None:
-    """Every entry (a mapping with a `file` key) names a file inside `directory`."""
+    """The shard entries of a manifest (`file`, `first_row`, `rows`, `bytes`, `sha256`) are
+    what readers index with: each names a file inside `directory` (`listed_file`), its
+    counts are non-negative integers, and (`contiguous`) the shards cover rows 0, 1, ...
+    in order, with no gap or overlap. Raises `error` naming the manifest and the entry,
+    so a hand-edited count is refused before it indexes past a shard or reads rows twice.
+    """
     if not isinstance(entries, list):
         raise error(f"{manifest}: 'shards' must be a list of entries, got {entries!r:.60}")
-    for entry in entries:
+    row = 0
+    for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or "file" not in entry:
-            raise error(f"{manifest}: entry {entry!r:.80} has no 'file'")
+            raise error(f"{manifest}: shards[{i}] {entry!r:.80} has no 'file'")
         listed_file(directory, entry["file"], manifest, error)
+        where = f"{manifest}: shards[{i}] ({entry['file']})"
+        for key in ("first_row", "rows", "bytes"):
+            value = entry.get(key)
+            if key == "bytes" and value is None:
+                continue  # optional: sets written before sizes were recorded
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise error(f"{where}: {key!r} must be an integer >= 0, got {value!r}")
+        if not isinstance(entry.get("sha256", ""), str):
+            raise error(f"{where}: 'sha256' must be a hex string, got {entry['sha256']!r:.40}")
+        if contiguous and entry["first_row"] != row:
+            raise error(
+                f"{where}: 'first_row' is {entry['first_row']} but the shards before it "
+                f"end at row {row} (edited?); restore the manifest or make the set again"
+            )
+        row = entry["first_row"] + entry["rows"]
 
 
 # --- files checked against their records -------------------------------------------------

@@ -105,3 +105,22 @@ def test_feature_manifest_entry_outside_its_directory_is_refused(setup, tmp_path
 def test_plain_names_still_read(setup):
     assert len(RolloutSet.open(setup["rollouts"])) == 4
     assert FeatureStore(setup["features"]).num_rows == 4
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda m: m["shards"][-1].update(rows=m["shards"][-1]["rows"] + 1), "holds 4 rows"),
+        (lambda m: m["shards"][0].update(first_row=1), "'first_row' is 1"),
+        (lambda m: m["shards"][0].update(rows="4"), "'rows'"),
+    ],
+)
+def test_edited_feature_manifest_is_one_line(setup, tmp_path, edit, says):
+    d = tmp_path / "f"
+    shutil.copytree(setup["features"], d)
+    manifest = json.loads((d / "manifest.json").read_text())
+    edit(manifest)
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(FeatureError, match=says):
+        store = FeatureStore(d)
+        store.row_info(store.num_rows - 1)

@@ -121,7 +121,7 @@ def read_part(path: Path) -> list[dict[str, Any]]:
         isinstance(s, dict) and {"file", "first_row", "rows"} <= set(s) for s in shards
     ):
         raise RolloutError(f"{path}: not a rollout part file (key 'shards' missing or malformed)")
-    check_listed_files(path.parent, shards, path, RolloutError)
+    check_listed_files(path.parent, shards, path, RolloutError, contiguous=False)
     return shards
 
 

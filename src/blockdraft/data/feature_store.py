@@ -155,6 +155,12 @@ class FeatureStore:
                 raise
             except Exception as exc:  # SafetensorError is not a ValueError
                 raise FeatureError(f"{path}: cannot read shard ({exc})") from None
+            found, listed = len(self._index[s][2]), self._shards[s]["rows"]
+            if found != listed or len(self._index[s][0]) != found + 1:
+                raise FeatureError(
+                    f"{path}: holds {found} rows but {self.directory / MANIFEST} lists "
+                    f"{listed}; restore the manifest or compute the features again"
+                )
             self._handles[s] = handle
         return self._handles[s]
 

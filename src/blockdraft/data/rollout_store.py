@@ -223,6 +223,10 @@ class RolloutSet(Sequence):
         for key in ("shards", "settings"):
             if key not in manifest:
                 raise RolloutError(f"{directory / MANIFEST}: missing key {key!r}")
+        try:
+            SamplingSettings.from_dict(manifest["settings"])
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise RolloutError(f"{directory / MANIFEST}: settings: {exc}") from None
         rs = cls(directory, manifest)
         if not rs.complete and not allow_incomplete:
             requested = manifest.get("prompts", {}).get("requested", "?")
@@ -282,9 +286,11 @@ class RolloutSet(Sequence):
                 with open(path, "rb") as fh:
                     n = int.from_bytes(fh.read(8), "little")
                     header = json.loads(fh.read(n))
-                all_ids.extend(json.loads(header["__metadata__"]["prompt_id"]))
+                ids = json.loads(header["__metadata__"]["prompt_id"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise RolloutError(f"{path}: unreadable shard header ({exc})") from None
+            _check_rows(path, len(ids), shard)
+            all_ids.extend(ids)
         return all_ids if self._indices is None else [all_ids[i] for i in self._indices]
 
     def subset(self, indices: Sequence[int]) -> RolloutSet:
@@ -306,12 +312,24 @@ class RolloutSet(Sequence):
         if self._cache is None or self._cache[0] != s:
             path = shard_path(self.directory, self._shards[s])
             try:
-                self._cache = (s, decode_shard(path.read_bytes()))
+                rows = decode_shard(path.read_bytes())
             except OSError:
                 raise
             except Exception as exc:  # SafetensorError is not a ValueError
                 raise RolloutError(f"{path}: cannot read shard ({exc})") from None
+            _check_rows(path, len(rows), self._shards[s])
+            self._cache = (s, rows)
         return self._cache[1]
+
+
+def _check_rows(path: Path, found: int, entry: dict[str, Any]) -> None:
+    """A shard holds the rows its manifest entry says (an edited count would index past
+    it or skip rows)."""
+    if found != entry["rows"]:
+        raise RolloutError(
+            f"{path}: holds {found} rollouts but {path.parent / MANIFEST} lists "
+            f"{entry['rows']}; restore the manifest or make the set again"
+        )
 
 
 def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
