@@ -133,3 +133,28 @@ def test_target_with_only_a_planted_pickle_is_one_line(tmp_path, capsys):
     line = one_line_error(err)
     assert code == 2 and "pytorch_model.bin" in line and "weights_only=False" not in line
     assert not planted.exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda s: s.update(bogus=1), "'bogus'"),
+        (lambda s: s.update(step="10"), "'step'"),
+        (lambda s: s.pop("step"), "'step'"),
+    ],
+)
+def test_edited_trainer_state_json_on_resume_is_one_line(tmp_path, capsys, edit, says):
+    import json
+
+    from blockdraft.errors import CheckpointError
+    from blockdraft.training.state import read_progress
+
+    (tmp_path / "trainer_state.json").write_text(
+        json.dumps({"step": 10, "tokens_seen": 5, "best_mal": None, "best_step": None})
+    )
+    assert read_progress(tmp_path).step == 10
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    edit(state)
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=rf"{tmp_path / 'trainer_state.json'}: .*{says}"):
+        read_progress(tmp_path)

@@ -18,7 +18,7 @@ import re
 import shutil
 import zipfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -339,11 +339,31 @@ def prepare_run_dir(
 
 
 def read_progress(path: Path) -> TrainerProgress:
+    """The progress a step checkpoint records, checked key by key (an edited file is one
+    line naming the key, never a resume from step 0 or a TypeError)."""
+    file = Path(path) / STATE_JSON
     try:
-        data = json.loads((Path(path) / STATE_JSON).read_text())
+        data = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{Path(path) / STATE_JSON}: unreadable ({exc})") from None
+        raise CheckpointError(f"{file}: unreadable ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
     data.pop("files", None)
+    known = {f.name for f in fields(TrainerProgress)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise CheckpointError(f"{file}: unknown key {unknown[0]!r}")
+    for key in ("step", "tokens_seen", "best_step", "world_size", "global_batch"):
+        value = data.get(key)
+        if key in ("step", "tokens_seen") and value is None:
+            raise CheckpointError(f"{file}: {key!r} missing")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise CheckpointError(f"{file}: {key!r} must be an integer, got {value!r}")
+    best = data.get("best_mal")
+    if best is not None and (not isinstance(best, (int, float)) or isinstance(best, bool)):
+        raise CheckpointError(f"{file}: 'best_mal' must be a number, got {best!r}")
+    if not isinstance(data.get("extra", {}), dict):
+        raise CheckpointError(f"{file}: 'extra' must be a mapping")
     return TrainerProgress(**data)
 
 
