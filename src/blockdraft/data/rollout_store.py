@@ -350,7 +350,7 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
         whose = (
             f"with another tokenizer than target {name!r} has now"
             if not made_by or made_by == name  # one target, changed since: named once
-            else f"by target {made_by!r}, whose tokenizer differs from target {name!r}'s"
+            else f"by target {made_by!r}, whose tokenizer is not the one of target {name!r}"
         )
         raise RolloutError(
             f"{where}rollouts in {src} were made {whose} "
