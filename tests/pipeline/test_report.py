@@ -404,3 +404,28 @@ def test_report_never_replaces_a_report_without_overwrite(tmp_path, capsys) -> N
     assert "training_curves.png" in capsys.readouterr().err
     assert main(["report", str(run), "--out", str(out), "--overwrite", "--title", "T2"]) == 0
     assert (out / "report.md").read_text().startswith("# T2")
+
+
+@pytest.mark.parametrize(
+    ("flag", "content", "says"),
+    [
+        (
+            "--eval",
+            {"comparisons": []},
+            "it is a `blockdraft compare --json` file: pass it with --compare",
+        ),
+        ("--eval", [1, 2], "not a `blockdraft eval --json` file"),
+        ("--compare", {"target": "t", "benchmarks": []}, "pass it with --eval"),
+        ("--decode", {"target": "t", "benchmarks": []}, "pass it with --eval"),
+        ("--decode", {"a": 1}, "not a `blockdraft decode --json` file"),
+    ],
+)
+def test_report_names_a_results_file_of_the_wrong_kind(tmp_path, capsys, flag, content, says):
+    """A results file given under the wrong flag is neither skipped in silence nor drawn
+    as junk: one line names the file and the flag it belongs to."""
+    f = tmp_path / "results.json"
+    f.write_text(json.dumps(content))
+    assert main(["report", flag, str(f), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and str(f) in err and says in err, err
+    assert not (tmp_path / "o" / "report.md").exists()

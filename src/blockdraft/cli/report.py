@@ -25,6 +25,25 @@ def _load(path: str) -> Any:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
 
 
+# the key that marks each command's --json output (what `report` reads from it)
+_KINDS = {"eval": "benchmarks", "compare": "comparisons", "decode": "tau"}
+
+
+def _results(path: str, kind: str) -> dict[str, Any]:
+    """`blockdraft KIND --json` output read from `path`; a file of another kind is one line
+    naming the flag it belongs to (never skipped in silence or drawn as junk)."""
+    data = _load(path)
+    if isinstance(data, dict) and _KINDS[kind] in data:
+        return data
+    other = next((k for k, key in _KINDS.items() if isinstance(data, dict) and key in data), None)
+    hint = (
+        f": it is a `blockdraft {other} --json` file: pass it with --{other}"
+        if other
+        else f" (no {_KINDS[kind]!r} key)"
+    )
+    raise ValueError(f"{path}: not a `blockdraft {kind} --json` file{hint}")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "report",
@@ -68,11 +87,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        drafters = [d for f in args.eval for d in drafters_from_eval(_load(f))]
-        comparisons = [c for f in args.compare for c in _load(f).get("comparisons", [])]
+        drafters = [d for f in args.eval for d in drafters_from_eval(_results(f, "eval"))]
+        comparisons = [c for f in args.compare for c in _results(f, "compare")["comparisons"]]
         online = {}
         for f in args.decode:
-            data = _load(f)
+            data = _results(f, "decode")
             online[data.get("drafter", Path(f).stem)] = data
         logs = {}
         for run_dir in args.runs:
