@@ -342,3 +342,16 @@ def test_disk_space_refusal_states_the_reserve_in_one_unit(tmp_path, monkeypatch
     assert "kept free" in msg and "in all" in msg
     need_said, reserve, total, free_said = (float(a) for a, _ in amounts)
     assert need_said < free_said < total and abs(need_said + reserve - total) <= 0.02 * total
+
+
+def test_new_sets_are_refused_inside_another_artifact(random_target, rollout_dir, feature_dir):
+    """A rollout or feature set written inside another set would make that set's directory
+    hold files it does not list (and `--overwrite` of it delete them): refused up front."""
+    before = _tree(feature_dir)
+    with pytest.raises(RolloutError, match=rf"{feature_dir}, which is a feature set"):
+        _rollouts(random_target, feature_dir / "r", n=2)
+    assert _tree(feature_dir) == before and not (feature_dir / "r").exists()
+    before = _tree(rollout_dir)
+    with pytest.raises(FeatureError, match=rf"{rollout_dir}, which is a rollout set"):
+        plan_features(random_target, rollout_dir, rollout_dir / "f")
+    assert _tree(rollout_dir) == before

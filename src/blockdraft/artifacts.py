@@ -412,3 +412,17 @@ def enclosing_artifact(directory: str | os.PathLike) -> tuple[Path, str] | None:
         if kind is not None:
             return parent, kind
     return None
+
+
+def refuse_inside_artifact(
+    directory: str | os.PathLike, flag: str, error: type[BlockdraftError] = BlockdraftError
+) -> None:
+    """Refuse to start a new set in `directory` when it lies inside another artefact (a
+    rollout or feature set, a checkpoint or an export; a run directory may hold sets): that
+    artefact would hold files it does not list, and replacing it would delete them."""
+    inside = enclosing_artifact(directory)
+    if inside is not None and inside[1] != "run":
+        raise error(
+            f"{flag} {directory}: lies inside {inside[0]}, which is "
+            f"{describe_artifact(inside[1])}; choose a directory outside it"
+        )

@@ -20,7 +20,13 @@ import torch
 from tqdm.auto import tqdm
 
 from blockdraft import __version__
-from blockdraft.artifacts import LOCK_NAME, ensure_free_space, file_problem, writer_lock
+from blockdraft.artifacts import (
+    LOCK_NAME,
+    ensure_free_space,
+    file_problem,
+    refuse_inside_artifact,
+    writer_lock,
+)
 from blockdraft.data.feature_store import (
     DTYPES,
     FORMAT,
@@ -154,10 +160,12 @@ def plan_features(
                     f"{_get(manifest, key)!r}, requested {_get(header, key)!r}); use another --out"
                 )
         done = sum(s["rows"] for s in manifest["shards"])
-    elif out.exists() and any(p.name not in (MANIFEST, LOCK_NAME) for p in out.iterdir()):
-        raise FeatureError(
-            f"--out: {out} is not empty and has no {MANIFEST}; choose a new directory"
-        )
+    else:
+        refuse_inside_artifact(out, "--out", FeatureError)
+        if out.exists() and any(p.name not in (MANIFEST, LOCK_NAME) for p in out.iterdir()):
+            raise FeatureError(
+                f"--out: {out} is not empty and has no {MANIFEST}; choose a new directory"
+            )
     return FeaturePlan(
         out, header, rollouts, spans, header["feature_size"] * dtype_bytes(dtype), done
     )

@@ -25,7 +25,13 @@ import torch
 from tqdm.auto import tqdm
 
 from blockdraft import __version__
-from blockdraft.artifacts import LOCK_NAME, ensure_free_space, file_problem, writer_lock
+from blockdraft.artifacts import (
+    LOCK_NAME,
+    ensure_free_space,
+    file_problem,
+    refuse_inside_artifact,
+    writer_lock,
+)
 from blockdraft.data.distributed_rollouts import (
     ShardTask,
     drop_part_entries,
@@ -400,6 +406,7 @@ def open_or_create_set(
     out.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out)
     if manifest is None:
+        refuse_inside_artifact(out, "--out", RolloutError)
         ours = {MANIFEST, LOCK_NAME} | {p.name for p in out.glob(".*.tmp")}
         others = [p.name for p in out.iterdir() if p.name not in ours]
         if others:
