@@ -84,3 +84,16 @@ def test_tokenizer_mismatch_names_both_targets_and_what_differs(setup, tmp_path)
         check_target(RolloutSet.open(rollouts), load_target(str(model), progress=False))
     msg = str(info.value)
     assert msg.count(str(model)) == 1 and "'<extra_probe>'" in msg
+
+
+def test_weights_mismatch_names_the_target_once_when_it_changed(setup, tmp_path):
+    d = shutil.copytree(setup["rollouts_b"], tmp_path / "r")
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["target"]["fingerprint"] = "0" * 32  # made by this target before it changed
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RolloutError) as info:
+        check_target(RolloutSet.open(d), setup["tb"])
+    assert str(info.value).count(str(setup["b"])) == 1, str(info.value)
+    with pytest.raises(RolloutError) as info:  # another target of the same shapes: both
+        check_target(RolloutSet.open(setup["rollouts_b"]), setup["ta"])
+    assert str(setup["a"]) in str(info.value) and str(setup["b"]) in str(info.value)
