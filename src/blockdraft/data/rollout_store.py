@@ -372,7 +372,7 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
     whose = (
         f"with other weights than target {name!r} has now"
         if not made_by or made_by == name  # one target, changed since: named once
-        else f"by target {made_by!r}, whose weights are not the ones of target {name!r}"
+        else f"by target {made_by!r} with other weights than target {name!r}"
     )
     raise RolloutError(
         f"{where}rollouts in {src} were generated {whose} "
