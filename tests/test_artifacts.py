@@ -321,3 +321,37 @@ def test_export_overwrite_replaces_a_previous_export_only(run_dir, tmp_path, cap
     code, _, err = run_cli(capsys, "export", run_dir, "--out", out, "--overwrite")
     assert code != 0 and "README.md" in one_line_error(err)
     assert (out / "README.md").read_text() == "my notes"
+
+
+@pytest.mark.parametrize(
+    ("need", "free"), [(1_840_000, 16_800_000), (2_000_000_000, 2_010_000_000)]
+)
+def test_disk_space_refusal_states_the_reserve_in_one_unit(tmp_path, monkeypatch, need, free):
+    """More free than the stage needs, yet refused: the message says the reserve kept free
+    and what that makes in all, every amount in the same unit."""
+    import re
+
+    from blockdraft.artifacts import DiskSpaceError, ensure_free_space
+
+    _small_disk(monkeypatch, free=free)
+    with pytest.raises(DiskSpaceError) as info:
+        ensure_free_space(tmp_path, need, "the weights")
+    msg = str(info.value)
+    amounts = re.findall(r"(\d+(?:\.\d+)?) ([KMG]B)", msg)
+    assert len(amounts) == 4 and len({unit for _, unit in amounts}) == 1, msg
+    assert "kept free" in msg and "in all" in msg
+    need_said, reserve, total, free_said = (float(a) for a, _ in amounts)
+    assert need_said < free_said < total and abs(need_said + reserve - total) <= 0.02 * total
+
+
+def test_new_sets_are_refused_inside_another_artifact(random_target, rollout_dir, feature_dir):
+    """A rollout or feature set written inside another set would make that set's directory
+    hold files it does not list (and `--overwrite` of it delete them): refused up front."""
+    before = _tree(feature_dir)
+    with pytest.raises(RolloutError, match=rf"{feature_dir}, which is a feature set"):
+        _rollouts(random_target, feature_dir / "r", n=2)
+    assert _tree(feature_dir) == before and not (feature_dir / "r").exists()
+    before = _tree(rollout_dir)
+    with pytest.raises(FeatureError, match=rf"{rollout_dir}, which is a rollout set"):
+        plan_features(random_target, rollout_dir, rollout_dir / "f")
+    assert _tree(rollout_dir) == before

@@ -19,7 +19,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from safetensors.torch import save
@@ -109,6 +109,70 @@ def writer_lock(directory: str | os.PathLike, what: str = "directory") -> Iterat
         if created:  # a run refused or failed before writing anything leaves no trace
             with contextlib.suppress(OSError):
                 directory.rmdir()  # only if empty
+
+
+# --- files a manifest lists ---------------------------------------------------------------
+
+
+def listed_file(
+    directory: str | os.PathLike,
+    name: Any,
+    manifest: str | os.PathLike,
+    error: type[BlockdraftError] = IntegrityError,
+) -> Path:
+    """`directory / name` for a file that `manifest` (the listing file's path) names.
+
+    A manifest describes its own directory, so `name` must be a relative path that stays
+    inside it: no absolute path, no `..`, no empty name. Decided from the text alone, so a
+    crafted or mistyped entry (`../../../etc/passwd`) is refused before any file is opened,
+    statted or written; raises `error` naming the manifest and the entry.
+    """
+    text = name if isinstance(name, str) else ""
+    parts = PurePosixPath(text).parts
+    if not parts or "\x00" in text or PurePosixPath(text).is_absolute() or ".." in parts:
+        raise error(
+            f"{manifest}: entry {name!r} is not a file inside {directory} (a manifest lists "
+            "only files in its own directory); restore the manifest or make the set again"
+        )
+    return Path(directory) / text
+
+
+def check_listed_files(
+    directory: str | os.PathLike,
+    entries: Any,
+    manifest: str | os.PathLike,
+    error: type[BlockdraftError] = IntegrityError,
+    *,
+    contiguous: bool = True,
+) -> None:
+    """The shard entries of a manifest (`file`, `first_row`, `rows`, `bytes`, `sha256`) are
+    what readers index with: each names a file inside `directory` (`listed_file`), its
+    counts are non-negative integers, and (`contiguous`) the shards cover rows 0, 1, ...
+    in order, with no gap or overlap. Raises `error` naming the manifest and the entry,
+    so a hand-edited count is refused before it indexes past a shard or reads rows twice.
+    """
+    if not isinstance(entries, list):
+        raise error(f"{manifest}: 'shards' must be a list of entries, got {entries!r:.60}")
+    row = 0
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "file" not in entry:
+            raise error(f"{manifest}: shards[{i}] {entry!r:.80} has no 'file'")
+        listed_file(directory, entry["file"], manifest, error)
+        where = f"{manifest}: shards[{i}] ({entry['file']})"
+        for key in ("first_row", "rows", "bytes"):
+            value = entry.get(key)
+            if key == "bytes" and value is None:
+                continue  # optional: sets written before sizes were recorded
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise error(f"{where}: {key!r} must be an integer >= 0, got {value!r}")
+        if not isinstance(entry.get("sha256", ""), str):
+            raise error(f"{where}: 'sha256' must be a hex string, got {entry['sha256']!r:.40}")
+        if contiguous and entry["first_row"] != row:
+            raise error(
+                f"{where}: 'first_row' is {entry['first_row']} but the shards before it "
+                f"end at row {row} (edited?); restore the manifest or make the set again"
+            )
+        row = entry["first_row"] + entry["rows"]
 
 
 # --- files checked against their records -------------------------------------------------
@@ -253,13 +317,27 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
 # --- disk space ------------------------------------------------------------------------
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.3g} GB" if n >= 1e7 else f"{n / 1e6:.3g} MB"
+def _amounts(*sizes: int) -> list[str]:
+    """`sizes` as text in one unit (MB, or GB from 1 GB up, by the largest), about three
+    digits and never in exponent notation."""
+    scale, unit = (1e9, "GB") if max(sizes) >= 1e9 else (1e6, "MB")
+
+    def text(v: float) -> str:
+        return f"{v:.0f}" if v >= 100 else f"{v:.3g}" if v >= 0.001 else f"{v:.4f}"
+
+    return [f"{text(n / scale)} {unit}" for n in sizes]
+
+
+def free_space_reserve(need_bytes: int) -> int:
+    """What `ensure_free_space` keeps free beyond a write: 1% of it plus 16 MiB, so a
+    stage never fills the disk to the last byte (logs, temporary files, other users)."""
+    return int(need_bytes) // 100 + (16 << 20)
 
 
 def ensure_free_space(directory: str | os.PathLike, need_bytes: int, what: str) -> None:
-    """Refuse (one line: need vs free, and where) to start writing `need_bytes` of `what`
-    into `directory` when its file system has less free space (plus 1% and 16 MB to spare)."""
+    """Refuse (one line: need, the reserve kept free, free, and where, in one unit) to
+    start writing `need_bytes` of `what` into `directory` when its file system has less
+    free space than the two together."""
     where = Path(directory)
     probe = where
     while not probe.exists() and probe != probe.parent:
@@ -269,10 +347,13 @@ def ensure_free_space(directory: str | os.PathLike, need_bytes: int, what: str) 
     except OSError:
         return  # no answer (some network file systems): the write itself will tell
     need = int(need_bytes)
-    if need > 0 and free < need + need // 100 + (16 << 20):
+    reserve = free_space_reserve(need)
+    if need > 0 and free < need + reserve:
+        need_s, reserve_s, total_s, free_s = _amounts(need, reserve, need + reserve, free)
         raise DiskSpaceError(
-            f"{where}: not enough free disk space for {what}: needs {_gb(need)}, "
-            f"{_gb(free)} free; free some space or choose another directory"
+            f"{where}: not enough free disk space for {what}: needs {need_s} plus {reserve_s} "
+            f"kept free ({total_s} in all), {free_s} free; free some space or choose "
+            "another directory"
         )
 
 
@@ -331,3 +412,17 @@ def enclosing_artifact(directory: str | os.PathLike) -> tuple[Path, str] | None:
         if kind is not None:
             return parent, kind
     return None
+
+
+def refuse_inside_artifact(
+    directory: str | os.PathLike, flag: str, error: type[BlockdraftError] = BlockdraftError
+) -> None:
+    """Refuse to start a new set in `directory` when it lies inside another artefact (a
+    rollout or feature set, a checkpoint or an export; a run directory may hold sets): that
+    artefact would hold files it does not list, and replacing it would delete them."""
+    inside = enclosing_artifact(directory)
+    if inside is not None and inside[1] != "run":
+        raise error(
+            f"{flag} {directory}: lies inside {inside[0]}, which is "
+            f"{describe_artifact(inside[1])}; choose a directory outside it"
+        )

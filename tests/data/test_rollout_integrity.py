@@ -171,3 +171,28 @@ def test_legacy_manifest_fingerprint_is_accepted_with_a_warning(setup, tmp_path,
     (r / "manifest.json").write_text(json.dumps(manifest))
     code, _, err = _eval(capsys, setup, r)
     assert code == 0 and "old-style target fingerprint" in err
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda m: m["shards"][-1].update(rows=3), "shard-00002.safetensors: holds 2 rollouts"),
+        (lambda m: m["shards"][0].update(rows=3), "the shards before it end at row 3"),
+        (lambda m: m["shards"][0].update(rows="2"), "'rows'"),
+        (lambda m: m["shards"][1].update(first_row=3), "'first_row'"),
+        (lambda m: m["shards"].append(dict(m["shards"][0])), "'first_row'"),
+        (lambda m: m["settings"].update(temperature="hot"), "settings"),
+        (lambda m: m["shards"][0].update(bytes=-1), "'bytes'"),
+        (lambda m: m.update(shards={"0": 1}), "'shards'"),
+    ],
+)
+def test_edited_manifest_is_one_line_naming_manifest_and_key(setup, tmp_path, capsys, edit, says):
+    """A hand-edited manifest (rows, offsets, types, settings) would index past a shard,
+    add a string to an int or read rows twice: refused in one line naming it."""
+    r = _copy(setup, tmp_path)
+    manifest = json.loads((r / "manifest.json").read_text())
+    edit(manifest)
+    (r / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = _eval(capsys, setup, r)
+    line = one_line_error(err)
+    assert code == 2 and str(r) in line and says in line, line

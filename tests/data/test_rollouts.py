@@ -524,3 +524,25 @@ def test_rollouts_without_logprobs_refusals(random_target, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--no-logprobs: only greedy rollouts" in err
     assert not (tmp_path / "c").exists()
+
+
+def test_store_topk_beyond_the_top_k_cutoff_records_what_is_stored(tmp_path, capsys):
+    """Under a top-k cutoff of 5 at most 5 entries of a distribution are non-zero, so
+    `--store-topk 100000` stores (and records) 5, and says so; greedy sets, which store
+    T = 1 log-probs, are capped at the vocabulary."""
+    from blockdraft.data.rollout_store import RolloutSet
+    from blockdraft.targets.registry import load_target
+    from clikit import run_cli, save_local_model
+
+    model = save_local_model(tmp_path / "m")
+    common = ("rollout", "--target", model, "--prompts", "stdlib:train", "--limit", "2",
+              "--max-new-tokens", "4", "--no-progress", "--store-topk", "100000")  # fmt: skip
+    code, out, err = run_cli(capsys, *common, "--top-k", "5", "--out", tmp_path / "s")
+    assert code == 0, err
+    assert "--store-topk 100000" in err and "storing 5" in err
+    rs = RolloutSet.open(tmp_path / "s")
+    assert rs.manifest["store_topk"] == 5 and rs[0].topk_ids.shape[-1] == 5
+    code, out, err = run_cli(capsys, *common, "--temperature", "0", "--out", tmp_path / "g")
+    vocab = load_target(str(model), progress=False).vocab_size
+    assert code == 0 and f"storing {vocab}" in err
+    assert RolloutSet.open(tmp_path / "g").manifest["store_topk"] == vocab

@@ -311,3 +311,32 @@ def test_shared_target_features_run_the_target_once_per_rollout(monkeypatch) -> 
             score_rollouts(d, target, rows, 0.0, use_cache=False)
     assert len(calls) == 6
     assert scoring._MEMO is None  # nothing held after the block
+
+
+def test_a_changed_cache_entry_is_recomputed_never_used(tmp_path, capsys) -> None:
+    """One byte changed in a cached acceptance tensor would change the reported MAL: the
+    entry's SHA-256 is recorded and checked, and a mismatch is recomputed with a warning."""
+    target = make_random_target("qwen3")
+    drafter = (
+        BlockDrafter(DrafterConfig.for_target(target, num_layers=1, block_size=4))
+        .bind_target(target)
+        .eval()
+    )
+    g = torch.Generator().manual_seed(3)
+    rollouts = [
+        _rollout(i, [5, 6, 7], torch.randint(3, target.vocab_size, (8,), generator=g).tolist())
+        for i in range(2)
+    ]
+    base = score_rollouts(drafter, target, rollouts, 0.0, cache_dir=tmp_path)
+    (entry,) = tmp_path.glob("*.safetensors")
+    data = bytearray(entry.read_bytes())
+    data[-3] ^= 0x40  # a byte of the last tensor's values: still a readable file
+    entry.write_bytes(bytes(data))
+    capsys.readouterr()
+    again = score_rollouts(drafter, target, rollouts, 0.0, cache_dir=tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(base, again, strict=True))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {entry}") and "recomput" in err[0]
+    third = score_rollouts(drafter, target, rollouts, 0.0, cache_dir=tmp_path)  # rewritten
+    assert all(torch.equal(a, b) for a, b in zip(base, third, strict=True))
+    assert capsys.readouterr().err == ""

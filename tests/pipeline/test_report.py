@@ -383,3 +383,49 @@ def test_summary_says_plainly_which_drafters_are_slower_than_hf_generate() -> No
     ]
     faster = speed_verdict([{"name": "e", "speedup": 1.3, "speedup_ci95": [1.1, 1.5]}])
     assert faster == ["Every timed drafter decodes faster than our AR loop (at least 1.30x)."]
+
+
+def test_report_never_replaces_a_report_without_overwrite(tmp_path, capsys) -> None:
+    """`report --out DIR` on a DIR holding a report (its report.md or a plot) is refused
+    unless --overwrite: the earlier report is left byte for byte."""
+    run = tmp_path / "run"
+    run.mkdir()
+    _metrics(run / "metrics.jsonl")
+    out = tmp_path / "o"
+    assert main(["report", str(run), "--out", str(out)]) == 0
+    capsys.readouterr()
+    (out / "report.md").write_text("my notes\n")
+    assert main(["report", str(run), "--out", str(out), "--title", "again"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "report.md" in err and "--overwrite" in err
+    assert "\n" not in err and (out / "report.md").read_text() == "my notes\n"
+    (out / "report.md").unlink()  # a plot alone counts as a report too
+    assert main(["report", str(run), "--out", str(out)]) == 2
+    assert "training_curves.png" in capsys.readouterr().err
+    assert main(["report", str(run), "--out", str(out), "--overwrite", "--title", "T2"]) == 0
+    assert (out / "report.md").read_text().startswith("# T2")
+
+
+@pytest.mark.parametrize(
+    ("flag", "content", "says"),
+    [
+        (
+            "--eval",
+            {"comparisons": []},
+            "it is a `blockdraft compare --json` file: pass it with --compare",
+        ),
+        ("--eval", [1, 2], "not a `blockdraft eval --json` file"),
+        ("--compare", {"target": "t", "benchmarks": []}, "pass it with --eval"),
+        ("--decode", {"target": "t", "benchmarks": []}, "pass it with --eval"),
+        ("--decode", {"a": 1}, "not a `blockdraft decode --json` file"),
+    ],
+)
+def test_report_names_a_results_file_of_the_wrong_kind(tmp_path, capsys, flag, content, says):
+    """A results file given under the wrong flag is neither skipped in silence nor drawn
+    as junk: one line names the file and the flag it belongs to."""
+    f = tmp_path / "results.json"
+    f.write_text(json.dumps(content))
+    assert main(["report", flag, str(f), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and str(f) in err and says in err, err
+    assert not (tmp_path / "o" / "report.md").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -186,3 +187,60 @@ def test_cli_export(random_target, tmp_path, capsys):
     assert main(["export", str(path), "--out", str(tmp_path / "o2")]) == 2  # a user error
     assert "missing weight norm.weight" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()
+
+
+def _printed_paths(out: str) -> dict[str, list[str]]:
+    """{"target": [...], "drafter": [...]}: every model path the printed commands name."""
+    import ast
+    import shlex
+
+    text = out.replace("\\\n", " ")
+    found: dict[str, list[str]] = {"target": [], "drafter": []}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("python -m sglang"):
+            args = shlex.split(line)
+            found["target"].append(args[args.index("--model-path") + 1])
+            found["drafter"].append(args[args.index("--speculative-draft-model-path") + 1])
+        elif line.startswith("vllm serve"):
+            args = shlex.split(line)
+            found["target"].append(args[2])
+            spec = json.loads(args[args.index("--speculative-config") + 1])
+            found["drafter"].append(spec["model"])
+        elif line.startswith("AutoModel.from_pretrained("):
+            inner = line[len("AutoModel.from_pretrained(") : line.index(", trust_remote_code")]
+            found["drafter"].append(ast.literal_eval(inner))
+    return found
+
+
+@pytest.mark.parametrize("with_target", [False, True])
+def test_printed_serve_commands_name_loadable_paths(tmp_path, capsys, monkeypatch, with_target):
+    """Every path the printed commands name loads from any directory: the drafter is the
+    validated export, the target a model folder (also when it was named by a relative
+    path, as the checkpoint records it), and a path with a space survives the shell."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from blockdraft.cli import main
+    from blockdraft.targets.registry import load_target
+    from clikit import save_local_model, save_random_drafter
+
+    monkeypatch.chdir(tmp_path)
+    save_local_model(tmp_path / "my models" / "m")
+    target = load_target("my models/m", progress=False)  # recorded as a relative name
+    save_random_drafter(target, tmp_path / "ckpt")
+    argv = ["export", "ckpt", "--out", "out dir/export"]
+    if with_target:
+        argv += ["--target", "my models/m"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    paths = _printed_paths(capsys.readouterr().out)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # an engine started from another directory
+    assert len(paths["target"]) == 2 and len(paths["drafter"]) == 3, paths
+    for p in paths["drafter"]:
+        assert Path(p).is_absolute() and validate_for_serving(p) == []
+    for p in paths["target"]:
+        assert Path(p).is_absolute() and (Path(p) / "config.json").is_file()
+        AutoConfig.from_pretrained(p)
+        AutoTokenizer.from_pretrained(p)

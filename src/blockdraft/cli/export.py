@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -96,15 +97,27 @@ def _engine_view(out: Any, target: Any) -> tuple[str | None, str | None]:
     """(what an engine loads the target from, why vLLM cannot serve the pair or None).
 
     A named target is given by its folder (`vllm serve tiny` loads nothing); without
-    --target the checkpoint's recorded target name is used, resolved the same way."""
+    --target the checkpoint's recorded target name is used, resolved the same way. A
+    local folder is named by its absolute path (the engine may start elsewhere); a
+    recorded path that is not a folder from here gives None (`TARGET` is printed)."""
     cfg = read_config(out)
     name = (
         target.name
         if target is not None
         else (((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name"))
     )
+    problem = None
     if target is not None:
         folder = model_directory(target)
-        return (str(folder) if folder else name), vllm_dflash_problem(cfg, target.model.config)
+        problem = vllm_dflash_problem(cfg, target.model.config)
+        if folder:
+            return str(Path(folder).resolve()), problem
+    if not name:
+        return None, problem
     named = {t["name"]: t["path"] for t in list_targets()}
-    return named.get(name, name), None
+    where = Path(named.get(name, name)).expanduser()
+    if where.is_dir():
+        return str(where.resolve()), problem
+    if name.startswith((".", "/", "~")) or name in named:  # a folder not found from here
+        return None, problem
+    return name, problem  # a hub id: the engines resolve it themselves

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blockdraft.pipeline.report import drafters_from_eval, write_report
+from blockdraft.pipeline.report import drafters_from_eval, existing_report_files, write_report
 
 EXAMPLE = """example:
   blockdraft report runs/dpace runs/edr --eval eval.json --compare compare.json \\
@@ -28,6 +28,25 @@ def _load(path: str) -> Any:
         raise FileNotFoundError(f"{path}: no such file") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+# the key that marks each command's --json output (what `report` reads from it)
+_KINDS = {"eval": "benchmarks", "compare": "comparisons", "decode": "tau"}
+
+
+def _results(path: str, kind: str) -> dict[str, Any]:
+    """`blockdraft KIND --json` output read from `path`; a file of another kind is one line
+    naming the flag it belongs to (never skipped in silence or drawn as junk)."""
+    data = _load(path)
+    if isinstance(data, dict) and _KINDS[kind] in data:
+        return data
+    other = next((k for k, key in _KINDS.items() if isinstance(data, dict) and key in data), None)
+    hint = (
+        f": it is a `blockdraft {other} --json` file: pass it with --{other}"
+        if other
+        else f" (no {_KINDS[kind]!r} key)"
+    )
+    raise ValueError(f"{path}: not a `blockdraft {kind} --json` file{hint}")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,16 +85,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--title", default="blockdraft report", help="report.md's heading (default: %(default)s)"
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the report (report.md and its plots) already in --out",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        drafters = [d for f in args.eval for d in drafters_from_eval(_load(f))]
-        comparisons = [c for f in args.compare for c in _load(f).get("comparisons", [])]
+        drafters = [d for f in args.eval for d in drafters_from_eval(_results(f, "eval"))]
+        comparisons = [c for f in args.compare for c in _results(f, "compare")["comparisons"]]
         online = {}
         for f in args.decode:
-            data = _load(f)
+            data = _results(f, "decode")
             online[data.get("drafter", Path(f).stem)] = data
         logs = {}
         for run_dir in args.runs:
@@ -88,6 +112,12 @@ def run(args: argparse.Namespace) -> int:
         if not (drafters or comparisons or online or logs):
             raise ValueError(
                 "nothing to report: give run directories and/or --eval/--compare/--decode files"
+            )
+        present = existing_report_files(args.out)
+        if present and not args.overwrite:
+            raise ValueError(
+                f"--out {args.out}: already holds {present[0]} (an earlier report); pass "
+                "--overwrite to replace it or choose another directory"
             )
         path = write_report(args.out, drafters, comparisons, logs, online, title=args.title)
     except (FileNotFoundError, ValueError) as exc:

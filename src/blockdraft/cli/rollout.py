@@ -30,7 +30,7 @@ from blockdraft.data.engine_rollouts import ENGINES, engine_rows
 from blockdraft.data.prompts import PromptError, load_prompts
 from blockdraft.data.rollout_import import import_rollouts
 from blockdraft.data.rollout_store import RolloutError, read_manifest
-from blockdraft.data.rollouts import generate_rollouts
+from blockdraft.data.rollouts import generate_rollouts, stored_topk
 from blockdraft.devices import add_device_args, resolve_dtype
 from blockdraft.errors import UserError
 from blockdraft.sampling import SamplingSettings
@@ -250,6 +250,19 @@ def run_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _note_stored_topk(requested: int, settings: SamplingSettings, target: Any) -> None:
+    """Say when fewer entries than --store-topk are stored (the manifest records those)."""
+    stored = stored_topk(requested, settings, target.vocab_size)
+    if stored == requested:
+        return
+    why = (
+        f"under --top-k {settings.top_k} at most {stored} entries of each distribution are non-zero"
+        if stored == settings.top_k and not settings.greedy
+        else f"the vocabulary of {target.name!r} has {stored} tokens"
+    )
+    print(f"note: --store-topk {requested}: {why}; storing {stored}", file=sys.stderr)
+
+
 # The largest top-k cutoff whose whole distribution `blockdraft rollout` stores by default
 # (8 bytes per entry per response token: 160 at the EDR paper's top-k 20).
 AUTO_STORE_TOPK = 64
@@ -315,6 +328,8 @@ def _generate(args: argparse.Namespace, settings: Any, prompts: Any, ctx: Any, d
             "start it without torchrun"
         )
     target = _load(args, device)  # a bad target is one line from the CLI's handler
+    if ctx.rank == 0:
+        _note_stored_topk(args.store_topk, settings, target)
     rows = engine_rows(
         args.engine,
         model_directory(target),

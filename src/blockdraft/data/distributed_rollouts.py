@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from blockdraft.artifacts import check_listed_files
 from blockdraft.data.rollout_store import MANIFEST, RolloutError, write_atomic
 from blockdraft.devices import resolve_device
 
@@ -120,6 +121,7 @@ def read_part(path: Path) -> list[dict[str, Any]]:
         isinstance(s, dict) and {"file", "first_row", "rows"} <= set(s) for s in shards
     ):
         raise RolloutError(f"{path}: not a rollout part file (key 'shards' missing or malformed)")
+    check_listed_files(path.parent, shards, path, RolloutError, contiguous=False)
     return shards
 
 

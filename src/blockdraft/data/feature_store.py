@@ -19,7 +19,13 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from blockdraft.artifacts import check_file, safetensors_bytes, verify_mode
+from blockdraft.artifacts import (
+    check_file,
+    check_listed_files,
+    listed_file,
+    safetensors_bytes,
+    verify_mode,
+)
 from blockdraft.errors import BlockdraftError
 
 FORMAT = "blockdraft-features"
@@ -74,7 +80,13 @@ def read_manifest(directory: Path, key: str = "features") -> dict[str, Any]:
         raise FeatureError(
             f"{path}: unsupported features format version {manifest.get('version')!r}"
         )
+    check_listed_files(directory, manifest.get("shards", []), path, FeatureError)
     return manifest
+
+
+def shard_path(directory: str | Path, entry: dict[str, Any]) -> Path:
+    """Where a manifest entry's shard lies: inside `directory`, or a `FeatureError`."""
+    return listed_file(directory, entry.get("file"), Path(directory) / MANIFEST, FeatureError)
 
 
 def encode_shard(
@@ -108,7 +120,7 @@ class FeatureStore:
         sha256 = verify_mode() == "sha256"
         for shard in self._shards:
             check_file(
-                self.directory / shard["file"],
+                shard_path(self.directory, shard),
                 shard,
                 FeatureError,
                 sha256=sha256,
@@ -128,7 +140,7 @@ class FeatureStore:
 
     def _open(self, s: int):
         if s not in self._handles:
-            path = self.directory / self._shards[s]["file"]
+            path = shard_path(self.directory, self._shards[s])
             if not path.is_file():
                 raise FeatureError(f"{path}: shard listed in the manifest is missing")
             try:
@@ -143,6 +155,12 @@ class FeatureStore:
                 raise
             except Exception as exc:  # SafetensorError is not a ValueError
                 raise FeatureError(f"{path}: cannot read shard ({exc})") from None
+            found, listed = len(self._index[s][2]), self._shards[s]["rows"]
+            if found != listed or len(self._index[s][0]) != found + 1:
+                raise FeatureError(
+                    f"{path}: holds {found} rows but {self.directory / MANIFEST} lists "
+                    f"{listed}; restore the manifest or compute the features again"
+                )
             self._handles[s] = handle
         return self._handles[s]
 

@@ -20,7 +20,13 @@ import torch
 from tqdm.auto import tqdm
 
 from blockdraft import __version__
-from blockdraft.artifacts import LOCK_NAME, ensure_free_space, file_problem, writer_lock
+from blockdraft.artifacts import (
+    LOCK_NAME,
+    ensure_free_space,
+    file_problem,
+    refuse_inside_artifact,
+    writer_lock,
+)
 from blockdraft.data.feature_store import (
     DTYPES,
     FORMAT,
@@ -32,6 +38,7 @@ from blockdraft.data.feature_store import (
     encode_shard,
     read_manifest,
     rollout_set_id,
+    shard_path,
     truncated_span,
 )
 from blockdraft.data.rollout_store import (
@@ -153,10 +160,12 @@ def plan_features(
                     f"{_get(manifest, key)!r}, requested {_get(header, key)!r}); use another --out"
                 )
         done = sum(s["rows"] for s in manifest["shards"])
-    elif out.exists() and any(p.name not in (MANIFEST, LOCK_NAME) for p in out.iterdir()):
-        raise FeatureError(
-            f"--out: {out} is not empty and has no {MANIFEST}; choose a new directory"
-        )
+    else:
+        refuse_inside_artifact(out, "--out", FeatureError)
+        if out.exists() and any(p.name not in (MANIFEST, LOCK_NAME) for p in out.iterdir()):
+            raise FeatureError(
+                f"--out: {out} is not empty and has no {MANIFEST}; choose a new directory"
+            )
     return FeaturePlan(
         out, header, rollouts, spans, header["feature_size"] * dtype_bytes(dtype), done
     )
@@ -209,7 +218,7 @@ def write_features(
 def _drop_damaged(out: Path, manifest: dict[str, Any]) -> None:
     """Unlist the first listed shard that fails its size/SHA-256 check and all after it."""
     for i, shard in enumerate(manifest["shards"]):
-        problem = file_problem(out / shard["file"], shard)
+        problem = file_problem(shard_path(out, shard), shard)
         if problem is None:
             continue
         dropped = manifest["shards"][i:]

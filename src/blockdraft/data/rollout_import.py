@@ -36,6 +36,7 @@ from blockdraft.data.rollouts import (
     open_or_create_set,
     repair_damaged_shards,
     set_header,
+    stored_topk,
     write_shard,
 )
 from blockdraft.data.teacher_forcing import score_responses
@@ -123,6 +124,7 @@ def import_rollouts(
     settings = SamplingSettings(
         **dict(stated, max_new_tokens=stated.get("max_new_tokens", longest))
     )
+    store_topk = stored_topk(store_topk, settings, target.vocab_size)
     scored = score_responses(
         target, [(r[1], r[2]) for r in rows], settings, store_topk, batch_tokens, progress
     )

@@ -22,7 +22,9 @@ from typing import Any
 from blockdraft.artifacts import (  # noqa: F401  (write_atomic, sha256_bytes re-exported)
     canonical_json,
     check_file,
+    check_listed_files,
     file_problem,
+    listed_file,
     sha256_bytes,
     verify_mode,
     write_atomic,
@@ -122,7 +124,13 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         raise RolloutError(
             f"{path}: unsupported rollout format version {manifest.get('version')!r}"
         )
+    check_listed_files(directory, manifest.get("shards", []), path, RolloutError)
     return manifest
+
+
+def shard_path(directory: str | os.PathLike, entry: dict[str, Any]) -> Path:
+    """Where a manifest entry's shard lies: inside `directory`, or a `RolloutError`."""
+    return listed_file(directory, entry.get("file"), Path(directory) / MANIFEST, RolloutError)
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
@@ -215,6 +223,10 @@ class RolloutSet(Sequence):
         for key in ("shards", "settings"):
             if key not in manifest:
                 raise RolloutError(f"{directory / MANIFEST}: missing key {key!r}")
+        try:
+            SamplingSettings.from_dict(manifest["settings"])
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise RolloutError(f"{directory / MANIFEST}: settings: {exc}") from None
         rs = cls(directory, manifest)
         if not rs.complete and not allow_incomplete:
             requested = manifest.get("prompts", {}).get("requested", "?")
@@ -234,7 +246,11 @@ class RolloutSet(Sequence):
         """Every listed shard exists with its recorded size (and SHA-256): one-line errors."""
         for shard in self._shards:
             check_file(
-                self.directory / shard["file"], shard, RolloutError, sha256=sha256, hint=REPAIR_HINT
+                shard_path(self.directory, shard),
+                shard,
+                RolloutError,
+                sha256=sha256,
+                hint=REPAIR_HINT,
             )
 
     @property
@@ -265,14 +281,16 @@ class RolloutSet(Sequence):
         """Prompt ids of the rollouts in this set (reads shard headers only)."""
         all_ids: list[str] = []
         for shard in self._shards:
-            path = self.directory / shard["file"]
+            path = shard_path(self.directory, shard)
             try:
                 with open(path, "rb") as fh:
                     n = int.from_bytes(fh.read(8), "little")
                     header = json.loads(fh.read(n))
-                all_ids.extend(json.loads(header["__metadata__"]["prompt_id"]))
+                ids = json.loads(header["__metadata__"]["prompt_id"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise RolloutError(f"{path}: unreadable shard header ({exc})") from None
+            _check_rows(path, len(ids), shard)
+            all_ids.extend(ids)
         return all_ids if self._indices is None else [all_ids[i] for i in self._indices]
 
     def subset(self, indices: Sequence[int]) -> RolloutSet:
@@ -292,14 +310,26 @@ class RolloutSet(Sequence):
 
     def _load(self, s: int) -> list[Rollout]:
         if self._cache is None or self._cache[0] != s:
-            path = self.directory / self._shards[s]["file"]
+            path = shard_path(self.directory, self._shards[s])
             try:
-                self._cache = (s, decode_shard(path.read_bytes()))
+                rows = decode_shard(path.read_bytes())
             except OSError:
                 raise
             except Exception as exc:  # SafetensorError is not a ValueError
                 raise RolloutError(f"{path}: cannot read shard ({exc})") from None
+            _check_rows(path, len(rows), self._shards[s])
+            self._cache = (s, rows)
         return self._cache[1]
+
+
+def _check_rows(path: Path, found: int, entry: dict[str, Any]) -> None:
+    """A shard holds the rows its manifest entry says (an edited count would index past
+    it or skip rows)."""
+    if found != entry["rows"]:
+        raise RolloutError(
+            f"{path}: holds {found} rollouts but {path.parent / MANIFEST} lists "
+            f"{entry['rows']}; restore the manifest or make the set again"
+        )
 
 
 def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
@@ -316,9 +346,15 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
     now = tokenizer_hash(target.tokenizer)
     if stored.get("tokenizer_hash") and stored["tokenizer_hash"] != now:
         diff = tokenizer_difference(stored.get("tokenizer_parts"), target.tokenizer)
+        made_by = stored.get("name")
+        whose = (
+            f"with another tokenizer than target {name!r} has now"
+            if not made_by or made_by == name  # one target, changed since: named once
+            else f"by target {made_by!r}, whose tokenizer is not the one of target {name!r}"
+        )
         raise RolloutError(
-            f"{where}rollouts in {src} were made with another tokenizer than target {name!r} "
-            f"has now ({'changed: ' + diff + '; ' if diff else ''}"
+            f"{where}rollouts in {src} were made {whose} "
+            f"({'changed: ' + diff + '; ' if diff else ''}"
             f"tokenizer hash {stored['tokenizer_hash'][:12]} != {now[:12]})"
         )
     made_with = stored.get("fingerprint")
@@ -332,12 +368,18 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
             file=sys.stderr,
         )
         return
+    made_by = stored.get("name")
+    whose = (
+        f"with other weights than target {name!r} has now"
+        if not made_by or made_by == name  # one target, changed since: named once
+        else f"by target {made_by!r} with other weights than target {name!r}"
+    )
     raise RolloutError(
-        f"{where}rollouts in {src} were generated by target {stored.get('name')!r} with other "
-        f"weights than target {name!r} (fingerprint {made_with} != {target_fingerprint(target)})"
+        f"{where}rollouts in {src} were generated {whose} "
+        f"(fingerprint {made_with} != {target_fingerprint(target)})"
     )
 
 
 def verify_shard(directory: Path, shard: dict[str, Any]) -> None:
     """The shard's size and SHA-256 against its manifest entry (one line naming it)."""
-    check_file(Path(directory) / shard["file"], shard, RolloutError, sha256=True, hint=REPAIR_HINT)
+    check_file(shard_path(directory, shard), shard, RolloutError, sha256=True, hint=REPAIR_HINT)

@@ -25,7 +25,13 @@ import torch
 from tqdm.auto import tqdm
 
 from blockdraft import __version__
-from blockdraft.artifacts import LOCK_NAME, ensure_free_space, file_problem, writer_lock
+from blockdraft.artifacts import (
+    LOCK_NAME,
+    ensure_free_space,
+    file_problem,
+    refuse_inside_artifact,
+    writer_lock,
+)
 from blockdraft.data.distributed_rollouts import (
     ShardTask,
     drop_part_entries,
@@ -50,6 +56,7 @@ from blockdraft.data.rollout_store import (
     ids_hash,
     read_manifest,
     sha256_bytes,
+    shard_path,
     split_by_prompt,
     target_fingerprint,
     tokenizer_hash,
@@ -87,6 +94,16 @@ NO_LOGPROB_NOTE = (
 )
 
 
+def stored_topk(requested: int, settings: SamplingSettings, vocab_size: int) -> int:
+    """How many entries of each sampling distribution a set can store: `requested`, but
+    at most the top-k cutoff when sampling (beyond it every entry is zero) and at most the
+    vocabulary; the manifest records this number, never a larger one."""
+    k = min(int(requested), int(vocab_size))
+    if not settings.greedy and 0 < int(settings.top_k or 0) < k:
+        k = int(settings.top_k)  # greedy sets store T = 1 log-probs: no cutoff applies
+    return k
+
+
 def generate_rollouts(
     target: Target,
     prompts: list[Prompt],
@@ -122,6 +139,7 @@ def generate_rollouts(
         )
     if not prompts:
         raise PromptError("no prompts to generate rollouts for")
+    store_topk = stored_topk(store_topk, settings, target.vocab_size)
     ids = [p.id for p in prompts]
     dup = next((i for i, n in Counter(ids).items() if n > 1), None)
     if dup is not None:
@@ -273,7 +291,7 @@ def repair_damaged_shards(
     """
 
     def problem_of(entry: dict[str, Any]) -> str | None:
-        problem = file_problem(out / entry["file"], entry, sha256=True)
+        problem = file_problem(shard_path(out, entry), entry, sha256=True)
         if problem is not None and entry["first_row"] + entry["rows"] > num_rows:
             total = manifest["prompts"].get("requested", "all")
             raise RolloutError(
@@ -388,6 +406,7 @@ def open_or_create_set(
     out.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out)
     if manifest is None:
+        refuse_inside_artifact(out, "--out", RolloutError)
         ours = {MANIFEST, LOCK_NAME} | {p.name for p in out.glob(".*.tmp")}
         others = [p.name for p in out.iterdir() if p.name not in ours]
         if others:

@@ -11,11 +11,22 @@ fix shapes and behaviour exactly as the others do.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 ARCHS = ("dflash", "semi_ar", "dflash2")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+# Keys a stored config must carry although the class has a default for them: a default
+# here would silently give another drafter (a block size of 16 for one trained with 4, a
+# RoPE base or norm epsilon the weights were not trained with).
+STORED_KEYS = ("block_size", "num_hidden_layers", "arch", "rms_norm_eps", "rope_theta")
+
+
+class ConfigKeyError(ValueError):
+    """A stored drafter config lacks a key or holds a value of the wrong type; the message
+    starts with the key, so a caller can prefix where the config came from."""
 
 
 @dataclass
@@ -211,10 +222,23 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DrafterConfig:
+        """A config read back from storage, checked key by key before anything is built:
+        unknown keys, a missing required key (`STORED_KEYS` and those without a default)
+        and a value of the wrong type (`block_size: 4.5`, `rms_norm_eps: "1e-6"`) raise
+        `ConfigKeyError` naming the key; nothing is converted or defaulted silently."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown drafter config key(s) {unknown}")
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if f.name not in data:
+                if f.name in STORED_KEYS or (f.default is MISSING and f.default_factory is MISSING):
+                    raise ConfigKeyError(f"{f.name}: missing (no default is assumed for it)")
+                continue
+            expected = _type_name(hints[f.name], data[f.name])
+            if expected is not None:
+                raise ConfigKeyError(f"{f.name}: expected {expected}, got {data[f.name]!r}")
         return cls(**data)
 
     def hf_rope_config(self) -> Any:
@@ -234,6 +258,45 @@ class DrafterConfig:
             max_position_embeddings=self.max_position_embeddings,
             rope_parameters=params,
         )
+
+
+_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _type_name(kind: Any, value: Any) -> str | None:
+    """None if `value` is a `kind` as JSON spells it, else what was expected (in words).
+
+    JSON has one number type, so an integer is accepted where a float is expected; a bool
+    is never a number and a float never an integer (4.5 must not become block size 4)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        problems = [_type_name(a, value) for a in inner]
+        if any(p is None for p in problems):
+            return None
+        null = " or null" if len(inner) < len(args) else ""
+        return " or ".join(p for p in problems if p) + null
+    if kind is Any:
+        return None
+    if origin is list:
+        entry = args[0] if args else Any
+        if isinstance(value, list) and all(_type_name(entry, v) is None for v in value):
+            return None
+        return f"a list whose entries are each {_type_name(entry, object()) or 'a value'}"
+    if origin is dict:
+        return None if isinstance(value, dict) else "a mapping"
+    if kind is bool:
+        return None if isinstance(value, bool) else _NAMES[bool]
+    if kind is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else _NAMES[int]
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else _NAMES[float]
+    if kind is str:
+        return None if isinstance(value, str) else _NAMES[str]
+    return None
 
 
 def _rope_from_hf(c: Any) -> tuple[float, dict[str, Any] | None]:

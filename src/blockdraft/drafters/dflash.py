@@ -86,10 +86,11 @@ class DrafterState:
 
 
 class _Shared:
-    """Holds the target's frozen embedding and head without registering them as submodules."""
+    """Holds the target's frozen embedding and head without registering them as submodules,
+    and the target itself (what a saved checkpoint records it was made for)."""
 
-    def __init__(self, embed: nn.Module, head: nn.Module) -> None:
-        self.embed, self.head = embed, head
+    def __init__(self, embed: nn.Module, head: nn.Module, target: Any = None) -> None:
+        self.embed, self.head, self.target = embed, head, target
 
 
 class BlockDrafter(nn.Module):
@@ -142,8 +143,13 @@ class BlockDrafter(nn.Module):
     def bind_target(self, target: Any) -> BlockDrafter:
         """Share the target's frozen embedding and LM head (never saved with the drafter)."""
         check_target_compatible(self.config, target)
-        self._shared = _Shared(target.embed_tokens, target.lm_head)
+        self._shared = _Shared(target.embed_tokens, target.lm_head, target)
         return self
+
+    @property
+    def bound_target(self) -> Any:
+        """The target `bind_target` bound (None before)."""
+        return None if self._shared is None else self._shared.target
 
     def _need_target(self) -> _Shared:
         if self._shared is None:

@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -230,6 +232,44 @@ def _precision_key(drafter: Any, target: Any) -> list[str]:
     return ["dtypes=" + ",".join(str(d) for d in dtypes)]
 
 
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over the names, dtypes, shapes and bytes of `tensors` (sorted by name): the
+    record a cache entry carries, so a changed byte is found, not reported as a MAL."""
+    h = hashlib.sha256()
+    for name, t in sorted(tensors.items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def read_cache_entry(path: Path, num_rollouts: int) -> list[torch.Tensor] | None:
+    """The acceptance tensors cached at `path`, or None to recompute (and overwrite) them.
+
+    An entry is used only when it reads and matches the SHA-256 it records; one that does
+    not (a changed byte, a cut file, an entry written before entries carried a checksum)
+    is recomputed, with a one-line warning when it was damaged."""
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            recorded = (f.metadata() or {}).get("sha256")
+        stored = load_file(str(path))
+        tensors = {f"r{i}": stored[f"r{i}"] for i in range(num_rollouts)}
+    except Exception as exc:  # SafetensorError, a missing row: damaged
+        problem = (
+            f"unreadable ({str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__})"
+        )
+    else:
+        if recorded is None:
+            return None  # written before entries carried a checksum: quietly made again
+        if tensors_digest(tensors) == recorded and len(stored) == num_rollouts:
+            return list(tensors.values())
+        problem = "changed since it was written (sha256 differs)"
+    print(f"warning: {path}: cached acceptance tensors {problem}; recomputing", file=sys.stderr)
+    return None
+
+
 def default_cache_dir() -> Path:
 
     return cache_root() / "acceptance"
@@ -281,12 +321,9 @@ def score_rollouts(
         ).hexdigest()
         path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         path = path / f"{key[:32]}.safetensors"
-        if path.is_file():
-            try:
-                stored = load_file(str(path))
-                return [stored[f"r{i}"] for i in range(len(rollouts))]
-            except Exception:  # unreadable or partial: recompute and overwrite
-                pass
+        cached = read_cache_entry(path, len(rollouts))
+        if cached is not None:
+            return cached
     iterator: Iterable[Any] = rollouts
     if progress:
         desc = progress if isinstance(progress, str) else "scoring"
@@ -300,10 +337,15 @@ def score_rollouts(
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tensors = {f"r{i}": t.contiguous() for i, t in enumerate(out)}
         save_file(
-            {f"r{i}": t.contiguous() for i, t in enumerate(out)},
+            tensors,
             str(tmp),
-            metadata={"drafter": drafter_id, "num_rollouts": str(len(out))},
+            metadata={
+                "drafter": drafter_id,
+                "num_rollouts": str(len(out)),
+                "sha256": tensors_digest(tensors),
+            },
         )
         os.replace(tmp, path)
     return out

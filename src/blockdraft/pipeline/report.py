@@ -198,6 +198,21 @@ def _trained_with_dpace(metrics_path: str | Path) -> bool:
     return name.startswith("dpace")
 
 
+# what `write_report` may write into its directory (the plots only when there is data)
+REPORT_FILES = (
+    "report.md",
+    "acceptance_rates.png",
+    "accepted_lengths.png",
+    "training_curves.png",
+    "dpace_weight_profile.png",
+)
+
+
+def existing_report_files(out_dir: str | Path) -> list[str]:
+    """The files of `REPORT_FILES` already in `out_dir` (what a new report would replace)."""
+    return [name for name in REPORT_FILES if (Path(out_dir) / name).exists()]
+
+
 def write_report(
     out_dir: str | Path,
     drafters: list[dict[str, Any]],

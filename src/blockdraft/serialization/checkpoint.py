@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,11 +26,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from blockdraft.artifacts import check_file, ensure_free_space, file_digest
+from blockdraft.drafters.config import ConfigKeyError
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig, check_target_compatible
 from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.errors import CheckpointError, disk_write_error
+from blockdraft.targets.registry import target_fingerprint
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -207,8 +210,68 @@ def save_drafter(
         "drafter_config": drafter.config.to_dict(),
         "extra": dict(extra or {}),
     }
+    made_for = target_identity(getattr(drafter, "bound_target", None))
+    if made_for is not None:
+        config_json[NAMESPACE]["target"] = made_for
     json.dumps(config_json)  # fail before touching the disk if extra is not serialisable
     return write_checkpoint_dir(path, config_json, drafter.state_dict())
+
+
+def target_identity(target: Any) -> dict[str, str] | None:
+    """`{"name", "fingerprint"}` of the target a drafter was made for (None if unknown:
+    no target bound, or a stand-in without an HF config, as in unit tests)."""
+    if target is None:
+        return None
+    try:
+        return {"name": str(target.name), "fingerprint": str(target_fingerprint(target))}
+    except Exception:  # a stand-in target: nothing to record
+        return None
+
+
+_WARNED: set[tuple[str, str]] = set()  # (checkpoint, target fingerprint) warned about
+
+
+def warn_other_target(path: str | Path, cfg: dict[str, Any], target: Any) -> None:
+    """One warning line when checkpoint `path` says it was made for another target than
+    `target` (its recorded fingerprint differs; without one, its recorded name does).
+
+    A warning, not a refusal: the shapes fit (`check_target_compatible` passed), and
+    scoring a drafter on a sibling of its target (another fine-tune, a quantised copy) is
+    a legitimate experiment, but one a user must not run without knowing.
+    """
+    recorded = (cfg.get(NAMESPACE) or {}).get("target")
+    now = target_identity(target)
+    if now is None:
+        return
+    if isinstance(recorded, dict) and recorded.get("fingerprint"):
+        if recorded["fingerprint"] == now["fingerprint"]:
+            return
+        what = (
+            f"target {recorded.get('name')!r} (fingerprint {str(recorded['fingerprint'])[:12]}) "
+            f"but is used with target {now['name']!r} (fingerprint {now['fingerprint'][:12]})"
+        )
+    else:
+        made_for = ((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name")
+        if not made_for or _same_name(made_for, now["name"]):
+            return
+        what = f"target {made_for!r} but is used with target {now['name']!r}"
+    key = (str(Path(path).resolve()), now["fingerprint"])
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    print(
+        f"warning: drafter {path} was made for {what}: the shapes fit, so it runs, but its "
+        "acceptance is not the one it was trained for",
+        file=sys.stderr,
+    )
+
+
+def _same_name(a: str, b: str) -> bool:
+    """Two spellings of one target name (a path written relative or absolute)."""
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
 
 
 def checkpoint_hash(path: str | os.PathLike) -> str:
@@ -266,6 +329,8 @@ def config_from_serving(cfg: dict[str, Any], target: Any) -> DrafterConfig:
 
     def get(key: str, default: Any = None) -> Any:
         return dflash.get(key, cfg.get(key, default))
+
+    _check_serving_types(cfg, get)
 
     arch = cfg.get("architectures")
     if arch not in ([SERVING_ARCHITECTURE], [DFLASH2_ARCHITECTURE]):
@@ -330,28 +395,122 @@ def config_from_serving(cfg: dict[str, Any], target: Any) -> DrafterConfig:
     )
 
 
+# serving keys config_from_serving reads, with their type; REQUIRED have no default in
+# the engines' loaders either (z-lab's reads `config.block_size` and has none)
+_SERVING_INTS = (
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "vocab_size", "num_hidden_layers", "block_size", "mask_token_id",
+    "num_target_layers", "target_hidden_size", "max_position_embeddings",
+    "draft_vocab_size", "sliding_window", *DFLASH2_KEYS,
+)  # fmt: skip
+_SERVING_FLOATS = (
+    "rms_norm_eps", "rope_theta", "final_logit_softcapping", "input_embedding_scale",
+    "output_multiplier",
+)  # fmt: skip
+_SERVING_REQUIRED = (
+    "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
+    "num_hidden_layers", "block_size", "target_layer_ids",
+)  # fmt: skip
+
+
+def _check_serving_types(cfg: dict[str, Any], get: Callable[[str], Any]) -> None:
+    """Refuse a public config whose keys are missing or of the wrong type (`ConfigKeyError`
+    naming the key): `int(4.5)` or `float("1e-6")` would quietly make another drafter."""
+    for key in _SERVING_REQUIRED:
+        if get(key) is None:
+            raise ConfigKeyError(f"{key}: missing (the serving engines need it too)")
+    for key in _SERVING_INTS + _SERVING_FLOATS:
+        value = get(key)
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        if value is None or integer or (key in _SERVING_FLOATS and isinstance(value, float)):
+            continue
+        what = "an integer" if key in _SERVING_INTS else "a number"
+        raise ConfigKeyError(f"{key}: expected {what}, got {value!r}")
+    ids = get("target_layer_ids")
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
+        raise ConfigKeyError(f"target_layer_ids: expected a list of integers, got {ids!r}")
+
+
 def load_drafter_config(path: str | Path, target: Any = None) -> DrafterConfig:
-    """The `DrafterConfig` of a checkpoint: ours, or (given `target`) a public DFlash one."""
+    """The `DrafterConfig` of a checkpoint: ours, or (given `target`) a public DFlash one.
+
+    Ours is read strictly (`DrafterConfig.from_dict`: no key defaulted, no value
+    converted) and must agree with the engine-facing keys of the same file
+    (`serving_disagreement`): both are one-line `CheckpointError`s naming the file and
+    the key, so a drafter is never scored as one thing and served as another.
+    """
     cfg = read_config(path)
     data = cfg.get(NAMESPACE)
-    if data is None and target is not None:
-        return config_from_serving(cfg, target)
+    file = Path(path) / CONFIG_NAME
+    ours = isinstance(data, dict) and ("drafter_config" in data or "format_version" in data)
+    if not ours and target is not None:  # a public drafter (or its export: no own config)
+        try:
+            return config_from_serving(cfg, target)
+        except ConfigKeyError as exc:
+            raise CheckpointError(f"{file}: {exc}") from None
+    config = own_config(cfg, file)
+    problem = serving_disagreement(cfg, config)
+    if problem:
+        raise CheckpointError(f"{file}: {problem}")
+    return config
+
+
+def own_config(cfg: dict[str, Any], file: str | Path) -> DrafterConfig:
+    """blockdraft's `DrafterConfig` stored in config.json `cfg` (read from `file`)."""
+    data = cfg.get(NAMESPACE)
     if not isinstance(data, dict) or "drafter_config" not in data:
         raise CheckpointError(
-            f"{Path(path) / CONFIG_NAME} has no '{NAMESPACE}.drafter_config': "
-            "not a blockdraft checkpoint"
+            f"{file} has no '{NAMESPACE}.drafter_config': not a blockdraft checkpoint"
         )
     if data.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
-            f"{Path(path) / CONFIG_NAME}: checkpoint format_version "
+            f"{file}: checkpoint format_version "
             f"{data.get('format_version')} != supported {FORMAT_VERSION}"
         )
+    if not isinstance(data["drafter_config"], dict):
+        raise CheckpointError(f"{file}: {NAMESPACE}.drafter_config: expected a mapping")
     try:
         return DrafterConfig.from_dict(data["drafter_config"])
+    except ConfigKeyError as exc:
+        raise CheckpointError(f"{file}: {NAMESPACE}.drafter_config.{exc}") from None
     except (TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(
-            f"{Path(path) / CONFIG_NAME}: bad blockdraft.drafter_config ({exc})"
-        ) from None
+        raise CheckpointError(f"{file}: bad {NAMESPACE}.drafter_config ({exc})") from None
+
+
+# engine-facing keys that must say what the drafter's own config says: (where the engines
+# read it, DrafterConfig field); `dflash_config.*` is what SGLang / vLLM / z-lab read first
+SERVING_CONTRACT = (
+    ("dflash_config.block_size", "block_size"),
+    ("block_size", "block_size"),
+    ("dflash_config.target_layer_ids", "target_layer_ids"),
+    ("dflash_config.mask_token_id", "mask_token_id"),
+    ("num_hidden_layers", "num_hidden_layers"),
+    ("hidden_size", "hidden_size"),
+    ("vocab_size", "vocab_size"),
+    ("num_target_layers", "num_target_layers"),
+    ("target_hidden_size", "target_hidden_size"),
+)
+
+
+def serving_disagreement(cfg: dict[str, Any], config: DrafterConfig) -> str | None:
+    """The first engine-facing key of config.json `cfg` that says another drafter than
+    `config` (blockdraft's own), as one line; None when they agree. A key the file leaves
+    out is no disagreement (the engines then read the other spelling)."""
+    for spelled, key in SERVING_CONTRACT:
+        where, _, name = spelled.rpartition(".")
+        holder = cfg.get(where) if where else cfg
+        if not isinstance(holder, dict) or name not in holder:
+            continue
+        value, own = holder[name], getattr(config, key)
+        if value != own or type(value) is not type(own):
+            return (
+                f"{spelled} is {value!r} but {NAMESPACE}.drafter_config.{key} is {own!r}: "
+                "engines would run another drafter than blockdraft scores; re-export the "
+                "checkpoint (or fix the key by hand)"
+            )
+    return None
 
 
 def load_drafter(
@@ -376,6 +535,7 @@ def load_drafter(
     each right before using it.
     """
     config = load_drafter_config(path, target)
+    warn_other_target(path, read_config(path), target)
     wanted = list(config.target_layer_ids)
     adoptable = config.num_target_layers == target.num_layers and all(
         0 <= i < target.num_layers for i in wanted

@@ -11,6 +11,7 @@ the engine code it comes from: docs/export.md ("What `validate_for_serving` chec
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from blockdraft.artifacts import (
     LOCK_NAME,
     describe_artifact,
     enclosing_artifact,
+    file_problem,
+    sha256_bytes,
     stored_artifact,
     writer_lock,
 )
@@ -34,8 +37,10 @@ from blockdraft.serialization.checkpoint import (
     NAMESPACE,
     SERVING_ARCHITECTURE,
     WEIGHTS_NAME,
+    own_config,
     read_config,
     resolve_checkpoint,
+    serving_disagreement,
     verify_weights,
     write_checkpoint_dir,
 )
@@ -194,6 +199,57 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _contract_problems(cfg: dict[str, Any], file: Path) -> list[str]:
+    """blockdraft's own config (when the file has one) must read strictly and say what the
+    engine-facing keys say: else the drafter scored is not the drafter served."""
+    data = cfg.get(NAMESPACE)
+    if not isinstance(data, dict) or not ("drafter_config" in data or "format_version" in data):
+        return []  # a public drafter: the serving keys are all there is
+    try:
+        problem = serving_disagreement(cfg, own_config(cfg, file))
+    except CheckpointError as exc:
+        return [str(exc)]
+    return [f"{file}: {problem}"] if problem else []
+
+
+def shipped_modeling_code() -> bytes:
+    """The `modeling_dflash.py` this blockdraft copies into every export."""
+    return (Path(__file__).parent / MODELING_FILE).read_bytes()
+
+
+def _code_problems(path: Path, cfg: dict[str, Any]) -> list[str]:
+    """The code a `trust_remote_code=True` loader would run from `path` must be the
+    `modeling_dflash.py` recorded at export (size and SHA-256 under `blockdraft.files`;
+    an export without the record must equal the shipped file), `auto_map` must name its
+    classes, and no other Python file may lie beside it."""
+    problems = [
+        f"{p.name}: code blockdraft did not write (a trust_remote_code loader may import it); "
+        "remove it"
+        for p in sorted(path.glob("*.py"))
+        if p.name != MODELING_FILE
+    ]
+    auto_map = cfg.get("auto_map")
+    if auto_map is not None and auto_map not in (AUTO_MAP, AUTO_MAP_DFLASH2):
+        problems.append(
+            f"auto_map {auto_map} names other code than {MODELING_FILE}'s classes; re-export"
+        )
+    code = path / MODELING_FILE
+    if auto_map is None and not code.exists():
+        return problems  # a checkpoint: no code to run
+    record = ((cfg.get(NAMESPACE) or {}).get("files") or {}).get(MODELING_FILE)
+    if isinstance(record, dict):
+        problem = file_problem(code, record, sha256=True, source=CONFIG_NAME)
+    elif not code.is_file():
+        problem = f"{code}: missing (auto_map names it)"
+    elif code.read_bytes() != shipped_modeling_code():
+        problem = f"{code}: differs from the code blockdraft ships and no hash was recorded"
+    else:
+        problem = None
+    if problem:
+        problems.append(f"{problem}; a trust_remote_code loader would run it: re-export")
+    return problems
+
+
 def validate_for_serving(path: str | Path) -> list[str]:
     """Problems that would stop SGLang / vLLM / z-lab dflash loading `path` as a DFlash drafter."""
     path = Path(path)
@@ -212,7 +268,8 @@ def validate_for_serving(path: str | Path) -> list[str]:
     problems = (
         [f"pickle weight files present ({pickles}); ship safetensors only"] if pickles else []
     )
-    problems += _config_problems(cfg)
+    problems += _config_problems(cfg) + _contract_problems(cfg, path / CONFIG_NAME)
+    problems += _code_problems(path, cfg)
     if problems:
         return problems
     expected = expected_weight_shapes(cfg)
@@ -351,8 +408,10 @@ def _export_locked(
             )
         rows = head.index_select(0, draft_ids_from_d2t(tensors["d2t"]))
         tensors["lm_head.weight"] = rows.to(tensors["fc.weight"].dtype)
-    if NAMESPACE in cfg:
-        cfg[NAMESPACE]["exported_from"] = str(ckpt)
+    modeling = shipped_modeling_code()
+    ours = cfg.setdefault(NAMESPACE, {})  # a public drafter's export gets the records too
+    ours["exported_from"] = str(ckpt)
+    ours["files"] = {MODELING_FILE: {"bytes": len(modeling), "sha256": sha256_bytes(modeling)}}
     cfg["auto_map"] = dict(AUTO_MAP_DFLASH2 if dflash2 else AUTO_MAP)
     mask = mask_token_string(cfg, target)
     if mask is not None:
@@ -363,7 +422,6 @@ def _export_locked(
         if problems:
             raise ExportError(f"{ckpt} cannot be served: " + "; ".join(problems))
 
-    modeling = (Path(__file__).parent / MODELING_FILE).read_bytes()
     return write_checkpoint_dir(
         out_dir, cfg, tensors, check=check, extra_files={MODELING_FILE: modeling}
     )
@@ -431,22 +489,26 @@ def serve_commands(
     """How to serve an exported drafter with SGLang and vLLM (printed after export).
 
     `target_path` is what the engine loads the target from (a named target's folder, a
-    local model folder or a hub id); `vllm_problem`, when set, replaces the vLLM command
-    with the reason vLLM cannot serve this pair (`engines/dflash_support.py`)."""
+    local model folder or a hub id; None prints `TARGET`); `vllm_problem`, when set,
+    replaces the vLLM command with the reason vLLM cannot serve this pair
+    (`engines/dflash_support.py`). The drafter is named by its absolute path and every
+    argument is shell-quoted, so the commands work from any directory and any path."""
     cfg = read_config(out_dir)
-    name = target_path or "TARGET"
+    drafter = str(Path(out_dir).resolve())
+    name = shlex.quote(target_path) if target_path else "TARGET"
     k = int(_get(cfg, "block_size") or 16) - 1
-    spec = json.dumps({"method": "dflash", "model": str(out_dir), "num_speculative_tokens": k})
+    spec = json.dumps({"method": "dflash", "model": drafter, "num_speculative_tokens": k})
     vllm = (
         f"# vLLM: not servable here: {vllm_problem}\n"
         if vllm_problem
-        else f"# vLLM\nvllm serve {name} --speculative-config \\\n    '{spec}'\n"
+        else f"# vLLM\nvllm serve {name} --speculative-config \\\n    {shlex.quote(spec)}\n"
     )
     return (
         f"# SGLang\npython -m sglang.launch_server --model-path {name} \\\n"
-        f"    --speculative-algorithm DFLASH --speculative-draft-model-path {out_dir}\n"
+        f"    --speculative-algorithm DFLASH --speculative-draft-model-path "
+        f"{shlex.quote(drafter)}\n"
         f"{vllm}"
-        f"# transformers\nAutoModel.from_pretrained({str(out_dir)!r}, trust_remote_code=True)"
+        f"# transformers\nAutoModel.from_pretrained({drafter!r}, trust_remote_code=True)"
     )
 
 

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import pickle
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from blockdraft.errors import BlockdraftError
 from blockdraft.targets import gemma, smollm2, tiny
 from blockdraft.targets.gemma import gemma_cache_path, load_gemma_target
 from blockdraft.targets.smollm2 import load_smollm2_target, smollm2_cache_path
@@ -189,11 +191,28 @@ def _load_hf_target(
     online = allow_download and not os.environ.get("HF_HUB_OFFLINE") and not looks_like_path
     source = str(local) if looks_like_path else name_or_path
     kwargs = {"local_files_only": not online, "trust_remote_code": trust_remote_code}
+    if looks_like_path and not trust_remote_code:
+        _refuse_unknown_model_type(name_or_path, local)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, **_device_map(device), **kwargs
         )
+    except ValueError as exc:  # a hub id whose code is its own
+        if "trust_remote_code" not in str(exc):
+            raise
+        raise TargetLoadError(
+            f"target {name_or_path!r}: its config asks to run the model's own code, which "
+            "runs only with --trust-remote-code (if you trust it)",
+            custom_code=True,
+        ) from None
+    except pickle.UnpicklingError:  # torch's weights-only loader refused a pickle file
+        files = sorted(p.name for p in local.glob("*.bin")) if looks_like_path else []
+        raise TargetLoadError(
+            f"target {name_or_path!r}: {', '.join(files) or 'its pickle weights'}: refused "
+            "by torch's weights-only loader (the pickle holds more than tensors); use "
+            "safetensors weights from a source you trust"
+        ) from None
     except OSError as exc:
         if looks_like_path:
             raise FileNotFoundError(
@@ -219,6 +238,45 @@ def _load_hf_target(
         n = int(getattr(model.config, "text_config", model.config).num_hidden_layers)
         layer_ids = default_layer_ids(n, num_feature_layers)
     return Target(model, tokenizer, name=name_or_path, mask_token_id=mask_id, layer_ids=layer_ids)
+
+
+class TargetLoadError(BlockdraftError, ValueError):
+    """A target folder or id that cannot be loaded as it stands (custom code not trusted,
+    a pickle refused); the message names the target and what to do. `custom_code`: it
+    would load with the model's own code (trust_remote_code)."""
+
+    def __init__(self, message: str, custom_code: bool = False) -> None:
+        super().__init__(message)
+        self.custom_code = custom_code
+
+
+def _refuse_unknown_model_type(name: str, folder: Path) -> None:
+    """A local model whose `model_type` transformers does not implement loads only through
+    its own code (`auto_map`): refused in one line before transformers is asked, which
+    would print a warning and a traceback. A known type with an `auto_map` loads with
+    transformers' own class (as transformers does without trust_remote_code)."""
+    # lazy: transformers takes seconds to import; the registry is imported by every stage
+    from transformers import CONFIG_MAPPING
+
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # no readable config: transformers' own error names the folder
+    model_type = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if not isinstance(model_type, str) or model_type in CONFIG_MAPPING:
+        return
+    auto_map = cfg.get("auto_map")
+    if isinstance(auto_map, dict) and auto_map:
+        code = ", ".join(sorted({str(v) for v in auto_map.values()}))
+        raise TargetLoadError(
+            f"target {name!r}: model_type {model_type!r} runs only with the model's own code "
+            f"(auto_map: {code}); pass --trust-remote-code if you trust that code",
+            custom_code=True,
+        )
+    raise TargetLoadError(
+        f"target {name!r}: {folder / 'config.json'}: model_type {model_type!r} is not one "
+        "this transformers implements, and the folder brings no code (auto_map) for it"
+    )
 
 
 def _device_map(device: str | torch.device) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import blockdraft
+from blockdraft.artifacts import listed_file
 from blockdraft.errors import BlockdraftError
 from blockdraft.targets.target import Target
 from blockdraft.targets.tiny_corpus import Corpus, load_corpus, pack_documents, windows
@@ -139,10 +140,11 @@ def verify_shipped(path: Path = SHIPPED_DIR) -> None:
         raise BlockdraftError(f"{sums}: missing; the shipped tiny target cannot be verified")
     for line in sums.read_text().splitlines():
         digest, _, name = line.partition("  ")
-        got = _sha256(path / name) if (path / name).is_file() else "missing"
+        file = listed_file(path, name, sums, BlockdraftError)
+        got = _sha256(file) if file.is_file() else "missing"
         if got != digest:
             raise BlockdraftError(
-                f"{path / name}: sha256 {got[:16]} != {digest[:16]} in {CHECKSUMS}; "
+                f"{file}: sha256 {got[:16]} != {digest[:16]} in {CHECKSUMS}; "
                 "reinstall blockdraft or rebuild with `blockdraft target build tiny`"
             )
 

@@ -27,7 +27,7 @@ from blockdraft.errors import BlockdraftError
 from blockdraft.objectives.registry import make_objective
 from blockdraft.serialization.checkpoint import load_drafter
 from blockdraft.targets.mask_token import MaskTokenError, load_target_with_mask
-from blockdraft.targets.registry import load_target
+from blockdraft.targets.registry import TargetLoadError, load_target
 from blockdraft.training.config import ConfigError, DataConfig, TrainConfig, objective_spec
 
 
@@ -65,6 +65,14 @@ def load_target_for(cfg: TrainConfig, device: torch.device):
         )
     except MaskTokenError as exc:
         raise ConfigError(f"target.mask_token: {exc}") from None
+    except TargetLoadError as exc:
+        if not exc.custom_code:
+            raise ConfigError(f"target.name: {exc}") from None
+        raise ConfigError(
+            f"target.name: {cfg.target.name!r} loads only with the model's own code "
+            "(trust_remote_code), which `blockdraft train` does not run; train on a model "
+            "transformers implements"
+        ) from None
     if cfg.target.layer_ids is not None:  # checked here: the layer count is known now
         bad = [i for i in cfg.target.layer_ids if not 0 <= i < target.num_layers]
         if bad:

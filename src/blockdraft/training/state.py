@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import zipfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from blockdraft.artifacts import (
     ensure_free_space,
     file_digest,
     file_problem,
+    listed_file,
     stored_artifact,
 )
 from blockdraft.errors import CheckpointError, disk_write_error
@@ -196,7 +198,11 @@ def checkpoint_problem(path: Path) -> str | None:
     files = data.get("files") if isinstance(data, dict) else None
     if files:  # the check rollout and feature shards get (artifacts.file_problem)
         for name, rec in files.items():
-            problem = file_problem(path / name, rec, sha256=True, source=STATE_JSON)
+            try:  # a record names a file of this checkpoint, nothing outside it
+                listed = listed_file(path, name, path / STATE_JSON, CheckpointError)
+            except CheckpointError as exc:
+                return str(exc)
+            problem = file_problem(listed, rec, sha256=True, source=STATE_JSON)
             if problem is not None:
                 return problem
         return None
@@ -333,11 +339,31 @@ def prepare_run_dir(
 
 
 def read_progress(path: Path) -> TrainerProgress:
+    """The progress a step checkpoint records, checked key by key (an edited file is one
+    line naming the key, never a resume from step 0 or a TypeError)."""
+    file = Path(path) / STATE_JSON
     try:
-        data = json.loads((Path(path) / STATE_JSON).read_text())
+        data = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{Path(path) / STATE_JSON}: unreadable ({exc})") from None
+        raise CheckpointError(f"{file}: unreadable ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
     data.pop("files", None)
+    known = {f.name for f in fields(TrainerProgress)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise CheckpointError(f"{file}: unknown key {unknown[0]!r}")
+    for key in ("step", "tokens_seen", "best_step", "world_size", "global_batch"):
+        value = data.get(key)
+        if key in ("step", "tokens_seen") and value is None:
+            raise CheckpointError(f"{file}: {key!r} missing")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise CheckpointError(f"{file}: {key!r} must be an integer, got {value!r}")
+    best = data.get("best_mal")
+    if best is not None and (not isinstance(best, (int, float)) or isinstance(best, bool)):
+        raise CheckpointError(f"{file}: 'best_mal' must be a number, got {best!r}")
+    if not isinstance(data.get("extra", {}), dict):
+        raise CheckpointError(f"{file}: 'extra' must be a mapping")
     return TrainerProgress(**data)
 
 
@@ -346,5 +372,11 @@ def read_trainer_tensors(path: Path) -> dict[str, Any]:
     file = Path(path) / STATE_PT
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refused it: never suggest loading it anyway
+        raise CheckpointError(
+            f"{file}: refused: it holds more than plain tensors (torch's weights-only loader "
+            "stopped it), so blockdraft did not write it; delete this checkpoint directory "
+            "to resume from an earlier one"
+        ) from None
     except (RuntimeError, EOFError, ValueError) as exc:  # truncated zip, bad pickle
         raise CheckpointError(f"{file}: unreadable ({str(exc).splitlines()[0]})") from None
