@@ -11,8 +11,8 @@ import torch
 from blockdraft.pipeline import report_plots
 from blockdraft.pipeline.demo import DemoSettings, _train_config
 from blockdraft.pipeline.report import training_series
-from blockdraft.training.config import config_from_dict
 from blockdraft.training.builders import cpu_fallback_note
+from blockdraft.training.config import config_from_dict
 
 CPU = torch.device("cpu")
 

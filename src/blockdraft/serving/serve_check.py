@@ -70,8 +70,15 @@ class WayRun:
     equal_batched: int
 
 
-def speculative_config(way: str, export_dir: str | None, num_proposals: int) -> dict | None:
-    """vLLM's `speculative_config` for a way of serving (None: no speculation)."""
+def speculative_config(
+    way: str, export_dir: str | None, num_proposals: int, sampled: bool = False
+) -> dict | None:
+    """vLLM's `speculative_config` for a way of serving (None: no speculation).
+
+    At T > 0 the drafter's tokens are drawn from its distribution and verified with
+    min(1, p/q) (`draft_sample_method: probabilistic`): the speculative sampling the
+    evaluator scores and EDR trains for. vLLM's default drafts the argmax and accepts it
+    with probability p(argmax q), which accepts less (or more) than the evaluator predicts."""
     if way == "none":
         return None
     if way == "ngram":
@@ -82,7 +89,10 @@ def speculative_config(way: str, export_dir: str | None, num_proposals: int) -> 
             "prompt_lookup_max": c.max_ngram,
             "prompt_lookup_min": c.min_ngram,
         }
-    return {"method": "dflash", "model": export_dir, "num_speculative_tokens": num_proposals}
+    config = {"method": "dflash", "model": export_dir, "num_speculative_tokens": num_proposals}
+    if sampled:
+        config["draft_sample_method"] = "probabilistic"
+    return config
 
 
 def _offline(target: Any, rollouts: RolloutSet, drafter_spec: str, n_boot: int) -> dict[str, Any]:
@@ -273,7 +283,12 @@ def serve_check(
             with EngineProcess(
                 model_dir=str(model_dir),
                 dtype=dtype,
-                speculative=speculative_config(way, export_dir, num_proposals),
+                speculative=speculative_config(
+                    way,
+                    export_dir,
+                    num_proposals,
+                    sampled=any(not b.rollouts.settings.greedy for b in benches),
+                ),
                 max_model_len=target.context_length or 4096,
             ) as engine:
                 engine_version = f"vllm {engine.version}"
