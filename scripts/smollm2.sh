@@ -15,6 +15,8 @@
 #   finetune  from the D-PACE drafter, one epoch of EDR and of E2E on the T = 0.7 rollouts,
 #             at each seed of SEEDS
 #   suite     `blockdraft suite`: prompt lookup, then every finished drafter ($OUT/suite.txt)
+#   suite-t07 the same prompts sampled at T = 0.7 / top-p 0.8 / top-k 20: the fine-tunes
+#             next to their D-PACE start ($OUT/suite-t07.txt)
 # Sizes: MIX, FT_MIX, STEPS. ENGINE=vllm generates the greedy mix through vLLM. TINY=1 runs every stage at a toy size (a few prompts, a few
 # steps) to check the pipeline end to end (3.5 minutes on one busy core).
 # Budget, from rates measured on one core of a shared 2-core machine: rollouts about 35-50
@@ -42,7 +44,7 @@ else
 fi
 SEEDS=${SEEDS:-"0 1"}
 FT_LR=${FT_LR:-3e-4}
-SECTIONS=${*:-"rollouts dpace decay finetune suite"}
+SECTIONS=${*:-"rollouts dpace decay finetune suite suite-t07"}
 TGT="--target smollm2-135m"
 R=$OUT/runs
 mkdir -p "$R"
@@ -98,5 +100,16 @@ suite)
       --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/suite.json" \
       ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} "${runs[@]}" | tee "$OUT/suite.txt"
   log "suite done" ;;
-*) echo "unknown section $section (rollouts dpace decay finetune suite)" >&2; exit 2 ;;
+suite-t07)  # the fine-tunes at the EDR paper's sampling setting, next to their start
+  runs=()
+  for name in dpace $(for s in $SEEDS; do echo "ft-edr-s$s ft-e2e-s$s"; done); do
+    [ -d "$R/$name/final" ] && runs+=("$R/$name")
+  done
+  log "suite-t07: ${runs[*]}"
+  $BD suite $TGT --suite configs/suites/smollm2-t07.yaml \
+      --rollouts-dir "$OUT/suite-t07-rollouts" --cache-dir "$OUT/cache" --threads "$THREADS" \
+      --no-progress --json "$OUT/suite-t07.json" ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} \
+      "${runs[@]}" | tee "$OUT/suite-t07.txt"
+  log "suite-t07 done" ;;
+*) echo "unknown section $section (rollouts dpace decay finetune suite suite-t07)" >&2; exit 2 ;;
 esac; done
