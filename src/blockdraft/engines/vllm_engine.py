@@ -139,8 +139,6 @@ class VllmEngine:
     ) -> None:
         vllm = load_vllm()
         self.drafts: list[tuple[list[int], list[list[int]]]] = []
-        if record_drafts:
-            _record_drafts(self.drafts)
         self.version = vllm_version()
         self.speculative = speculative
         kwargs: dict[str, Any] = {
@@ -163,6 +161,8 @@ class VllmEngine:
             raise EngineError(_start_failure(exc, speculative)) from None
         self.load_seconds = time.perf_counter() - started
         self._vllm = vllm
+        if record_drafts:  # after the start: vLLM's startup fails once numba is imported
+            _record_drafts(self.drafts)
 
     def sampling_params(
         self,
@@ -222,16 +222,26 @@ class VllmEngine:
 
 
 def _record_drafts(store: list) -> None:
-    """Wrap vLLM's drafting step so each step's anchors and proposals land in `store`.
+    """Wrap vLLM's drafting steps (a drafter's, prompt lookup's) so each step's anchors
+    and proposals land in `store`, one entry per step, also where lookup proposed nothing.
 
     In-process engines only (this module runs vLLM in its own process with
     `VLLM_ENABLE_V1_MULTIPROCESSING=0`); the wrapper returns the proposals unchanged."""
     # lazy: vLLM is an optional extra that takes seconds to import
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer  # lazy: (the same)
 
     original = SpecDecodeBaseProposer.propose
     if getattr(original, "_blockdraft_recording", False):
         return
+    lookup = NgramProposer.propose
+
+    def propose_by_lookup(self: Any, *args: Any, **kwargs: Any) -> Any:
+        drafts = lookup(self, *args, **kwargs)  # one list per request; [] where no match
+        store.append(([], [[int(t) for t in row] for row in drafts]))
+        return drafts
+
+    NgramProposer.propose = propose_by_lookup
 
     def propose(self: Any, *args: Any, **kwargs: Any) -> Any:
         drafts = original(self, *args, **kwargs)

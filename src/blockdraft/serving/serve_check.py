@@ -68,6 +68,7 @@ class WayRun:
     seconds_batched: float
     tokens_batched: int
     equal_batched: int
+    lookup_steps: list[int] | None = None  # prompt lookup's drafting steps per request
 
 
 def speculative_config(
@@ -118,20 +119,27 @@ def _offline(target: Any, rollouts: RolloutSet, drafter_spec: str, n_boot: int) 
     return out
 
 
-def _run_way(engine: EngineProcess, bench: Benchmark, stop_ids: list[int], batch: int) -> WayRun:
-    """Batch 1 (one request at a time, counters read between requests), then batched."""
+def _run_way(
+    engine: EngineProcess, bench: Benchmark, stop_ids: list[int], batch: int, recording: bool
+) -> WayRun:
+    """Batch 1 (one request at a time, counters read between requests), then batched.
+
+    `recording`: the engine records its drafting steps (prompt lookup's): each request's
+    count, read at batch 1, gives its rounds exactly, steps without a match included."""
     settings = bench.rollouts.settings
     rows = list(bench.rollouts)
     args = [
         sampling_args(settings, stop_ids, seed=row_seed(settings.seed, r.prompt_id)) for r in rows
     ]
     prompts = [r.prompt_ids.tolist() for r in rows]
-    outputs, per_request = [], []
+    outputs, per_request, steps = [], [], []
     started = time.perf_counter()
     for prompt, arg in zip(prompts, args, strict=True):
         before = engine.counters()
         outputs.append(engine.rows([prompt], [arg])[0].response_ids)
         per_request.append(engine.counters().minus(before))
+        if recording:
+            steps.append(len(engine.take_drafts()))
     seconds1 = time.perf_counter() - started
     batched_tokens, equal = 0, 0
     started = time.perf_counter()
@@ -140,6 +148,8 @@ def _run_way(engine: EngineProcess, bench: Benchmark, stop_ids: list[int], batch
             batched_tokens += len(row.response_ids)
             equal += row.response_ids == outputs[a + i]
     seconds_b = time.perf_counter() - started
+    if recording:
+        engine.take_drafts()  # the batched steps: not per request
     return WayRun(
         outputs,
         per_request,
@@ -148,6 +158,7 @@ def _run_way(engine: EngineProcess, bench: Benchmark, stop_ids: list[int], batch
         seconds_b,
         batched_tokens,
         equal,
+        steps if recording else None,
     )
 
 
@@ -184,7 +195,11 @@ def _way_report(run: WayRun, bench: Benchmark, way: str, batch_size: int) -> dic
     # tokens a round yielded = 1 + accepted; rounds = decoding steps after the first token
     if way == "dflash":  # the drafter proposes in every step: rounds = drafts, exactly
         rounds = [c.drafts for c in run.per_request]
-    else:  # prompt lookup skips steps without a match; those rounds yield one token
+    elif run.lookup_steps is not None:  # prompt lookup drafts in every step, [] or not;
+        # the last drafting step, after the final round, is never verified
+        rounds = [max(n - 1, 0) for n in run.lookup_steps]
+    else:  # from the counters: steps without a match draft nothing, and vLLM counts tokens
+        # it accepted past a response's end, so this undercounts rounds by a few
         rounds = [
             max(c.drafts, max(len(o) - 1, 0) - c.accepted)
             for c, o in zip(run.per_request, run.outputs, strict=True)
@@ -290,10 +305,13 @@ def serve_check(
                     sampled=any(not b.rollouts.settings.greedy for b in benches),
                 ),
                 max_model_len=target.context_length or 4096,
+                record_drafts=way == "ngram",
             ) as engine:
                 engine_version = f"vllm {engine.version}"
                 for bench in benches:
-                    run = _run_way(engine, bench, list(target.stop_token_ids), batch_size)
+                    run = _run_way(
+                        engine, bench, list(target.stop_token_ids), batch_size, way == "ngram"
+                    )
                     results[bench.name][way] = _way_report(run, bench, way, batch_size)
     out: dict[str, Any] = {
         "target": target.name,
