@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Gemma3TextConfig, Qwen3Config
+from transformers import Gemma2Config, Gemma3TextConfig, Qwen3Config
 
 from blockdraft.cli import main
 from blockdraft.engines import vllm_engine
@@ -20,13 +20,16 @@ def test_missing_vllm_is_one_line_naming_the_install(monkeypatch):
         vllm_engine.load_vllm()
 
 
-def test_gemma3_target_is_refused_and_qwen3_served():
-    gemma = Gemma3TextConfig(architectures=["Gemma3ForCausalLM"])
+def test_gemma2_target_is_refused_and_qwen3_and_gemma3_served():
+    """Gemma 2's vLLM class exposes no features; Gemma 3's does through blockdraft's plugin."""
+    gemma2 = Gemma2Config(architectures=["Gemma2ForCausalLM"])
+    gemma3 = Gemma3TextConfig(architectures=["Gemma3ForCausalLM"])
     qwen = Qwen3Config(architectures=["Qwen3ForCausalLM"])
-    problem = vllm_dflash_problem({"architectures": ["DFlashDraftModel"]}, gemma)
-    assert problem is not None and "Gemma3ForCausalLM" in problem
+    problem = vllm_dflash_problem({"architectures": ["DFlashDraftModel"]}, gemma2)
+    assert problem is not None and "Gemma2ForCausalLM" in problem
     assert vllm_dflash_problem({"architectures": ["DFlashDraftModel"]}, qwen) is None
-    assert "Gemma3ForCausalLM" not in VLLM_DFLASH_TARGETS
+    assert vllm_dflash_problem({"architectures": ["DFlashDraftModel"]}, gemma3) is None
+    assert "Gemma2ForCausalLM" not in VLLM_DFLASH_TARGETS
 
 
 def test_dflash2_is_said_to_need_a_gpu_on_a_cpu_machine():
