@@ -84,7 +84,7 @@ def load(args: argparse.Namespace) -> tuple[Any, list[list[int]]]:
             torch.randint(3, vocab, (48,), generator=g).tolist() for _ in range(args.prompts)
         ]
     else:
-        from blockdraft.data.prompts import load_prompts, render_prompt
+        from blockdraft.data.prompt_specs import load_prompts, render_prompt
 
         prompts = [render_prompt(target.tokenizer, p) for p in load_prompts(args.prompts_spec)]
         prompts = [p[-args.max_prompt_tokens :] for p in prompts][: args.prompts]

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from blockdraft.data.engine_rollouts import engine_rows
-from blockdraft.data.prompts import load_prompts
+from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.sampling import SamplingSettings

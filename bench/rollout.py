@@ -56,7 +56,8 @@ from pathlib import Path
 import torch
 
 from blockdraft.data.generation import SamplingSettings
-from blockdraft.data.prompts import Prompt, load_prompts, render_prompt
+from blockdraft.data.prompt_specs import load_prompts, render_prompt
+from blockdraft.data.prompt_type import Prompt
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.targets.registry import load_target
 from blockdraft.targets.target import Target

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from blockdraft.data.mask_records import recorded_masks
-from blockdraft.data.prompt import Prompt
-from blockdraft.data.prompts import load_prompts, render_prompt
+from blockdraft.data.prompt_specs import load_prompts, render_prompt
+from blockdraft.data.prompt_type import Prompt
 from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.data.rollouts import generate_rollouts as _generate_rollouts
 from blockdraft.decoding.loop import decode as _decode

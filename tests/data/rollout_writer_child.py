@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from blockdraft.data.prompts import Prompt
+from blockdraft.data.prompt_type import Prompt
 
 SETTINGS = dict(temperature=1.0, top_p=0.95, top_k=50, max_new_tokens=10, seed=123)
 BATCH_SIZE = 2

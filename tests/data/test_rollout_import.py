@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from blockdraft.data.generation import generate_batch
-from blockdraft.data.prompts import Prompt
+from blockdraft.data.prompt_type import Prompt
 from blockdraft.data.rollout_import import (
     DUPLICATE,
     ENGINE_ERROR,

@@ -19,7 +19,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from blockdraft.data.prompts import Prompt, PromptError
+from blockdraft.data.prompt_type import Prompt, PromptError
 from blockdraft.data.rollout_store import nested_subset
 from blockdraft.data.rollouts import (
     RolloutError,

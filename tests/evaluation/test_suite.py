@@ -176,7 +176,7 @@ def test_suite_end_to_end_caches_rollouts_and_agrees_with_eval(tmp_path, capsys)
 def test_an_interrupted_suite_set_resumes_as_it_was_started(tmp_path):
     """A greedy set begun with log-probs (before sets left them out) is finished with them,
     not refused as a mix; a new greedy set has none."""
-    from blockdraft.data.prompts import load_prompts
+    from blockdraft.data.prompt_specs import load_prompts
     from blockdraft.targets.registry import load_target
 
     target = load_target(str(save_local_model(tmp_path / "model")), device="cpu", progress=False)

@@ -147,7 +147,7 @@ def test_report_errors_are_one_line(tmp_path, capsys) -> None:
 
 def test_commands_end_to_end(tmp_path, capsys) -> None:
     from blockdraft.data.generation import SamplingSettings
-    from blockdraft.data.prompts import Prompt
+    from blockdraft.data.prompt_type import Prompt
     from blockdraft.data.rollout_store import RolloutSet
     from blockdraft.data.rollouts import generate_rollouts
     from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig

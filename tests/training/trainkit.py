@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from blockdraft.data.prompts import Prompt
+from blockdraft.data.prompt_type import Prompt
 from blockdraft.targets.testing import make_random_target
 from blockdraft.training import config_from_dict
 

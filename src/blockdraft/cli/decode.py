@@ -29,7 +29,8 @@ from blockdraft.cli.drafter_options import (
     drafter_dtype_of,
     setup_target,
 )
-from blockdraft.data.prompts import PromptError, check_fits_context, load_prompts, render_prompt
+from blockdraft.data.prompt_specs import check_fits_context, load_prompts, render_prompt
+from blockdraft.data.prompt_type import PromptError
 from blockdraft.data.rollout_store import RolloutSet, check_target
 from blockdraft.decoding.hf_generate import has_hf_generate, versus_hf
 from blockdraft.decoding.loop import decode

@@ -27,7 +27,8 @@ from blockdraft.cli.arguments import (
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.distributed_rollouts import init_from_env
 from blockdraft.data.engine_rollouts import ENGINES, engine_rows
-from blockdraft.data.prompts import PromptError, load_prompts
+from blockdraft.data.prompt_specs import load_prompts
+from blockdraft.data.prompt_type import PromptError
 from blockdraft.data.rollout_import import import_rollouts
 from blockdraft.data.rollout_store import RolloutError, read_manifest
 from blockdraft.data.rollouts import generate_rollouts, stored_topk

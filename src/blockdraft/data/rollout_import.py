@@ -22,7 +22,8 @@ import torch
 from blockdraft.artifacts import writer_lock
 from blockdraft.data.distributed_rollouts import extend_prefix, plan_tasks, remove_parts
 from blockdraft.data.import_records import EngineRecord, read_records
-from blockdraft.data.prompts import Prompt, PromptError, render_prompt
+from blockdraft.data.prompt_specs import render_prompt
+from blockdraft.data.prompt_type import Prompt, PromptError
 from blockdraft.data.rollout_store import (
     MANIFEST,
     Rollout,

@@ -44,7 +44,8 @@ from blockdraft.data.distributed_rollouts import (
     remove_parts,
 )
 from blockdraft.data.generation import Generated, generate_batch
-from blockdraft.data.prompts import Prompt, PromptError, check_fits_context, render_prompt
+from blockdraft.data.prompt_specs import check_fits_context, render_prompt
+from blockdraft.data.prompt_type import Prompt, PromptError
 from blockdraft.data.rollout_store import (
     FORMAT,
     MANIFEST,

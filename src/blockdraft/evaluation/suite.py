@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import yaml
 
-from blockdraft.data.prompts import load_prompts
+from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollout_store import read_manifest
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.drafters.ngram import NgramDrafter
@@ -45,7 +45,7 @@ class SuiteError(BlockdraftError, ValueError):
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One held-out set: a prompt spec (`data.prompts`), how many prompts and which."""
+    """One held-out set: a prompt spec (`data.prompt_specs`), how many prompts and which."""
 
     name: str
     prompts: str

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from blockdraft.data.prompts import load_prompts
+from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
 from blockdraft.decoding.hf_generate import ar_vs_hf, has_hf_generate
