@@ -48,7 +48,7 @@ import blockdraft.objectives.edr.acceptance as edr_acceptance
 import blockdraft.training.steps.block as block
 import blockdraft.training.steps.proposal_scores as proposal_scores
 import blockdraft.training.steps.rounds as rounds
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.heap import retain_freed_memory
 from blockdraft.objectives.registry import make_objective
 from blockdraft.sampling import SamplingSettings

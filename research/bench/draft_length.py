@@ -24,7 +24,7 @@ import time
 import torch
 
 from blockdraft.data.anchors import round_start_anchors
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.proposers import GreedyDraftHead
 from blockdraft.decoding.steps import TargetRunner

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from blockdraft.data.anchors import round_start_anchors
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.evaluation.scoring import FeatureMemo
 from blockdraft.objectives.edr import expected_rounds
 from blockdraft.serialization.drafter_spec import load_drafter_spec

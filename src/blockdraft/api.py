@@ -22,8 +22,8 @@ import torch
 from blockdraft.data.mask_records import recorded_masks
 from blockdraft.data.prompt_specs import load_prompts, render_prompt
 from blockdraft.data.prompt_type import Prompt
-from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.data.rollouts import generate_rollouts as _generate_rollouts
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.loop import decode as _decode
 from blockdraft.devices import drafter_dtype, resolve_flags
 from blockdraft.evaluation import runs

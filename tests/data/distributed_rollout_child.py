@@ -42,9 +42,9 @@ def main() -> None:
     out, marker = Path(sys.argv[1]), Path(sys.argv[2])
     pause_rank, pause_after = int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(1)
-    import blockdraft.data.rollouts as rollouts
-    from blockdraft.data.distributed_rollouts import init_from_env
-    from blockdraft.data.generation import SamplingSettings
+    import blockdraft.data.rollouts.generate as rollouts
+    from blockdraft.data.rollouts.distributed import init_from_env
+    from blockdraft.data.rollouts.sampler import SamplingSettings
     from blockdraft.targets.testing import make_random_target
 
     ctx, _, created = init_from_env("cpu")

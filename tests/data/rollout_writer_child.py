@@ -41,8 +41,8 @@ def make_prompts() -> list[Prompt]:
 def main() -> None:
     out, marker, pause_shard = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(1)
-    import blockdraft.data.rollouts as rollouts
-    from blockdraft.data.generation import SamplingSettings
+    import blockdraft.data.rollouts.generate as rollouts
+    from blockdraft.data.rollouts.sampler import SamplingSettings
     from blockdraft.targets.testing import make_random_target
 
     original = rollouts.generate_batch

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_ngram import naive_propose
 
-from blockdraft.data.rollout_store import Rollout
+from blockdraft.data.rollouts.store import Rollout
 from blockdraft.decoding.loop import ar_generate
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.hybrid import HybridDrafter, parse_hybrid_spec

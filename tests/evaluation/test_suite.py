@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockdraft.data.rollout_store import read_manifest
 from blockdraft.data.rollouts import RolloutSet, generate_rollouts
+from blockdraft.data.rollouts.store import read_manifest
 from blockdraft.evaluation.suite import (
     Suite,
     SuiteError,

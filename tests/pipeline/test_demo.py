@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from blockdraft.cli import main
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.pipeline.demo import DemoSettings
 from blockdraft.targets.testing import make_random_target
 

@@ -31,7 +31,7 @@ from blockdraft.cli.drafter_options import (
 )
 from blockdraft.data.prompt_specs import check_fits_context, load_prompts, render_prompt
 from blockdraft.data.prompt_type import PromptError
-from blockdraft.data.rollout_store import RolloutSet, check_target
+from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.decoding.hf_generate import has_hf_generate, versus_hf
 from blockdraft.decoding.loop import decode
 from blockdraft.evaluation.offline import mal_ci

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from blockdraft.data.rollout_store import read_manifest
+from blockdraft.data.rollouts.store import read_manifest
 from blockdraft.serialization.checkpoint import read_config
 from blockdraft.serialization.drafter_spec import checkpoint_of
 from blockdraft.targets.mask_token import RecordedMask

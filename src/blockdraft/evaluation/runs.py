@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from blockdraft.data.rollout_store import RolloutSet, check_target
+from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.evaluation.offline import mal_ci, offline_stats, paired_comparison
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
 from blockdraft.serialization.checkpoint import resolve_checkpoint

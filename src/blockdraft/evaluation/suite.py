@@ -19,8 +19,8 @@ import torch
 import yaml
 
 from blockdraft.data.prompt_specs import load_prompts
-from blockdraft.data.rollout_store import read_manifest
 from blockdraft.data.rollouts import generate_rollouts
+from blockdraft.data.rollouts.store import read_manifest
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.errors import BlockdraftError
 from blockdraft.evaluation.lookup_split import lookup_split

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from blockdraft.data.prompt_specs import load_prompts
-from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.hf_generate import ar_vs_hf, has_hf_generate
 from blockdraft.decoding.loop import decode
 from blockdraft.devices import drafter_dtype, resolve_flags

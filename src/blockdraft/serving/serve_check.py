@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blockdraft.data.engine_rollouts import row_seed
-from blockdraft.data.rollout_store import RolloutSet, check_target
+from blockdraft.data.rollouts.engine import row_seed
+from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.engines.dflash_support import vllm_dflash_problem
 from blockdraft.engines.vllm_engine import EngineError, EngineProcess, SpecCounters, sampling_args

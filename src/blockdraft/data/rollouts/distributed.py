@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from blockdraft.artifacts import check_listed_files
-from blockdraft.data.rollout_store import MANIFEST, RolloutError, write_atomic
+from blockdraft.data.rollouts.store import MANIFEST, RolloutError, write_atomic
 from blockdraft.devices import resolve_device
 
 PART_PREFIX = "manifest.rank-"

@@ -32,7 +32,9 @@ from blockdraft.artifacts import (
     refuse_inside_artifact,
     writer_lock,
 )
-from blockdraft.data.distributed_rollouts import (
+from blockdraft.data.prompt_specs import check_fits_context, render_prompt
+from blockdraft.data.prompt_type import Prompt, PromptError
+from blockdraft.data.rollouts.distributed import (
     ShardTask,
     drop_part_entries,
     extend_prefix,
@@ -43,10 +45,8 @@ from blockdraft.data.distributed_rollouts import (
     record_part,
     remove_parts,
 )
-from blockdraft.data.generation import Generated, generate_batch
-from blockdraft.data.prompt_specs import check_fits_context, render_prompt
-from blockdraft.data.prompt_type import Prompt, PromptError
-from blockdraft.data.rollout_store import (
+from blockdraft.data.rollouts.sampler import Generated, generate_batch
+from blockdraft.data.rollouts.store import (
     FORMAT,
     MANIFEST,
     VERSION,

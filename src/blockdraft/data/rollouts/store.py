@@ -29,7 +29,7 @@ from blockdraft.artifacts import (  # noqa: F401  (write_atomic, sha256_bytes re
     verify_mode,
     write_atomic,
 )
-from blockdraft.data.rollout_shards import (  # noqa: F401  (re-exported: the public names)
+from blockdraft.data.rollouts.shards import (  # noqa: F401  (re-exported: the public names)
     Rollout,
     decode_shard,
     encode_shard,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blockdraft.data.rollout_store import RolloutError
+from blockdraft.data.rollouts.store import RolloutError
 
 ID_KEYS = ("prompt_id", "custom_id", "id")
 PROMPT_ID_KEYS = ("prompt_token_ids", "prompt_ids")
