@@ -26,7 +26,7 @@ from blockdraft.data.rollouts import generate_rollouts as _generate_rollouts
 from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.loop import decode as _decode
 from blockdraft.devices import drafter_dtype, resolve_flags
-from blockdraft.evaluation import runs
+from blockdraft.evaluation import eval_compare
 from blockdraft.evaluation.suite import Suite, benchmark_arg, load_suite
 from blockdraft.evaluation.suite import run_suite as _run_suite
 from blockdraft.sampling import SamplingSettings
@@ -242,7 +242,7 @@ def evaluate(
     names = _many(drafters)
     for d in names:
         checkpoint_of(d)  # a missing checkpoint: one error before any scoring
-    return runs.evaluate(
+    return eval_compare.evaluate(
         target,
         names,
         _many(rollouts),
@@ -278,7 +278,7 @@ def compare(
     names = _many(drafters)
     for d in names:
         checkpoint_of(d)
-    rows = runs.compare(
+    rows = eval_compare.compare(
         target,
         names,
         _many(rollouts),
@@ -395,7 +395,7 @@ def decode(
         progress=progress,
     )
     return {
-        "drafter": runs.drafter_names([drafter])[0],
+        "drafter": eval_compare.drafter_names([drafter])[0],
         "path": str(ckpt) if ckpt is not None else None,
         "target": target.name,
         "drafter_dtype": str(getattr(model, "dtype", "")).removeprefix("torch.") or None,

@@ -5,7 +5,7 @@
 Paired comparison of drafters on the *same* rollouts: the MAL difference (and relative
 gain) of each drafter against the first (or of every pair), with percentile bootstrap
 95% CIs that resample rollouts jointly for both drafters. Printed as a markdown table;
-`blockdraft.evaluation.runs.compare()` is the same as a Python function.
+`blockdraft.evaluation.eval_compare.compare()` is the same as a Python function.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from blockdraft.cli.drafter_options import (
     drafter_dtype_of,
     run_scored_command,
 )
-from blockdraft.evaluation.runs import compare  # noqa: F401 - the Python API, re-exported
+from blockdraft.evaluation.eval_compare import compare  # noqa: F401 - the Python API, re-exported
 from blockdraft.pipeline.report import comparison_table
 
 EXAMPLE = """example:

@@ -34,8 +34,8 @@ from blockdraft.data.prompt_type import PromptError
 from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.decoding.hf_generate import has_hf_generate, versus_hf
 from blockdraft.decoding.loop import decode
+from blockdraft.evaluation.eval_compare import drafter_names, write_json
 from blockdraft.evaluation.offline import mal_ci
-from blockdraft.evaluation.runs import drafter_names, write_json
 from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.serialization.drafter_spec import checkpoint_of, load_drafter_spec
 

@@ -21,7 +21,7 @@ from blockdraft.devices import (
     device_and_dtype,
     drafter_dtype,
 )
-from blockdraft.evaluation.runs import write_json
+from blockdraft.evaluation.eval_compare import write_json
 from blockdraft.serialization.drafter_spec import checkpoint_of
 from blockdraft.threads import add_threads_arg, configure_cpu
 

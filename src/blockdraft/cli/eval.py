@@ -5,7 +5,7 @@
 Exact offline evaluation (docs/methods.md, "The offline evaluator") of each drafter on
 each rollout set (one "benchmark" per set): expected rounds, MAL with a bootstrap CI, AR_k
 and T_{>=k}. Acceptance tensors are cached per (drafter checkpoint, rollouts), so `compare`
-and `report` after `eval` cost nothing. `blockdraft.evaluation.runs.evaluate()` is the
+and `report` after `eval` cost nothing. `blockdraft.evaluation.eval_compare.evaluate()` is the
 same as a Python function; this module only parses arguments and prints.
 """
 
@@ -23,7 +23,7 @@ from blockdraft.cli.drafter_options import (
 )
 
 # the Python API lives in the library; re-exported here for older imports
-from blockdraft.evaluation.runs import (  # noqa: F401
+from blockdraft.evaluation.eval_compare import (  # noqa: F401
     benchmark_name,
     drafter_names,
     evaluate,

@@ -19,7 +19,7 @@ from blockdraft.cli.drafter_options import (
     drafter_dtype_of,
     setup_target,
 )
-from blockdraft.evaluation.runs import write_json
+from blockdraft.evaluation.eval_compare import write_json
 from blockdraft.evaluation.suite import (
     Suite,
     SuiteError,

@@ -23,9 +23,9 @@ from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.data.rollouts.store import read_manifest
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.errors import BlockdraftError
+from blockdraft.evaluation.eval_compare import drafter_names, load_scored
 from blockdraft.evaluation.lookup_split import lookup_split
 from blockdraft.evaluation.offline import offline_stats
-from blockdraft.evaluation.runs import drafter_names, load_scored
 from blockdraft.evaluation.suite_statistics import BenchmarkRounds, suite_statistics
 from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.checkpoint import read_config

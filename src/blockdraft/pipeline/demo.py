@@ -27,9 +27,9 @@ from blockdraft.decoding.loop import decode
 from blockdraft.devices import drafter_dtype, resolve_flags
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.engines.vllm_engine import EngineError, vllm_version
+from blockdraft.evaluation.eval_compare import compare, evaluate, load_scored, write_json
 from blockdraft.evaluation.lookup_split import lookup_split
 from blockdraft.evaluation.offline import mal_ci
-from blockdraft.evaluation.runs import compare, evaluate, load_scored, write_json
 from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.heap import retain_freed_memory
 from blockdraft.pipeline.report import terminal_summary, write_report

@@ -35,8 +35,8 @@ from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.engines.dflash_support import vllm_dflash_problem
 from blockdraft.engines.vllm_engine import EngineError, EngineProcess, SpecCounters, sampling_args
+from blockdraft.evaluation.eval_compare import benchmark_name
 from blockdraft.evaluation.offline import mal_ci, offline_stats
-from blockdraft.evaluation.runs import benchmark_name
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
 from blockdraft.serialization.checkpoint import read_config, resolve_checkpoint
 from blockdraft.serialization.drafter_spec import load_drafter_spec
