@@ -21,6 +21,7 @@ from blockdraft.evaluation.suite import (
     select_prompts,
     with_baseline,
 )
+from blockdraft.serialization.drafter_spec import DrafterSpec
 from clikit import one_line_error, run_cli, save_local_model, save_random_drafter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,11 +102,15 @@ def test_ngram_baseline_matches_the_drafters_block(tmp_path):
     d5 = save_random_drafter(target, tmp_path / "d5", block_size=5)
     d8 = save_random_drafter(target, tmp_path / "d8", block_size=8)
     suite = Suite("s", [])
-    assert with_baseline(suite, [str(d5)]) == ["ngram:k=4,max=3,min=1", str(d5)]
-    assert with_baseline(suite, [str(d8), "ngram"]) == ["ngram", str(d8)]  # K = 7 is the default
-    assert with_baseline(suite, [str(d5), str(d8)])[0] == "ngram"  # no common K: the default
-    explicit = Suite("s", [], baseline="ngram:k=2")
-    assert with_baseline(explicit, [str(d5), "ngram:k=2"]) == ["ngram:k=2", str(d5)]
+
+    def baseline_first(suite: Suite, *drafters: object) -> list[str]:
+        return [str(d) for d in with_baseline(suite, [DrafterSpec.parse(d) for d in drafters])]
+
+    assert baseline_first(suite, d5) == ["ngram:k=4,max=3,min=1", str(d5)]
+    assert baseline_first(suite, d8, "ngram") == ["ngram", str(d8)]  # K = 7 is the default
+    assert baseline_first(suite, d5, d8)[0] == "ngram"  # no common K: the default
+    explicit = Suite("s", [], baseline=DrafterSpec.parse("ngram:k=2"))
+    assert baseline_first(explicit, d5, "ngram:k=2") == ["ngram:k=2", str(d5)]
 
 
 @pytest.mark.slow

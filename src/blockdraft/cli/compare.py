@@ -19,6 +19,7 @@ from blockdraft.cli.drafter_options import (
     add_scoring_args,
     add_target_args,
     drafter_dtype_of,
+    drafter_spec,
     run_scored_command,
 )
 from blockdraft.evaluation.eval_compare import compare  # noqa: F401 - the Python API, re-exported
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "drafters",
         nargs="+",
+        type=drafter_spec,
         help="drafter checkpoints (or `ngram[:k=K,max=N,min=M]`); the first is the baseline",
     )
     p.add_argument(

@@ -19,6 +19,7 @@ from blockdraft.cli.drafter_options import (
     add_scoring_args,
     add_target_args,
     drafter_dtype_of,
+    drafter_spec,
     run_scored_command,
 )
 
@@ -53,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "drafters",
         nargs="+",
+        type=drafter_spec,
         help="drafter checkpoint directories (or run dirs with final/); `ngram` or "
         "`ngram:k=7,max=3,min=1` for the prompt-lookup baseline",
     )
