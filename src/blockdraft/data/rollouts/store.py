@@ -5,7 +5,7 @@ how, which shards are finished) and only listed shards count; a listed shard is 
 rewritten. Safetensors (not pickle, not Arrow) because a shard is one small
 self-describing file that can be written to a temporary name and renamed into place,
 checksummed, and memory-mapped back without trusting its contents. Shard encoding:
-`rollout_shards.py`; directory layout: docs/architecture.md ("data").
+`shards.py`; directory layout: docs/architecture.md ("data").
 """
 
 from __future__ import annotations
