@@ -84,7 +84,7 @@ def load(args: argparse.Namespace) -> tuple[Any, list[list[int]]]:
             torch.randint(3, vocab, (48,), generator=g).tolist() for _ in range(args.prompts)
         ]
     else:
-        from blockdraft.data.prompts import load_prompts, render_prompt
+        from blockdraft.data.prompt_specs import load_prompts, render_prompt
 
         prompts = [render_prompt(target.tokenizer, p) for p in load_prompts(args.prompts_spec)]
         prompts = [p[-args.max_prompt_tokens :] for p in prompts][: args.prompts]
@@ -104,10 +104,10 @@ def load_drafter(
             target, num_layers=1, block_size=args.k + 1, draft_vocab_size=args.draft_vocab
         )
         return "spec untrained", BlockDrafter(cfg).bind_target(target).eval()
-    from blockdraft.serialization.drafter_spec import display_name, load_drafter_spec
+    from blockdraft.serialization.drafter_spec import DrafterSpec, display_name, load_drafter_spec
 
-    drafter, _ = load_drafter_spec(spec, target, dtype=dtype)
-    name = display_name(spec)
+    drafter, _ = load_drafter_spec(DrafterSpec.parse(spec), target, dtype=dtype)
+    name = display_name(DrafterSpec.parse(spec))
     if name is None:
         path = Path(spec).resolve()
         name = path.parent.name if path.name in ("final", "best") else path.name

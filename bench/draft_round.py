@@ -27,7 +27,7 @@ from blockdraft.decoding.proposers import GreedyDraftHead
 from blockdraft.decoding.steps import TargetRunner
 from blockdraft.kernels.packed_linear import packed_linears
 from blockdraft.kernels.row_argmax import row_argmax
-from blockdraft.serialization.drafter_spec import load_drafter_spec
+from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
 from blockdraft.targets.registry import load_target
 
 
@@ -45,7 +45,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = load_target(args.target)
-    drafter, _ = load_drafter_spec(args.drafter, target, dtype=getattr(torch, args.drafter_dtype))
+    drafter, _ = load_drafter_spec(
+        DrafterSpec.parse(args.drafter), target, dtype=getattr(torch, args.drafter_dtype)
+    )
     lean = LeanDrafter.of(drafter)
     if lean is None:
         raise SystemExit(f"{args.drafter}: no lean round for this drafter (see LeanDrafter)")

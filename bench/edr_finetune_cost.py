@@ -48,11 +48,11 @@ import blockdraft.objectives.edr.acceptance as edr_acceptance
 import blockdraft.training.steps.block as block
 import blockdraft.training.steps.proposal_scores as proposal_scores
 import blockdraft.training.steps.rounds as rounds
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.heap import retain_freed_memory
 from blockdraft.objectives.registry import make_objective
 from blockdraft.sampling import SamplingSettings
-from blockdraft.serialization.drafter_spec import load_drafter_spec
+from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
 from blockdraft.targets.registry import load_target
 from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
@@ -104,7 +104,7 @@ def main() -> None:
     flush_denormals()
     retain_freed_memory()  # as `blockdraft train` does on a CPU (heap.py)
     target = load_target(args.target)
-    drafter, _ = load_drafter_spec(args.drafter, target)
+    drafter, _ = load_drafter_spec(DrafterSpec.parse(args.drafter), target)
     drafter.train()
     for p in drafter.parameters():
         p.requires_grad_(True)

@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from blockdraft.data.engine_rollouts import engine_rows
-from blockdraft.data.prompts import load_prompts
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollouts import generate_rollouts
+from blockdraft.data.rollouts.engine import engine_rows
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.sampling import SamplingSettings
 from blockdraft.targets.registry import load_target, model_directory
 from blockdraft.threads import configure_cpu

@@ -202,7 +202,7 @@ def drafter_step_flops(cfg, hf, prompt_len: int, seq_len: int, trained: int, sco
 def part_train(
     part: Part, device: torch.device, smoke: bool, objective: str, layers: int, work: Path
 ) -> None:
-    from blockdraft.data.generation import SamplingSettings
+    from blockdraft.data.rollouts.sampler import SamplingSettings
     from blockdraft.training.batching import collate
     from blockdraft.training.loop import train_step
     from blockdraft.training.memory_plan import plan_memory
@@ -311,7 +311,7 @@ def _matmul_flops(work: Path, device: torch.device, smoke: bool) -> float:
 
 # --- rollouts and decoding ------------------------------------------------------------------
 def part_rollout(part: Part, device: torch.device, smoke: bool, layers: int) -> None:
-    from blockdraft.data.generation import SamplingSettings
+    from blockdraft.data.rollouts.sampler import SamplingSettings
     from rollout import make_prompts, run_hf, run_ours
 
     target = shaped_target(device, smoke, layers)

@@ -55,9 +55,10 @@ from pathlib import Path
 
 import torch
 
-from blockdraft.data.generation import SamplingSettings
-from blockdraft.data.prompts import Prompt, load_prompts, render_prompt
+from blockdraft.data.prompt_specs import load_prompts, render_prompt
+from blockdraft.data.prompt_type import Prompt
 from blockdraft.data.rollouts import generate_rollouts
+from blockdraft.data.rollouts.sampler import SamplingSettings
 from blockdraft.targets.registry import load_target
 from blockdraft.targets.target import Target
 from blockdraft.targets.testing import make_shaped_target
@@ -289,7 +290,7 @@ def bench_import(target: Target, rows: int) -> None:
     """Time `import_rollouts` of `rows` synthetic engine responses (one teacher-forced pass)."""
     import json
 
-    from blockdraft.data.rollout_import import import_rollouts
+    from blockdraft.data.rollouts.importer import import_rollouts
 
     g = torch.Generator().manual_seed(1)
     prompts = make_prompts(rows)

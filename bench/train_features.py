@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from blockdraft.data.feature_writer import plan_features, write_features
-from blockdraft.data.generation import SamplingSettings
-from blockdraft.data.rollout_store import (
+from blockdraft.data.rollouts.sampler import SamplingSettings
+from blockdraft.data.rollouts.store import (
     FORMAT,
     VERSION,
     Rollout,

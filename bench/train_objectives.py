@@ -43,7 +43,7 @@ import time
 import torch
 
 from blockdraft.data.anchors import round_start_anchors
-from blockdraft.data.rollout_store import Rollout
+from blockdraft.data.rollouts.store import Rollout
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.heap import retain_freed_memory
 from blockdraft.objectives.registry import make_objective

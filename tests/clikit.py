@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from blockdraft.cli import main
-from blockdraft.data.prompts import Prompt
+from blockdraft.data.prompt_type import Prompt
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import blockdraft.data.rollouts as rollouts_mod
+import blockdraft.data.rollouts.generate as rollouts_mod
 from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_set_id
 from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollouts import RolloutError, SamplingSettings, generate_rollouts
@@ -177,7 +177,7 @@ def test_damaged_shard_beyond_the_request_says_which_rerun_repairs_it(random_tar
 
 
 def test_damaged_imported_shard_is_imported_again(random_target, tmp_path, capsys):
-    from blockdraft.data.rollout_import import import_rollouts
+    from blockdraft.data.rollouts.importer import import_rollouts
 
     ref = _rollouts(random_target, tmp_path / "ref", 4, 1)
     lines = [

@@ -6,7 +6,7 @@ on its line or in the comment lines right above it; consecutive imports share on
 
 The layers, bottom first (a package may import its own layer and those below):
 
-    0  blockdraft/__init__, errors, devices, threads, heap, artifacts, user_cache, bootstrap,
+    0  blockdraft/__init__, errors, devices, threads, heap, artifacts, user_cache, bootstrap_ci,
        recipes (the shipped config recipes)
     1  objectives, sampling              (pure tensor maths; the sampling distribution)
     2  targets                           (the model being accelerated)
@@ -55,7 +55,7 @@ LAYERS = [
         "heap",
         "artifacts",
         "user_cache",
-        "bootstrap",
+        "bootstrap_ci",
         "recipes",
     },
     {"objectives", "sampling", "kernels"},

@@ -24,14 +24,14 @@ import time
 import torch
 
 from blockdraft.data.anchors import round_start_anchors
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.proposers import GreedyDraftHead
 from blockdraft.decoding.steps import TargetRunner
 from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.objectives.edr.recursion import pad_rollouts, state_occupancy
-from blockdraft.serialization.drafter_spec import load_drafter_spec
+from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
 from blockdraft.targets.registry import load_target
 
 
@@ -122,7 +122,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     target = load_target(args.target)
-    drafter, _ = load_drafter_spec(args.drafter, target)
+    drafter, _ = load_drafter_spec(DrafterSpec.parse(args.drafter), target)
     rollouts = RolloutSet.open(args.rollouts)
     if not rollouts.settings.greedy:
         raise SystemExit(f"{args.rollouts}: sampled rollouts; this bench scores T = 0 only")

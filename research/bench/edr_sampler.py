@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.objectives.registry import make_objective
 from blockdraft.serialization.checkpoint import load_drafter
 from blockdraft.targets.registry import load_target

@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.serialization.checkpoint import load_drafter, read_config
 from blockdraft.targets.registry import load_target
 

@@ -84,7 +84,7 @@ for section in $SECTIONS; do case $section in
 rollouts)
   $PY -c "
 import json, sys
-from blockdraft.data.prompts import load_prompts
+from blockdraft.data.prompt_specs import load_prompts
 with open(sys.argv[1], 'w') as f:
     for p in load_prompts('stdlib:eval', limit=128)[64:]:
         f.write(json.dumps({'id': p.id, 'text': p.text}) + '\n')" "$OUT/prompts/val.jsonl"

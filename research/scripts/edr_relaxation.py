@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from blockdraft.data.anchors import round_start_anchors
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.evaluation.scoring import FeatureMemo
 from blockdraft.objectives.edr import expected_rounds
-from blockdraft.serialization.drafter_spec import load_drafter_spec
+from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
 from blockdraft.targets.registry import load_target
 
 
@@ -119,7 +119,7 @@ def main() -> None:
         for step, ckpt in checkpoints(run):
             if wanted is not None and step not in wanted:
                 continue
-            drafter, _ = load_drafter_spec(ckpt, target)
+            drafter, _ = load_drafter_spec(DrafterSpec(path=str(ckpt)), target)
             logq, hard = score(drafter, target, rollouts, memo, betas)
             soft = [rounds_per_token([lq[i].exp() for lq in logq]) for i in range(len(betas))]
             row = {

@@ -11,19 +11,19 @@ from __future__ import annotations
 import json
 import sys
 
-from blockdraft.drafters.hybrid import parse_hybrid_spec
+from blockdraft.serialization.drafter_spec import DrafterSpec
 
 
 def best_threshold(result: dict) -> float:
     best: tuple[float, float] | None = None
     for bench in result["benchmarks"]:
         for d in bench["drafters"]:
-            parsed = parse_hybrid_spec(d["path"])
-            if parsed is None:
+            spec = DrafterSpec.parse(d["path"])
+            if spec.kind != "hybrid":
                 continue
-            key = (d["mal"], -parsed[1])
+            key = (d["mal"], -spec.min_confidence)
             if best is None or key > (best[0], -best[1]):
-                best = (d["mal"], parsed[1])
+                best = (d["mal"], spec.min_confidence)
     if best is None:
         raise SystemExit("no hybrid:conf=C:RUN drafter in this eval JSON")
     return best[1]

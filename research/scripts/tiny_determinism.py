@@ -66,7 +66,7 @@ def rollouts(target: str, out: Path, threads: int, batch: int) -> None:
     """(child) 64 greedy stdlib:eval rollouts x 128 tokens; print one hash per rollout."""
     import torch
 
-    from blockdraft.data.prompts import load_prompts
+    from blockdraft.data.prompt_specs import load_prompts
     from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
     from blockdraft.targets.registry import load_target
 

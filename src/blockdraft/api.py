@@ -20,18 +20,18 @@ from typing import Any
 import torch
 
 from blockdraft.data.mask_records import recorded_masks
-from blockdraft.data.prompt import Prompt
-from blockdraft.data.prompts import load_prompts, render_prompt
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.prompt_specs import load_prompts, render_prompt
+from blockdraft.data.prompt_type import Prompt
 from blockdraft.data.rollouts import generate_rollouts as _generate_rollouts
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.loop import decode as _decode
 from blockdraft.devices import drafter_dtype, resolve_flags
-from blockdraft.evaluation import runs
+from blockdraft.evaluation import eval_compare
 from blockdraft.evaluation.suite import Suite, benchmark_arg, load_suite
 from blockdraft.evaluation.suite import run_suite as _run_suite
 from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.checkpoint import resolve_checkpoint
-from blockdraft.serialization.drafter_spec import checkpoint_of, load_drafter_spec
+from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, load_drafter_spec
 from blockdraft.serialization.export import export_drafter
 from blockdraft.targets.mask_token import load_target_with_mask
 from blockdraft.targets.target import Target
@@ -60,9 +60,14 @@ Paths = str | Path | Iterable[str | Path]
 
 def _many(value: Paths) -> list[str]:
     """One path or spec, or several, as a list of strings (a RolloutSet by its directory)."""
-    if isinstance(value, (str, Path, RolloutSet)):
+    if isinstance(value, (str, Path, RolloutSet, DrafterSpec)):
         value = [value]
     return [str(v.directory if isinstance(v, RolloutSet) else v) for v in value]
+
+
+def _specs(value: Paths | DrafterSpec) -> list[DrafterSpec]:
+    """Drafters as the caller names them, parsed here, where the text enters."""
+    return [DrafterSpec.parse(v) for v in _many(value)]
 
 
 def load_target(
@@ -90,7 +95,7 @@ def load_target(
     return load_target_with_mask(
         name,
         mask_token=mask_token,
-        recorded=recorded_masks(_many(rollouts), _many(drafters)),
+        recorded=recorded_masks(_many(rollouts), _specs(drafters)),
         allow_download=allow_download,
         trust_remote_code=trust_remote_code,
         device=dev,
@@ -203,14 +208,17 @@ def train(
     return _train(cfg, target=target, resume=resume, overwrite=overwrite)
 
 
-def load_drafter(spec: str | Path, target: Target, *, dtype: str | None = None) -> Any:
+def load_drafter(
+    spec: str | Path | DrafterSpec, target: Target, *, dtype: str | None = None
+) -> Any:
     """A drafter bound to `target` for decoding: a checkpoint or run directory (its
     `final/`), `ngram[:k=7,max=3,min=1]` (prompt lookup) or `hybrid:RUN`.
 
         >>> drafter = blockdraft.load_drafter("runs/quick", target)
         >>> print(drafter.config.block_size)
     """
-    return load_drafter_spec(spec, target, dtype=_drafter_dtype(dtype, target))[0]
+    dt = _drafter_dtype(dtype, target)
+    return load_drafter_spec(DrafterSpec.parse(spec), target, dtype=dt)[0]
 
 
 def _drafter_dtype(dtype: str | None, target: Target) -> torch.dtype | None:
@@ -239,10 +247,10 @@ def evaluate(
         >>> scores = blockdraft.evaluate(target, ["ngram", "runs/quick"], "rollouts/heldout")
         >>> print([(d["name"], d["mal"]) for d in scores["benchmarks"][0]["drafters"]])
     """
-    names = _many(drafters)
+    names = _specs(drafters)
     for d in names:
         checkpoint_of(d)  # a missing checkpoint: one error before any scoring
-    return runs.evaluate(
+    return eval_compare.evaluate(
         target,
         names,
         _many(rollouts),
@@ -275,10 +283,10 @@ def compare(
         >>> gains = blockdraft.compare(target, ["ngram", "runs/quick"], "rollouts/heldout")
         >>> print(gains["comparisons"][0]["mal_gain"], gains["comparisons"][0]["mal_gain_ci95"])
     """
-    names = _many(drafters)
+    names = _specs(drafters)
     for d in names:
         checkpoint_of(d)
-    rows = runs.compare(
+    rows = eval_compare.compare(
         target,
         names,
         _many(rollouts),
@@ -300,7 +308,7 @@ def run_suite(
     *,
     benchmarks: Mapping[str, str] | None = None,
     limit: int | None = None,
-    baseline: str | None = None,
+    baseline: str | DrafterSpec | None = None,
     data_dir: str | Path | None = None,
     rollouts_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
@@ -335,8 +343,9 @@ def run_suite(
         raise ValueError("run_suite: give a suite file or benchmarks={name: prompt spec}")
     if limit is not None:
         benches = [replace(b, limit=min(b.limit or limit, limit)) for b in benches]
-    chosen = replace(chosen, benchmarks=benches, baseline=baseline or chosen.baseline)
-    names = _many(drafters)
+    base = DrafterSpec.parse(baseline) if baseline else chosen.baseline
+    chosen = replace(chosen, benchmarks=benches, baseline=base)
+    names = _specs(drafters)
     for d in names:
         checkpoint_of(d)  # before any rollout is generated
     return _run_suite(
@@ -356,7 +365,7 @@ def run_suite(
 
 def decode(
     target: Target,
-    drafter: str | Path,
+    drafter: str | Path | DrafterSpec,
     prompts: str | Sequence[str | Prompt],
     *,
     limit: int | None = None,
@@ -378,8 +387,9 @@ def decode(
         >>> decoded = blockdraft.decode(target, "runs/quick", ["def fib(n):"], max_new_tokens=32)
         >>> print(decoded["tau"], decoded["speedup"], target.decode(decoded["outputs"][0]))
     """
-    ckpt = checkpoint_of(drafter)
-    model = load_drafter(drafter, target, dtype=drafter_dtype)
+    spec = DrafterSpec.parse(drafter)
+    ckpt = checkpoint_of(spec)
+    model = load_drafter(spec, target, dtype=drafter_dtype)
     loaded = _prompt_list(prompts, limit)
     result = _decode(
         target,
@@ -395,7 +405,7 @@ def decode(
         progress=progress,
     )
     return {
-        "drafter": runs.drafter_names([drafter])[0],
+        "drafter": eval_compare.drafter_names([spec])[0],
         "path": str(ckpt) if ckpt is not None else None,
         "target": target.name,
         "drafter_dtype": str(getattr(model, "dtype", "")).removeprefix("torch.") or None,

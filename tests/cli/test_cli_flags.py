@@ -16,6 +16,7 @@ import blockdraft.cli.features as features_cli
 from blockdraft.cli import build_parser
 from blockdraft.evaluation.suite import load_suite
 from blockdraft.recipes import SUITE, TRAIN, recipe_dir, recipe_names, resolve_recipe
+from blockdraft.serialization.drafter_spec import DrafterSpec
 from clikit import make_rollouts, one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,8 +172,8 @@ def test_resume_of_a_missing_run_dir_is_refused(capsys, tmp_path):
 def test_decode_takes_its_drafter_positionally_or_as_drafter(capsys):
     parser = build_parser()
     common = ["decode", "--target", "t", "--prompts", "p.jsonl"]
-    assert parser.parse_args([*common, "ngram"]).drafter == "ngram"
-    assert parser.parse_args([*common, "--drafter", "ngram"]).drafter_flag == "ngram"
+    assert parser.parse_args([*common, "ngram"]).drafter == DrafterSpec("ngram")
+    assert parser.parse_args([*common, "--drafter", "ngram"]).drafter_flag == DrafterSpec("ngram")
     for extra in ([], ["a", "--drafter", "b"]):
         code, _, err = cli(capsys, *common, *extra)
         assert code == 2 and "decode takes one drafter" in one_line_error(err)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from blockdraft.data.prompts import PromptError, load_prompts
+from blockdraft.data.prompt_specs import load_prompts
+from blockdraft.data.prompt_type import PromptError
 from clikit import one_line_error, run_cli, save_local_model
 
 

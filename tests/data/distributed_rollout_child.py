@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from blockdraft.data.prompts import Prompt
+from blockdraft.data.prompt_type import Prompt
 
 SETTINGS = dict(temperature=1.0, top_p=0.95, top_k=50, max_new_tokens=8, seed=321)
 BATCH_SIZE = 2
@@ -42,9 +42,9 @@ def main() -> None:
     out, marker = Path(sys.argv[1]), Path(sys.argv[2])
     pause_rank, pause_after = int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(1)
-    import blockdraft.data.rollouts as rollouts
-    from blockdraft.data.distributed_rollouts import init_from_env
-    from blockdraft.data.generation import SamplingSettings
+    import blockdraft.data.rollouts.generate as rollouts
+    from blockdraft.data.rollouts.distributed import init_from_env
+    from blockdraft.data.rollouts.sampler import SamplingSettings
     from blockdraft.targets.testing import make_random_target
 
     ctx, _, created = init_from_env("cpu")

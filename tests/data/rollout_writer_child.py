@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from blockdraft.data.prompts import Prompt
+from blockdraft.data.prompt_type import Prompt
 
 SETTINGS = dict(temperature=1.0, top_p=0.95, top_k=50, max_new_tokens=10, seed=123)
 BATCH_SIZE = 2
@@ -41,8 +41,8 @@ def make_prompts() -> list[Prompt]:
 def main() -> None:
     out, marker, pause_shard = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(1)
-    import blockdraft.data.rollouts as rollouts
-    from blockdraft.data.generation import SamplingSettings
+    import blockdraft.data.rollouts.generate as rollouts
+    from blockdraft.data.rollouts.sampler import SamplingSettings
     from blockdraft.targets.testing import make_random_target
 
     original = rollouts.generate_batch

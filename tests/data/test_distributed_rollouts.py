@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockdraft.data.distributed_rollouts import (
+from blockdraft.data.rollouts import RolloutSet, SamplingSettings, generate_rollouts
+from blockdraft.data.rollouts.distributed import (
     extend_prefix,
     finished_beyond_prefix,
     plan_tasks,
     record_part,
 )
-from blockdraft.data.rollout_store import RolloutError
-from blockdraft.data.rollouts import RolloutSet, SamplingSettings, generate_rollouts
+from blockdraft.data.rollouts.store import RolloutError
 
 HERE = Path(__file__).parent
 CHILD = HERE / "distributed_rollout_child.py"

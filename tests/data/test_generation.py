@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from blockdraft.data.generation import (
+from blockdraft.data.rollouts.sampler import (
     SamplingSettings,
     counter_uniform,
     draw_tokens,

@@ -15,8 +15,8 @@ import pytest
 
 from blockdraft.data.feature_store import FeatureError, FeatureStore
 from blockdraft.data.feature_writer import plan_features, write_features
-from blockdraft.data.rollout_store import RolloutError, RolloutSet
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
+from blockdraft.data.rollouts.store import RolloutError, RolloutSet
 from clikit import make_rollouts, one_line_error, prompts, run_cli, save_local_model
 
 

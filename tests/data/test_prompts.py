@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from blockdraft.data import prompts as prompts_mod
-from blockdraft.data.prompts import Prompt, PromptError, load_prompts, render_prompt
+from blockdraft.data import prompt_specs as prompts_mod
+from blockdraft.data.prompt_specs import load_prompts, render_prompt
+from blockdraft.data.prompt_type import Prompt, PromptError
 from blockdraft.data.stdlib_prompts import stdlib_files, stdlib_split_of
 
 SHARED = Path("/work/shared/data")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockdraft.data.generation import generate_batch
-from blockdraft.data.prompts import Prompt
-from blockdraft.data.rollout_import import (
+from blockdraft.data.prompt_type import Prompt
+from blockdraft.data.rollouts import RolloutSet, SamplingSettings, generate_rollouts
+from blockdraft.data.rollouts.importer import (
     DUPLICATE,
     ENGINE_ERROR,
     FILTERED,
@@ -22,8 +22,8 @@ from blockdraft.data.rollout_import import (
     TOO_LONG,
     import_rollouts,
 )
-from blockdraft.data.rollout_store import RolloutError
-from blockdraft.data.rollouts import RolloutSet, SamplingSettings, generate_rollouts
+from blockdraft.data.rollouts.sampler import generate_batch
+from blockdraft.data.rollouts.store import RolloutError
 from blockdraft.targets.testing import make_random_target
 
 TEXTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os", "The quick", "x"]

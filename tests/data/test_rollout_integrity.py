@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockdraft.data.rollout_store import RolloutError, RolloutSet
+from blockdraft.data.rollouts.store import RolloutError, RolloutSet
 from blockdraft.targets.registry import legacy_target_fingerprint, load_target, target_fingerprint
 from clikit import make_rollouts, one_line_error, run_cli, save_local_model, save_random_drafter
 

@@ -19,8 +19,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from blockdraft.data.prompts import Prompt, PromptError
-from blockdraft.data.rollout_store import nested_subset
+from blockdraft.data.prompt_type import Prompt, PromptError
 from blockdraft.data.rollouts import (
     RolloutError,
     RolloutSet,
@@ -29,6 +28,7 @@ from blockdraft.data.rollouts import (
     sampling_logprobs,
     split_by_prompt,
 )
+from blockdraft.data.rollouts.store import nested_subset
 from blockdraft.targets.target import Target
 from blockdraft.targets.testing import make_random_target
 
@@ -432,7 +432,7 @@ def test_greedy_rollouts_without_logprobs_equal_the_default(
     """`store_logprobs=False`: the same greedy tokens, row for row and with varied lengths,
     NaN log-probs, the manifest says so. `screened`: the int8 (or bf16) screen of the head
     chooses every token and the fp32 head is never called; otherwise the plain path runs."""
-    from blockdraft.data import generation
+    from blockdraft.data.rollouts import sampler as generation
     from blockdraft.kernels import argmax_screen
 
     monkeypatch.setattr(argmax_screen, "_HEADS", argmax_screen.weakref.WeakKeyDictionary())
@@ -530,7 +530,7 @@ def test_store_topk_beyond_the_top_k_cutoff_records_what_is_stored(tmp_path, cap
     """Under a top-k cutoff of 5 at most 5 entries of a distribution are non-zero, so
     `--store-topk 100000` stores (and records) 5, and says so; greedy sets, which store
     T = 1 log-probs, are capped at the vocabulary."""
-    from blockdraft.data.rollout_store import RolloutSet
+    from blockdraft.data.rollouts.store import RolloutSet
     from blockdraft.targets.registry import load_target
     from clikit import run_cli, save_local_model
 

@@ -21,8 +21,8 @@ import math
 import pytest
 import torch
 
-from blockdraft.data.generation import SamplingSettings, generate_batch
-from blockdraft.data.rollout_store import Rollout
+from blockdraft.data.rollouts.sampler import SamplingSettings, generate_batch
+from blockdraft.data.rollouts.store import Rollout
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.loop import ar_generate, decode
 from blockdraft.decoding.proposers import draft_block

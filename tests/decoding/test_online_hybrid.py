@@ -10,8 +10,8 @@ import pytest
 import torch
 from test_online import ALPHA, _exact_and_empirical
 
-from blockdraft.data.generation import SamplingSettings, generate_batch
-from blockdraft.data.rollout_store import Rollout
+from blockdraft.data.rollouts.sampler import SamplingSettings, generate_batch
+from blockdraft.data.rollouts.store import Rollout
 from blockdraft.decoding.loop import ar_generate, decode
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.hybrid import HybridDrafter

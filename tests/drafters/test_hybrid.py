@@ -4,14 +4,13 @@ equals a brute-force replay of greedy decoding that drafts through the *inferenc
 
 from __future__ import annotations
 
-import pytest
 import torch
 from test_ngram import naive_propose
 
-from blockdraft.data.rollout_store import Rollout
+from blockdraft.data.rollouts.store import Rollout
 from blockdraft.decoding.loop import ar_generate
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
-from blockdraft.drafters.hybrid import HybridDrafter, parse_hybrid_spec
+from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
 from blockdraft.targets.testing import make_random_target
@@ -76,11 +75,3 @@ def test_hybrid_offline_rounds_equal_replayed_greedy_decoding() -> None:
         assert stats.per_rollout_rounds.tolist() == [float(r) for r in expected]
         if conf == middle:  # both sources really supply slots
             assert 0 < sum(t for _, t in log) < len(log)
-
-
-def test_hybrid_spec() -> None:
-    assert parse_hybrid_spec("runs/dpace") is None
-    assert parse_hybrid_spec("hybrid:runs/dpace") == ("runs/dpace", 0.3)
-    assert parse_hybrid_spec("hybrid:conf=0.5:runs/x") == ("runs/x", 0.5)
-    with pytest.raises(ValueError, match="conf"):
-        parse_hybrid_spec("hybrid:conf=0.5.1:runs/x")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdraft.data.rollout_store import Rollout
+from blockdraft.data.rollouts.store import Rollout
 from blockdraft.decoding.loop import ar_generate, decode
 from blockdraft.decoding.proposers import NgramIndex
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig

@@ -9,9 +9,10 @@ import random
 import pytest
 import torch
 
-from blockdraft.drafters.ngram import NgramDrafter, parse_drafter_spec
+from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
+from blockdraft.serialization.drafter_spec import DrafterSpec
 
 
 def naive_propose(seq: list[int], k: int, max_n: int, min_n: int, latest: bool) -> list[int]:
@@ -154,22 +155,10 @@ def test_offline_rounds_match_speculative_sampling_monte_carlo() -> None:
     assert 1.2 < m1 < L - 1  # the proposals are accepted sometimes and not always
 
 
-def test_spec_parsing() -> None:
-    assert parse_drafter_spec("runs/dpace") is None
-    assert parse_drafter_spec("ngram").name == "ngram"
-    d = parse_drafter_spec("ngram:k=15,max=4,min=2")
-    assert (d.num_proposals, d.config.max_ngram, d.config.min_ngram) == (15, 4, 2)
-    assert parse_drafter_spec(d.name).config == d.config
-    assert parse_drafter_spec("ngram:match=first").config.match == "first"
-    for bad in ("ngram:k=x", "ngram:depth=3", "ngram:k", "ngram:min=3,max=2"):
-        with pytest.raises(ValueError, match="ngram"):
-            parse_drafter_spec(bad)
-
-
 def test_default_rule_is_earliest_occurrence_and_named_by_spec() -> None:
     seq = [1, 2, 9, 1, 2, 8, 1, 2]  # the suffix (1, 2) occurs at 0 and at 3
     assert NgramDrafter(2).propose(seq) == [9, 1]  # vLLM's rule: the earliest occurrence
     latest = NgramDrafter(2, match="latest")
     assert latest.propose(seq) == [8, 1]
-    assert parse_drafter_spec(latest.name).config == latest.config
+    assert DrafterSpec.parse(latest.name).ngram().config == latest.config
     assert "match" not in NgramDrafter().name and "match=latest" in latest.name

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from blockdraft.data.prompts import load_prompts
+from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.sampling import SamplingSettings
 from blockdraft.targets.registry import load_target

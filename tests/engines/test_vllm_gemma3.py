@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from enginekit import needs_vllm
 
-from blockdraft.data.prompts import load_prompts
+from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.engines.dflash_support import vllm_dflash_problem
 from blockdraft.sampling import SamplingSettings

@@ -12,7 +12,7 @@ import pytest
 import torch
 from enginekit import needs_vllm
 
-from blockdraft.data.prompts import load_prompts
+from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.engines.vllm_plugin import expand_to_tokens
 from blockdraft.sampling import SamplingSettings

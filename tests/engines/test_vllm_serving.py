@@ -15,7 +15,7 @@ import pytest
 from enginekit import needs_vllm
 
 from blockdraft.cli import main
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.serving.serve_check import serve_check
 
 pytestmark = [needs_vllm, pytest.mark.slow]

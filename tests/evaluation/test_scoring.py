@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import blockdraft.evaluation.scoring as scoring
-from blockdraft.data.generation import SamplingSettings, generate_batch
-from blockdraft.data.rollout_store import Rollout
+from blockdraft.data.rollouts.sampler import SamplingSettings, generate_batch
+from blockdraft.data.rollouts.store import Rollout
 from blockdraft.decoding.loop import ar_generate, decode, speculative_generate
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.semi_ar import SemiARDrafter

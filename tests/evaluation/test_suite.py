@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockdraft.data.rollout_store import read_manifest
 from blockdraft.data.rollouts import RolloutSet, generate_rollouts
+from blockdraft.data.rollouts.store import read_manifest
 from blockdraft.evaluation.suite import (
     Suite,
     SuiteError,
@@ -21,6 +21,7 @@ from blockdraft.evaluation.suite import (
     select_prompts,
     with_baseline,
 )
+from blockdraft.serialization.drafter_spec import DrafterSpec
 from clikit import one_line_error, run_cli, save_local_model, save_random_drafter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,11 +102,15 @@ def test_ngram_baseline_matches_the_drafters_block(tmp_path):
     d5 = save_random_drafter(target, tmp_path / "d5", block_size=5)
     d8 = save_random_drafter(target, tmp_path / "d8", block_size=8)
     suite = Suite("s", [])
-    assert with_baseline(suite, [str(d5)]) == ["ngram:k=4,max=3,min=1", str(d5)]
-    assert with_baseline(suite, [str(d8), "ngram"]) == ["ngram", str(d8)]  # K = 7 is the default
-    assert with_baseline(suite, [str(d5), str(d8)])[0] == "ngram"  # no common K: the default
-    explicit = Suite("s", [], baseline="ngram:k=2")
-    assert with_baseline(explicit, [str(d5), "ngram:k=2"]) == ["ngram:k=2", str(d5)]
+
+    def baseline_first(suite: Suite, *drafters: object) -> list[str]:
+        return [str(d) for d in with_baseline(suite, [DrafterSpec.parse(d) for d in drafters])]
+
+    assert baseline_first(suite, d5) == ["ngram:k=4,max=3,min=1", str(d5)]
+    assert baseline_first(suite, d8, "ngram") == ["ngram", str(d8)]  # K = 7 is the default
+    assert baseline_first(suite, d5, d8)[0] == "ngram"  # no common K: the default
+    explicit = Suite("s", [], baseline=DrafterSpec.parse("ngram:k=2"))
+    assert baseline_first(explicit, d5, "ngram:k=2") == ["ngram:k=2", str(d5)]
 
 
 @pytest.mark.slow
@@ -176,7 +181,7 @@ def test_suite_end_to_end_caches_rollouts_and_agrees_with_eval(tmp_path, capsys)
 def test_an_interrupted_suite_set_resumes_as_it_was_started(tmp_path):
     """A greedy set begun with log-probs (before sets left them out) is finished with them,
     not refused as a mix; a new greedy set has none."""
-    from blockdraft.data.prompts import load_prompts
+    from blockdraft.data.prompt_specs import load_prompts
     from blockdraft.targets.registry import load_target
 
     target = load_target(str(save_local_model(tmp_path / "model")), device="cpu", progress=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from device_guard import OffDeviceTensors
 
-from blockdraft.data.generation import SamplingSettings, generate_batch
+from blockdraft.data.rollouts.sampler import SamplingSettings, generate_batch
 from blockdraft.decoding.loop import decode
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.targets.testing import make_random_target

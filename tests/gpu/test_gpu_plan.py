@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_memory_plan import LiveBytes
 
-from blockdraft.data.generation import SamplingSettings
+from blockdraft.data.rollouts.sampler import SamplingSettings
 from blockdraft.devices import resolve_dtype
 from blockdraft.targets.testing import make_shaped_target
 from blockdraft.training.config import load_config

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdraft.data.generation import (
+from blockdraft.data.rollouts.sampler import (
     SamplingSettings,
     counter_uniform,
     draw_tokens,

@@ -25,7 +25,7 @@ import pytest
 import torch
 from device_guard import OffDeviceTensors
 
-from blockdraft.data.generation import SamplingSettings
+from blockdraft.data.rollouts.sampler import SamplingSettings
 from blockdraft.targets.testing import make_random_target
 from blockdraft.training.config import load_config
 from blockdraft.training.loop import train_step

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdraft.data.generation import SamplingSettings, sampling_logprobs
+from blockdraft.data.rollouts.sampler import SamplingSettings, sampling_logprobs
 from blockdraft.objectives.cross_entropy import token_logprobs
 from blockdraft.objectives.e2e import overlap, overlap_with_logits
 from blockdraft.objectives.edr.acceptance import acceptance_and_cost

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from blockdraft.cli import main
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.pipeline.demo import DemoSettings
 from blockdraft.targets.testing import make_random_target
 
@@ -108,7 +108,7 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
 def test_draft_vocab_falls_back_to_the_whole_vocabulary_or_takes_the_setting(tmp_path):
     """Rollouts whose responses use as many distinct tokens as the vocabulary has, rounded
     up, get the whole vocabulary (None); an explicit size is taken as given."""
-    from blockdraft.data.prompts import Prompt
+    from blockdraft.data.prompt_type import Prompt
     from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
     from blockdraft.pipeline.demo import draft_vocab_for
 

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from blockdraft.data.prompts import load_prompts
+from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.stdlib_prompts import file_prompts, stdlib_files, stdlib_split_of
 from blockdraft.pipeline.demo import DemoSettings
 

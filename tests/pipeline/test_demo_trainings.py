@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from blockdraft import heap
-from blockdraft.data.prompts import Prompt
+from blockdraft.data.prompt_type import Prompt
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
 from blockdraft.errors import BlockdraftError
 from blockdraft.pipeline import demo

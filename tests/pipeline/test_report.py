@@ -146,10 +146,10 @@ def test_report_errors_are_one_line(tmp_path, capsys) -> None:
 
 
 def test_commands_end_to_end(tmp_path, capsys) -> None:
-    from blockdraft.data.generation import SamplingSettings
-    from blockdraft.data.prompts import Prompt
-    from blockdraft.data.rollout_store import RolloutSet
+    from blockdraft.data.prompt_type import Prompt
     from blockdraft.data.rollouts import generate_rollouts
+    from blockdraft.data.rollouts.sampler import SamplingSettings
+    from blockdraft.data.rollouts.store import RolloutSet
     from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
     from blockdraft.evaluation.offline import offline_stats
     from blockdraft.evaluation.scoring import score_rollout_set

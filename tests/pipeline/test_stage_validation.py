@@ -97,8 +97,8 @@ def _caller_handler(signum, frame):
 def test_sigterm_during_rollout_keeps_finished_shards_and_resumes(
     local, tmp_path, capsys, monkeypatch
 ):
-    import blockdraft.data.rollouts as rollouts_mod
-    from blockdraft.data.rollout_store import RolloutSet
+    import blockdraft.data.rollouts.generate as rollouts_mod
+    from blockdraft.data.rollouts.store import RolloutSet
 
     spec = _prompt_file(tmp_path / "p.jsonl", [{"id": p.id, "prompt": p.text} for p in prompts(6)])
     record = rollouts_mod.finish_manifest

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from blockdraft.data.rollout_store import RolloutError, RolloutSet, check_target
+from blockdraft.data.rollouts.store import RolloutError, RolloutSet, check_target
 from blockdraft.serialization.checkpoint import load_drafter
 from blockdraft.targets.registry import load_target, target_fingerprint
 from clikit import make_rollouts, run_cli, save_local_model, save_random_drafter

@@ -52,7 +52,8 @@ def test_checksum_mismatch_is_refused_and_leaves_no_cache(tmp_path):
 @pytest.mark.skipif(not INSTALLED, reason=f"SmolLM2 wheel not installed: {smollm2.INSTALL_HINT}")
 def test_smollm2_converts_once_and_loads_as_a_chat_target(tmp_path):
     """Converts into a fresh cache (about 20 s on one CPU core)."""
-    from blockdraft.data.prompts import Prompt, render_prompt
+    from blockdraft.data.prompt_specs import render_prompt
+    from blockdraft.data.prompt_type import Prompt
 
     target = smollm2.load_smollm2_target(cache_dir=tmp_path, progress=False)
     manifest = json.loads((smollm2.smollm2_cache_path(tmp_path) / smollm2.MANIFEST).read_text())

@@ -20,7 +20,7 @@ from trainkit import (
     wrapped_forward_class,
 )
 
-from blockdraft.data.rollout_store import Rollout
+from blockdraft.data.rollouts.store import Rollout
 from blockdraft.drafters.dflash import DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.objectives.dpace import dpace_weights

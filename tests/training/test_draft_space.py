@@ -171,7 +171,7 @@ def test_step_reading_response_logits_only_equals_full_logits(objective, monkeyp
     """The sampling steps ask the target for the logits of the positions after the
     shortest prompt only (`response_logits_to_keep`); prompts of different lengths in one
     batch, so rows start at different offsets: same loss and gradients as full logits."""
-    from blockdraft.data.rollout_store import Rollout
+    from blockdraft.data.rollouts.store import Rollout
     from blockdraft.training.batching import collate
     from blockdraft.training.steps import anchored_blocks, block
 

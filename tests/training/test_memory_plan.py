@@ -139,7 +139,7 @@ def test_cpu_estimate_within_20_percent_of_measured_peak(shape):
 def _measured_sampled_e2e_peak(*, hidden, drafter_layers, block, batch, seq, anchors):
     """`_measured_peak` for a sampled E2E step: target logits, full drafter logits, target
     probabilities and the row-chunked overlap (`steps.block_step`'s path)."""
-    from blockdraft.data.generation import SamplingSettings
+    from blockdraft.data.rollouts.sampler import SamplingSettings
     from blockdraft.objectives.e2e import e2e_from_overlap, overlap_with_logits
     from blockdraft.training.steps.anchored_blocks import label_positions
     from blockdraft.training.target_distributions import target_probs_for
@@ -267,7 +267,7 @@ def _measured_sampled_edr_peak(hidden, block, seq, max_anchors) -> tuple[int, ob
     """Peak live bytes of two real sampling-EDR training steps (`loop.train_step` on
     `training/synthetic.py`'s run) at the library's `num_anchors` (512), which EDR does
     not use: it drafts up to `objective.max_anchors` round starts."""
-    from blockdraft.data.generation import SamplingSettings
+    from blockdraft.data.rollouts.sampler import SamplingSettings
     from blockdraft.targets.testing import make_random_target
     from blockdraft.training.loop import train_step
     from blockdraft.training.synthetic import random_rollouts, synthetic_run

@@ -9,8 +9,8 @@ import pytest
 import torch
 from trainkit import make_config, prompts_for
 
-from blockdraft.data.rollout_store import RolloutSet
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.evaluation.scoring import score_rollouts
 from blockdraft.targets.testing import make_random_target
 from blockdraft.training import train

@@ -11,8 +11,8 @@ import pytest
 import torch
 from trainkit import make_config, random_step_batch, read_metrics, step_inputs
 
-from blockdraft.data.rollout_store import Rollout
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
+from blockdraft.data.rollouts.store import Rollout
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.dpace import dpace_weights
 from blockdraft.objectives.registry import make_objective

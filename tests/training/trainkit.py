@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from blockdraft.data.prompts import Prompt
+from blockdraft.data.prompt_type import Prompt
 from blockdraft.targets.testing import make_random_target
 from blockdraft.training import config_from_dict
 
@@ -96,7 +96,7 @@ def ddp_worker(rank: int, world_size: int, port: int, cfg_dict: dict) -> None:
 def random_step_batch(lengths: list[int]):  # type: ignore[no-untyped-def]
     """(target, 1-layer block-4 drafter, batch) of random rollouts with the given response
     lengths (5-token prompts), for micro-step tests on a tiny random Qwen3 target."""
-    from blockdraft.data.rollout_store import Rollout
+    from blockdraft.data.rollouts.store import Rollout
     from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
     from blockdraft.training.batching import collate
 

@@ -5,7 +5,7 @@
 Paired comparison of drafters on the *same* rollouts: the MAL difference (and relative
 gain) of each drafter against the first (or of every pair), with percentile bootstrap
 95% CIs that resample rollouts jointly for both drafters. Printed as a markdown table;
-`blockdraft.evaluation.runs.compare()` is the same as a Python function.
+`blockdraft.evaluation.eval_compare.compare()` is the same as a Python function.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from blockdraft.cli.drafter_options import (
     add_scoring_args,
     add_target_args,
     drafter_dtype_of,
+    drafter_spec,
     run_scored_command,
 )
-from blockdraft.evaluation.runs import compare  # noqa: F401 - the Python API, re-exported
+from blockdraft.evaluation.eval_compare import compare  # noqa: F401 - the Python API, re-exported
 from blockdraft.pipeline.report import comparison_table
 
 EXAMPLE = """example:
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "drafters",
         nargs="+",
+        type=drafter_spec,
         help="drafter checkpoints (or `ngram[:k=K,max=N,min=M]`); the first is the baseline",
     )
     p.add_argument(

@@ -27,16 +27,18 @@ from blockdraft.cli.drafter_options import (
     DRAFTER_HELP,
     add_target_args,
     drafter_dtype_of,
+    drafter_spec,
     setup_target,
 )
-from blockdraft.data.prompts import PromptError, check_fits_context, load_prompts, render_prompt
-from blockdraft.data.rollout_store import RolloutSet, check_target
+from blockdraft.data.prompt_specs import check_fits_context, load_prompts, render_prompt
+from blockdraft.data.prompt_type import PromptError
+from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.decoding.hf_generate import has_hf_generate, versus_hf
 from blockdraft.decoding.loop import decode
+from blockdraft.evaluation.eval_compare import drafter_names, write_json
 from blockdraft.evaluation.offline import mal_ci
-from blockdraft.evaluation.runs import drafter_names, write_json
 from blockdraft.evaluation.scoring import score_rollout_set
-from blockdraft.serialization.drafter_spec import checkpoint_of, load_drafter_spec
+from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, load_drafter_spec
 
 EXAMPLE = """examples:
   blockdraft decode --target tiny blockdraft-demo/runs/dpace \\
@@ -55,12 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_target_args(p)
     # positional, as in eval/compare/suite/serve-check; --drafter stays for older scripts
-    p.add_argument("drafter", nargs="?", default=None, metavar="DRAFTER", help=DRAFTER_HELP)
+    p.add_argument("drafter", nargs="?", type=drafter_spec, metavar="DRAFTER", help=DRAFTER_HELP)
     p.add_argument(
         "--drafter",
         dest="drafter_flag",
         metavar="DRAFTER",
-        default=None,
+        type=drafter_spec,
         help="the same as the positional DRAFTER",
     )
     src = p.add_mutually_exclusive_group(required=True)
@@ -162,7 +164,7 @@ def _check_vs_hf(target: Any, no_ar: bool) -> None:
         raise ValueError("--vs-hf needs the AR baseline: drop --no-ar")
 
 
-def _one_drafter(args: argparse.Namespace) -> str:
+def _one_drafter(args: argparse.Namespace) -> DrafterSpec:
     """The drafter, given positionally or as `--drafter` (not both, not neither)."""
     given = [d for d in (args.drafter, args.drafter_flag) if d is not None]
     if len(given) != 1:

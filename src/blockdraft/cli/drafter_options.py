@@ -21,8 +21,8 @@ from blockdraft.devices import (
     device_and_dtype,
     drafter_dtype,
 )
-from blockdraft.evaluation.runs import write_json
-from blockdraft.serialization.drafter_spec import checkpoint_of
+from blockdraft.evaluation.eval_compare import write_json
+from blockdraft.serialization.drafter_spec import DrafterSpec, DrafterSpecError, checkpoint_of
 from blockdraft.threads import add_threads_arg, configure_cpu
 
 DRAFTER_HELP = (
@@ -30,6 +30,15 @@ DRAFTER_HELP = (
     "`ngram:k=7,max=3,min=1` for prompt lookup; `hybrid[:conf=C]:RUN` for RUN with prompt "
     "lookup as a per-slot fallback"
 )
+
+
+def drafter_spec(text: str) -> DrafterSpec:
+    """`type=` of every drafter argument: the spec is parsed with the command line, so a
+    bad one is argparse's one-line error naming the argument."""
+    try:
+        return DrafterSpec.parse(text)
+    except DrafterSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_rollouts_arg(p: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@
 Exact offline evaluation (docs/methods.md, "The offline evaluator") of each drafter on
 each rollout set (one "benchmark" per set): expected rounds, MAL with a bootstrap CI, AR_k
 and T_{>=k}. Acceptance tensors are cached per (drafter checkpoint, rollouts), so `compare`
-and `report` after `eval` cost nothing. `blockdraft.evaluation.runs.evaluate()` is the
+and `report` after `eval` cost nothing. `blockdraft.evaluation.eval_compare.evaluate()` is the
 same as a Python function; this module only parses arguments and prints.
 """
 
@@ -19,11 +19,12 @@ from blockdraft.cli.drafter_options import (
     add_scoring_args,
     add_target_args,
     drafter_dtype_of,
+    drafter_spec,
     run_scored_command,
 )
 
 # the Python API lives in the library; re-exported here for older imports
-from blockdraft.evaluation.runs import (  # noqa: F401
+from blockdraft.evaluation.eval_compare import (  # noqa: F401
     benchmark_name,
     drafter_names,
     evaluate,
@@ -53,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "drafters",
         nargs="+",
+        type=drafter_spec,
         help="drafter checkpoint directories (or run dirs with final/); `ngram` or "
         "`ngram:k=7,max=3,min=1` for the prompt-lookup baseline",
     )

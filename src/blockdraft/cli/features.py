@@ -19,7 +19,7 @@ from blockdraft.cli.arguments import int_at_least_2, nonnegative_int, positive_f
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.feature_store import FeatureError
 from blockdraft.data.feature_writer import plan_features, write_features
-from blockdraft.data.rollout_store import RolloutError
+from blockdraft.data.rollouts.store import RolloutError
 from blockdraft.devices import DTYPES, add_device_args, resolve_flags
 from blockdraft.targets.mask_token import MaskTokenError
 from blockdraft.targets.registry import load_target

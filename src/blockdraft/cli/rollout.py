@@ -1,10 +1,10 @@
 """`blockdraft rollout`: sample target responses to a prompt source into a rollout directory.
 
 Re-running the same command after an interruption resumes it (see
-`blockdraft.data.rollouts`); the target is loaded by name through the model registry.
+`blockdraft.data.rollouts.generate`); the target is loaded by name through the model registry.
 Under torchrun (`torchrun --nproc_per_node N -m blockdraft rollout ...`, also several
 nodes with a shared --out) each rank generates its share of the shards into the same
-directory; the set equals a one-process run (`blockdraft.data.distributed_rollouts`).
+directory; the set equals a one-process run (`blockdraft.data.rollouts.distributed`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from blockdraft.cli.arguments import (
     top_k_or_minus_one,
 )
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
-from blockdraft.data.distributed_rollouts import init_from_env
-from blockdraft.data.engine_rollouts import ENGINES, engine_rows
-from blockdraft.data.prompts import PromptError, load_prompts
-from blockdraft.data.rollout_import import import_rollouts
-from blockdraft.data.rollout_store import RolloutError, read_manifest
-from blockdraft.data.rollouts import generate_rollouts, stored_topk
+from blockdraft.data.prompt_specs import load_prompts
+from blockdraft.data.prompt_type import PromptError
+from blockdraft.data.rollouts.distributed import init_from_env
+from blockdraft.data.rollouts.engine import ENGINES, engine_rows
+from blockdraft.data.rollouts.generate import generate_rollouts, stored_topk
+from blockdraft.data.rollouts.importer import import_rollouts
+from blockdraft.data.rollouts.store import RolloutError, read_manifest
 from blockdraft.devices import add_device_args, resolve_dtype
 from blockdraft.errors import UserError
 from blockdraft.sampling import SamplingSettings

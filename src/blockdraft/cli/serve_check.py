@@ -17,7 +17,7 @@ from typing import Any
 from blockdraft.cli.arguments import positive_int
 from blockdraft.cli.drafter_options import add_target_args, setup_target
 from blockdraft.engines.vllm_engine import EngineError
-from blockdraft.evaluation.runs import write_json
+from blockdraft.evaluation.eval_compare import write_json
 from blockdraft.evaluation.suite import benchmark_rollouts, load_suite
 from blockdraft.serving.serve_check import WAYS, rounds_trace, serve_check
 

@@ -17,9 +17,10 @@ from blockdraft.cli.drafter_options import (
     add_scoring_args,
     add_target_args,
     drafter_dtype_of,
+    drafter_spec,
     setup_target,
 )
-from blockdraft.evaluation.runs import write_json
+from blockdraft.evaluation.eval_compare import write_json
 from blockdraft.evaluation.suite import (
     Suite,
     SuiteError,
@@ -72,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--limit", type=positive_int, default=None, help="at most N prompts per benchmark"
     )
-    p.add_argument("--baseline", default=None, help="baseline drafter spec (default: ngram)")
+    p.add_argument("--baseline", type=drafter_spec, help="baseline drafter spec (default: ngram)")
     p.add_argument(
         "--rollouts-dir",
         default=None,
@@ -90,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "drafters",
         nargs="*",
+        type=drafter_spec,
         help="checkpoint or run directories, `ngram[:...]`, `hybrid:PATH` (the baseline is "
         "always scored, first)",
     )

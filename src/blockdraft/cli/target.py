@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from blockdraft.cli.arguments import nonnegative_float, positive_int, seed_int
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
-from blockdraft.data.prompts import check_fits_context
+from blockdraft.data.prompt_specs import check_fits_context
 from blockdraft.errors import BlockdraftError
 from blockdraft.targets import gemma, registry, smollm2, tiny
 from blockdraft.targets.registry import list_targets, target_fingerprint

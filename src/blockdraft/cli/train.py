@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from blockdraft.cli.arguments import PrintAndExit, positive_float, positive_int
-from blockdraft.data.rollout_store import RolloutError
+from blockdraft.data.rollouts.store import RolloutError
 from blockdraft.heap import retain_freed_memory
 from blockdraft.recipes import TRAIN, recipe_listing, resolve_recipe
 from blockdraft.threads import add_threads_arg, configure_cpu, runs_on_cpu

@@ -7,7 +7,8 @@ from blockdraft.data.anchors import (
     round_start_anchors,
     sample_anchors,
 )
-from blockdraft.data.prompts import Prompt, PromptError, load_prompts, render_prompt
+from blockdraft.data.prompt_specs import load_prompts, render_prompt
+from blockdraft.data.prompt_type import Prompt, PromptError
 from blockdraft.data.rollouts import (
     Rollout,
     RolloutError,

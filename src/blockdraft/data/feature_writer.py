@@ -41,14 +41,14 @@ from blockdraft.data.feature_store import (
     shard_path,
     truncated_span,
 )
-from blockdraft.data.rollout_store import (
+from blockdraft.data.rollouts.store import (
     RolloutSet,
     sha256_bytes,
     target_fingerprint,
     write_atomic,
     write_manifest,
 )
-from blockdraft.data.rollout_store import read_manifest as read_rollout_manifest
+from blockdraft.data.rollouts.store import read_manifest as read_rollout_manifest
 
 # the keys that must agree before shards may be added to an existing directory
 _IDENTITY = (

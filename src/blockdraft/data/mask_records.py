@@ -10,20 +10,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from blockdraft.data.rollout_store import read_manifest
-from blockdraft.serialization.checkpoint import read_config
-from blockdraft.serialization.drafter_spec import checkpoint_of
+from blockdraft.data.rollouts.store import read_manifest
+from blockdraft.serialization.checkpoint import read_config, resolve_checkpoint
+from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of
 from blockdraft.targets.mask_token import RecordedMask
 
 
-def _as_list(value: Any) -> list[str]:
+def _as_list(value: Any) -> list[Any]:
     if value is None:
         return []
-    return [value] if isinstance(value, (str, Path)) else list(value)
+    return [value] if isinstance(value, (str, Path, DrafterSpec)) else list(value)
 
 
 def recorded_masks(
-    rollouts: Iterable[str | Path] = (), drafters: Iterable[str | Path] = ()
+    rollouts: Iterable[str | Path] = (), drafters: Iterable[DrafterSpec | str | Path] = ()
 ) -> list[RecordedMask]:
     """The mask tokens recorded by rollout sets (manifest `target.mask_token`) and drafter
     checkpoints (`mask_token_id`) a command will read; unreadable ones are left to the
@@ -41,7 +41,10 @@ def recorded_masks(
             found.append(RecordedMask(f"the rollouts in {directory}", token))
     for spec in _as_list(drafters):
         try:
-            ckpt = checkpoint_of(spec)
+            # a plain path (export, serve-check) names a checkpoint
+            ckpt = (
+                checkpoint_of(spec) if isinstance(spec, DrafterSpec) else resolve_checkpoint(spec)
+            )
             cfg = read_config(ckpt) if ckpt is not None else {}
         except (OSError, ValueError):
             continue

@@ -16,7 +16,7 @@ import hashlib
 import re
 from pydoc_data.topics import topics
 
-from blockdraft.data.prompt import Prompt, PromptError
+from blockdraft.data.prompt_type import Prompt, PromptError
 from blockdraft.data.stdlib_prompts import stdlib_files, stdlib_root, stdlib_split_of
 
 EVAL_FRACTION = 0.1

@@ -17,7 +17,7 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-from blockdraft.data.prompt import Prompt, PromptError
+from blockdraft.data.prompt_type import Prompt, PromptError
 
 EVAL_FRACTION = 0.1
 # ~150 tokens of the tiny target's tokenizer: prompt + 128 new tokens then stays within

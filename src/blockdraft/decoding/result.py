@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from blockdraft.bootstrap import percentile_interval, ratio_ci, resampled_sums
+from blockdraft.bootstrap_ci import percentile_interval, ratio_ci, resampled_sums
 
 
 @dataclass

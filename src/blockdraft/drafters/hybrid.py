@@ -11,7 +11,6 @@ lossless, and the offline acceptance is `min(1, q'_h(x)/p(x))`.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -127,18 +126,3 @@ class HybridDrafter:
         conf = torch.softmax(logits.float(), dim=-1).amax(-1)
         slots = torch.arange(conf.shape[-1], device=conf.device)
         return (conf < self.min_confidence) & (slots < looked_up)
-
-
-_SPEC = re.compile(r"^hybrid(?::conf=([0-9.]+))?:(.+)$")
-
-
-def parse_hybrid_spec(spec: str | object) -> tuple[str, float] | None:
-    """`hybrid:PATH` or `hybrid:conf=0.3:PATH` -> (PATH, min_confidence); else None."""
-    m = _SPEC.match(str(spec))
-    if m is None:
-        return None
-    try:
-        conf = float(m.group(1)) if m.group(1) else DEFAULT_MIN_CONFIDENCE
-    except ValueError:
-        raise ValueError(f"bad drafter spec {spec!r}: conf must be a number") from None
-    return m.group(2), conf

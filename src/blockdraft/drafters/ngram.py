@@ -13,7 +13,6 @@ with `min(1, q(x)/p(x)) = 1[x = y]` (a one-hot q), exact at every temperature, s
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -140,25 +139,3 @@ class NgramTable:
             if start is not None:
                 return seq[start + n : min(start + n + self.cfg.num_proposals, end)]
         return []
-
-
-_SPEC = re.compile(r"^ngram(?::(.*))?$")
-_KEYS = {"k": "num_proposals", "max": "max_ngram", "min": "min_ngram", "match": "match"}
-
-
-def parse_drafter_spec(spec: str | object) -> NgramDrafter | None:
-    """`ngram` or `ngram:k=7,max=3,min=1` -> NgramDrafter; anything else -> None (a path)."""
-    m = _SPEC.match(str(spec))
-    if m is None:
-        return None
-    kwargs: dict[str, int | str] = {}
-    for part in filter(None, (m.group(1) or "").split(",")):
-        key, sep, value = (s.strip() for s in part.partition("="))
-        ok = key == "match" and value in ("latest", "first") or key in _KEYS and value.isdigit()
-        if not sep or not ok:
-            raise ValueError(
-                f"bad drafter spec {spec!r}: expected ngram:k=K,max=N,min=M[,match=first|latest]"
-                f" (got {part!r})"
-            )
-        kwargs[_KEYS[key]] = value if key == "match" else int(value)
-    return NgramDrafter(**kwargs)  # type: ignore[arg-type]

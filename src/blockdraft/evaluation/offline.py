@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blockdraft.bootstrap import paired_ratio_replicates, percentile_interval, ratio_ci
+from blockdraft.bootstrap_ci import paired_ratio_replicates, percentile_interval, ratio_ci
 from blockdraft.objectives.edr.recursion import pad_rollouts, proposal_masks, state_occupancy
 
 Tensor = torch.Tensor

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from blockdraft.data.anchors import round_start_anchors
-from blockdraft.data.rollout_store import target_fingerprint
+from blockdraft.data.rollouts.store import target_fingerprint
 from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter, future_tokens

@@ -18,18 +18,17 @@ from typing import Any
 import torch
 import yaml
 
-from blockdraft.data.prompts import load_prompts
-from blockdraft.data.rollout_store import read_manifest
+from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollouts import generate_rollouts
-from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.data.rollouts.store import read_manifest
 from blockdraft.errors import BlockdraftError
+from blockdraft.evaluation.eval_compare import drafter_names, load_scored
 from blockdraft.evaluation.lookup_split import lookup_split
 from blockdraft.evaluation.offline import offline_stats
-from blockdraft.evaluation.runs import drafter_names, load_scored
 from blockdraft.evaluation.suite_statistics import BenchmarkRounds, suite_statistics
 from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.checkpoint import read_config
-from blockdraft.serialization.drafter_spec import checkpoint_of
+from blockdraft.serialization.drafter_spec import DrafterSpec, DrafterSpecError, checkpoint_of
 from blockdraft.targets.registry import target_fingerprint
 from blockdraft.user_cache import cache_root, stable_hash
 
@@ -45,7 +44,7 @@ class SuiteError(BlockdraftError, ValueError):
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One held-out set: a prompt spec (`data.prompts`), how many prompts and which."""
+    """One held-out set: a prompt spec (`data.prompt_specs`), how many prompts and which."""
 
     name: str
     prompts: str
@@ -63,7 +62,7 @@ class Suite:
         default_factory=lambda: SamplingSettings(temperature=0.0, max_new_tokens=128)
     )
     batch_size: int = 16
-    baseline: str = "ngram"
+    baseline: DrafterSpec = DrafterSpec("ngram")
 
 
 def _positive_int(value: Any, where: str) -> int:
@@ -133,7 +132,11 @@ def parse_suite(raw: Any, source: str, base_dir: Path, data_dir: str | Path | No
     baseline = raw.get("baseline", "ngram")
     if not isinstance(baseline, str):
         raise SuiteError(f"{source}: baseline: a drafter spec string")
-    return Suite(str(raw.get("name") or Path(source).stem), parsed, sampling, batch_size, baseline)
+    try:
+        spec = DrafterSpec.parse(baseline)  # a suite file: where the text enters
+    except DrafterSpecError as exc:
+        raise SuiteError(f"{source}: baseline: {exc}") from None
+    return Suite(str(raw.get("name") or Path(source).stem), parsed, sampling, batch_size, spec)
 
 
 def load_suite(path: str | Path, data_dir: str | Path | None = None) -> Suite:
@@ -219,26 +222,26 @@ def benchmark_rollouts(
     return out
 
 
-def with_baseline(suite: Suite, drafters: list[str]) -> list[str]:
+def with_baseline(suite: Suite, drafters: list[DrafterSpec]) -> list[DrafterSpec]:
     """The drafters with the suite's baseline first (added if absent, moved if given).
 
     A bare `ngram` baseline proposes as many tokens as the trained drafters do (their
     common K), so prompt lookup is never handicapped by a shorter block."""
 
     baseline = suite.baseline
-    if baseline == "ngram":
+    if baseline == DrafterSpec("ngram"):
         ckpts = [c for c in (checkpoint_of(d) for d in drafters) if c is not None]
         sizes = {int(read_config(c).get("block_size", 0)) for c in ckpts}
         if len(sizes) == 1 and min(sizes) > 1:
-            baseline = NgramDrafter(num_proposals=sizes.pop() - 1).name
-    rest = [d for d in drafters if str(d) not in (suite.baseline, baseline)]
+            baseline = DrafterSpec.lookup(sizes.pop() - 1)
+    rest = [d for d in drafters if d not in (suite.baseline, baseline)]
     return [baseline, *rest]
 
 
 def run_suite(
     target: Any,
     suite: Suite,
-    drafters: list[str],
+    drafters: list[DrafterSpec],
     rollouts_root: str | Path | None = None,
     cache_dir: str | Path | None = None,
     n_boot: int = 2000,

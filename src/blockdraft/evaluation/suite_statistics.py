@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blockdraft.bootstrap import percentile_interval, resampled_sums
+from blockdraft.bootstrap_ci import percentile_interval, resampled_sums
 
 Tensor = torch.Tensor
 

@@ -19,22 +19,21 @@ from typing import Any
 
 import torch
 
-from blockdraft.data.prompts import load_prompts
-from blockdraft.data.rollout_store import RolloutSet
+from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.hf_generate import ar_vs_hf, has_hf_generate
 from blockdraft.decoding.loop import decode
 from blockdraft.devices import drafter_dtype, resolve_flags
-from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.engines.vllm_engine import EngineError, vllm_version
+from blockdraft.evaluation.eval_compare import compare, evaluate, load_scored, write_json
 from blockdraft.evaluation.lookup_split import lookup_split
 from blockdraft.evaluation.offline import mal_ci
-from blockdraft.evaluation.runs import compare, evaluate, load_scored, write_json
 from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.heap import retain_freed_memory
 from blockdraft.pipeline.report import terminal_summary, write_report
 from blockdraft.pipeline.stages import Stage, fingerprint, portable, recorded_key
-from blockdraft.serialization.drafter_spec import load_drafter_spec
+from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
 from blockdraft.serving.serve_check import serve_check
 from blockdraft.targets.registry import load_target, target_fingerprint
 from blockdraft.training import train
@@ -117,9 +116,9 @@ BASELINE = "ngram"  # prompt lookup with K = block_size - 1: the free drafter to
 TRAIN_THREADS = 1  # per training on a CPU: fixed, so the weights do not depend on the load
 
 
-def baseline_spec(s: DemoSettings) -> str:
+def baseline_spec(s: DemoSettings) -> DrafterSpec:
     """The prompt-lookup drafter at the demo's K (a spec every stage accepts as a drafter)."""
-    return NgramDrafter(num_proposals=s.block_size - 1).name
+    return DrafterSpec.lookup(s.block_size - 1)
 
 
 def _log(msg: str) -> None:
@@ -331,7 +330,11 @@ def drafter_dtype_of(s: DemoSettings, target: Any) -> Any:
 
 
 def evaluate_offline(
-    target: Any, s: DemoSettings, finals: dict[str, Path], rollouts: dict[str, Path], out: Path
+    target: Any,
+    s: DemoSettings,
+    finals: dict[str, DrafterSpec],
+    rollouts: dict[str, Path],
+    out: Path,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Exact offline MAL/AR_k of each drafter and the paired comparisons, on eval rollouts."""
     names = list(finals)
@@ -367,7 +370,7 @@ def _progress_line(p: Any) -> str:
 def evaluate_online(
     target: Any,
     s: DemoSettings,
-    finals: dict[str, Path],
+    finals: dict[str, DrafterSpec],
     rollouts: dict[str, Path],
     out: Path,
 ) -> dict[str, Any]:
@@ -566,7 +569,8 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     rollouts = make_rollouts(target, s, out)
     draft_vocab = draft_vocab_for(s, target, rollouts["train"])
     trained = train_drafters(target, s, out, rollouts, draft_vocab)
-    finals: dict[str, Any] = {BASELINE: baseline_spec(s), **trained}
+    checkpoints = {n: DrafterSpec(path=str(p)) for n, p in trained.items()}
+    finals = {BASELINE: baseline_spec(s), **checkpoints}
     offline, comparisons = evaluate_offline(target, s, finals, rollouts, out)
     online_stage = Stage(
         out / "online",

@@ -30,16 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blockdraft.data.engine_rollouts import row_seed
-from blockdraft.data.rollout_store import RolloutSet, check_target
+from blockdraft.data.rollouts.engine import row_seed
+from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.engines.dflash_support import vllm_dflash_problem
 from blockdraft.engines.vllm_engine import EngineError, EngineProcess, SpecCounters, sampling_args
+from blockdraft.evaluation.eval_compare import benchmark_name
 from blockdraft.evaluation.offline import mal_ci, offline_stats
-from blockdraft.evaluation.runs import benchmark_name
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
 from blockdraft.serialization.checkpoint import read_config, resolve_checkpoint
-from blockdraft.serialization.drafter_spec import load_drafter_spec
+from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
 from blockdraft.serialization.export import export_drafter
 from blockdraft.targets.registry import model_directory
 
@@ -96,11 +96,13 @@ def speculative_config(
     return config
 
 
-def _offline(target: Any, rollouts: RolloutSet, drafter_spec: str, n_boot: int) -> dict[str, Any]:
+def _offline(
+    target: Any, rollouts: RolloutSet, drafter_spec: DrafterSpec, n_boot: int
+) -> dict[str, Any]:
     """The evaluator's numbers for the drafter and for prompt lookup on these rows."""
     out = {}
     with shared_target_features():
-        for name, spec in (("dflash", drafter_spec), ("ngram", "ngram")):
+        for name, spec in (("dflash", drafter_spec), ("ngram", DrafterSpec("ngram"))):
             drafter, drafter_id = load_drafter_spec(spec, target)
             acc = score_rollout_set(
                 drafter, target, rollouts, drafter_id=drafter_id, progress=False
@@ -282,7 +284,7 @@ def serve_check(
             rollouts = rollouts.subset(range(min(limit, len(rollouts))))
         bench = Benchmark(benchmark_name(rollouts, directory), str(directory), rollouts)
         log(f"[serve-check] {bench.name}: offline scores of {len(rollouts)} rollouts")
-        bench.offline = _offline(target, rollouts, str(ckpt), n_boot)
+        bench.offline = _offline(target, rollouts, DrafterSpec(path=str(ckpt)), n_boot)
         benches.append(bench)
     dtype = dtype or str(target.dtype).removeprefix("torch.")
     results: dict[str, dict[str, Any]] = {b.name: {} for b in benches}
@@ -367,7 +369,7 @@ def rounds_trace(
     problem = vllm_dflash_problem(read_config(ckpt), target.model.config)
     if problem:
         raise EngineError(problem)
-    model, model_id = load_drafter_spec(str(ckpt), target)
+    model, model_id = load_drafter_spec(DrafterSpec(path=str(ckpt)), target)
     acc = score_rollout_set(model, target, one, drafter_id=model_id, progress=False)[0]
     k = int(model.config.num_proposals)
     with tempfile.TemporaryDirectory(prefix="blockdraft-rounds-") as tmp:

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from blockdraft.data.mask_records import recorded_masks
-from blockdraft.data.rollout_store import RolloutError, check_target, nested_subset
 from blockdraft.data.rollouts import RolloutSet
+from blockdraft.data.rollouts.store import RolloutError, check_target, nested_subset
 from blockdraft.devices import resolve_device, resolve_dtype
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter

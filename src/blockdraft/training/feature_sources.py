@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_set_id, truncated_span
-from blockdraft.data.rollout_store import read_manifest, target_fingerprint
+from blockdraft.data.rollouts.store import read_manifest, target_fingerprint
 from blockdraft.targets.target import TargetOutput
 from blockdraft.training.batching import Batch
 from blockdraft.training.builders import TrainSetupError

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from blockdraft.data.rollout_shards import Rollout
+from blockdraft.data.rollouts.shards import Rollout
 from blockdraft.training.batching import total_steps
 from blockdraft.training.builders import (
     RolloutData,

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from blockdraft.data.generation import Generated
+from blockdraft.data.rollouts.sampler import Generated
 from blockdraft.engines.vllm_engine import EngineError, EngineProcess, sampling_args
 from blockdraft.sampling import SamplingSettings
 

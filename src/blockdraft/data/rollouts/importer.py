@@ -20,17 +20,10 @@ from typing import Any
 import torch
 
 from blockdraft.artifacts import writer_lock
-from blockdraft.data.distributed_rollouts import extend_prefix, plan_tasks, remove_parts
-from blockdraft.data.import_records import EngineRecord, read_records
-from blockdraft.data.prompts import Prompt, PromptError, render_prompt
-from blockdraft.data.rollout_store import (
-    MANIFEST,
-    Rollout,
-    RolloutError,
-    RolloutSet,
-    write_manifest,
-)
-from blockdraft.data.rollouts import (
+from blockdraft.data.prompt_specs import render_prompt
+from blockdraft.data.prompt_type import Prompt, PromptError
+from blockdraft.data.rollouts.distributed import extend_prefix, plan_tasks, remove_parts
+from blockdraft.data.rollouts.generate import (
     check_finished_rows,
     finish_manifest,
     open_or_create_set,
@@ -39,7 +32,15 @@ from blockdraft.data.rollouts import (
     stored_topk,
     write_shard,
 )
-from blockdraft.data.teacher_forcing import score_responses
+from blockdraft.data.rollouts.import_records import EngineRecord, read_records
+from blockdraft.data.rollouts.store import (
+    MANIFEST,
+    Rollout,
+    RolloutError,
+    RolloutSet,
+    write_manifest,
+)
+from blockdraft.data.rollouts.teacher_forcing import score_responses
 from blockdraft.sampling import SamplingSettings
 from blockdraft.targets.target import Target
 

@@ -16,11 +16,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from blockdraft.data.rollout_store import RolloutSet, check_target
+from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.evaluation.offline import mal_ci, offline_stats, paired_comparison
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
 from blockdraft.serialization.checkpoint import resolve_checkpoint
-from blockdraft.serialization.drafter_spec import display_name, load_drafter_spec
+from blockdraft.serialization.drafter_spec import DrafterSpec, display_name, load_drafter_spec
 
 __all__ = [
     "benchmark_name",
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-def drafter_names(paths: list[str | Path]) -> list[str]:
+def drafter_names(paths: list[DrafterSpec]) -> list[str]:
     """Short unique display names: the run directory name (parent of `final`/`best`)."""
     names = []
     for raw in paths:
@@ -41,7 +41,7 @@ def drafter_names(paths: list[str | Path]) -> list[str]:
         if special is not None:
             names.append(special)
             continue
-        p = Path(raw).resolve()
+        p = Path(str(raw.path)).resolve()
         name = p.parent.name if p.name in ("final", "best") else p.name
         names.append(name)
     if len(set(names)) < len(names):
@@ -72,7 +72,7 @@ def benchmark_name(rollouts: Any, rollout_dir: str | Path) -> str:
 
 def load_scored(
     target: Any,
-    drafter_paths: list[str | Path],
+    drafter_paths: list[DrafterSpec],
     rollout_dir: str | Path,
     cache_dir: str | Path | None = None,
     progress: bool = True,
@@ -106,7 +106,7 @@ def load_scored(
 
 def evaluate(
     target: Any,
-    drafter_paths: list[str | Path],
+    drafter_paths: list[DrafterSpec],
     rollout_dirs: list[str | Path],
     n_boot: int = 2000,
     seed: int = 0,
@@ -171,7 +171,7 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 def compare(
     target: Any,
-    drafter_paths: list[str | Path],
+    drafter_paths: list[DrafterSpec],
     rollout_dirs: list[str | Path],
     all_pairs: bool = False,
     n_boot: int = 2000,

@@ -5,7 +5,7 @@ them to reshape it: our own flat record, OpenAI-compatible (chat) completions (`
 serve`, SGLang, TGI's Messages API, OpenAI batch output), vLLM's offline `RequestOutput`,
 SGLang's and TGI's native `/generate` answers. This module only finds the fields (every
 key, in the order it is looked for: docs/rollouts.md, "What a line may look like"); the
-tokenizer and the target are applied in `rollout_import.py`.
+tokenizer and the target are applied in `importer.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blockdraft.data.rollout_store import RolloutError
+from blockdraft.data.rollouts.store import RolloutError
 
 ID_KEYS = ("prompt_id", "custom_id", "id")
 PROMPT_ID_KEYS = ("prompt_token_ids", "prompt_ids")

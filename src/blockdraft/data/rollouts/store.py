@@ -5,7 +5,7 @@ how, which shards are finished) and only listed shards count; a listed shard is 
 rewritten. Safetensors (not pickle, not Arrow) because a shard is one small
 self-describing file that can be written to a temporary name and renamed into place,
 checksummed, and memory-mapped back without trusting its contents. Shard encoding:
-`rollout_shards.py`; directory layout: docs/architecture.md ("data").
+`shards.py`; directory layout: docs/architecture.md ("data").
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from blockdraft.artifacts import (  # noqa: F401  (write_atomic, sha256_bytes re
     verify_mode,
     write_atomic,
 )
-from blockdraft.data.rollout_shards import (  # noqa: F401  (re-exported: the public names)
+from blockdraft.data.rollouts.shards import (  # noqa: F401  (re-exported: the public names)
     Rollout,
     decode_shard,
     encode_shard,

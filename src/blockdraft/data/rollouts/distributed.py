@@ -1,7 +1,7 @@
 """Rollouts from N processes (torchrun, one or several nodes) into one rollout directory.
 
 Why it can be simple: a rollout depends only on its prompt, the seed and the target
-(counter-based randomness, `generation.py`), never on its batch, shard or process. So the
+(counter-based randomness, `sampler.py`), never on its batch, shard or process. So the
 one-process shard grid is kept, shards are dealt to ranks round-robin, and N processes
 write what one process writes, byte for byte. Rank 0 alone writes `manifest.json` (a
 contiguous prefix of shards) and plans; other ranks record finished shards in their own
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from blockdraft.artifacts import check_listed_files
-from blockdraft.data.rollout_store import MANIFEST, RolloutError, write_atomic
+from blockdraft.data.rollouts.store import MANIFEST, RolloutError, write_atomic
 from blockdraft.devices import resolve_device
 
 PART_PREFIX = "manifest.rank-"

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from blockdraft.data.prompt import Prompt, PromptError
+from blockdraft.data.prompt_type import Prompt, PromptError
 from blockdraft.data.pydoc_prompts import pydoc_prompts
 from blockdraft.data.stdlib_prompts import stdlib_prompts
 

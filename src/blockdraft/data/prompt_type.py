@@ -1,6 +1,6 @@
 """One prompt and the error a prompt source raises: the type every prompt source returns.
 
-Its own module so that the sources (`prompts` for files and mixes, `stdlib_prompts`,
+Its own module so that the sources (`prompt_specs` for files and mixes, `stdlib_prompts`,
 `pydoc_prompts`) all build on it without importing each other.
 """
 
