@@ -4,7 +4,7 @@ E2E and sampled EDR compare the drafter with the distribution each label was dra
 (the rollouts' temperature, top-k and top-p; a one-hot argmax when greedy). The rows are
 gathered from the target's logits a bounded number at a time, because the result is the
 one full-vocabulary tensor the step makes. Rollouts written with `--store-topk K` hold the
-top K entries of that very distribution (`data/generation.py` stores the processed
+top K entries of that very distribution (`data/rollouts/sampler.py` stores the processed
 log-probs); under a top-k cutoff of at most K that is all of it, so the rows come from the
 rollouts instead and the target need not run (`stored_topk`).
 """
