@@ -546,3 +546,20 @@ def test_store_topk_beyond_the_top_k_cutoff_records_what_is_stored(tmp_path, cap
     vocab = load_target(str(model), progress=False).vocab_size
     assert code == 0 and f"storing {vocab}" in err
     assert RolloutSet.open(tmp_path / "g").manifest["store_topk"] == vocab
+
+
+def test_a_stage_directory_opens_the_set_it_holds(tmp_path):
+    """The demo's `rollouts/eval` holds its set in `set/`: the printed stage path works."""
+    from blockdraft.data.prompt_specs import load_prompts
+    from blockdraft.data.rollouts.store import STAGE_SET
+
+    target = make_random_target()
+    stage = tmp_path / "rollouts" / "eval"
+    generate_rollouts(
+        target, load_prompts("stdlib:eval", limit=2), stage / STAGE_SET,
+        SamplingSettings(temperature=0, max_new_tokens=4), progress=False,
+    )  # fmt: skip
+    (stage / "stage.json").write_text("{}")
+    assert len(RolloutSet.open(stage)) == 2
+    with pytest.raises(RolloutError, match="no rollout manifest"):
+        RolloutSet.open(tmp_path / "rollouts")

@@ -187,6 +187,9 @@ def nested_subset(ids: Sequence[str], n: int) -> list[int]:
     return sorted(rank_by_id(ids, "subset")[:n])
 
 
+STAGE_SET = "set"  # where a pipeline stage keeps its rollout set
+
+
 class RolloutSet(Sequence):
     """Read access to the finished shards of a rollout directory (optionally a subset)."""
 
@@ -213,9 +216,13 @@ class RolloutSet(Sequence):
         default, `BLOCKDRAFT_VERIFY=size` for size only) its SHA-256 must match too, so a
         flipped byte is refused, never used (cost: docs/export.md#integrity-checks; each
         file is hashed once per process). A set whose `blockdraft rollout` was interrupted
-        (`complete: false`) is refused unless `allow_incomplete`.
+        (`complete: false`) is refused unless `allow_incomplete`. A pipeline stage's
+        directory (the demo's `rollouts/eval`) opens the set it holds (`set/`), so the
+        path a stage prints is one the next command accepts.
         """
         directory = Path(directory)
+        if not (directory / MANIFEST).exists() and (directory / STAGE_SET / MANIFEST).exists():
+            directory = directory / STAGE_SET
         manifest = read_manifest(directory)
         if manifest is None:
             what = "no such directory" if not directory.exists() else "no rollout manifest"
