@@ -15,23 +15,11 @@ import argparse
 
 from blockdraft.cli.drafter_options import (
     add_allow_incomplete,
-    add_rollouts_arg,
+    add_scored_args,
     add_scoring_args,
-    add_target_args,
-    drafter_dtype_of,
-    drafter_spec,
     run_scored_command,
 )
-
-# the Python API lives in the library; re-exported here for older imports
-from blockdraft.evaluation.eval_compare import (  # noqa: F401
-    benchmark_name,
-    drafter_names,
-    evaluate,
-    load_scored,
-    resolve_checkpoint,
-    write_json,
-)
+from blockdraft.evaluation.eval_compare import evaluate
 from blockdraft.pipeline.report import eval_markdown
 
 EXAMPLE = """example:
@@ -45,17 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "eval",
         help="exact offline evaluation of drafters on target rollouts",
         description="Expected rounds, MAL (+bootstrap CI), AR_k and T_{>=k} of each drafter on "
-        "each "
-        "rollout set, computed exactly from the rollouts without running speculative decoding.",
+        "each rollout set, computed exactly from the rollouts without running speculative "
+        "decoding.",
         epilog=EXAMPLE,
     )
-    add_target_args(p)
-    add_rollouts_arg(p)
-    p.add_argument(
-        "drafters",
-        nargs="+",
-        type=drafter_spec,
-        help="drafter checkpoint directories (or run dirs with final/); `ngram` or "
+    add_scored_args(
+        p,
+        "drafter checkpoint directories (or run dirs with final/); `ngram` or "
         "`ngram:k=7,max=3,min=1` for the prompt-lookup baseline",
     )
     add_scoring_args(p)
@@ -64,19 +48,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_scored_command(
-        args,
-        lambda target: evaluate(
-            target,
-            args.drafters,
-            args.rollouts,
-            args.n_boot,
-            args.seed,
-            args.cache_dir,
-            progress=not args.no_progress,
-            allow_incomplete=args.allow_incomplete,
-            drafter_dtype=drafter_dtype_of(args, target),
-        ),
-        eval_markdown,
-        lambda result: result,
-    )
+    return run_scored_command(args, evaluate, eval_markdown, lambda result: result)

@@ -54,33 +54,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "report",
         help="plots (PNG) and a markdown summary of training runs and evaluations",
         description="Write acceptance-rate, accepted-length, training-curve and D-PACE weight "
-        "plots "
-        "plus report.md that embeds them.",
+        "plots plus report.md that embeds them.",
         epilog=EXAMPLE,
     )
     p.add_argument("runs", nargs="*", help="training run directories (with metrics.jsonl)")
     # one file per flag, repeatable: a greedy nargs would swallow the run directories
-    p.add_argument(
-        "--eval",
-        action="append",
-        default=[],
-        metavar="JSON",
-        help="a JSON file from `blockdraft eval --json` (repeatable)",
-    )
-    p.add_argument(
-        "--compare",
-        action="append",
-        default=[],
-        metavar="JSON",
-        help="a JSON file from `blockdraft compare --json` (repeatable)",
-    )
-    p.add_argument(
-        "--decode",
-        action="append",
-        default=[],
-        metavar="JSON",
-        help="a JSON file from `blockdraft decode --json` (repeatable)",
-    )
+    for kind in _KINDS:
+        p.add_argument(
+            f"--{kind}",
+            action="append",
+            default=[],
+            metavar="JSON",
+            help=f"a JSON file from `blockdraft {kind} --json` (repeatable)",
+        )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(
         "--title", default="blockdraft report", help="report.md's heading (default: %(default)s)"

@@ -19,7 +19,6 @@ from typing import Any
 from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.evaluation.offline import mal_ci, offline_stats, paired_comparison
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
-from blockdraft.serialization.checkpoint import resolve_checkpoint
 from blockdraft.serialization.drafter_spec import DrafterSpec, display_name, load_drafter_spec
 
 __all__ = [
@@ -28,7 +27,6 @@ __all__ = [
     "drafter_names",
     "evaluate",
     "load_scored",
-    "resolve_checkpoint",
     "write_json",
 ]
 

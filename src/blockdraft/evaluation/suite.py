@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,17 @@ def benchmark_arg(text: str) -> Benchmark:
     if not eq or not name or not spec or not re.fullmatch(r"[\w.+-]+", name):
         raise SuiteError(f"--benchmark {text!r}: expected NAME=PROMPT_SPEC")
     return Benchmark(name, spec)
+
+
+def with_benchmarks(
+    suite: Suite, extra: list[Benchmark], limit: int | None, baseline: DrafterSpec | None
+) -> Suite:
+    """`suite` with `extra` benchmarks added, each capped at `limit` prompts, and `baseline`
+    (when given) in place of its own: what `--benchmark`, `--limit`, `--baseline` change."""
+    benches = [*suite.benchmarks, *extra]
+    if limit is not None:
+        benches = [replace(b, limit=min(b.limit or limit, limit)) for b in benches]
+    return replace(suite, benchmarks=benches, baseline=baseline or suite.baseline)
 
 
 def select_prompts(prompts: list[Any], limit: int | None, how: str) -> list[Any]:
