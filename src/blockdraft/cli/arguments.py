@@ -196,3 +196,23 @@ probability: Callable[[str], float] = _bounded(float, 0.0, strict=True, high=1.0
 seed_int: Callable[[str], int] = nonnegative_int  # torch and numpy seeds are >= 0
 int_at_least_2: Callable[[str], int] = _bounded(int, 2)  # lengths, block sizes
 top_k_or_minus_one: Callable[[str], int] = _bounded(int, -1)  # engines write -1 for "off"
+
+
+def add_sampling_args(
+    p: argparse.ArgumentParser,
+    helps: dict[str, str],
+    defaults: dict[str, Any] | None = None,
+    top_k: Callable[[str], int] = nonnegative_int,
+) -> None:
+    """The sampling flags `helps` names (`temperature` -> `--temperature`), in its order,
+    each with its checked type; a flag missing from `defaults` defaults to None."""
+    types = {
+        "temperature": nonnegative_float,
+        "top_p": probability,
+        "top_k": top_k,
+        "max_new_tokens": positive_int,
+        "seed": seed_int,
+    }
+    for name, text in helps.items():
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=types[name], default=(defaults or {}).get(name), help=text)

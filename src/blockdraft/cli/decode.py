@@ -16,13 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blockdraft.cli.arguments import (
-    nonnegative_float,
-    nonnegative_int,
-    positive_int,
-    probability,
-    seed_int,
-)
+from blockdraft.cli.arguments import add_sampling_args, nonnegative_int, positive_int
 from blockdraft.cli.drafter_options import (
     DRAFTER_HELP,
     add_target_args,
@@ -73,32 +67,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "report the drafter's offline MAL on it for comparison",
     )
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N prompts")
-    p.add_argument(
-        "--temperature",
-        type=nonnegative_float,
-        default=None,
-        help="sampling temperature, 0 = greedy (default 0, or the rollouts' with --rollouts)",
-    )
-    p.add_argument(
-        "--top-p",
-        type=probability,
-        default=None,
-        help="nucleus sampling cutoff in (0, 1] (default 1 = off, or the rollouts')",
-    )
-    p.add_argument(
-        "--top-k",
-        type=nonnegative_int,
-        default=None,
-        help="sample among the k most likely tokens (default 0 = off, or the rollouts')",
-    )
-    p.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=None,
-        help="tokens generated per prompt (default 128, or the rollouts')",
-    )
-    p.add_argument(
-        "--seed", type=seed_int, default=0, help="seed of the sampling (T > 0; default 0)"
+    add_sampling_args(
+        p,
+        {
+            "temperature": "sampling temperature, 0 = greedy (default 0, or the rollouts' with "
+            "--rollouts)",
+            "top_p": "nucleus sampling cutoff in (0, 1] (default 1 = off, or the rollouts')",
+            "top_k": "sample among the k most likely tokens (default 0 = off, or the rollouts')",
+            "max_new_tokens": "tokens generated per prompt (default 128, or the rollouts')",
+            "seed": "seed of the sampling (T > 0; default 0)",
+        },
+        {"seed": 0},
     )
     p.add_argument(
         "--verifier",

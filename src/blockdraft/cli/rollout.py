@@ -17,11 +17,9 @@ from typing import Any
 import torch.distributed as dist
 
 from blockdraft.cli.arguments import (
-    nonnegative_float,
+    add_sampling_args,
     nonnegative_int,
     positive_int,
-    probability,
-    seed_int,
     top_k_or_minus_one,
 )
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
@@ -66,32 +64,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "hf:name[:config]:split:field",
     )
     p.add_argument("--out", required=True, help="rollout directory (created; resumed if it exists)")
-    p.add_argument(
-        "--temperature",
-        type=nonnegative_float,
-        default=1.0,
-        help="sampling temperature, 0 = greedy (default 1.0)",
-    )
-    p.add_argument(
-        "--top-p",
-        type=probability,
-        default=1.0,
-        help="nucleus sampling cutoff in (0, 1] (default 1.0 = off)",
-    )
-    p.add_argument(
-        "--top-k", type=nonnegative_int, default=0, help="top-k cutoff (default 0 = off)"
-    )
-    p.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=256,
-        help="longest response in tokens (default 256)",
-    )
-    p.add_argument(
-        "--seed",
-        type=seed_int,
-        default=0,
-        help="sampling seed (default 0)",
+    add_sampling_args(
+        p,
+        {
+            "temperature": "sampling temperature, 0 = greedy (default 1.0)",
+            "top_p": "nucleus sampling cutoff in (0, 1] (default 1.0 = off)",
+            "top_k": "top-k cutoff (default 0 = off)",
+            "max_new_tokens": "longest response in tokens (default 256)",
+            "seed": "sampling seed (default 0)",
+        },
+        {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 256, "seed": 0},
     )
     p.add_argument(
         "--batch-size", type=positive_int, default=8, help="prompts generated together (default 8)"
@@ -155,22 +137,17 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
         help="prompt spec to join by id, for records that carry no prompt (e.g. OpenAI batch "
         "output lines, joined on custom_id)",
     )
-    p.add_argument(
-        "--temperature", type=nonnegative_float, default=None, help="as sampled (0 = greedy)"
+    add_sampling_args(
+        p,
+        {
+            "temperature": "as sampled (0 = greedy)",
+            "top_p": "as sampled: the nucleus cutoff in (0, 1]",
+            "top_k": "0 or -1 = no top-k filter",
+            "max_new_tokens": "default: as stated, else the longest",
+            "seed": "recorded only",
+        },
+        top_k=top_k_or_minus_one,
     )
-    p.add_argument(
-        "--top-p", type=probability, default=None, help="as sampled: the nucleus cutoff in (0, 1]"
-    )
-    p.add_argument(
-        "--top-k", type=top_k_or_minus_one, default=None, help="0 or -1 = no top-k filter"
-    )
-    p.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=None,
-        help="default: as stated, else the longest",
-    )
-    p.add_argument("--seed", type=seed_int, default=None, help="recorded only")
     p.add_argument(
         "--store-topk", type=nonnegative_int, default=0, help="also store the top-N distribution"
     )

@@ -65,11 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show a target's shapes, tokens, fingerprint and manifest",
         epilog=_epilog("info"),
     )
-    _common(info)
+    add_target_options(info, positional=True)
     info.set_defaults(func=_info)
 
     sample = sub.add_parser("sample", help="generate text from a prompt", epilog=_epilog("sample"))
-    _common(sample)
+    add_target_options(sample, positional=True)
     sample.add_argument("--prompt", default="def ", help="prompt text (default 'def ')")
     sample.add_argument(
         "--max-new-tokens", type=positive_int, default=64, help="tokens to generate (default 64)"
@@ -90,14 +90,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lst.set_defaults(func=_list)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    add_target_options(p, positional=True)
-
-
-def _load(args: argparse.Namespace):
-    return load_target_from_args(args)
-
-
 def _build(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if args.name == registry.TINY:
@@ -115,8 +107,7 @@ def _build(args: argparse.Namespace) -> int:
     else:
         print(
             f"error: only named targets are built ({registry.TINY}, {registry.GEMMA}, "
-            f"{registry.SMOLLM2}); "
-            f"got {args.name!r}",
+            f"{registry.SMOLLM2}); got {args.name!r}",
             file=sys.stderr,
         )
         return 2
@@ -159,7 +150,7 @@ def _summary(manifest: dict) -> dict:
 
 def _info(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    target = _load(args)
+    target = load_target_from_args(args)
     load_s = time.perf_counter() - t0
     tok = target.tokenizer
     info = {
@@ -194,7 +185,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    target = _load(args)
+    target = load_target_from_args(args)
     tok = target.tokenizer
     if args.chat:
         if not getattr(tok, "chat_template", None):

@@ -110,9 +110,8 @@ def acceptance_tensor(
     rows_per_logit_chunk = max(1, LOGIT_BUDGET // max(1, k * vocab))
     for start in range(0, anchors.numel(), anchor_chunk):
         chunk = anchors[start : start + anchor_chunk]
-        hidden = drafter.forward_blocks(features, seq.unsqueeze(0), chunk.unsqueeze(0))[
-            0
-        ]  # [A,K,H]
+        # [A, K, H]: one block per round start of the chunk
+        hidden = drafter.forward_blocks(features, seq.unsqueeze(0), chunk.unsqueeze(0))[0]
         for s in range(0, chunk.numel(), rows_per_logit_chunk):
             a = chunk[s : s + rows_per_logit_chunk]
             idx = a[:, None] + slots[None, :]  # [A,K] index of the proposed token
