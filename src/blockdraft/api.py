@@ -1,12 +1,10 @@
 """The Python API: every stage of the `blockdraft` command as one function.
 
-Why a facade: the library functions behind the commands take what the command line has
-already parsed (devices, dtypes, sampling settings, prompt lists, recorded mask tokens);
-these take what a user has at hand (names, paths, plain numbers) and do that parsing the
-way the command does. Each result is the JSON document the matching command writes with
-`--json`, with the same keys (`blockdraft.evaluate(...)` is `blockdraft eval --json`), so
-a notebook and a shell script read the same fields. `import blockdraft` loads none of
-this until a name is used (`blockdraft/__init__.py`). Page: docs/python-api.md.
+Why a facade: the library functions take what the command line has already parsed
+(devices, dtypes, settings, prompt lists, recorded mask tokens); these take names, paths
+and plain numbers and parse them as the command does. Each result is the document the
+matching command writes with `--json` (`blockdraft.evaluate(...)` is `blockdraft eval
+--json`). Page: docs/python-api.md.
 """
 
 from __future__ import annotations

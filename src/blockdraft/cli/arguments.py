@@ -1,16 +1,10 @@
 """Value checks for every numeric command-line flag, and the one-line argparse error.
 
-The parser also suggests the closest name for a mistyped sub-command, flag or choice
-(`did you mean 'eval'?`, with `difflib`) and points at that sub-command's own `--help`;
-`HelpFormatter` keeps the examples of every sub-command's epilog as written.
-
-Why one place: a `--batch-size 0` or `--temperature -1` used to reach the library and
-end in a traceback or in an error naming a parameter (`temperature must be >= 0`) rather
-than the flag. Used as argparse `type=` callables, these checks run while the command
-line is parsed, before any model loads or any file is written, and argparse puts the flag
-in the message (`argument --batch-size: must be an integer >= 1, got '0'`).
-`OneLineParser` prints that message as the one `error: ...` line every other user error
-gets, with exit status 2 (argparse's own status for a bad command line).
+Used as argparse `type=` callables, the checks run while the command line is parsed,
+before any model loads or file is written, and the message names the flag (`argument
+--batch-size: must be an integer >= 1, got '0'`). `OneLineParser` prints it as the one
+`error: ...` line (exit 2) and suggests the closest name for a mistyped sub-command, flag
+or choice (`difflib`); `HelpFormatter` keeps every epilog's examples as written.
 """
 
 from __future__ import annotations
@@ -46,11 +40,9 @@ def closest(word: str, candidates: Sequence[str]) -> str | None:
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one `error: ...` line (exit 2), like all others.
 
-    Sub-parsers inherit the class (argparse makes them with the parent's type), and with
-    it `HelpFormatter`. At the top, `parse_args` takes dotted overrides in any position
-    (also after a flag) and answers an unknown flag with the closest one of the chosen
-    sub-command.
-    """
+    Sub-parsers inherit the class and `HelpFormatter`. At the top, `parse_args` takes
+    dotted overrides in any position and answers an unknown flag with the closest one of
+    the chosen sub-command."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)

@@ -1,11 +1,9 @@
 """`blockdraft compare --target NAME --rollouts DIR A B [C...] [--all-pairs] [--json OUT]`.
 
-(`--rollouts` may be repeated: one benchmark per rollout set.)
-
-Paired comparison of drafters on the *same* rollouts: the MAL difference (and relative
-gain) of each drafter against the first (or of every pair), with percentile bootstrap
-95% CIs that resample rollouts jointly for both drafters. Printed as a markdown table;
-`blockdraft.evaluation.eval_compare.compare()` is the same as a Python function.
+Paired comparison of drafters on the *same* rollouts (one benchmark per `--rollouts`): the
+MAL difference and relative gain of each drafter over the first (or of every pair), with
+bootstrap 95% CIs that resample rollouts jointly for both drafters. The Python function
+is `blockdraft.evaluation.eval_compare.compare`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """`blockdraft eval --target NAME --rollouts DIR DRAFTER [DRAFTER...] [--json OUT]`.
 
-(`--rollouts` may be repeated: one benchmark per rollout set.)
-
 Exact offline evaluation (docs/methods.md, "The offline evaluator") of each drafter on
-each rollout set (one "benchmark" per set): expected rounds, MAL with a bootstrap CI, AR_k
-and T_{>=k}. Acceptance tensors are cached per (drafter checkpoint, rollouts), so `compare`
-and `report` after `eval` cost nothing. `blockdraft.evaluation.eval_compare.evaluate()` is the
-same as a Python function; this module only parses arguments and prints.
+each rollout set (one benchmark per `--rollouts`): expected rounds, MAL with a bootstrap
+CI, AR_k and T_{>=k}. The Python function is `blockdraft.evaluation.eval_compare.evaluate`.
 """
 
 from __future__ import annotations

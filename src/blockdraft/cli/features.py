@@ -1,13 +1,8 @@
 """`blockdraft features`: cache a rollout set's target features for offline training.
 
 Prints the disk the features will take before computing anything and refuses sets
-above `--max-gb` (hidden-state disk size is what bites users of offline drafter
-training). Re-running the same command after an interruption resumes it. Train on the
-result with `blockdraft train ... data.features=OUT` (see docs/training.md).
-
-`--dtype` is the target's dtype, as in every command that runs a target; the stored
-features' dtype is `--store-dtype`. (`--dtype` once named the stored dtype: an explicit
-`--dtype` without `--store-dtype` prints a note saying so, so an older script is told.)
+above `--max-gb` (hidden states are large). Re-running the same command resumes it.
+`--dtype` is the target's dtype, as in every command; the stored one is `--store-dtype`.
 """
 
 from __future__ import annotations

@@ -34,9 +34,7 @@ from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.sampling import processed_probs
 from blockdraft.user_cache import cache_root
 
-# 2: scored in the draft vocabulary (sampling q may move by rounding); 3: a hybrid's
-# prompt lookup defaults to vLLM's rule (its key names the rule by its spec only)
-SCORING_VERSION = "3"
+SCORING_VERSION = "3"  # part of every cache key: raised when scores may change
 LOGIT_BUDGET = 1 << 24  # floats of drafter logits materialised at once (64 MB float32)
 
 
@@ -141,13 +139,9 @@ def acceptance_tensor(
 # --- target features shared across drafters ----------------------------------------------
 class FeatureMemo:
     """Target features of rollouts, computed once and reused while the target is unchanged
-    (same target object and feature layers), up to `max_bytes` (least recently used
-    dropped first).
-
-    Why: with scoring in the draft vocabulary the target forward is most of the
-    per-rollout cost (docs/methods.md, "The offline evaluator"), and evaluating several
-    drafters (or one drafter at several hybrid thresholds, or one drafter at every
-    held-out evaluation of a training run) on one rollout set would repeat it each time."""
+    (same target object and feature layers), up to `max_bytes` (least recently used first
+    out). Why: the target forward is most of the per-rollout cost, and scoring several
+    drafters (or thresholds, or training evaluations) on one set would repeat it."""
 
     def __init__(self, max_bytes: int = 1 << 30) -> None:
         self.max_bytes, self.held = max_bytes, 0
@@ -243,11 +237,9 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def read_cache_entry(path: Path, num_rollouts: int) -> list[torch.Tensor] | None:
-    """The acceptance tensors cached at `path`, or None to recompute (and overwrite) them.
-
-    An entry is used only when it reads and matches the SHA-256 it records; one that does
-    not (a changed byte, a cut file, an entry written before entries carried a checksum)
-    is recomputed, with a one-line warning when it was damaged."""
+    """The acceptance tensors cached at `path`, or None to recompute (and overwrite) them:
+    an entry is used only when it reads and matches the SHA-256 it records (a damaged one
+    is recomputed with a one-line warning)."""
     if not path.is_file():
         return None
     try:
@@ -270,7 +262,6 @@ def read_cache_entry(path: Path, num_rollouts: int) -> list[torch.Tensor] | None
 
 
 def default_cache_dir() -> Path:
-
     return cache_root() / "acceptance"
 
 
@@ -289,12 +280,9 @@ def score_rollouts(
 ) -> list[torch.Tensor]:
     """Acceptance tensors `[L_i - 1, K]` for every rollout, from the disk cache if present.
 
-    `progress` may be the progress bar's label (e.g. `scoring dpace`), so that bars of
-    several drafters can be told apart.
-
-    `drafter_id` identifies the drafter's weights (e.g. `checkpoint_hash(dir)`); if None
-    it is hashed from the drafter's state dict (nn.Module drafters) or caching is skipped.
-    """
+    `progress` may be the bar's label (`scoring dpace`). `drafter_id` identifies the
+    drafter's weights (`checkpoint_hash(dir)`); if None it is hashed from the state dict
+    (nn.Module drafters) or caching is skipped."""
     rollouts = list(rollouts)
     if isinstance(drafter, NgramDrafter):
         use_cache = False  # scoring from token ids is cheaper than hashing the rollouts

@@ -1,10 +1,9 @@
 """A benchmark suite: several held-out prompt sets scored in one call, as papers report them.
 
-A user serves a mix of domains, so one held-out set says little: the suite names several
-(GSM8K, HumanEval, MT-Bench, `stdlib:eval`, any prompt file), generates each set's target
-rollouts once and caches them, scores every drafter on every set with the exact offline
-evaluator, and reports per set and on the mean over sets, always next to the baseline
-(prompt lookup by default). Suite files are YAML: docs/evaluation.md and `configs/suites/`.
+A user serves a mix of domains, so one held-out set says little: a suite names several
+(GSM8K, HumanEval, MT-Bench, any prompt file), caches each set's target rollouts, and
+scores every drafter on every set and on the mean over sets, next to the baseline (prompt
+lookup by default). Suite files are YAML: docs/evaluation.md and `configs/suites/`.
 """
 
 from __future__ import annotations
@@ -194,12 +193,10 @@ def benchmark_rollouts(
 ) -> dict[str, Path]:
     """Each benchmark's rollout set, generated (resumably) only when missing.
 
-    A set lives under `root` (default: the user cache) in a directory keyed by what it is
-    made of: the target's weights, the prompts chosen and the sampling settings; a set
-    whose generation was interrupted is resumed. A new greedy set stores no log-probs (the
-    suite scores it greedily only, and its argmax then skips the fp32 LM head on a CPU:
-    `generate_rollouts`); an interrupted set resumes as it was started."""
-
+    A set lives under `root` (default: the user cache) in a directory keyed by the
+    target's weights, the prompts chosen and the sampling settings. A new greedy set
+    stores no log-probs (the suite scores it greedily only, and that skips the fp32 LM
+    head on a CPU); an interrupted set resumes as it was started."""
     root = Path(root) if root is not None else default_rollouts_root()
     fp = target_fingerprint(target)
     out = {}
@@ -238,7 +235,6 @@ def with_baseline(suite: Suite, drafters: list[DrafterSpec]) -> list[DrafterSpec
 
     A bare `ngram` baseline proposes as many tokens as the trained drafters do (their
     common K), so prompt lookup is never handicapped by a shorter block."""
-
     baseline = suite.baseline
     if baseline == DrafterSpec("ngram"):
         ckpts = [c for c in (checkpoint_of(d) for d in drafters) if c is not None]

@@ -35,11 +35,8 @@ def _ci(ci: Sequence[float] | None, nd: int = 3, unit: str = "") -> str:
 
 
 def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], int]:
-    """Events of a `metrics.jsonl` (a file or a run directory) and the number of bad lines.
-
-    Malformed lines (e.g. a line cut by a crash) are skipped and counted, not fatal: a
-    report of a long run should not be lost to its last half-written line.
-    """
+    """Events of a `metrics.jsonl` (a file or a run directory) and the number of bad lines:
+    a report of a long run is not lost to its last half-written line."""
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
@@ -306,11 +303,9 @@ def write_report(
 
 def speed_verdict(rows: list[dict[str, Any]]) -> list[str]:
     """Plain words on the wall clock: which drafters decode *slower* than HF `generate` or
-    than our AR loop, which cannot be told from it, or that every timed one is faster.
-    `rows`: dicts with `name`, `speedup` (vs our AR loop, with `speedup_ci95` over prompts
-    where known) and `speedup_vs_hf`, either may be None. A ratio with a CI is slower only
-    if the whole CI is below 1x, and a CI containing 1x is said as such; without one, the
-    ratio alone decides."""
+    our AR loop (`rows`: `name`, `speedup`, `speedup_ci95`, `speedup_vs_hf`, any may be
+    None), which cannot be told from it, or that every timed one is faster. With a CI, a
+    drafter is slower only if the whole CI is below 1x; without one, the ratio decides."""
     lines = []
     for key, what in (("speedup_vs_hf", "HF `generate`"), ("speedup", "our AR loop")):
         timed = [(r["name"], r[key], r) for r in rows if r.get(key) is not None]
