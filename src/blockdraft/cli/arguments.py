@@ -190,6 +190,9 @@ int_at_least_2: Callable[[str], int] = _bounded(int, 2)  # lengths, block sizes
 top_k_or_minus_one: Callable[[str], int] = _bounded(int, -1)  # engines write -1 for "off"
 
 
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "max_new_tokens", "seed")
+
+
 def add_sampling_args(
     p: argparse.ArgumentParser,
     helps: dict[str, str],

@@ -111,10 +111,7 @@ def _prompts_and_settings(
         check_target(rollouts, target, "--rollouts")  # as `eval` does: same target only
         if args.limit:
             rollouts = rollouts.subset(range(min(args.limit, len(rollouts))))
-        s = rollouts.settings
-        settings.update(
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
-        )
+        settings = {k: getattr(rollouts.settings, k) for k in settings}
         prompts = [r.prompt_ids.tolist() for r in rollouts]
         prompt_ids = [str(r.prompt_id) for r in rollouts]
     else:
@@ -130,7 +127,6 @@ def _prompts_and_settings(
                     f"{settings[key]}: the offline comparison needs the same settings"
                 )
             settings[key] = value
-
     check_fits_context(prompt_ids, prompts, target.context_length, settings["max_new_tokens"])
     return prompts, settings, rollouts
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch.distributed as dist
 
 from blockdraft.cli.arguments import (
+    SAMPLING_FLAGS,
     add_sampling_args,
     nonnegative_int,
     positive_int,
@@ -190,15 +191,9 @@ def _load(args: argparse.Namespace, device: Any) -> Any:
 
 def run_import(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
-
-    flags = {
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": None if args.top_k is None else max(0, args.top_k),
-        "max_new_tokens": args.max_new_tokens,
-        "seed": args.seed,
-    }
-    overrides = {k: v for k, v in flags.items() if v is not None}
+    overrides = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    if "top_k" in overrides:
+        overrides["top_k"] = max(0, overrides["top_k"])  # -1: off, as engines write it
     try:
         prompts = load_prompts(args.prompts) if args.prompts else None
         _, device, _ = init_from_env(args.device)
@@ -248,11 +243,8 @@ AUTO_STORE_TOPK = 64
 def auto_store_topk(settings: SamplingSettings, no_logprobs: bool) -> int:
     """`--store-topk`'s default: a sampled rollout under a top-k cutoff of at most
     `AUTO_STORE_TOPK` stores its top k, which is then its whole sampling distribution.
-
-    Why: sampling E2E and EDR fine-tunes compare with that distribution; read from the
-    rollouts, they need no target logits (on cached features no target at all), a part
-    of what a sampled fine-tune costs beyond a D-PACE epoch (docs/results.md, section 6).
-    Greedy rollouts, cutoffs above the limit and no cutoff store nothing extra."""
+    Why: sampling E2E and EDR fine-tunes compare with it, and read from the rollouts it
+    needs no target logits (docs/results.md, section 6)."""
     if no_logprobs or settings.greedy or not 0 < int(settings.top_k or 0) <= AUTO_STORE_TOPK:
         return 0
     return int(settings.top_k)
@@ -260,15 +252,8 @@ def auto_store_topk(settings: SamplingSettings, no_logprobs: bool) -> int:
 
 def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
-
     try:
-        settings = SamplingSettings(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-        )
+        settings = SamplingSettings(**{k: getattr(args, k) for k in SAMPLING_FLAGS})
         if args.store_topk is None:  # resuming: what the set was written with
             written = read_manifest(Path(args.out))
             args.store_topk = (
@@ -282,13 +267,8 @@ def run(args: argparse.Namespace) -> int:
                 "can leave out log-probs"
             )
         prompts = load_prompts(args.prompts, limit=args.limit)
-    except (PromptError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-    try:
         ctx, device, created = init_from_env(args.device)
-    except (RuntimeError, ValueError) as exc:
+    except (PromptError, RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:

@@ -261,10 +261,6 @@ def read_cache_entry(path: Path, num_rollouts: int) -> list[torch.Tensor] | None
     return None
 
 
-def default_cache_dir() -> Path:
-    return cache_root() / "acceptance"
-
-
 def score_rollouts(
     drafter: Any,
     target: Any,
@@ -306,7 +302,7 @@ def score_rollouts(
                 ]
             ).encode()
         ).hexdigest()
-        path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        path = Path(cache_dir) if cache_dir is not None else cache_root() / "acceptance"
         path = path / f"{key[:32]}.safetensors"
         cached = read_cache_entry(path, len(rollouts))
         if cached is not None:

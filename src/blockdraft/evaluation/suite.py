@@ -64,6 +64,12 @@ class Suite:
     baseline: DrafterSpec = DrafterSpec("ngram")
 
 
+def _known_keys(raw: dict, keys: set[str], where: str) -> None:
+    unknown = sorted(set(raw) - keys)
+    if unknown:
+        raise SuiteError(f"{where}: unknown key(s) {', '.join(unknown)}")
+
+
 def _positive_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SuiteError(f"{where}: must be a positive integer, got {value!r}")
@@ -73,9 +79,7 @@ def _positive_int(value: Any, where: str) -> int:
 def _benchmark(raw: Any, where: str, data_dir: Path | None) -> Benchmark:
     if not isinstance(raw, dict):
         raise SuiteError(f"{where}: a benchmark is a mapping with name and prompts")
-    unknown = sorted(set(raw) - _BENCH_KEYS)
-    if unknown:
-        raise SuiteError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    _known_keys(raw, _BENCH_KEYS, where)
     for key in ("name", "prompts"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise SuiteError(f"{where}.{key}: missing or not a string")
@@ -99,9 +103,7 @@ def parse_suite(raw: Any, source: str, base_dir: Path, data_dir: str | Path | No
     `data_dir` argument against the working directory."""
     if not isinstance(raw, dict):
         raise SuiteError(f"{source}: a suite file is a YAML mapping")
-    unknown = sorted(set(raw) - _SUITE_KEYS)
-    if unknown:
-        raise SuiteError(f"{source}: unknown key(s) {', '.join(unknown)}")
+    _known_keys(raw, _SUITE_KEYS, source)
     if data_dir is not None:  # from the command line: relative to where it was typed
         data = Path(data_dir).expanduser().resolve()
     elif raw.get("data_dir") is not None:  # in the file: relative to the file
@@ -111,9 +113,7 @@ def parse_suite(raw: Any, source: str, base_dir: Path, data_dir: str | Path | No
     rollouts = raw.get("rollouts") or {}
     if not isinstance(rollouts, dict):
         raise SuiteError(f"{source}: rollouts: a mapping of rollout settings")
-    bad = sorted(set(rollouts) - _ROLLOUT_KEYS)
-    if bad:
-        raise SuiteError(f"{source}: rollouts: unknown key(s) {', '.join(bad)}")
+    _known_keys(rollouts, _ROLLOUT_KEYS, f"{source}: rollouts")
     settings = {"temperature": 0.0, "max_new_tokens": 128, **rollouts}
     batch_size = _positive_int(settings.pop("batch_size", 16), f"{source}: rollouts.batch_size")
     try:
@@ -180,10 +180,6 @@ def select_prompts(prompts: list[Any], limit: int | None, how: str) -> list[Any]
     return [prompts[(i * n) // limit] for i in range(limit)]
 
 
-def default_rollouts_root() -> Path:
-    return cache_root() / "suites"
-
-
 def benchmark_rollouts(
     target: Any,
     suite: Suite,
@@ -197,7 +193,7 @@ def benchmark_rollouts(
     target's weights, the prompts chosen and the sampling settings. A new greedy set
     stores no log-probs (the suite scores it greedily only, and that skips the fp32 LM
     head on a CPU); an interrupted set resumes as it was started."""
-    root = Path(root) if root is not None else default_rollouts_root()
+    root = Path(root) if root is not None else cache_root() / "suites"
     fp = target_fingerprint(target)
     out = {}
     for bench in suite.benchmarks:

@@ -383,6 +383,10 @@ def _pct(gain: dict[str, Any] | None) -> str:
     return f"{100 * gain['rel_gain']:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
 
 
+def _gain_row(label: str, gains: list[dict[str, Any] | None], mean: Any) -> str:
+    return f"| {label} | " + " | ".join(_pct(g) for g in gains) + f" | {_pct(mean)} |"
+
+
 def suite_tables(result: dict[str, Any]) -> list[str]:
     """The papers' tables for a `blockdraft suite` result: MAL [95% CI] per benchmark and on
     the mean over benchmarks (baseline first), gains over the baseline, and between drafters."""
@@ -409,33 +413,17 @@ def suite_tables(result: dict[str, Any]) -> list[str]:
             f"| {name} | " + " | ".join(cells) + f" | {_fmt(m['mal'])} {_ci(m['mal_ci95'])} |"
         )
     if len(names) > 1:
-        lines += [
-            "",
-            f"Paired gain over `{result['baseline']}` (relative MAL, 95% CI):",
-            "",
-            head,
-            rule,
-        ]
+        lines += ["", f"Paired gain over `{result['baseline']}` (relative MAL, 95% CI):", ""]
+        lines += [head, rule]
         for d, name in enumerate(names[1:], start=1):
-            cells = [_pct(b["drafters"][d].get("vs_baseline")) for b in benches]
-            lines.append(
-                f"| {name} | "
-                + " | ".join(cells)
-                + f" | {_pct(result['mean'][d].get('vs_baseline'))} |"
-            )
+            gains = [b["drafters"][d].get("vs_baseline") for b in benches]
+            lines.append(_gain_row(name, gains, result["mean"][d].get("vs_baseline")))
     if result.get("pairs"):
-        lines += [
-            "",
-            "Paired gain between drafters (B vs A):",
-            "",
-            "| B vs A | " + " | ".join(heads) + " | mean |",
-            rule,
-        ]
+        lines += ["", "Paired gain between drafters (B vs A):", ""]
+        lines += ["| B vs A | " + " | ".join(heads) + " | mean |", rule]
         for p in result["pairs"]:
-            cells = [_pct(p["benchmarks"].get(b["name"])) for b in benches]
-            lines.append(
-                f"| {p['b']} vs {p['a']} | " + " | ".join(cells) + f" | {_pct(p['mean'])} |"
-            )
+            gains = [p["benchmarks"].get(b["name"]) for b in benches]
+            lines.append(_gain_row(f"{p['b']} vs {p['a']}", gains, p["mean"]))
     for b in benches:
         if "baseline_split" in b:
             lines += ["", *split_table(b["name"], result["baseline"], names, b["baseline_split"])]
