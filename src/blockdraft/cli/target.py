@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from blockdraft.cli.arguments import nonnegative_float, positive_int, seed_int
+from blockdraft.cli.arguments import add_sampling_args, positive_int, seed_int
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.prompt_specs import check_fits_context
 from blockdraft.errors import BlockdraftError
@@ -71,16 +71,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sample = sub.add_parser("sample", help="generate text from a prompt", epilog=_epilog("sample"))
     add_target_options(sample, positional=True)
     sample.add_argument("--prompt", default="def ", help="prompt text (default 'def ')")
-    sample.add_argument(
-        "--max-new-tokens", type=positive_int, default=64, help="tokens to generate (default 64)"
+    add_sampling_args(
+        sample,
+        {
+            "max_new_tokens": "tokens to generate (default 64)",
+            "temperature": "sampling temperature, 0 = greedy (default 0)",
+            "seed": "sampling seed (T > 0; default 0)",
+        },
+        {"max_new_tokens": 64, "temperature": 0.0, "seed": 0},
     )
-    sample.add_argument(
-        "--temperature",
-        type=nonnegative_float,
-        default=0.0,
-        help="sampling temperature, 0 = greedy (default 0)",
-    )
-    sample.add_argument("--seed", type=seed_int, default=0, help="sampling seed (T > 0; default 0)")
     sample.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     sample.set_defaults(func=_sample)
 

@@ -310,10 +310,6 @@ def eval_prompt_spec(rollouts: dict[str, Path]) -> str:
     return str(manifest.get("prompts", {}).get("spec", "prompts"))
 
 
-def drafter_dtype_of(s: DemoSettings, target: Any) -> Any:
-    return drafter_dtype(s.dtype, target.device)
-
-
 def evaluate_offline(
     target: Any,
     s: DemoSettings,
@@ -326,7 +322,7 @@ def evaluate_offline(
     _log("offline evaluation on held-out rollouts")
     cache = out / "scores"
     paths = [finals[n] for n in names]
-    cast = drafter_dtype_of(s, target)
+    cast = drafter_dtype(s.dtype, target.device)
     result = evaluate(target, paths, [rollouts["eval"]], cache_dir=cache, drafter_dtype=cast)
     bench_name = f"held-out {eval_prompt_spec(rollouts)}"
     result["benchmarks"][0]["name"] = bench_name
@@ -375,7 +371,8 @@ def evaluate_online(
         if name == CONTROL:  # only compared offline: it is a yardstick, not a drafter to ship
             continue
         _log(f"online decoding with {name} ({len(prompts)} prompts)")
-        drafter, drafter_id = load_drafter_spec(path, target, dtype=drafter_dtype_of(s, target))
+        cast = drafter_dtype(s.dtype, target.device)
+        drafter, drafter_id = load_drafter_spec(path, target, dtype=cast)
         res = decode(
             target,
             drafter,
