@@ -91,7 +91,6 @@ class OneLineParser(argparse.ArgumentParser):
             if arg.startswith("--"):
                 self._check_flag(arg, chosen)
         ns, extras = self.parse_known_args(argv, namespace)
-        chosen = _chosen_parser(self, ns)
         if extras and getattr(ns, "overrides", None) is not None:
             taken = [a for a in extras if OVERRIDE.match(a)]
             ns.overrides = [*ns.overrides, *taken]
@@ -129,22 +128,12 @@ class PrintAndExit(argparse.Action):
 
 
 def _typed_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
-    """The (sub-)sub-command parser the words of `argv` name (before parsing it)."""
+    """The (sub-)sub-command parser the words of `argv` name (for its flags and help)."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for i, word in enumerate(argv):
                 if word in action.choices:
                     return _typed_parser(action.choices[word], argv[i + 1 :])
-    return parser
-
-
-def _chosen_parser(parser: argparse.ArgumentParser, ns: Any) -> argparse.ArgumentParser:
-    """The (sub-)sub-command parser the parsed command line chose (for its flags and help)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            name = getattr(ns, action.dest, None)
-            if name in action.choices:
-                return _chosen_parser(action.choices[name], ns)
     return parser
 
 
