@@ -1,11 +1,9 @@
 """`blockdraft decode --target NAME DRAFTER (--prompts SPEC | --rollouts DIR) [...]`.
 
-Real speculative decoding at batch 1 with tau, its CI and histogram, tokens/s and the
-wall-clock speedup over autoregressive decoding timed alternately in the same run.
-
-With `--rollouts DIR` the prompts *and sampling settings* come from a rollout set and the
-drafter's offline MAL on those same rollouts is computed too: the online/offline
-agreement check of docs/methods.md ("The offline evaluator") in one command.
+Real speculative decoding at batch 1: tau, its CI and histogram, tokens/s and the speedup
+over autoregressive decoding timed alternately in the same run. With `--rollouts DIR` the
+prompts and settings come from a rollout set, and the drafter's offline MAL on it is
+computed too: the online/offline agreement check of docs/methods.md in one command.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """`blockdraft rollout`: sample target responses to a prompt source into a rollout directory.
 
-Re-running the same command after an interruption resumes it (see
-`blockdraft.data.rollouts.generate`); the target is loaded by name through the model registry.
-Under torchrun (`torchrun --nproc_per_node N -m blockdraft rollout ...`, also several
-nodes with a shared --out) each rank generates its share of the shards into the same
-directory; the set equals a one-process run (`blockdraft.data.rollouts.distributed`).
+Re-running the same command after an interruption resumes it. Under torchrun (also
+several nodes with a shared --out) each rank generates its share of the shards into the
+same directory; the set equals a one-process run (`blockdraft.data.rollouts.distributed`).
 """
 
 from __future__ import annotations
@@ -235,8 +233,8 @@ def _note_stored_topk(requested: int, settings: SamplingSettings, target: Any) -
     print(f"note: --store-topk {requested}: {why}; storing {stored}", file=sys.stderr)
 
 
-# The largest top-k cutoff whose whole distribution `blockdraft rollout` stores by default
-# (8 bytes per entry per response token: 160 at the EDR paper's top-k 20).
+# the largest top-k cutoff whose whole distribution is stored by default (8 bytes per entry
+# per response token)
 AUTO_STORE_TOPK = 64
 
 

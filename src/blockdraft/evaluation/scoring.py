@@ -1,12 +1,11 @@
 """Acceptance tensors of a drafter on a rollout set: the input of the offline evaluator.
 
-Every round start of a rollout gets its own block, and all of them go through the
-drafter's training forward (`forward_blocks`) on the features of *one* target forward
-over the sequence, in chunks so memory stays bounded. A proposal's acceptance is
-`1[argmax q = x]` on greedy rollouts and `min(1, q(x) / p(x))` on sampled ones, with p(x)
-the stored log-prob and q processed with the same settings, exactly what the decoder
-samples from; an `NgramDrafter` is scored from token ids alone. Results are cached per
-(drafter weights, target, rollouts, settings): no stage recomputes a drafter (docs/methods.md).
+Every round start of a rollout gets its own block, and all go through the drafter's
+training forward (`forward_blocks`) on the features of *one* target forward, in chunks.
+A proposal's acceptance is `1[argmax q = x]` on greedy rollouts and `min(1, q(x) / p(x))`
+on sampled ones (p(x) the stored log-prob, q processed as the decoder samples it); an
+`NgramDrafter` is scored from token ids alone. Results are cached per (drafter weights,
+target, rollouts, settings) (docs/methods.md).
 """
 
 from __future__ import annotations

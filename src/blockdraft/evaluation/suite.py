@@ -309,18 +309,17 @@ def run_suite(
         if d > 0:
             row["vs_baseline"] = _gain_json(st.gain(0, d))
         mean.append(row)
-    pairs = []
-    for a, b in itertools.combinations(range(1, len(names)), 2):
-        pairs.append(
-            {
-                "a": names[a],
-                "b": names[b],
-                "benchmarks": {
-                    bench["name"]: _gain_json(st.gain(a, b, i)) for i, bench in enumerate(per_bench)
-                },
-                "mean": _gain_json(st.gain(a, b)),
-            }
-        )
+    pairs = [
+        {
+            "a": names[a],
+            "b": names[b],
+            "benchmarks": {
+                bench["name"]: _gain_json(st.gain(a, b, i)) for i, bench in enumerate(per_bench)
+            },
+            "mean": _gain_json(st.gain(a, b)),
+        }
+        for a, b in itertools.combinations(range(1, len(names)), 2)
+    ]
     return {
         "suite": suite.name,
         "target": getattr(target, "name", ""),

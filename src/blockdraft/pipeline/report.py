@@ -84,11 +84,11 @@ def training_series(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def drafters_from_eval(eval_json: dict[str, Any]) -> list[dict[str, Any]]:
     """Flatten `blockdraft eval --json` output into the `drafters` list of `write_report`."""
-    out = []
-    for bench in eval_json.get("benchmarks", []):
-        for d in bench.get("drafters", []):
-            out.append({**d, "benchmark": bench.get("name", "")})
-    return out
+    return [
+        {**d, "benchmark": bench.get("name", "")}
+        for bench in eval_json.get("benchmarks", [])
+        for d in bench.get("drafters", [])
+    ]
 
 
 def offline_table(drafters: Sequence[dict[str, Any]]) -> list[str]:
