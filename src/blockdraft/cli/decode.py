@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 from blockdraft.cli.arguments import add_sampling_args, nonnegative_int, positive_int
@@ -21,13 +20,14 @@ from blockdraft.cli.drafter_options import (
     drafter_dtype_of,
     drafter_spec,
     setup_target,
+    write_json_flag,
 )
 from blockdraft.data.prompt_specs import check_fits_context, load_prompts, render_prompt
 from blockdraft.data.prompt_type import PromptError
 from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.decoding.hf_generate import has_hf_generate, versus_hf
 from blockdraft.decoding.loop import decode
-from blockdraft.evaluation.eval_compare import drafter_names, write_json
+from blockdraft.evaluation.eval_compare import drafter_names
 from blockdraft.evaluation.offline import mal_ci
 from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, load_drafter_spec
@@ -226,7 +226,5 @@ def run(args: argparse.Namespace) -> int:
     if "offline_mal" in out:
         lo2, hi2 = out["offline_mal_ci95"]
         print(f"offline MAL on the same rollouts {out['offline_mal']:.3f} [{lo2:.3f}, {hi2:.3f}]")
-    if args.json:
-        write_json(Path(args.json), out)
-        print(f"wrote {args.json}")
+    write_json_flag(args.json, out)
     return 0

@@ -139,7 +139,12 @@ def run_scored_command(
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(markdown(result))
-    if args.json:
-        write_json(args.json, json_obj(result))
-        print(f"wrote {args.json}")
+    write_json_flag(args.json, json_obj(result))
     return 0
+
+
+def write_json_flag(path: str | None, obj: Any) -> None:
+    """`--json PATH`: write `obj` there (strict JSON) and say so; nothing without it."""
+    if path:
+        write_json(path, obj)
+        print(f"wrote {path}")

@@ -18,8 +18,8 @@ from blockdraft.cli.drafter_options import (
     drafter_dtype_of,
     drafter_spec,
     setup_target,
+    write_json_flag,
 )
-from blockdraft.evaluation.eval_compare import write_json
 from blockdraft.evaluation.suite import (
     Suite,
     SuiteError,
@@ -133,9 +133,7 @@ def run(args: argparse.Namespace) -> int:
         split=args.split,
     )
     print("\n".join(suite_tables(result)))
-    if args.json:
-        write_json(args.json, result)
-        print(f"wrote {args.json}")
+    write_json_flag(args.json, result)
     if args.plot:
         print(f"wrote {plot_suite(result, Path(args.plot))}")
     return 0
