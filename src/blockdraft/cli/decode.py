@@ -129,14 +129,6 @@ def _prompts_and_settings(
     return prompts, settings, rollouts
 
 
-def _check_vs_hf(target: Any, no_ar: bool) -> None:
-    """`--vs-hf` problems, raised before any decoding is spent."""
-    if not has_hf_generate(target):
-        raise ValueError("--vs-hf: the target is not a Hugging Face model with generate()")
-    if no_ar:
-        raise ValueError("--vs-hf needs the AR baseline: drop --no-ar")
-
-
 def _one_drafter(args: argparse.Namespace) -> DrafterSpec:
     """The drafter, given positionally or as `--drafter` (not both, not neither)."""
     given = [d for d in (args.drafter, args.drafter_flag) if d is not None]
@@ -157,8 +149,10 @@ def run(args: argparse.Namespace) -> int:
             args.drafter, target, dtype=drafter_dtype_of(args, target)
         )
         prompts, settings, rollouts = _prompts_and_settings(args, target)
-        if args.vs_hf:
-            _check_vs_hf(target, args.no_ar)
+        if args.vs_hf and not has_hf_generate(target):  # before any decoding is spent
+            raise ValueError("--vs-hf: the target is not a Hugging Face model with generate()")
+        if args.vs_hf and args.no_ar:
+            raise ValueError("--vs-hf needs the AR baseline: drop --no-ar")
         result = decode(
             target,
             drafter,

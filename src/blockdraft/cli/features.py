@@ -81,21 +81,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _dtype_note(args: argparse.Namespace) -> str | None:
-    """The note for `--dtype` given without `--store-dtype` (its meaning changed)."""
-    if args.dtype is None or args.store_dtype is not None:
-        return None
-    return (
-        "note: features --dtype is the target's dtype (as in every command); the stored "
-        "features' dtype is --store-dtype (default bfloat16)"
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
-    note = _dtype_note(args)
-    if note:
-        print(note, file=sys.stderr)
+    if args.dtype is not None and args.store_dtype is None:  # --dtype once named the stored one
+        print(
+            "note: features --dtype is the target's dtype (as in every command); the stored "
+            "features' dtype is --store-dtype (default bfloat16)",
+            file=sys.stderr,
+        )
     target_dtype = args.dtype or args.target_dtype or "auto"
     device, dtype = resolve_flags(args.device, target_dtype)  # one-line error if bad
     try:

@@ -21,15 +21,6 @@ EXAMPLE = """example:
 """
 
 
-def _load(path: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such file") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-
-
 # the key that marks each command's --json output (what `report` reads from it)
 _KINDS = {"eval": "benchmarks", "compare": "comparisons", "decode": "tau"}
 
@@ -37,7 +28,12 @@ _KINDS = {"eval": "benchmarks", "compare": "comparisons", "decode": "tau"}
 def _results(path: str, kind: str) -> dict[str, Any]:
     """`blockdraft KIND --json` output read from `path`; a file of another kind is one line
     naming the flag it belongs to (never skipped in silence or drawn as junk)."""
-    data = _load(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(data, dict) and _KINDS[kind] in data:
         return data
     other = next((k for k, key in _KINDS.items() if isinstance(data, dict) and key in data), None)

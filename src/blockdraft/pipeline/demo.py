@@ -106,11 +106,6 @@ BASELINE = "ngram"  # prompt lookup with K = block_size - 1: the free drafter to
 TRAIN_THREADS = 1  # per training on a CPU: fixed, so the weights do not depend on the load
 
 
-def baseline_spec(s: DemoSettings) -> DrafterSpec:
-    """The prompt-lookup drafter at the demo's K (a spec every stage accepts as a drafter)."""
-    return DrafterSpec.lookup(s.block_size - 1)
-
-
 def _log(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
@@ -304,12 +299,6 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def eval_prompt_spec(rollouts: dict[str, Path]) -> str:
-    """The prompt source of the held-out rollouts (for plot titles and tables)."""
-    manifest = RolloutSet.open(rollouts["eval"]).manifest
-    return str(manifest.get("prompts", {}).get("spec", "prompts"))
-
-
 def evaluate_offline(
     target: Any,
     s: DemoSettings,
@@ -324,7 +313,8 @@ def evaluate_offline(
     paths = [finals[n] for n in names]
     cast = drafter_dtype(s.dtype, target.device)
     result = evaluate(target, paths, [rollouts["eval"]], cache_dir=cache, drafter_dtype=cast)
-    bench_name = f"held-out {eval_prompt_spec(rollouts)}"
+    spec = RolloutSet.open(rollouts["eval"]).manifest.get("prompts", {}).get("spec", "prompts")
+    bench_name = f"held-out {spec}"
     result["benchmarks"][0]["name"] = bench_name
     for d, name in zip(result["benchmarks"][0]["drafters"], names, strict=True):
         d["name"] = name
@@ -545,7 +535,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     draft_vocab = draft_vocab_for(s, target, rollouts["train"])
     trained = train_drafters(target, s, out, rollouts, draft_vocab)
     checkpoints = {n: DrafterSpec(path=str(p)) for n, p in trained.items()}
-    finals = {BASELINE: baseline_spec(s), **checkpoints}
+    finals = {BASELINE: DrafterSpec.lookup(s.block_size - 1), **checkpoints}
     offline, comparisons = evaluate_offline(target, s, finals, rollouts, out)
     online_stage = Stage(
         out / "online",
