@@ -138,13 +138,11 @@ def _build_machine(m: dict) -> str:
 
 def _summary(manifest: dict) -> dict:
     """The manifest without the long file lists (they stay on disk)."""
-    out = dict(manifest)
-    if "corpus" in out:
-        corpus = dict(out["corpus"])
-        corpus["train_files"] = f"{len(corpus['train_files'])} files"
-        corpus["heldout_files"] = f"{len(corpus['heldout_files'])} files"
-        out["corpus"] = corpus
-    return out
+    if "corpus" not in manifest:
+        return dict(manifest)
+    corpus = manifest["corpus"]
+    counts = {k: f"{len(corpus[k])} files" for k in ("train_files", "heldout_files")}
+    return {**manifest, "corpus": {**corpus, **counts}}
 
 
 def _info(args: argparse.Namespace) -> int:
