@@ -12,7 +12,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# the public names, each from `blockdraft.api` (kept equal to its `__all__` by a test)
+# the public names, each from `blockdraft.api` (its `__all__`)
 API = (
     "RolloutSet",
     "Target",

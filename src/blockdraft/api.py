@@ -1,24 +1,23 @@
 """The Python API: every stage of the `blockdraft` command as one function.
 
-Why a facade: the library functions behind the commands take what the command line has
-already parsed (devices, dtypes, sampling settings, prompt lists, recorded mask tokens);
-these take what a user has at hand (names, paths, plain numbers) and do that parsing the
-way the command does. Each result is the JSON document the matching command writes with
-`--json`, with the same keys (`blockdraft.evaluate(...)` is `blockdraft eval --json`), so
-a notebook and a shell script read the same fields. `import blockdraft` loads none of
-this until a name is used (`blockdraft/__init__.py`). Page: docs/python-api.md.
+Why a facade: the library functions take what the command line has already parsed
+(devices, dtypes, settings, prompt lists, recorded mask tokens); these take names, paths
+and plain numbers and parse them as the command does. Each result is the document the
+matching command writes with `--json` (`blockdraft.evaluate(...)` is `blockdraft eval
+--json`). Page: docs/python-api.md.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from blockdraft import API
 from blockdraft.data.mask_records import recorded_masks
 from blockdraft.data.prompt_specs import load_prompts, render_prompt
 from blockdraft.data.prompt_type import Prompt
@@ -27,7 +26,7 @@ from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.loop import decode as _decode
 from blockdraft.devices import drafter_dtype, resolve_flags
 from blockdraft.evaluation import eval_compare
-from blockdraft.evaluation.suite import Suite, benchmark_arg, load_suite
+from blockdraft.evaluation.suite import Suite, benchmark_arg, load_suite, with_benchmarks
 from blockdraft.evaluation.suite import run_suite as _run_suite
 from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.checkpoint import resolve_checkpoint
@@ -38,22 +37,7 @@ from blockdraft.targets.target import Target
 from blockdraft.training.config import TrainConfig, config_from_dict, load_config
 from blockdraft.training.trainer import train as _train
 
-__all__ = [
-    "RolloutSet",
-    "Target",
-    "TrainConfig",
-    "compare",
-    "decode",
-    "evaluate",
-    "export",
-    "generate_rollouts",
-    "load_drafter",
-    "load_prompts",
-    "load_target",
-    "open_rollouts",
-    "run_suite",
-    "train",
-]
+__all__ = list(API)  # one list: `blockdraft/__init__.py` loads these names lazily
 
 Paths = str | Path | Iterable[str | Path]
 
@@ -65,9 +49,14 @@ def _many(value: Paths) -> list[str]:
     return [str(v.directory if isinstance(v, RolloutSet) else v) for v in value]
 
 
-def _specs(value: Paths | DrafterSpec) -> list[DrafterSpec]:
-    """Drafters as the caller names them, parsed here, where the text enters."""
-    return [DrafterSpec.parse(v) for v in _many(value)]
+def _specs(value: Paths | DrafterSpec, *, check: bool = False) -> list[DrafterSpec]:
+    """Drafters as the caller names them, parsed here, where the text enters; `check`: a
+    missing checkpoint is one error before any scoring or rollout."""
+    specs = [DrafterSpec.parse(v) for v in _many(value)]
+    if check:
+        for d in specs:
+            checkpoint_of(d)
+    return specs
 
 
 def load_target(
@@ -247,12 +236,9 @@ def evaluate(
         >>> scores = blockdraft.evaluate(target, ["ngram", "runs/quick"], "rollouts/heldout")
         >>> print([(d["name"], d["mal"]) for d in scores["benchmarks"][0]["drafters"]])
     """
-    names = _specs(drafters)
-    for d in names:
-        checkpoint_of(d)  # a missing checkpoint: one error before any scoring
     return eval_compare.evaluate(
         target,
-        names,
+        _specs(drafters, check=True),
         _many(rollouts),
         n_boot,
         seed,
@@ -283,12 +269,9 @@ def compare(
         >>> gains = blockdraft.compare(target, ["ngram", "runs/quick"], "rollouts/heldout")
         >>> print(gains["comparisons"][0]["mal_gain"], gains["comparisons"][0]["mal_gain_ci95"])
     """
-    names = _specs(drafters)
-    for d in names:
-        checkpoint_of(d)
     rows = eval_compare.compare(
         target,
-        names,
+        _specs(drafters, check=True),
         _many(rollouts),
         all_pairs,
         n_boot,
@@ -338,16 +321,11 @@ def run_suite(
     else:
         chosen = Suite("python", benchmarks=[])
     extra = [benchmark_arg(f"{name}={spec}") for name, spec in (benchmarks or {}).items()]
-    benches = [*chosen.benchmarks, *extra]
-    if not benches:
+    if not chosen.benchmarks and not extra:
         raise ValueError("run_suite: give a suite file or benchmarks={name: prompt spec}")
-    if limit is not None:
-        benches = [replace(b, limit=min(b.limit or limit, limit)) for b in benches]
-    base = DrafterSpec.parse(baseline) if baseline else chosen.baseline
-    chosen = replace(chosen, benchmarks=benches, baseline=base)
-    names = _specs(drafters)
-    for d in names:
-        checkpoint_of(d)  # before any rollout is generated
+    base = DrafterSpec.parse(baseline) if baseline else None
+    chosen = with_benchmarks(chosen, extra, limit, base)
+    names = _specs(drafters, check=True)
     return _run_suite(
         target,
         chosen,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from blockdraft.cli.eval import write_json
+from blockdraft.evaluation.eval_compare import write_json
 
 
 def _strict_load(text: str):
@@ -63,6 +63,6 @@ class _Rollouts:
     ],
 )
 def test_benchmark_names_say_what_the_prompts_were(tmp_path, directory, spec, expected):
-    from blockdraft.cli.eval import benchmark_name
+    from blockdraft.evaluation.eval_compare import benchmark_name
 
     assert benchmark_name(_Rollouts(spec), tmp_path / directory) == expected

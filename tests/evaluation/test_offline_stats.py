@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from blockdraft.bootstrap_ci import paired_ratio_replicates, percentile_interval, ratio_ci
-from blockdraft.evaluation import OfflineStats, mal_ci, offline_stats, paired_comparison
+from blockdraft.evaluation.offline import OfflineStats, mal_ci, offline_stats, paired_comparison
 from spec_sim import enumerate_paths
 
 

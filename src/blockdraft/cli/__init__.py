@@ -47,13 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"blockdraft {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for stage in STAGES:
-        try:
-            module = importlib.import_module(f"blockdraft.cli.{stage.replace('-', '_')}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"blockdraft.cli.{stage.replace('-', '_')}":
-                continue  # stage not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"blockdraft.cli.{stage.replace('-', '_')}").register(sub)
     return parser
 
 

@@ -1,16 +1,10 @@
 """Value checks for every numeric command-line flag, and the one-line argparse error.
 
-The parser also suggests the closest name for a mistyped sub-command, flag or choice
-(`did you mean 'eval'?`, with `difflib`) and points at that sub-command's own `--help`;
-`HelpFormatter` keeps the examples of every sub-command's epilog as written.
-
-Why one place: a `--batch-size 0` or `--temperature -1` used to reach the library and
-end in a traceback or in an error naming a parameter (`temperature must be >= 0`) rather
-than the flag. Used as argparse `type=` callables, these checks run while the command
-line is parsed, before any model loads or any file is written, and argparse puts the flag
-in the message (`argument --batch-size: must be an integer >= 1, got '0'`).
-`OneLineParser` prints that message as the one `error: ...` line every other user error
-gets, with exit status 2 (argparse's own status for a bad command line).
+Used as argparse `type=` callables, the checks run while the command line is parsed,
+before any model loads or file is written, and the message names the flag (`argument
+--batch-size: must be an integer >= 1, got '0'`). `OneLineParser` prints it as the one
+`error: ...` line (exit 2) and suggests the closest name for a mistyped sub-command, flag
+or choice (`difflib`); `HelpFormatter` keeps every epilog's examples as written.
 """
 
 from __future__ import annotations
@@ -46,11 +40,9 @@ def closest(word: str, candidates: Sequence[str]) -> str | None:
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one `error: ...` line (exit 2), like all others.
 
-    Sub-parsers inherit the class (argparse makes them with the parent's type), and with
-    it `HelpFormatter`. At the top, `parse_args` takes dotted overrides in any position
-    (also after a flag) and answers an unknown flag with the closest one of the chosen
-    sub-command.
-    """
+    Sub-parsers inherit the class and `HelpFormatter`. At the top, `parse_args` takes
+    dotted overrides in any position and answers an unknown flag with the closest one of
+    the chosen sub-command."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -99,7 +91,6 @@ class OneLineParser(argparse.ArgumentParser):
             if arg.startswith("--"):
                 self._check_flag(arg, chosen)
         ns, extras = self.parse_known_args(argv, namespace)
-        chosen = _chosen_parser(self, ns)
         if extras and getattr(ns, "overrides", None) is not None:
             taken = [a for a in extras if OVERRIDE.match(a)]
             ns.overrides = [*ns.overrides, *taken]
@@ -137,22 +128,12 @@ class PrintAndExit(argparse.Action):
 
 
 def _typed_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
-    """The (sub-)sub-command parser the words of `argv` name (before parsing it)."""
+    """The (sub-)sub-command parser the words of `argv` name (for its flags and help)."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for i, word in enumerate(argv):
                 if word in action.choices:
                     return _typed_parser(action.choices[word], argv[i + 1 :])
-    return parser
-
-
-def _chosen_parser(parser: argparse.ArgumentParser, ns: Any) -> argparse.ArgumentParser:
-    """The (sub-)sub-command parser the parsed command line chose (for its flags and help)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            name = getattr(ns, action.dest, None)
-            if name in action.choices:
-                return _chosen_parser(action.choices[name], ns)
     return parser
 
 
@@ -196,3 +177,26 @@ probability: Callable[[str], float] = _bounded(float, 0.0, strict=True, high=1.0
 seed_int: Callable[[str], int] = nonnegative_int  # torch and numpy seeds are >= 0
 int_at_least_2: Callable[[str], int] = _bounded(int, 2)  # lengths, block sizes
 top_k_or_minus_one: Callable[[str], int] = _bounded(int, -1)  # engines write -1 for "off"
+
+
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "max_new_tokens", "seed")
+
+
+def add_sampling_args(
+    p: argparse.ArgumentParser,
+    helps: dict[str, str],
+    defaults: dict[str, Any] | None = None,
+    top_k: Callable[[str], int] = nonnegative_int,
+) -> None:
+    """The sampling flags `helps` names (`temperature` -> `--temperature`), in its order,
+    each with its checked type; a flag missing from `defaults` defaults to None."""
+    types = {
+        "temperature": nonnegative_float,
+        "top_p": probability,
+        "top_k": top_k,
+        "max_new_tokens": positive_int,
+        "seed": seed_int,
+    }
+    for name, text in helps.items():
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=types[name], default=(defaults or {}).get(name), help=text)

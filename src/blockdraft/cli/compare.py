@@ -1,11 +1,9 @@
 """`blockdraft compare --target NAME --rollouts DIR A B [C...] [--all-pairs] [--json OUT]`.
 
-(`--rollouts` may be repeated: one benchmark per rollout set.)
-
-Paired comparison of drafters on the *same* rollouts: the MAL difference (and relative
-gain) of each drafter against the first (or of every pair), with percentile bootstrap
-95% CIs that resample rollouts jointly for both drafters. Printed as a markdown table;
-`blockdraft.evaluation.eval_compare.compare()` is the same as a Python function.
+Paired comparison of drafters on the *same* rollouts (one benchmark per `--rollouts`): the
+MAL difference and relative gain of each drafter over the first (or of every pair), with
+bootstrap 95% CIs that resample rollouts jointly for both drafters. The Python function
+is `blockdraft.evaluation.eval_compare.compare`.
 """
 
 from __future__ import annotations
@@ -15,14 +13,11 @@ import sys
 
 from blockdraft.cli.drafter_options import (
     add_allow_incomplete,
-    add_rollouts_arg,
+    add_scored_args,
     add_scoring_args,
-    add_target_args,
-    drafter_dtype_of,
-    drafter_spec,
     run_scored_command,
 )
-from blockdraft.evaluation.eval_compare import compare  # noqa: F401 - the Python API, re-exported
+from blockdraft.evaluation.eval_compare import compare
 from blockdraft.pipeline.report import comparison_table
 
 EXAMPLE = """example:
@@ -39,13 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "paired bootstrap 95% confidence intervals.",
         epilog=EXAMPLE,
     )
-    add_target_args(p)
-    add_rollouts_arg(p)
-    p.add_argument(
-        "drafters",
-        nargs="+",
-        type=drafter_spec,
-        help="drafter checkpoints (or `ngram[:k=K,max=N,min=M]`); the first is the baseline",
+    add_scored_args(
+        p, "drafter checkpoints (or `ngram[:k=K,max=N,min=M]`); the first is the baseline"
     )
     p.add_argument(
         "--all-pairs", action="store_true", help="compare every pair, not just each vs the first"
@@ -61,18 +51,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     return run_scored_command(
         args,
-        lambda target: compare(
-            target,
-            args.drafters,
-            args.rollouts,
-            args.all_pairs,
-            args.n_boot,
-            args.seed,
-            args.cache_dir,
-            progress=not args.no_progress,
-            allow_incomplete=args.allow_incomplete,
-            drafter_dtype=drafter_dtype_of(args, target),
-        ),
+        compare,
         lambda result: "\n".join(comparison_table(result)),
         lambda result: {"comparisons": result},
+        all_pairs=args.all_pairs,
     )

@@ -1,11 +1,9 @@
 """`blockdraft decode --target NAME DRAFTER (--prompts SPEC | --rollouts DIR) [...]`.
 
-Real speculative decoding at batch 1 with tau, its CI and histogram, tokens/s and the
-wall-clock speedup over autoregressive decoding timed alternately in the same run.
-
-With `--rollouts DIR` the prompts *and sampling settings* come from a rollout set and the
-drafter's offline MAL on those same rollouts is computed too: the online/offline
-agreement check of docs/methods.md ("The offline evaluator") in one command.
+Real speculative decoding at batch 1: tau, its CI and histogram, tokens/s and the speedup
+over autoregressive decoding timed alternately in the same run. With `--rollouts DIR` the
+prompts and settings come from a rollout set, and the drafter's offline MAL on it is
+computed too: the online/offline agreement check of docs/methods.md in one command.
 """
 
 from __future__ import annotations
@@ -13,29 +11,23 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
-from blockdraft.cli.arguments import (
-    nonnegative_float,
-    nonnegative_int,
-    positive_int,
-    probability,
-    seed_int,
-)
+from blockdraft.cli.arguments import add_sampling_args, nonnegative_int, positive_int
 from blockdraft.cli.drafter_options import (
     DRAFTER_HELP,
     add_target_args,
     drafter_dtype_of,
     drafter_spec,
     setup_target,
+    write_json_flag,
 )
 from blockdraft.data.prompt_specs import check_fits_context, load_prompts, render_prompt
 from blockdraft.data.prompt_type import PromptError
 from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.decoding.hf_generate import has_hf_generate, versus_hf
 from blockdraft.decoding.loop import decode
-from blockdraft.evaluation.eval_compare import drafter_names, write_json
+from blockdraft.evaluation.eval_compare import drafter_names
 from blockdraft.evaluation.offline import mal_ci
 from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, load_drafter_spec
@@ -73,32 +65,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "report the drafter's offline MAL on it for comparison",
     )
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N prompts")
-    p.add_argument(
-        "--temperature",
-        type=nonnegative_float,
-        default=None,
-        help="sampling temperature, 0 = greedy (default 0, or the rollouts' with --rollouts)",
-    )
-    p.add_argument(
-        "--top-p",
-        type=probability,
-        default=None,
-        help="nucleus sampling cutoff in (0, 1] (default 1 = off, or the rollouts')",
-    )
-    p.add_argument(
-        "--top-k",
-        type=nonnegative_int,
-        default=None,
-        help="sample among the k most likely tokens (default 0 = off, or the rollouts')",
-    )
-    p.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=None,
-        help="tokens generated per prompt (default 128, or the rollouts')",
-    )
-    p.add_argument(
-        "--seed", type=seed_int, default=0, help="seed of the sampling (T > 0; default 0)"
+    add_sampling_args(
+        p,
+        {
+            "temperature": "sampling temperature, 0 = greedy (default 0, or the rollouts' with "
+            "--rollouts)",
+            "top_p": "nucleus sampling cutoff in (0, 1] (default 1 = off, or the rollouts')",
+            "top_k": "sample among the k most likely tokens (default 0 = off, or the rollouts')",
+            "max_new_tokens": "tokens generated per prompt (default 128, or the rollouts')",
+            "seed": "seed of the sampling (T > 0; default 0)",
+        },
+        {"seed": 0},
     )
     p.add_argument(
         "--verifier",
@@ -132,10 +109,7 @@ def _prompts_and_settings(
         check_target(rollouts, target, "--rollouts")  # as `eval` does: same target only
         if args.limit:
             rollouts = rollouts.subset(range(min(args.limit, len(rollouts))))
-        s = rollouts.settings
-        settings.update(
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
-        )
+        settings = {k: getattr(rollouts.settings, k) for k in settings}
         prompts = [r.prompt_ids.tolist() for r in rollouts]
         prompt_ids = [str(r.prompt_id) for r in rollouts]
     else:
@@ -151,17 +125,8 @@ def _prompts_and_settings(
                     f"{settings[key]}: the offline comparison needs the same settings"
                 )
             settings[key] = value
-
     check_fits_context(prompt_ids, prompts, target.context_length, settings["max_new_tokens"])
     return prompts, settings, rollouts
-
-
-def _check_vs_hf(target: Any, no_ar: bool) -> None:
-    """`--vs-hf` problems, raised before any decoding is spent."""
-    if not has_hf_generate(target):
-        raise ValueError("--vs-hf: the target is not a Hugging Face model with generate()")
-    if no_ar:
-        raise ValueError("--vs-hf needs the AR baseline: drop --no-ar")
 
 
 def _one_drafter(args: argparse.Namespace) -> DrafterSpec:
@@ -184,8 +149,10 @@ def run(args: argparse.Namespace) -> int:
             args.drafter, target, dtype=drafter_dtype_of(args, target)
         )
         prompts, settings, rollouts = _prompts_and_settings(args, target)
-        if args.vs_hf:
-            _check_vs_hf(target, args.no_ar)
+        if args.vs_hf and not has_hf_generate(target):  # before any decoding is spent
+            raise ValueError("--vs-hf: the target is not a Hugging Face model with generate()")
+        if args.vs_hf and args.no_ar:
+            raise ValueError("--vs-hf needs the AR baseline: drop --no-ar")
         result = decode(
             target,
             drafter,
@@ -253,7 +220,5 @@ def run(args: argparse.Namespace) -> int:
     if "offline_mal" in out:
         lo2, hi2 = out["offline_mal_ci95"]
         print(f"offline MAL on the same rollouts {out['offline_mal']:.3f} [{lo2:.3f}, {hi2:.3f}]")
-    if args.json:
-        write_json(Path(args.json), out)
-        print(f"wrote {args.json}")
+    write_json_flag(args.json, out)
     return 0

@@ -41,16 +41,6 @@ def drafter_spec(text: str) -> DrafterSpec:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_rollouts_arg(p: argparse.ArgumentParser) -> None:
-    """`--rollouts DIR`, repeatable: one benchmark per rollout set (eval and compare)."""
-    p.add_argument(
-        "--rollouts",
-        required=True,
-        action="append",
-        help="rollout directory (a benchmark); repeat for several",
-    )
-
-
 def add_target_args(p: argparse.ArgumentParser) -> None:
     """The target options, `--cache-dir`, `--device`/`--dtype`, `--drafter-dtype`,
     `--threads` and `--no-progress`."""
@@ -76,6 +66,27 @@ def add_scoring_args(p: argparse.ArgumentParser, what: str = "results") -> None:
     )
 
 
+def add_scored_args(p: argparse.ArgumentParser, drafters_help: str) -> None:
+    """The target options, `--rollouts DIR` (repeatable: one benchmark per rollout set) and
+    the drafters of `eval` and `compare`."""
+    add_target_args(p)
+    p.add_argument(
+        "--rollouts",
+        required=True,
+        action="append",
+        help="rollout directory (a benchmark); repeat for several",
+    )
+    p.add_argument("drafters", nargs="+", type=drafter_spec, help=drafters_help)
+
+
+def add_allow_incomplete(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="score rollout sets whose `blockdraft rollout` was interrupted (refused otherwise)",
+    )
+
+
 def setup_target(args: argparse.Namespace) -> Any:
     """The target on `--device` in `--dtype` (drafters follow it: `drafter_dtype_of`)."""
     configure_cpu(args.threads, args.device)
@@ -98,31 +109,42 @@ def drafter_dtype_of(args: argparse.Namespace, target: Any) -> Any:
     return drafter_dtype(args.dtype, target.device, getattr(args, "drafter_dtype", None))
 
 
-def add_allow_incomplete(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--allow-incomplete",
-        action="store_true",
-        help="score rollout sets whose `blockdraft rollout` was interrupted (refused otherwise)",
-    )
-
-
 def run_scored_command(
     args: argparse.Namespace,
-    compute: Callable[[Any], Any],
+    compute: Callable[..., Any],
     markdown: Callable[[Any], str],
     json_obj: Callable[[Any], Any],
+    **options: Any,
 ) -> int:
-    """Shared body of `eval` and `compare`: check the checkpoints, load the target, compute,
-    print markdown, optionally write JSON; bad input is a one-line error and exit code 2."""
+    """Shared body of `eval` and `compare`: check the checkpoints, load the target, run
+    `compute` (`evaluate` or `compare`) on the flags, print markdown, optionally write JSON;
+    bad input is a one-line error and exit code 2."""
     try:
         for d in args.drafters:
             checkpoint_of(d)
-        result = compute(setup_target(args))
+        target = setup_target(args)
+        result = compute(
+            target,
+            args.drafters,
+            args.rollouts,
+            n_boot=args.n_boot,
+            seed=args.seed,
+            cache_dir=args.cache_dir,
+            progress=not args.no_progress,
+            allow_incomplete=args.allow_incomplete,
+            drafter_dtype=drafter_dtype_of(args, target),
+            **options,
+        )
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(markdown(result))
-    if args.json:
-        write_json(args.json, json_obj(result))
-        print(f"wrote {args.json}")
+    write_json_flag(args.json, json_obj(result))
     return 0
+
+
+def write_json_flag(path: str | None, obj: Any) -> None:
+    """`--json PATH`: write `obj` there (strict JSON) and say so; nothing without it."""
+    if path:
+        write_json(path, obj)
+        print(f"wrote {path}")

@@ -1,12 +1,8 @@
 """`blockdraft eval --target NAME --rollouts DIR DRAFTER [DRAFTER...] [--json OUT]`.
 
-(`--rollouts` may be repeated: one benchmark per rollout set.)
-
 Exact offline evaluation (docs/methods.md, "The offline evaluator") of each drafter on
-each rollout set (one "benchmark" per set): expected rounds, MAL with a bootstrap CI, AR_k
-and T_{>=k}. Acceptance tensors are cached per (drafter checkpoint, rollouts), so `compare`
-and `report` after `eval` cost nothing. `blockdraft.evaluation.eval_compare.evaluate()` is the
-same as a Python function; this module only parses arguments and prints.
+each rollout set (one benchmark per `--rollouts`): expected rounds, MAL with a bootstrap
+CI, AR_k and T_{>=k}. The Python function is `blockdraft.evaluation.eval_compare.evaluate`.
 """
 
 from __future__ import annotations
@@ -15,23 +11,11 @@ import argparse
 
 from blockdraft.cli.drafter_options import (
     add_allow_incomplete,
-    add_rollouts_arg,
+    add_scored_args,
     add_scoring_args,
-    add_target_args,
-    drafter_dtype_of,
-    drafter_spec,
     run_scored_command,
 )
-
-# the Python API lives in the library; re-exported here for older imports
-from blockdraft.evaluation.eval_compare import (  # noqa: F401
-    benchmark_name,
-    drafter_names,
-    evaluate,
-    load_scored,
-    resolve_checkpoint,
-    write_json,
-)
+from blockdraft.evaluation.eval_compare import evaluate
 from blockdraft.pipeline.report import eval_markdown
 
 EXAMPLE = """example:
@@ -45,17 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "eval",
         help="exact offline evaluation of drafters on target rollouts",
         description="Expected rounds, MAL (+bootstrap CI), AR_k and T_{>=k} of each drafter on "
-        "each "
-        "rollout set, computed exactly from the rollouts without running speculative decoding.",
+        "each rollout set, computed exactly from the rollouts without running speculative "
+        "decoding.",
         epilog=EXAMPLE,
     )
-    add_target_args(p)
-    add_rollouts_arg(p)
-    p.add_argument(
-        "drafters",
-        nargs="+",
-        type=drafter_spec,
-        help="drafter checkpoint directories (or run dirs with final/); `ngram` or "
+    add_scored_args(
+        p,
+        "drafter checkpoint directories (or run dirs with final/); `ngram` or "
         "`ngram:k=7,max=3,min=1` for the prompt-lookup baseline",
     )
     add_scoring_args(p)
@@ -64,19 +44,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_scored_command(
-        args,
-        lambda target: evaluate(
-            target,
-            args.drafters,
-            args.rollouts,
-            args.n_boot,
-            args.seed,
-            args.cache_dir,
-            progress=not args.no_progress,
-            allow_incomplete=args.allow_incomplete,
-            drafter_dtype=drafter_dtype_of(args, target),
-        ),
-        eval_markdown,
-        lambda result: result,
-    )
+    return run_scored_command(args, evaluate, eval_markdown, lambda result: result)

@@ -1,13 +1,8 @@
 """`blockdraft features`: cache a rollout set's target features for offline training.
 
 Prints the disk the features will take before computing anything and refuses sets
-above `--max-gb` (hidden-state disk size is what bites users of offline drafter
-training). Re-running the same command after an interruption resumes it. Train on the
-result with `blockdraft train ... data.features=OUT` (see docs/training.md).
-
-`--dtype` is the target's dtype, as in every command that runs a target; the stored
-features' dtype is `--store-dtype`. (`--dtype` once named the stored dtype: an explicit
-`--dtype` without `--store-dtype` prints a note saying so, so an older script is told.)
+above `--max-gb` (hidden states are large). Re-running the same command resumes it.
+`--dtype` is the target's dtype, as in every command; the stored one is `--store-dtype`.
 """
 
 from __future__ import annotations
@@ -86,21 +81,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _dtype_note(args: argparse.Namespace) -> str | None:
-    """The note for `--dtype` given without `--store-dtype` (its meaning changed)."""
-    if args.dtype is None or args.store_dtype is not None:
-        return None
-    return (
-        "note: features --dtype is the target's dtype (as in every command); the stored "
-        "features' dtype is --store-dtype (default bfloat16)"
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
-    note = _dtype_note(args)
-    if note:
-        print(note, file=sys.stderr)
+    if args.dtype is not None and args.store_dtype is None:  # --dtype once named the stored one
+        print(
+            "note: features --dtype is the target's dtype (as in every command); the stored "
+            "features' dtype is --store-dtype (default bfloat16)",
+            file=sys.stderr,
+        )
     target_dtype = args.dtype or args.target_dtype or "auto"
     device, dtype = resolve_flags(args.device, target_dtype)  # one-line error if bad
     try:

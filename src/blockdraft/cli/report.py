@@ -21,15 +21,6 @@ EXAMPLE = """example:
 """
 
 
-def _load(path: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such file") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-
-
 # the key that marks each command's --json output (what `report` reads from it)
 _KINDS = {"eval": "benchmarks", "compare": "comparisons", "decode": "tau"}
 
@@ -37,7 +28,12 @@ _KINDS = {"eval": "benchmarks", "compare": "comparisons", "decode": "tau"}
 def _results(path: str, kind: str) -> dict[str, Any]:
     """`blockdraft KIND --json` output read from `path`; a file of another kind is one line
     naming the flag it belongs to (never skipped in silence or drawn as junk)."""
-    data = _load(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(data, dict) and _KINDS[kind] in data:
         return data
     other = next((k for k, key in _KINDS.items() if isinstance(data, dict) and key in data), None)
@@ -54,33 +50,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "report",
         help="plots (PNG) and a markdown summary of training runs and evaluations",
         description="Write acceptance-rate, accepted-length, training-curve and D-PACE weight "
-        "plots "
-        "plus report.md that embeds them.",
+        "plots plus report.md that embeds them.",
         epilog=EXAMPLE,
     )
     p.add_argument("runs", nargs="*", help="training run directories (with metrics.jsonl)")
     # one file per flag, repeatable: a greedy nargs would swallow the run directories
-    p.add_argument(
-        "--eval",
-        action="append",
-        default=[],
-        metavar="JSON",
-        help="a JSON file from `blockdraft eval --json` (repeatable)",
-    )
-    p.add_argument(
-        "--compare",
-        action="append",
-        default=[],
-        metavar="JSON",
-        help="a JSON file from `blockdraft compare --json` (repeatable)",
-    )
-    p.add_argument(
-        "--decode",
-        action="append",
-        default=[],
-        metavar="JSON",
-        help="a JSON file from `blockdraft decode --json` (repeatable)",
-    )
+    for kind in _KINDS:
+        p.add_argument(
+            f"--{kind}",
+            action="append",
+            default=[],
+            metavar="JSON",
+            help=f"a JSON file from `blockdraft {kind} --json` (repeatable)",
+        )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(
         "--title", default="blockdraft report", help="report.md's heading (default: %(default)s)"

@@ -1,10 +1,8 @@
 """`blockdraft rollout`: sample target responses to a prompt source into a rollout directory.
 
-Re-running the same command after an interruption resumes it (see
-`blockdraft.data.rollouts.generate`); the target is loaded by name through the model registry.
-Under torchrun (`torchrun --nproc_per_node N -m blockdraft rollout ...`, also several
-nodes with a shared --out) each rank generates its share of the shards into the same
-directory; the set equals a one-process run (`blockdraft.data.rollouts.distributed`).
+Re-running the same command after an interruption resumes it. Under torchrun (also
+several nodes with a shared --out) each rank generates its share of the shards into the
+same directory; the set equals a one-process run (`blockdraft.data.rollouts.distributed`).
 """
 
 from __future__ import annotations
@@ -17,11 +15,10 @@ from typing import Any
 import torch.distributed as dist
 
 from blockdraft.cli.arguments import (
-    nonnegative_float,
+    SAMPLING_FLAGS,
+    add_sampling_args,
     nonnegative_int,
     positive_int,
-    probability,
-    seed_int,
     top_k_or_minus_one,
 )
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
@@ -36,7 +33,7 @@ from blockdraft.devices import add_device_args, resolve_dtype
 from blockdraft.errors import UserError
 from blockdraft.sampling import SamplingSettings
 from blockdraft.targets.mask_token import MaskTokenError
-from blockdraft.targets.registry import load_target, model_directory
+from blockdraft.targets.registry import model_directory
 from blockdraft.threads import add_threads_arg, configure_cpu
 
 EXAMPLE = """examples:
@@ -66,32 +63,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "hf:name[:config]:split:field",
     )
     p.add_argument("--out", required=True, help="rollout directory (created; resumed if it exists)")
-    p.add_argument(
-        "--temperature",
-        type=nonnegative_float,
-        default=1.0,
-        help="sampling temperature, 0 = greedy (default 1.0)",
-    )
-    p.add_argument(
-        "--top-p",
-        type=probability,
-        default=1.0,
-        help="nucleus sampling cutoff in (0, 1] (default 1.0 = off)",
-    )
-    p.add_argument(
-        "--top-k", type=nonnegative_int, default=0, help="top-k cutoff (default 0 = off)"
-    )
-    p.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=256,
-        help="longest response in tokens (default 256)",
-    )
-    p.add_argument(
-        "--seed",
-        type=seed_int,
-        default=0,
-        help="sampling seed (default 0)",
+    add_sampling_args(
+        p,
+        {
+            "temperature": "sampling temperature, 0 = greedy (default 1.0)",
+            "top_p": "nucleus sampling cutoff in (0, 1] (default 1.0 = off)",
+            "top_k": "top-k cutoff (default 0 = off)",
+            "max_new_tokens": "longest response in tokens (default 256)",
+            "seed": "sampling seed (default 0)",
+        },
+        {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 256, "seed": 0},
     )
     p.add_argument(
         "--batch-size", type=positive_int, default=8, help="prompts generated together (default 8)"
@@ -155,22 +136,17 @@ def _register_import(subparsers: argparse._SubParsersAction) -> None:
         help="prompt spec to join by id, for records that carry no prompt (e.g. OpenAI batch "
         "output lines, joined on custom_id)",
     )
-    p.add_argument(
-        "--temperature", type=nonnegative_float, default=None, help="as sampled (0 = greedy)"
+    add_sampling_args(
+        p,
+        {
+            "temperature": "as sampled (0 = greedy)",
+            "top_p": "as sampled: the nucleus cutoff in (0, 1]",
+            "top_k": "0 or -1 = no top-k filter",
+            "max_new_tokens": "default: as stated, else the longest",
+            "seed": "recorded only",
+        },
+        top_k=top_k_or_minus_one,
     )
-    p.add_argument(
-        "--top-p", type=probability, default=None, help="as sampled: the nucleus cutoff in (0, 1]"
-    )
-    p.add_argument(
-        "--top-k", type=top_k_or_minus_one, default=None, help="0 or -1 = no top-k filter"
-    )
-    p.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=None,
-        help="default: as stated, else the longest",
-    )
-    p.add_argument("--seed", type=seed_int, default=None, help="recorded only")
     p.add_argument(
         "--store-topk", type=nonnegative_int, default=0, help="also store the top-N distribution"
     )
@@ -200,7 +176,6 @@ def _load(args: argparse.Namespace, device: Any) -> Any:
     try:
         return load_target_from_args(
             args,
-            loader=load_target,
             rollouts=[args.out] if read_manifest(Path(args.out)) is not None else [],
             device=device,
             dtype=resolve_dtype(args.dtype, device),
@@ -214,15 +189,9 @@ def _load(args: argparse.Namespace, device: Any) -> Any:
 
 def run_import(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
-
-    flags = {
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": None if args.top_k is None else max(0, args.top_k),
-        "max_new_tokens": args.max_new_tokens,
-        "seed": args.seed,
-    }
-    overrides = {k: v for k, v in flags.items() if v is not None}
+    overrides = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    if "top_k" in overrides:
+        overrides["top_k"] = max(0, overrides["top_k"])  # -1: off, as engines write it
     try:
         prompts = load_prompts(args.prompts) if args.prompts else None
         _, device, _ = init_from_env(args.device)
@@ -264,19 +233,16 @@ def _note_stored_topk(requested: int, settings: SamplingSettings, target: Any) -
     print(f"note: --store-topk {requested}: {why}; storing {stored}", file=sys.stderr)
 
 
-# The largest top-k cutoff whose whole distribution `blockdraft rollout` stores by default
-# (8 bytes per entry per response token: 160 at the EDR paper's top-k 20).
+# the largest top-k cutoff whose whole distribution is stored by default (8 bytes per entry
+# per response token)
 AUTO_STORE_TOPK = 64
 
 
 def auto_store_topk(settings: SamplingSettings, no_logprobs: bool) -> int:
     """`--store-topk`'s default: a sampled rollout under a top-k cutoff of at most
     `AUTO_STORE_TOPK` stores its top k, which is then its whole sampling distribution.
-
-    Why: sampling E2E and EDR fine-tunes compare with that distribution; read from the
-    rollouts, they need no target logits (on cached features no target at all), a part
-    of what a sampled fine-tune costs beyond a D-PACE epoch (docs/results.md, section 6).
-    Greedy rollouts, cutoffs above the limit and no cutoff store nothing extra."""
+    Why: sampling E2E and EDR fine-tunes compare with it, and read from the rollouts it
+    needs no target logits (docs/results.md, section 6)."""
     if no_logprobs or settings.greedy or not 0 < int(settings.top_k or 0) <= AUTO_STORE_TOPK:
         return 0
     return int(settings.top_k)
@@ -284,15 +250,8 @@ def auto_store_topk(settings: SamplingSettings, no_logprobs: bool) -> int:
 
 def run(args: argparse.Namespace) -> int:
     configure_cpu(args.threads, args.device)
-
     try:
-        settings = SamplingSettings(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-        )
+        settings = SamplingSettings(**{k: getattr(args, k) for k in SAMPLING_FLAGS})
         if args.store_topk is None:  # resuming: what the set was written with
             written = read_manifest(Path(args.out))
             args.store_topk = (
@@ -306,13 +265,8 @@ def run(args: argparse.Namespace) -> int:
                 "can leave out log-probs"
             )
         prompts = load_prompts(args.prompts, limit=args.limit)
-    except (PromptError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-    try:
         ctx, device, created = init_from_env(args.device)
-    except (RuntimeError, ValueError) as exc:
+    except (PromptError, RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:

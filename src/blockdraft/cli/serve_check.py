@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from blockdraft.cli.arguments import positive_int
-from blockdraft.cli.drafter_options import add_target_args, setup_target
+from blockdraft.cli.drafter_options import add_target_args, setup_target, write_json_flag
 from blockdraft.engines.vllm_engine import EngineError
 from blockdraft.evaluation.eval_compare import write_json
 from blockdraft.evaluation.suite import benchmark_rollouts, load_suite
@@ -114,9 +114,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(render(result))
-    if args.json:
-        write_json(args.json, result)
-        print(f"wrote {args.json}")
+    write_json_flag(args.json, result)
     return 0
 
 

@@ -9,7 +9,6 @@ over it and between drafters. `blockdraft.evaluation.suite.run_suite` is the Pyt
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 from blockdraft.cli.arguments import PrintAndExit, positive_int
@@ -19,14 +18,15 @@ from blockdraft.cli.drafter_options import (
     drafter_dtype_of,
     drafter_spec,
     setup_target,
+    write_json_flag,
 )
-from blockdraft.evaluation.eval_compare import write_json
 from blockdraft.evaluation.suite import (
     Suite,
     SuiteError,
     benchmark_arg,
     load_suite,
     run_suite,
+    with_benchmarks,
 )
 from blockdraft.pipeline.report import suite_tables
 from blockdraft.pipeline.report_plots import plot_suite
@@ -112,10 +112,7 @@ def suite_from_args(args: argparse.Namespace) -> Suite:
     clash = next((b.name for b in extra if b.name in taken), None)
     if clash is not None:
         raise SuiteError(f"--benchmark {clash}: the suite already has a benchmark of that name")
-    benches = [*suite.benchmarks, *extra]
-    if args.limit is not None:
-        benches = [replace(b, limit=min(b.limit or args.limit, args.limit)) for b in benches]
-    return replace(suite, benchmarks=benches, baseline=args.baseline or suite.baseline)
+    return with_benchmarks(suite, extra, args.limit, args.baseline)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,9 +133,7 @@ def run(args: argparse.Namespace) -> int:
         split=args.split,
     )
     print("\n".join(suite_tables(result)))
-    if args.json:
-        write_json(args.json, result)
-        print(f"wrote {args.json}")
+    write_json_flag(args.json, result)
     if args.plot:
         print(f"wrote {plot_suite(result, Path(args.plot))}")
     return 0

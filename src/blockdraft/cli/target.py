@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from blockdraft.cli.arguments import nonnegative_float, positive_int, seed_int
+from blockdraft.cli.arguments import add_sampling_args, positive_int, seed_int
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.prompt_specs import check_fits_context
 from blockdraft.errors import BlockdraftError
@@ -65,22 +65,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show a target's shapes, tokens, fingerprint and manifest",
         epilog=_epilog("info"),
     )
-    _common(info)
+    add_target_options(info, positional=True)
     info.set_defaults(func=_info)
 
     sample = sub.add_parser("sample", help="generate text from a prompt", epilog=_epilog("sample"))
-    _common(sample)
+    add_target_options(sample, positional=True)
     sample.add_argument("--prompt", default="def ", help="prompt text (default 'def ')")
-    sample.add_argument(
-        "--max-new-tokens", type=positive_int, default=64, help="tokens to generate (default 64)"
+    add_sampling_args(
+        sample,
+        {
+            "max_new_tokens": "tokens to generate (default 64)",
+            "temperature": "sampling temperature, 0 = greedy (default 0)",
+            "seed": "sampling seed (T > 0; default 0)",
+        },
+        {"max_new_tokens": 64, "temperature": 0.0, "seed": 0},
     )
-    sample.add_argument(
-        "--temperature",
-        type=nonnegative_float,
-        default=0.0,
-        help="sampling temperature, 0 = greedy (default 0)",
-    )
-    sample.add_argument("--seed", type=seed_int, default=0, help="sampling seed (T > 0; default 0)")
     sample.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     sample.set_defaults(func=_sample)
 
@@ -88,14 +87,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "list", help="list named targets and whether they are ready", epilog=_epilog("list")
     )
     lst.set_defaults(func=_list)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    add_target_options(p, positional=True)
-
-
-def _load(args: argparse.Namespace):
-    return load_target_from_args(args)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -115,8 +106,7 @@ def _build(args: argparse.Namespace) -> int:
     else:
         print(
             f"error: only named targets are built ({registry.TINY}, {registry.GEMMA}, "
-            f"{registry.SMOLLM2}); "
-            f"got {args.name!r}",
+            f"{registry.SMOLLM2}); got {args.name!r}",
             file=sys.stderr,
         )
         return 2
@@ -148,18 +138,16 @@ def _build_machine(m: dict) -> str:
 
 def _summary(manifest: dict) -> dict:
     """The manifest without the long file lists (they stay on disk)."""
-    out = dict(manifest)
-    if "corpus" in out:
-        corpus = dict(out["corpus"])
-        corpus["train_files"] = f"{len(corpus['train_files'])} files"
-        corpus["heldout_files"] = f"{len(corpus['heldout_files'])} files"
-        out["corpus"] = corpus
-    return out
+    if "corpus" not in manifest:
+        return dict(manifest)
+    corpus = manifest["corpus"]
+    counts = {k: f"{len(corpus[k])} files" for k in ("train_files", "heldout_files")}
+    return {**manifest, "corpus": {**corpus, **counts}}
 
 
 def _info(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    target = _load(args)
+    target = load_target_from_args(args)
     load_s = time.perf_counter() - t0
     tok = target.tokenizer
     info = {
@@ -194,7 +182,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    target = _load(args)
+    target = load_target_from_args(args)
     tok = target.tokenizer
     if args.chat:
         if not getattr(tok, "chat_template", None):

@@ -1,10 +1,8 @@
 """The target options every sub-command that loads a target takes, and the one way to load it.
 
-Why one place: a target without a mask token needs `--mask-token` at every stage that
-loads it, and `--allow-download` / `--trust-remote-code` mean the same everywhere. The
-mask token named once (at `blockdraft rollout`) is recorded with the rollouts and the
-drafter; `load_target_from_args` takes it from the artifacts a command reads, so later
-stages need no flag, and refuses an explicit `--mask-token` that differs from the record.
+Why one place: the flags mean the same everywhere, and a mask token named once (at
+`blockdraft rollout`) is recorded with the rollouts and the drafter: `load_target_from_args`
+takes it from the artifacts a command reads, and refuses a `--mask-token` that differs.
 """
 
 from __future__ import annotations

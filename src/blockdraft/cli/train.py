@@ -9,7 +9,6 @@ docs/training.md. Config and setup problems print one line and exit with status 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from blockdraft.cli.arguments import PrintAndExit, positive_float, positive_int
 from blockdraft.data.rollouts.store import RolloutError
 from blockdraft.heap import retain_freed_memory
+from blockdraft.pipeline.report import read_metrics
 from blockdraft.recipes import TRAIN, recipe_listing, resolve_recipe
 from blockdraft.threads import add_threads_arg, configure_cpu, runs_on_cpu
 from blockdraft.training.builders import TrainSetupError
@@ -162,16 +162,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _final_eval_mal(metrics: Path) -> tuple[int, float] | None:
     """(step, MAL) of the last held-out evaluation in a run's metrics.jsonl, if any."""
-    last = None
     try:
-        lines = metrics.read_text().splitlines()
+        events, _ = read_metrics(metrics)
     except OSError:
         return None
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("event") == "eval" and rec.get("eval_mal") is not None:
-            last = (int(rec["step"]), float(rec["eval_mal"]))
-    return last
+    evals = [e for e in events if e.get("event") == "eval" and e.get("eval_mal") is not None]
+    return (int(evals[-1]["step"]), float(evals[-1]["eval_mal"])) if evals else None

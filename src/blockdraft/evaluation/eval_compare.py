@@ -1,11 +1,9 @@
 """Offline evaluation runs: score drafters on rollout sets, evaluate, compare, write JSON.
 
-The Python API behind `blockdraft eval` and `blockdraft compare` (the CLI modules only
-parse arguments and print), and what the demo and notebooks call: `evaluate(target,
-drafters, rollout_dirs)` and `compare(...)`. A drafter is a checkpoint or run directory
-or a spec (`ngram[:...]`, `hybrid:PATH`); checkpoints are scored with the target layers
-their own config records, so drafters trained on other `target.layer_ids` compare, and
-acceptance tensors are cached, so `compare` and `report` after `evaluate` cost nothing.
+What `blockdraft eval` / `compare` and the demo call. A drafter is a checkpoint or run
+directory or a spec (`ngram[:...]`, `hybrid:PATH`); checkpoints are scored with the
+target layers their own config records, so drafters trained on other `target.layer_ids`
+compare, and acceptance tensors are cached, so `compare` after `evaluate` costs nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from typing import Any
 from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.evaluation.offline import mal_ci, offline_stats, paired_comparison
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
-from blockdraft.serialization.checkpoint import resolve_checkpoint
 from blockdraft.serialization.drafter_spec import DrafterSpec, display_name, load_drafter_spec
 
 __all__ = [
@@ -28,7 +25,6 @@ __all__ = [
     "drafter_names",
     "evaluate",
     "load_scored",
-    "resolve_checkpoint",
     "write_json",
 ]
 
@@ -82,7 +78,6 @@ def load_scored(
     """Acceptance tensors of every drafter on one rollout set -> (rollout set, [per drafter]).
 
     Drafters are placed on the target's device, cast to `drafter_dtype` if given."""
-
     rollouts = RolloutSet.open(rollout_dir, allow_incomplete=allow_incomplete)
     if len(rollouts) == 0:
         raise ValueError(f"{rollout_dir}: rollout set is empty")
@@ -116,7 +111,6 @@ def evaluate(
     drafter_dtype: Any = None,
 ) -> dict[str, Any]:
     """Offline statistics of each drafter on each rollout set, as a JSON-ready dict."""
-
     names = drafter_names(drafter_paths)
     result: dict[str, Any] = {"target": getattr(target, "name", ""), "benchmarks": []}
     for rdir in rollout_dirs:
@@ -183,7 +177,6 @@ def compare(
 ) -> list[dict[str, Any]]:
     """Paired comparisons (B vs A) per benchmark, as JSON-ready dicts: `mal_gain` is
     MAL(B) - MAL(A), `rel_gain` that over MAL(A), each with its paired 95% CI."""
-
     if len(drafter_paths) < 2:
         raise ValueError("compare needs at least two drafters")
     names = drafter_names(drafter_paths)

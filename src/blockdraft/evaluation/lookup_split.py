@@ -1,13 +1,10 @@
 """Where a drafter wins and loses against the baseline (prompt lookup), round start by round start.
 
-A suite's MAL says *whether* a trained drafter beats prompt lookup; this says *where*:
-every round start of a benchmark's rollouts is grouped by how many tokens the baseline
-gets accepted there (none, 1-3, 4 to K-1, all K: the text copying itself), and each
-drafter's mean accepted length is given per group. It also gives the exact MAL of the
-per-round oracle that takes, at each round start, the longer of the baseline's and the
-drafter's accepted prefixes: what a per-round choice between the two (a fallback such as
-`hybrid:`) could reach if it always chose right. Per-group means are over every round
-start, not weighted by how often decoding visits them (that is what MAL does).
+A suite's MAL says *whether* a drafter beats prompt lookup; this says *where*: every round
+start is grouped by how many tokens the baseline gets accepted there (none, 1-3, 4 to K-1,
+all K), with each drafter's mean accepted length per group (over round starts, not
+weighted by decoding's visits as MAL is), and the exact MAL of the per-round oracle taking
+the longer of the two prefixes: what a fallback such as `hybrid:` could reach at best.
 """
 
 from __future__ import annotations

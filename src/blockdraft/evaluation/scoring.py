@@ -1,12 +1,11 @@
 """Acceptance tensors of a drafter on a rollout set: the input of the offline evaluator.
 
-Every round start of a rollout gets its own block, and all of them go through the
-drafter's training forward (`forward_blocks`) on the features of *one* target forward
-over the sequence, in chunks so memory stays bounded. A proposal's acceptance is
-`1[argmax q = x]` on greedy rollouts and `min(1, q(x) / p(x))` on sampled ones, with p(x)
-the stored log-prob and q processed with the same settings, exactly what the decoder
-samples from; an `NgramDrafter` is scored from token ids alone. Results are cached per
-(drafter weights, target, rollouts, settings): no stage recomputes a drafter (docs/methods.md).
+Every round start of a rollout gets its own block, and all go through the drafter's
+training forward (`forward_blocks`) on the features of *one* target forward, in chunks.
+A proposal's acceptance is `1[argmax q = x]` on greedy rollouts and `min(1, q(x) / p(x))`
+on sampled ones (p(x) the stored log-prob, q processed as the decoder samples it); an
+`NgramDrafter` is scored from token ids alone. Results are cached per (drafter weights,
+target, rollouts, settings) (docs/methods.md).
 """
 
 from __future__ import annotations
@@ -34,9 +33,7 @@ from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.sampling import processed_probs
 from blockdraft.user_cache import cache_root
 
-# 2: scored in the draft vocabulary (sampling q may move by rounding); 3: a hybrid's
-# prompt lookup defaults to vLLM's rule (its key names the rule by its spec only)
-SCORING_VERSION = "3"
+SCORING_VERSION = "3"  # part of every cache key: raised when scores may change
 LOGIT_BUDGET = 1 << 24  # floats of drafter logits materialised at once (64 MB float32)
 
 
@@ -110,9 +107,8 @@ def acceptance_tensor(
     rows_per_logit_chunk = max(1, LOGIT_BUDGET // max(1, k * vocab))
     for start in range(0, anchors.numel(), anchor_chunk):
         chunk = anchors[start : start + anchor_chunk]
-        hidden = drafter.forward_blocks(features, seq.unsqueeze(0), chunk.unsqueeze(0))[
-            0
-        ]  # [A,K,H]
+        # [A, K, H]: one block per round start of the chunk
+        hidden = drafter.forward_blocks(features, seq.unsqueeze(0), chunk.unsqueeze(0))[0]
         for s in range(0, chunk.numel(), rows_per_logit_chunk):
             a = chunk[s : s + rows_per_logit_chunk]
             idx = a[:, None] + slots[None, :]  # [A,K] index of the proposed token
@@ -142,13 +138,9 @@ def acceptance_tensor(
 # --- target features shared across drafters ----------------------------------------------
 class FeatureMemo:
     """Target features of rollouts, computed once and reused while the target is unchanged
-    (same target object and feature layers), up to `max_bytes` (least recently used
-    dropped first).
-
-    Why: with scoring in the draft vocabulary the target forward is most of the
-    per-rollout cost (docs/methods.md, "The offline evaluator"), and evaluating several
-    drafters (or one drafter at several hybrid thresholds, or one drafter at every
-    held-out evaluation of a training run) on one rollout set would repeat it each time."""
+    (same target object and feature layers), up to `max_bytes` (least recently used first
+    out). Why: the target forward is most of the per-rollout cost, and scoring several
+    drafters (or thresholds, or training evaluations) on one set would repeat it."""
 
     def __init__(self, max_bytes: int = 1 << 30) -> None:
         self.max_bytes, self.held = max_bytes, 0
@@ -244,11 +236,9 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def read_cache_entry(path: Path, num_rollouts: int) -> list[torch.Tensor] | None:
-    """The acceptance tensors cached at `path`, or None to recompute (and overwrite) them.
-
-    An entry is used only when it reads and matches the SHA-256 it records; one that does
-    not (a changed byte, a cut file, an entry written before entries carried a checksum)
-    is recomputed, with a one-line warning when it was damaged."""
+    """The acceptance tensors cached at `path`, or None to recompute (and overwrite) them:
+    an entry is used only when it reads and matches the SHA-256 it records (a damaged one
+    is recomputed with a one-line warning)."""
     if not path.is_file():
         return None
     try:
@@ -270,11 +260,6 @@ def read_cache_entry(path: Path, num_rollouts: int) -> list[torch.Tensor] | None
     return None
 
 
-def default_cache_dir() -> Path:
-
-    return cache_root() / "acceptance"
-
-
 def score_rollouts(
     drafter: Any,
     target: Any,
@@ -290,12 +275,9 @@ def score_rollouts(
 ) -> list[torch.Tensor]:
     """Acceptance tensors `[L_i - 1, K]` for every rollout, from the disk cache if present.
 
-    `progress` may be the progress bar's label (e.g. `scoring dpace`), so that bars of
-    several drafters can be told apart.
-
-    `drafter_id` identifies the drafter's weights (e.g. `checkpoint_hash(dir)`); if None
-    it is hashed from the drafter's state dict (nn.Module drafters) or caching is skipped.
-    """
+    `progress` may be the bar's label (`scoring dpace`). `drafter_id` identifies the
+    drafter's weights (`checkpoint_hash(dir)`); if None it is hashed from the state dict
+    (nn.Module drafters) or caching is skipped."""
     rollouts = list(rollouts)
     if isinstance(drafter, NgramDrafter):
         use_cache = False  # scoring from token ids is cheaper than hashing the rollouts
@@ -319,7 +301,7 @@ def score_rollouts(
                 ]
             ).encode()
         ).hexdigest()
-        path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        path = Path(cache_dir) if cache_dir is not None else cache_root() / "acceptance"
         path = path / f"{key[:32]}.safetensors"
         cached = read_cache_entry(path, len(rollouts))
         if cached is not None:

@@ -1,17 +1,16 @@
 """A benchmark suite: several held-out prompt sets scored in one call, as papers report them.
 
-A user serves a mix of domains, so one held-out set says little: the suite names several
-(GSM8K, HumanEval, MT-Bench, `stdlib:eval`, any prompt file), generates each set's target
-rollouts once and caches them, scores every drafter on every set with the exact offline
-evaluator, and reports per set and on the mean over sets, always next to the baseline
-(prompt lookup by default). Suite files are YAML: docs/evaluation.md and `configs/suites/`.
+A user serves a mix of domains, so one held-out set says little: a suite names several
+(GSM8K, HumanEval, MT-Bench, any prompt file), caches each set's target rollouts, and
+scores every drafter on every set and on the mean over sets, next to the baseline (prompt
+lookup by default). Suite files are YAML: docs/evaluation.md and `configs/suites/`.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +64,12 @@ class Suite:
     baseline: DrafterSpec = DrafterSpec("ngram")
 
 
+def _known_keys(raw: dict, keys: set[str], where: str) -> None:
+    unknown = sorted(set(raw) - keys)
+    if unknown:
+        raise SuiteError(f"{where}: unknown key(s) {', '.join(unknown)}")
+
+
 def _positive_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SuiteError(f"{where}: must be a positive integer, got {value!r}")
@@ -74,9 +79,7 @@ def _positive_int(value: Any, where: str) -> int:
 def _benchmark(raw: Any, where: str, data_dir: Path | None) -> Benchmark:
     if not isinstance(raw, dict):
         raise SuiteError(f"{where}: a benchmark is a mapping with name and prompts")
-    unknown = sorted(set(raw) - _BENCH_KEYS)
-    if unknown:
-        raise SuiteError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    _known_keys(raw, _BENCH_KEYS, where)
     for key in ("name", "prompts"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise SuiteError(f"{where}.{key}: missing or not a string")
@@ -100,9 +103,7 @@ def parse_suite(raw: Any, source: str, base_dir: Path, data_dir: str | Path | No
     `data_dir` argument against the working directory."""
     if not isinstance(raw, dict):
         raise SuiteError(f"{source}: a suite file is a YAML mapping")
-    unknown = sorted(set(raw) - _SUITE_KEYS)
-    if unknown:
-        raise SuiteError(f"{source}: unknown key(s) {', '.join(unknown)}")
+    _known_keys(raw, _SUITE_KEYS, source)
     if data_dir is not None:  # from the command line: relative to where it was typed
         data = Path(data_dir).expanduser().resolve()
     elif raw.get("data_dir") is not None:  # in the file: relative to the file
@@ -112,9 +113,7 @@ def parse_suite(raw: Any, source: str, base_dir: Path, data_dir: str | Path | No
     rollouts = raw.get("rollouts") or {}
     if not isinstance(rollouts, dict):
         raise SuiteError(f"{source}: rollouts: a mapping of rollout settings")
-    bad = sorted(set(rollouts) - _ROLLOUT_KEYS)
-    if bad:
-        raise SuiteError(f"{source}: rollouts: unknown key(s) {', '.join(bad)}")
+    _known_keys(rollouts, _ROLLOUT_KEYS, f"{source}: rollouts")
     settings = {"temperature": 0.0, "max_new_tokens": 128, **rollouts}
     batch_size = _positive_int(settings.pop("batch_size", 16), f"{source}: rollouts.batch_size")
     try:
@@ -159,6 +158,17 @@ def benchmark_arg(text: str) -> Benchmark:
     return Benchmark(name, spec)
 
 
+def with_benchmarks(
+    suite: Suite, extra: list[Benchmark], limit: int | None, baseline: DrafterSpec | None
+) -> Suite:
+    """`suite` with `extra` benchmarks added, each capped at `limit` prompts, and `baseline`
+    (when given) in place of its own: what `--benchmark`, `--limit`, `--baseline` change."""
+    benches = [*suite.benchmarks, *extra]
+    if limit is not None:
+        benches = [replace(b, limit=min(b.limit or limit, limit)) for b in benches]
+    return replace(suite, benchmarks=benches, baseline=baseline or suite.baseline)
+
+
 def select_prompts(prompts: list[Any], limit: int | None, how: str) -> list[Any]:
     """The first `limit` prompts, or `limit` spread evenly over the set (MT-Bench is ordered by
     category, so its first 32 would be writing and role-play only)."""
@@ -170,10 +180,6 @@ def select_prompts(prompts: list[Any], limit: int | None, how: str) -> list[Any]
     return [prompts[(i * n) // limit] for i in range(limit)]
 
 
-def default_rollouts_root() -> Path:
-    return cache_root() / "suites"
-
-
 def benchmark_rollouts(
     target: Any,
     suite: Suite,
@@ -183,13 +189,11 @@ def benchmark_rollouts(
 ) -> dict[str, Path]:
     """Each benchmark's rollout set, generated (resumably) only when missing.
 
-    A set lives under `root` (default: the user cache) in a directory keyed by what it is
-    made of: the target's weights, the prompts chosen and the sampling settings; a set
-    whose generation was interrupted is resumed. A new greedy set stores no log-probs (the
-    suite scores it greedily only, and its argmax then skips the fp32 LM head on a CPU:
-    `generate_rollouts`); an interrupted set resumes as it was started."""
-
-    root = Path(root) if root is not None else default_rollouts_root()
+    A set lives under `root` (default: the user cache) in a directory keyed by the
+    target's weights, the prompts chosen and the sampling settings. A new greedy set
+    stores no log-probs (the suite scores it greedily only, and that skips the fp32 LM
+    head on a CPU); an interrupted set resumes as it was started."""
+    root = Path(root) if root is not None else cache_root() / "suites"
     fp = target_fingerprint(target)
     out = {}
     for bench in suite.benchmarks:
@@ -227,7 +231,6 @@ def with_baseline(suite: Suite, drafters: list[DrafterSpec]) -> list[DrafterSpec
 
     A bare `ngram` baseline proposes as many tokens as the trained drafters do (their
     common K), so prompt lookup is never handicapped by a shorter block."""
-
     baseline = suite.baseline
     if baseline == DrafterSpec("ngram"):
         ckpts = [c for c in (checkpoint_of(d) for d in drafters) if c is not None]
@@ -306,18 +309,17 @@ def run_suite(
         if d > 0:
             row["vs_baseline"] = _gain_json(st.gain(0, d))
         mean.append(row)
-    pairs = []
-    for a, b in itertools.combinations(range(1, len(names)), 2):
-        pairs.append(
-            {
-                "a": names[a],
-                "b": names[b],
-                "benchmarks": {
-                    bench["name"]: _gain_json(st.gain(a, b, i)) for i, bench in enumerate(per_bench)
-                },
-                "mean": _gain_json(st.gain(a, b)),
-            }
-        )
+    pairs = [
+        {
+            "a": names[a],
+            "b": names[b],
+            "benchmarks": {
+                bench["name"]: _gain_json(st.gain(a, b, i)) for i, bench in enumerate(per_bench)
+            },
+            "mean": _gain_json(st.gain(a, b)),
+        }
+        for a, b in itertools.combinations(range(1, len(names)), 2)
+    ]
     return {
         "suite": suite.name,
         "target": getattr(target, "name", ""),

@@ -94,25 +94,16 @@ def suite_statistics(
     drafters = {b.rounds.shape[0] for b in benchmarks}
     if len(drafters) != 1:
         raise ValueError(f"every benchmark must score the same drafters, got counts {drafters}")
-    mal, mal_ci, reps = [], [], []
-    for bench in benchmarks:
-        tokens = bench.tokens.to(torch.float64)
-        rounds = bench.rounds.to(torch.float64)
-        point = tokens.sum() / rounds.sum(1)
-        rep = _mal_replicates(BenchmarkRounds(tokens, rounds), n_boot, seed)
+    mal, mal_ci, reps, mean_reps = [], [], [], []
+    for i, bench in enumerate(benchmarks):
+        exact = BenchmarkRounds(bench.tokens.to(torch.float64), bench.rounds.to(torch.float64))
+        point = exact.tokens.sum() / exact.rounds.sum(1)
+        rep = _mal_replicates(exact, n_boot, seed)
         mal.append([float(v) for v in point])
         mal_ci.append([percentile_interval(rep[:, d], 0.95) for d in range(rep.shape[1])])
         reps.append(rep)
-    mean_rep = torch.stack(
-        [
-            _mal_replicates(
-                BenchmarkRounds(b.tokens.to(torch.float64), b.rounds.to(torch.float64)),
-                n_boot,
-                mean_stream_seed(seed, i),
-            )
-            for i, b in enumerate(benchmarks)
-        ]
-    ).mean(0)
+        mean_reps.append(_mal_replicates(exact, n_boot, mean_stream_seed(seed, i)))
+    mean_rep = torch.stack(mean_reps).mean(0)
     mean = torch.tensor(mal, dtype=torch.float64).mean(0)
     return SuiteStatistics(
         mal=mal,

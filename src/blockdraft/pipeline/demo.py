@@ -1,10 +1,9 @@
 """`blockdraft demo`: the whole pipeline on one target, with sensible small defaults.
 
-It is what a new user runs first, so it must finish on a laptop (the default `tiny`
-target, built on first use), show progress throughout, and reuse every stage whose inputs
-did not change (`stages.py`: a second run is mostly cache hits). Stages, each in its own
-directory under `out`: rollouts, drafters trained from scratch (decay, D-PACE), the
-continued-D-PACE control (`dpace-ft`) and the fine-tunes from D-PACE (E2E, EDR), offline
+What a new user runs first, so it must finish on a laptop (the `tiny` target), show
+progress throughout, and reuse every stage whose inputs did not change (`stages.py`).
+Stages, each in its own directory under `out`: rollouts, drafters from scratch (decay,
+D-PACE), the fine-tunes from D-PACE (E2E, EDR) and their control (`dpace-ft`), offline
 evaluation and comparison, real decoding, and the report (docs/architecture.md).
 """
 
@@ -46,10 +45,8 @@ class DemoSettings:
 
     target: str = "tiny"
     out: str = "blockdraft-demo"
-    # T=0 by default: greedy decoding is how speculative decoders are usually reported
-    # (DFlash, EAGLE) and where prompt lookup is a real competitor (the `tiny` target's
-    # greedy text repeats its context; at T=1 prompt lookup's MAL is ~1.03 and beating it
-    # says little). research/results.md has both temperatures.
+    # T=0: how speculative decoders are usually reported (DFlash, EAGLE), and where prompt
+    # lookup is a real competitor (research/results.md has both temperatures)
     temperature: float = 0.0
     block_size: int = 8
     train_prompts: str = "stdlib:train"
@@ -58,16 +55,12 @@ class DemoSettings:
     num_eval_prompts: int = 64
     max_new_tokens: int = 128
     drafter_layers: int = 1
-    # The drafters' reduced draft vocabulary (`drafter.draft_vocab_size`); None = auto:
-    # every distinct token of the training responses, rounded up to a power of two (`tiny`
-    # greedy: 290 of 4,096 -> 512; the full vocabulary when that reaches it, as sampled
-    # text does). `draft_vocab_for` says why.
+    # the drafters' reduced draft vocabulary (`drafter.draft_vocab_size`); None = auto
+    # (`draft_vocab_for`)
     draft_vocab_size: int | None = None
     num_anchors: int = 64
     batch_size: int = 8
-    # 12 epochs (~580 steps) at lr 3e-3: the recipe study of research/results.md ("Beating
-    # prompt lookup") found the old 3 epochs at 1e-3 far from converged (held-out MAL
-    # still rising steeply); the demo stays within its time budget.
+    # the recipe study of research/results.md ("Beating prompt lookup")
     epochs: float = 12.0
     lr: float = 3e-3
     finetune_epochs: float = 1.0
@@ -87,14 +80,11 @@ class DemoSettings:
 # (name, objective overrides, starts from)
 SCRATCH = [("decay", ["objective.name=decay"]), ("dpace", ["objective.name=dpace"])]
 # Fine-tunes of the D-PACE drafter, one epoch each; `dpace-ft` is their control (the same
-# steps of D-PACE), so a fine-tune has paid off only if it beats both its start and the
-# control. At T = 0, E2E and EDR train the tempered relaxation A = softmax(z / 0.5)(x)
-# (the library default of objective.greedy_temperature): with A = q(x) the relaxed
-# objective improves while the true rounds get worse (research/results.md, "EDR as in the
-# paper"); sampled rollouts ignore it. EDR drafts 32 of each rollout's ~127 round starts
-# with gradient (the `gradient` sampler; the rest scored without): as good as all of them
-# at 3 seeds, and the epoch costs ~1.2x the control's instead of ~1.8x (research/results.md,
-# "Cost of the fine-tune epoch").
+# steps of D-PACE): a fine-tune has paid off only if it beats its start and the control.
+# At T = 0, E2E and EDR train the tempered relaxation A = softmax(z / 0.5)(x), the default
+# objective.greedy_temperature (research/results.md, "EDR as in the paper").
+# EDR drafts 32 of each rollout's round starts with gradient, as good as all of them at a
+# fraction of the cost (research/results.md, "Cost of the fine-tune epoch").
 CONTROL = "dpace-ft"
 FINETUNE = [
     (CONTROL, ["objective.name=dpace"]),
@@ -114,11 +104,6 @@ COMPARISONS = [
 ]
 BASELINE = "ngram"  # prompt lookup with K = block_size - 1: the free drafter to beat
 TRAIN_THREADS = 1  # per training on a CPU: fixed, so the weights do not depend on the load
-
-
-def baseline_spec(s: DemoSettings) -> DrafterSpec:
-    """The prompt-lookup drafter at the demo's K (a spec every stage accepts as a drafter)."""
-    return DrafterSpec.lookup(s.block_size - 1)
 
 
 def _log(msg: str) -> None:
@@ -168,14 +153,10 @@ def make_rollouts(target: Any, s: DemoSettings, out: Path) -> dict[str, Path]:
 def draft_vocab_for(s: DemoSettings, target: Any, train_rollouts: Path) -> int | None:
     """The drafters' draft vocabulary size, or None for the target's whole vocabulary.
 
-    Why: a drafter can only gain by proposing tokens the target emits, and greedy text
-    uses few of them (`tiny`: 290 distinct tokens in 49k response tokens); scoring only the
-    frequent ones concentrates the softmax on them, which raised the D-PACE and EDR
-    drafters' held-out MAL by 3-13% at three seeds and cut the head's cost 8x
-    (research/results.md, "A draft vocabulary for the demo"). Auto = the distinct response
-    tokens rounded up to a power of two (the most frequent tokens of prompts and
-    responses fill it, training/builders.py); sampled text reaches most of the vocabulary,
-    and then the drafter scores all of it."""
+    Why: a drafter only gains by proposing tokens the target emits, and greedy text uses
+    few of them; scoring only those concentrates the softmax on them (research/results.md,
+    "A draft vocabulary for the demo"). Auto: the distinct response tokens rounded up to a
+    power of two; sampled text reaches most of the vocabulary, and then it is all of it."""
     if s.draft_vocab_size is not None:
         return s.draft_vocab_size
     seen: set[int] = set()
@@ -305,8 +286,7 @@ def _train_in_process(cfg: Any, resume: bool, position: int) -> str:
     """One training in a worker process (it loads the target named in `cfg` itself).
 
     A spawned worker starts with glibc's malloc defaults whatever its parent set, so it
-    keeps freed memory itself (heap.py): without it each step page-faults its buffers in
-    again (`bench/train_memory.py --part heap`)."""
+    keeps freed memory itself (heap.py)."""
     retain_freed_memory()
     torch.set_num_threads(TRAIN_THREADS)
     return str(train(cfg, resume=resume, bar_position=position))
@@ -317,16 +297,6 @@ def _usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def eval_prompt_spec(rollouts: dict[str, Path]) -> str:
-    """The prompt source of the held-out rollouts (for plot titles and tables)."""
-    manifest = RolloutSet.open(rollouts["eval"]).manifest
-    return str(manifest.get("prompts", {}).get("spec", "prompts"))
-
-
-def drafter_dtype_of(s: DemoSettings, target: Any) -> Any:
-    return drafter_dtype(s.dtype, target.device)
 
 
 def evaluate_offline(
@@ -341,9 +311,10 @@ def evaluate_offline(
     _log("offline evaluation on held-out rollouts")
     cache = out / "scores"
     paths = [finals[n] for n in names]
-    cast = drafter_dtype_of(s, target)
+    cast = drafter_dtype(s.dtype, target.device)
     result = evaluate(target, paths, [rollouts["eval"]], cache_dir=cache, drafter_dtype=cast)
-    bench_name = f"held-out {eval_prompt_spec(rollouts)}"
+    spec = RolloutSet.open(rollouts["eval"]).manifest.get("prompts", {}).get("spec", "prompts")
+    bench_name = f"held-out {spec}"
     result["benchmarks"][0]["name"] = bench_name
     for d, name in zip(result["benchmarks"][0]["drafters"], names, strict=True):
         d["name"] = name
@@ -390,7 +361,8 @@ def evaluate_online(
         if name == CONTROL:  # only compared offline: it is a yardstick, not a drafter to ship
             continue
         _log(f"online decoding with {name} ({len(prompts)} prompts)")
-        drafter, drafter_id = load_drafter_spec(path, target, dtype=drafter_dtype_of(s, target))
+        cast = drafter_dtype(s.dtype, target.device)
+        drafter, drafter_id = load_drafter_spec(path, target, dtype=cast)
         res = decode(
             target,
             drafter,
@@ -495,6 +467,9 @@ def served_summary(served: dict[str, Any]) -> str:
     )
 
 
+COMPARISON_KEYS = ("a", "b", "mal_gain", "mal_gain_ci95", "rel_gain", "rel_gain_ci95")
+
+
 def build_report_json(
     s: DemoSettings,
     rollouts: dict[str, Path],
@@ -531,17 +506,7 @@ def build_report_json(
         "temperature": s.temperature,
         "rollouts": {k: len(RolloutSet.open(v)) for k, v in rollouts.items()},
         "drafters": drafters,
-        "comparisons": [
-            {
-                "a": c["a"],
-                "b": c["b"],
-                "mal_gain": c["mal_gain"],
-                "mal_gain_ci95": c["mal_gain_ci95"],
-                "rel_gain": c["rel_gain"],
-                "rel_gain_ci95": c["rel_gain_ci95"],
-            }
-            for c in comparisons
-        ],
+        "comparisons": [{k: c[k] for k in COMPARISON_KEYS} for c in comparisons],
         "settings": asdict(s),
     }
 
@@ -570,17 +535,14 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     draft_vocab = draft_vocab_for(s, target, rollouts["train"])
     trained = train_drafters(target, s, out, rollouts, draft_vocab)
     checkpoints = {n: DrafterSpec(path=str(p)) for n, p in trained.items()}
-    finals = {BASELINE: baseline_spec(s), **checkpoints}
+    finals = {BASELINE: DrafterSpec.lookup(s.block_size - 1), **checkpoints}
     offline, comparisons = evaluate_offline(target, s, finals, rollouts, out)
     online_stage = Stage(
         out / "online",
         {
             "drafters": {n: recorded_key(p.parent) for n, p in trained.items() if n != CONTROL},
             "settings": fingerprint(portable(_settings_key(s, out), out)),
-            # 2: offline MAL on the same prompts and length, HF generate row; 3: lean forwards;
-            # 4: numpy's argmax for the greedy choice (kernels/row_argmax.py);
-            # 5: the speedup's CI over prompts (`speedup_ci95`)
-            "version": 5,
+            "version": 5,  # raised when what the stage computes changes
         },
     )
     if online_stage.is_done():

@@ -35,11 +35,8 @@ def _ci(ci: Sequence[float] | None, nd: int = 3, unit: str = "") -> str:
 
 
 def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], int]:
-    """Events of a `metrics.jsonl` (a file or a run directory) and the number of bad lines.
-
-    Malformed lines (e.g. a line cut by a crash) are skipped and counted, not fatal: a
-    report of a long run should not be lost to its last half-written line.
-    """
+    """Events of a `metrics.jsonl` (a file or a run directory) and the number of bad lines:
+    a report of a long run is not lost to its last half-written line."""
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
@@ -87,11 +84,11 @@ def training_series(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def drafters_from_eval(eval_json: dict[str, Any]) -> list[dict[str, Any]]:
     """Flatten `blockdraft eval --json` output into the `drafters` list of `write_report`."""
-    out = []
-    for bench in eval_json.get("benchmarks", []):
-        for d in bench.get("drafters", []):
-            out.append({**d, "benchmark": bench.get("name", "")})
-    return out
+    return [
+        {**d, "benchmark": bench.get("name", "")}
+        for bench in eval_json.get("benchmarks", [])
+        for d in bench.get("drafters", [])
+    ]
 
 
 def offline_table(drafters: Sequence[dict[str, Any]]) -> list[str]:
@@ -306,11 +303,9 @@ def write_report(
 
 def speed_verdict(rows: list[dict[str, Any]]) -> list[str]:
     """Plain words on the wall clock: which drafters decode *slower* than HF `generate` or
-    than our AR loop, which cannot be told from it, or that every timed one is faster.
-    `rows`: dicts with `name`, `speedup` (vs our AR loop, with `speedup_ci95` over prompts
-    where known) and `speedup_vs_hf`, either may be None. A ratio with a CI is slower only
-    if the whole CI is below 1x, and a CI containing 1x is said as such; without one, the
-    ratio alone decides."""
+    our AR loop (`rows`: `name`, `speedup`, `speedup_ci95`, `speedup_vs_hf`, any may be
+    None), which cannot be told from it, or that every timed one is faster. With a CI, a
+    drafter is slower only if the whole CI is below 1x; without one, the ratio decides."""
     lines = []
     for key, what in (("speedup_vs_hf", "HF `generate`"), ("speedup", "our AR loop")):
         timed = [(r["name"], r[key], r) for r in rows if r.get(key) is not None]
@@ -388,6 +383,10 @@ def _pct(gain: dict[str, Any] | None) -> str:
     return f"{100 * gain['rel_gain']:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
 
 
+def _gain_row(label: str, gains: list[dict[str, Any] | None], mean: Any) -> str:
+    return f"| {label} | " + " | ".join(_pct(g) for g in gains) + f" | {_pct(mean)} |"
+
+
 def suite_tables(result: dict[str, Any]) -> list[str]:
     """The papers' tables for a `blockdraft suite` result: MAL [95% CI] per benchmark and on
     the mean over benchmarks (baseline first), gains over the baseline, and between drafters."""
@@ -414,33 +413,17 @@ def suite_tables(result: dict[str, Any]) -> list[str]:
             f"| {name} | " + " | ".join(cells) + f" | {_fmt(m['mal'])} {_ci(m['mal_ci95'])} |"
         )
     if len(names) > 1:
-        lines += [
-            "",
-            f"Paired gain over `{result['baseline']}` (relative MAL, 95% CI):",
-            "",
-            head,
-            rule,
-        ]
+        lines += ["", f"Paired gain over `{result['baseline']}` (relative MAL, 95% CI):", ""]
+        lines += [head, rule]
         for d, name in enumerate(names[1:], start=1):
-            cells = [_pct(b["drafters"][d].get("vs_baseline")) for b in benches]
-            lines.append(
-                f"| {name} | "
-                + " | ".join(cells)
-                + f" | {_pct(result['mean'][d].get('vs_baseline'))} |"
-            )
+            gains = [b["drafters"][d].get("vs_baseline") for b in benches]
+            lines.append(_gain_row(name, gains, result["mean"][d].get("vs_baseline")))
     if result.get("pairs"):
-        lines += [
-            "",
-            "Paired gain between drafters (B vs A):",
-            "",
-            "| B vs A | " + " | ".join(heads) + " | mean |",
-            rule,
-        ]
+        lines += ["", "Paired gain between drafters (B vs A):", ""]
+        lines += ["| B vs A | " + " | ".join(heads) + " | mean |", rule]
         for p in result["pairs"]:
-            cells = [_pct(p["benchmarks"].get(b["name"])) for b in benches]
-            lines.append(
-                f"| {p['b']} vs {p['a']} | " + " | ".join(cells) + f" | {_pct(p['mean'])} |"
-            )
+            gains = [p["benchmarks"].get(b["name"]) for b in benches]
+            lines.append(_gain_row(f"{p['b']} vs {p['a']}", gains, p["mean"]))
     for b in benches:
         if "baseline_split" in b:
             lines += ["", *split_table(b["name"], result["baseline"], names, b["baseline_split"])]

@@ -1,11 +1,9 @@
 """Reuse a pipeline stage's output when its inputs did not change.
 
-The demo (and any scripted pipeline) is a chain of expensive stages: rollouts, training,
-scoring. Each stage writes into its own directory and, when it finishes, a `stage.json`
-holding a fingerprint of everything it was computed from. A later run with the same
-fingerprint reuses the directory; a different fingerprint (changed settings, upstream
-output recomputed) redoes the stage. A stage interrupted half-way never wrote
-`stage.json`, so it is redone (or resumed by the stage's own resume logic).
+Each stage of the demo (rollouts, training, scoring) writes into its own directory and,
+when it finishes, a `stage.json` holding a fingerprint of everything it was computed
+from. A later run with the same fingerprint reuses the directory; another fingerprint
+redoes the stage, and so does an interruption (no `stage.json` yet).
 """
 
 from __future__ import annotations
@@ -37,11 +35,8 @@ class Stage:
         return fingerprint(self.inputs)
 
     def is_done(self) -> bool:
-        marker = self.directory / MARKER
-        if not marker.exists():
-            return False
         try:
-            return json.loads(marker.read_text()).get("key") == self.key
+            return json.loads((self.directory / MARKER).read_text()).get("key") == self.key
         except (json.JSONDecodeError, OSError):
             return False
 
