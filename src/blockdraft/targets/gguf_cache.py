@@ -36,11 +36,8 @@ class GgufTarget:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as fh:
-        while block := fh.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def check_sha256(path: Path, sha: str, expected: str, install_hint: str) -> None:
