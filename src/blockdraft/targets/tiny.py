@@ -50,10 +50,8 @@ class TinyConfig:
     """Everything that determines the built model (all of it enters the cache key)."""
 
     vocab_size: int = 4096
-    # Narrow and fed many tokens rather than wide and fed few: a fixed ~4-minute CPU budget
-    # is ~0.3 tokens/parameter at width 256 (far below compute-optimal). Measured at equal
-    # wall time (1 thread, ~6.5 min, held-out loss on 256-token windows): width 256 4.47,
-    # width 192 4.31, width 128 4.14 (2.9M tokens). Width 128 also halves drafter cost.
+    # Narrow and fed many tokens rather than wide and fed few: at equal CPU wall time width
+    # 128 reached a lower held-out loss than 192 or 256, and halves the drafter's cost.
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -61,9 +59,8 @@ class TinyConfig:
     intermediate_size: int = 384
     max_position_embeddings: int = 2048
     # Short windows and small batches: at a ~1M-token budget more optimizer steps beat
-    # longer contexts. Measured at width 256 (1 thread, 1.06M tokens, held-out loss on
-    # 256-token windows): 16x256 (260 steps) 5.03, 4x256 4.71, 8x128 4.55, 4x128 4.49;
-    # lr 1e-2 was worse than 3e-3. 8x128 keeps 2 threads busy (12.9k tokens/s at width 128).
+    # longer contexts (and lr 3e-3 beat 1e-2); 8 x 128 keeps 2 threads busy. Both measured
+    # in research/results.md, "The tiny target".
     seq_len: int = 128
     batch_size: int = 8
     steps: int = 2600
