@@ -175,6 +175,23 @@ def check_listed_files(
         row = entry["first_row"] + entry["rows"]
 
 
+def read_listing_manifest(
+    path: Path, kind: str, fmt: str, version: int, error: type[BlockdraftError]
+) -> dict[str, Any]:
+    """A stored set's manifest (`kind` "rollout" or "features": its `fmt` at `version`)
+    with its shard entries checked (`check_listed_files`); a one-line `error` naming it."""
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != fmt:
+        raise error(f"{path}: not a blockdraft {kind} manifest (format != {fmt!r})")
+    if manifest.get("version") != version:
+        raise error(f"{path}: unsupported {kind} format version {manifest.get('version')!r}")
+    check_listed_files(path.parent, manifest.get("shards", []), path, error)
+    return manifest
+
+
 # --- files checked against their records -------------------------------------------------
 
 

@@ -33,7 +33,7 @@ from blockdraft.devices import add_device_args, resolve_dtype
 from blockdraft.errors import UserError
 from blockdraft.sampling import SamplingSettings
 from blockdraft.targets.mask_token import MaskTokenError
-from blockdraft.targets.registry import model_directory
+from blockdraft.targets.registry import load_target, model_directory
 from blockdraft.threads import add_threads_arg, configure_cpu
 
 EXAMPLE = """examples:
@@ -177,6 +177,7 @@ def _load(args: argparse.Namespace, device: Any) -> Any:
         return load_target_from_args(
             args,
             rollouts=[args.out] if read_manifest(Path(args.out)) is not None else [],
+            loader=load_target,
             device=device,
             dtype=resolve_dtype(args.dtype, device),
             progress=not args.no_progress,

@@ -21,8 +21,8 @@ from safetensors import safe_open
 
 from blockdraft.artifacts import (
     check_file,
-    check_listed_files,
     listed_file,
+    read_listing_manifest,
     safetensors_bytes,
     verify_mode,
 )
@@ -70,18 +70,7 @@ def read_manifest(directory: Path, key: str = "features") -> dict[str, Any]:
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise FeatureError(f"{key}: {directory} is not a features directory (no {MANIFEST})")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise FeatureError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise FeatureError(f"{path}: not a blockdraft features manifest (format != {FORMAT!r})")
-    if manifest.get("version") != VERSION:
-        raise FeatureError(
-            f"{path}: unsupported features format version {manifest.get('version')!r}"
-        )
-    check_listed_files(directory, manifest.get("shards", []), path, FeatureError)
-    return manifest
+    return read_listing_manifest(path, "features", FORMAT, VERSION, FeatureError)
 
 
 def shard_path(directory: str | Path, entry: dict[str, Any]) -> Path:

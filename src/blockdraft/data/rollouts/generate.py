@@ -58,7 +58,6 @@ from blockdraft.data.rollouts.store import (
     read_manifest,
     sha256_bytes,
     shard_path,
-    split_by_prompt,
     target_fingerprint,
     tokenizer_hash,
     tokenizer_parts,
@@ -67,19 +66,9 @@ from blockdraft.data.rollouts.store import (
     write_manifest,
 )
 from blockdraft.errors import BlockdraftError
-from blockdraft.sampling import SamplingSettings, sampling_logprobs
+from blockdraft.sampling import SamplingSettings
 from blockdraft.targets.mask_token import mask_token_text
 from blockdraft.targets.target import Target
-
-__all__ = [
-    "Rollout",
-    "RolloutError",
-    "RolloutSet",
-    "SamplingSettings",
-    "generate_rollouts",
-    "sampling_logprobs",
-    "split_by_prompt",
-]
 
 # (prompt token lists, prompt ids, settings, store_topk, store_logprobs) -> one row each
 RowGenerator = Callable[[list[list[int]], list[str], SamplingSettings, int, bool], list[Generated]]

@@ -25,6 +25,7 @@ from blockdraft.artifacts import (  # noqa: F401  (write_atomic, sha256_bytes re
     check_listed_files,
     file_problem,
     listed_file,
+    read_listing_manifest,
     sha256_bytes,
     verify_mode,
     write_atomic,
@@ -114,18 +115,7 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     path = Path(directory) / MANIFEST
     if not path.exists():
         return None
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise RolloutError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise RolloutError(f"{path}: not a blockdraft rollout manifest (format != {FORMAT!r})")
-    if manifest.get("version") != VERSION:
-        raise RolloutError(
-            f"{path}: unsupported rollout format version {manifest.get('version')!r}"
-        )
-    check_listed_files(directory, manifest.get("shards", []), path, RolloutError)
-    return manifest
+    return read_listing_manifest(path, "rollout", FORMAT, VERSION, RolloutError)
 
 
 def shard_path(directory: str | os.PathLike, entry: dict[str, Any]) -> Path:
