@@ -252,12 +252,9 @@ def _refuse_unknown_model_type(name: str, folder: Path) -> None:
 
 
 def _device_map(device: str | torch.device) -> dict[str, Any]:
-    """`device_map` that loads the weights straight onto an accelerator in their dtype.
-
-    Why: loading on the host first and moving costs a full fp32 copy of the target in
-    host RAM per process (8 x 33 GB for an 8B target on one node). Needs accelerate;
-    without it (and on CPU) the model is loaded and moved as before.
-    """
+    """`device_map` that loads the weights straight onto an accelerator in their dtype:
+    loading on the host first costs a full fp32 copy per process (8 x 33 GB for an 8B
+    target on one node). Needs accelerate; without it (and on CPU) the model is moved."""
     dev = torch.device(device)
     if dev.type == "cpu" or importlib.util.find_spec("accelerate") is None:
         return {}
@@ -265,10 +262,8 @@ def _device_map(device: str | torch.device) -> dict[str, Any]:
 
 
 def load_tokenizer(name_or_path: str) -> Any | None:
-    """The tokenizer of a target from local files only (no model weights), or None.
-
-    Cheap enough for `export` to name the mask token without loading the target.
-    """
+    """The tokenizer of a target from local files only, or None: cheap enough for
+    `export` to name the mask token without loading the target."""
     # lazy: transformers takes seconds to import; the registry is imported by every stage
     from transformers import AutoTokenizer
 

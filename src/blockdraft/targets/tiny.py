@@ -338,7 +338,13 @@ def _build_into(
     timings: dict[str, float] = {}
     try:
         chars = f"{corpus.num_chars:,} chars of stdlib"
-        _say(progress, f"{num_threads} thread(s); training a {c.vocab_size}-token BPE on {chars}")
+        if progress:
+            print(
+                f"[blockdraft] {num_threads} thread(s); training a {c.vocab_size}-token BPE "
+                f"on {chars} ...",
+                file=sys.stderr,
+                flush=True,
+            )
         tokenizer = train_bpe_tokenizer(corpus.train_texts, vocab_size=c.vocab_size)
         timings["tokenizer_s"] = round(time.perf_counter() - t0, 2)
         eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
@@ -411,11 +417,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor()
-
-
-def _say(progress: bool, message: str) -> None:
-    if progress:
-        print(f"[blockdraft] {message} ...", file=sys.stderr, flush=True)
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
