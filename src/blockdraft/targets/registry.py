@@ -356,13 +356,10 @@ def target_fingerprint(target: Target) -> str:
     """A stable hash of a target: tokenizer vocab + model config + *every* weight tensor.
 
     Rollouts, acceptance caches and checkpoints record it to refuse mixing targets, so it
-    must change when any weight does (one MLP matrix scaled by 1.5 gives another target).
-    Each tensor is rounded to bf16 before hashing, so fp32 and bf16 loads of one model
-    agree; tied tensors are hashed once. A tensor loaded in another dtype than its file
-    holds (an fp32 checkpoint loaded in fp16) is hashed from the file when it equals the
-    file's tensor cast to its dtype, so every load dtype of the same weights gives one
-    fingerprint (fp16 rounding then bf16 rounding is not bf16 rounding), while a tensor
-    changed after loading still changes it. Computed once per loaded target.
+    changes when any weight does. Tensors are rounded to bf16 (fp32 and bf16 loads agree),
+    tied ones hashed once; a tensor that equals its file's cast to another dtype is hashed
+    from the file, so every load dtype gives one fingerprint (fp16 then bf16 rounding is
+    not bf16 rounding). Computed once per loaded target.
     """
     cached = getattr(target, "_fingerprint", None)
     if cached is not None:

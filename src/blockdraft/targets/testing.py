@@ -139,13 +139,10 @@ def make_shaped_target(
     dtype: torch.dtype | None = None,
     **overrides: int,
 ) -> Target:
-    """Random weights at a real target's shape (`SHAPES`), with the small test tokenizer.
-
-    For timing only: the tokenizer covers a few hundred ids of the large vocabulary, so
-    prompts are token ids or short texts; the model's compute is the real one's.
-    `overrides` replace config fields (`num_hidden_layers=8`: an 8B shape's width with
-    fewer layers, to fit a time budget); `device`/`dtype` build the weights there directly
-    (an 8B shape is initialised on the GPU in seconds, on the CPU in minutes)."""
+    """Random weights at a real target's shape (`SHAPES`), with the small test tokenizer:
+    for timing only (the model's compute is the real one's). `overrides` replace config
+    fields (`num_hidden_layers=8`: an 8B width in a time budget); `device`/`dtype` build
+    the weights there directly (an 8B shape initialises on a GPU in seconds)."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}: use one of {sorted(SHAPES)}")
     arch, fields = SHAPES[shape]
