@@ -1,12 +1,9 @@
 """`--device` / `--dtype` for every CLI stage that runs a model, resolved in one place.
 
-Why one module: so `rollout`, `eval`, `compare`, `decode`, `features`, the demo and
-training agree. Device `auto` is this rank's GPU when there is one, else the CPU (plain
-`cuda` is this rank's GPU too, `LOCAL_RANK` under torchrun); dtype `auto` is bfloat16 on
-a GPU (half fp32's memory and bandwidth) and float32 on the CPU (CPU bf16 matmuls are
-slow, and the tests compare in fp32). `add_device_args(parser)` in a stage's `register`,
-`device_and_dtype(args)` in its `run`; a bad value is a one-line `UserError` naming the
-flag.
+Why one module: so every stage, the demo and training agree. Device `auto` is this
+rank's GPU (`LOCAL_RANK` under torchrun) when there is one, else the CPU; dtype `auto` is
+bfloat16 on a GPU (half fp32's memory and bandwidth) and float32 on the CPU (CPU bf16
+matmuls are slow, and the tests compare in fp32).
 """
 
 from __future__ import annotations
@@ -97,12 +94,9 @@ def drafter_dtype(
 ) -> torch.dtype | None:
     """The dtype a loaded drafter is cast to, or None to keep the checkpoint's.
 
-    `own` (`--drafter-dtype`) wins where given (a bf16 drafter beside an fp32 target: what
-    an engine serves, at half the drafter's weight stream). Else an explicit `spec`
-    (`--dtype`) casts the drafter too, and so does `auto` on a GPU (bf16: the drafter's
-    matmuls then run at the target's precision). `auto` on the CPU keeps the checkpoint's
-    own dtype, so CPU evaluation of a bf16 checkpoint (public DFlash drafters) gives the
-    numbers it always gave.
+    `own` (`--drafter-dtype`) wins where given; else `spec` (`--dtype`) casts the drafter
+    too, `auto` only on a GPU. `auto` on the CPU keeps the checkpoint's dtype, so CPU
+    evaluation of a bf16 checkpoint (public DFlash drafters) gives the numbers it always gave.
     """
     if own not in (None, "auto"):
         try:

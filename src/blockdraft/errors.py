@@ -1,11 +1,8 @@
 """The one exception type for problems a user can fix, and how the CLI prints them.
 
-Why one base class: the CLI entry point (`blockdraft.cli.main`) turns every
-`BlockdraftError` and every `OSError` (missing file, read-only or full disk, permission)
-into one line, `error: <file or key>: <cause>`, and exit status 2, so user and file
-errors never end in a traceback, while genuine bugs (any other exception) still do.
-Library modules raise subclasses (`ConfigError`, `RolloutError`, `CheckpointError`, ...)
-whose messages name the file, line or config key at fault.
+Why one base class: the CLI entry point turns every `BlockdraftError` and `OSError` into
+one line, `error: <file or key>: <cause>`, and exit status 2, so user and file errors never
+end in a traceback, while genuine bugs (any other exception) still do.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The config recipes shipped with the package: training configs and evaluation suites.
 
-Why: `blockdraft train --config dflash-qwen3-8b` and `blockdraft suite --suite smollm2`
-should work from any directory and from an installed wheel, not only inside a checkout
-whose `configs/` folder happens to be the working directory. The recipes are package
-data (`blockdraft/configs/*.yaml`, `blockdraft/configs/suites/*.yaml`, read through
-`importlib.resources`); in a checkout that folder is the repository's `configs/`.
-
-A spec resolves in this order: a file that exists (always wins), then a shipped recipe
-of that name (`NAME`, `NAME.yaml`, or the checkout path `configs/NAME.yaml` typed
-outside the checkout). Anything else is a one-line `UserError` listing the shipped names.
+Why: `blockdraft train --config dflash-qwen3-8b` should work from any directory and from
+an installed wheel. The recipes are package data (`blockdraft/configs/`, read through
+`importlib.resources`; in a checkout, the repository's `configs/`). A spec is a file that
+exists, else a shipped recipe (`NAME`, `NAME.yaml` or `configs/NAME.yaml`).
 """
 
 from __future__ import annotations
@@ -54,9 +49,8 @@ def recipe_listing(kind: str = TRAIN) -> str:
 
 
 def resolve_recipe(spec: str | Path, kind: str = TRAIN, flag: str = "--config") -> Path:
-    """The file `spec` names: an existing path, else the shipped recipe of that name.
-
-    `flag` names the option in the error (`--config`, `--suite`)."""
+    """The file `spec` names: an existing path, else the shipped recipe of that name
+    (`flag` names the option in the error)."""
     path = Path(spec).expanduser()
     if path.exists():
         return path

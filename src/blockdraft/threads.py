@@ -2,11 +2,9 @@
 
 Threads: torch's default (one per core) is the worst choice on a shared machine, because
 OpenMP workers spin while they wait for a busy core; the default here is the cores idle
-now (/proc/stat), capped at torch's count and `DEFAULT_CAP`, overridden by `--threads N`
-or `$BLOCKDRAFT_THREADS`. Denormals are flushed to zero (FTZ/DAZ): the objectives'
-gradients multiply small probabilities, x86 arithmetic on denormals is far slower, and
-values that small are zero for every purpose here. `add_threads_arg(parser)` in a stage's
-`register`, `configure_cpu(args.threads)` first thing in its `run` (docs/decoding.md).
+now (/proc/stat), capped at torch's count and `DEFAULT_CAP`. Denormals are flushed to zero
+(FTZ/DAZ): the objectives' gradients multiply small probabilities, x86 arithmetic on
+denormals is far slower, and values that small are zero for every purpose here.
 """
 
 from __future__ import annotations
@@ -52,8 +50,8 @@ def default_threads(cap: int = DEFAULT_CAP) -> int:
 
 
 def configure_cpu(threads: int | None = None, device: str = "cpu") -> int:
-    """Set torch's intra-op thread count (`None` = `default_threads()`) and, when the work
-    runs on a CPU (`device`), flush denormals (`flush_denormals`); return the thread count."""
+    """Set torch's thread count (`None`: `default_threads()`) and flush denormals when the
+    work runs on a CPU; return the thread count."""
     n = default_threads() if threads is None else _positive(threads, "--threads")
     torch.set_num_threads(n)
     if runs_on_cpu(device):
@@ -72,9 +70,8 @@ def runs_on_cpu(device: str) -> bool:
 
 
 def flush_denormals() -> bool:
-    """Treat denormal floats as zero on this CPU (FTZ/DAZ; see the module docstring for
-    why). Process-wide: torch's worker threads follow it. False where the CPU has no such
-    mode (then nothing changes)."""
+    """Treat denormal floats as zero, process-wide (FTZ/DAZ); False where the CPU has no
+    such mode."""
     return bool(torch.set_flush_denormal(True))
 
 

@@ -1,13 +1,10 @@
 """Which engine can serve a DFlash drafter for which target, said before anything starts.
 
-Why: an engine refuses a drafter only after minutes of loading, in its own words ("does
-not support EAGLE3 interface"), and an export that prints a serve command for a target
-the engine cannot run misleads. vLLM's DFlash reads the target's hidden states after
-chosen layers, which only target classes with vLLM's EAGLE-3 interface expose; DFlash2
-drafts (candidate heads) run only in vLLM's GPU runner. With vLLM installed the answer
-comes from its own model registry (the target class alone is imported); without it, from
-`VLLM_DFLASH_TARGETS`, read from vLLM 0.32.0's registry (`VLLM_TABLE_VERSION`) plus Gemma 3,
-which blockdraft's vLLM plugin (`engines/vllm_plugin.py`) makes servable in that version.
+Why: an engine refuses a drafter only after minutes of loading, in its own words. vLLM's
+DFlash reads hidden states that only target classes with its EAGLE-3 interface expose, and
+runs DFlash2 drafts only on a GPU. With vLLM installed its own model registry answers;
+without it, `VLLM_DFLASH_TARGETS` (vLLM 0.32.0's registry, plus Gemma 3 through
+blockdraft's plugin).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """vLLM as an engine blockdraft drives: generation from token ids, and its spec-decode counters.
 
-Why a wrapper: vLLM is an optional, heavy dependency with set-up that differs from a GPU
-machine to a CPU one (on a CPU it runs in-process here, reserves a fixed KV-cache size
-instead of a fraction of device memory, and needs fp32 to reproduce fp32 rollouts), and
-every caller (`rollout --engine vllm`, `serve-check`, the demo) needs the same three
-things from it: load a target (optionally with a drafter), generate from the prompt ids a
-rollout set holds, and read how many drafts it made and accepted. vLLM is imported inside
-`load_vllm` only, so nothing else in blockdraft pays for it or needs it installed.
+Why a wrapper: vLLM is an optional, heavy dependency whose set-up differs between a GPU
+and a CPU (there: a fixed KV-cache size, fp32 to reproduce fp32 rollouts), and every
+caller (`rollout --engine vllm`, `serve-check`, the demo) needs the same three things:
+load a target (optionally with a drafter), generate from prompt ids, read the draft
+counters. vLLM is imported inside `load_vllm` only.
 """
 
 from __future__ import annotations
@@ -164,19 +162,6 @@ class VllmEngine:
         if record_drafts:  # after the start: vLLM's startup fails once numba is imported
             _record_drafts(self.drafts)
 
-    def sampling_params(
-        self,
-        settings: SamplingSettings,
-        stop_token_ids: Sequence[int],
-        *,
-        seed: int | None = None,
-        logprobs: int | None = None,
-    ) -> Any:
-        """vLLM's `SamplingParams` for blockdraft's settings (greedy at temperature 0)."""
-        return self._vllm.SamplingParams(
-            **sampling_args(settings, stop_token_ids, seed=seed, logprobs=logprobs)
-        )
-
     def generate(self, prompts: Sequence[Sequence[int]], params: Any | Sequence[Any]) -> list[Any]:
         """vLLM's `RequestOutput`s for token-id prompts, in prompt order (one batch)."""
         token_prompts = [{"prompt_token_ids": list(map(int, p))} for p in prompts]
@@ -224,9 +209,7 @@ class VllmEngine:
 def _record_drafts(store: list) -> None:
     """Wrap vLLM's drafting steps (a drafter's, prompt lookup's) so each step's anchors
     and proposals land in `store`, one entry per step, also where lookup proposed nothing.
-
-    In-process engines only (this module runs vLLM in its own process with
-    `VLLM_ENABLE_V1_MULTIPROCESSING=0`); the wrapper returns the proposals unchanged."""
+    In-process engines only; the wrapper returns the proposals unchanged."""
     # lazy: vLLM is an optional extra that takes seconds to import
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.spec_decode.ngram_proposer import NgramProposer  # lazy: (the same)

@@ -1,24 +1,14 @@
 """blockdraft's vLLM plugin: DFlash drafters for Gemma 3 targets, and sampled DFlash on CPUs.
 
-vLLM's DFlash reads the target's hidden states at chosen layers through its EAGLE-3
-interface, which vLLM's Gemma 3 class does not implement, and its DFlash drafter class
-ignores `dflash_config.input_embedding_scale`, while a Gemma drafter was trained on token
-embeddings scaled by sqrt(hidden_size) as Gemma scales them (unscaled, it reads inputs
-25x too small at hidden 640). The plugin registers, under vLLM's own architecture names,
-a Gemma 3 class that records the residual stream after each requested layer (what
-blockdraft's features are: the raw layer output, docs/methods.md "Target features") and a
-DFlash drafter class that applies the scale.
-
-vLLM 0.32's CPU build also fails every sampled (T > 0) speculative request, in two places
-the plugin mends: its C++ stand-in for the rejection sampler's `expand` kernel (which
-spreads each request's temperature, top-k and top-p over its draft tokens) casts float
-tensors to int64 and writes into that copy, so the draft tokens' settings are left
-uninitialised; and its top-k mask takes `k.max()` of zero rows in a step without draft
-tokens. The plugin supplies `expand` in torch and returns an empty batch of rows as it is.
-vLLM loads the plugin in every process through the `vllm.general_plugins` entry point (so
-`vllm serve` gets it too) and blockdraft's engine process registers it explicitly. Written
-against vLLM 0.32's model classes (`SUPPORTED_VLLM`); for another version `register` does
-nothing and says why.
+vLLM's Gemma 3 class lacks the EAGLE-3 interface DFlash reads features through, and its
+DFlash class ignores `dflash_config.input_embedding_scale` (a Gemma drafter then reads
+inputs sqrt(hidden) too small). The plugin registers, under vLLM's own names, a Gemma 3
+class recording the residual stream after each requested layer (docs/methods.md "Target
+features") and a DFlash class that applies the scale. For vLLM 0.32's CPU build, whose
+sampled speculative requests fail, it supplies the rejection sampler's `expand` kernel in
+torch (the C++ stand-in leaves draft tokens' temperature/top-k uninitialised) and guards
+the top-k mask against zero rows. Loaded through the `vllm.general_plugins` entry point
+and by blockdraft's engine process; for a vLLM other than `SUPPORTED_VLLM` it does nothing.
 """
 
 from __future__ import annotations

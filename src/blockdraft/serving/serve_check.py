@@ -1,23 +1,13 @@
 """`serve_check`: run an exported drafter in vLLM on a rollout set's prompts and compare.
 
-Why: a drafter is trained to be served, and the offline evaluator's MAL is only a promise
-about serving. This runs vLLM on the same prompts and sampling settings three ways (the
-drafter through vLLM's `dflash` method, vLLM's own `ngram` prompt lookup, no speculation)
-and puts vLLM's own counters next to the offline numbers for the same text:
-
-- lossless (T = 0): each output equals the rollout the offline evaluator scored;
-- rounds: vLLM's drafts per request (at batch 1, read between requests) against the
-  evaluator's rounds per rollout, which are exact integers at T = 0, so they must be equal
-  wherever the outputs are; the served tau, output tokens after the first / drafts, then
-  equals the offline MAL. vLLM's own "mean acceptance length" (1 + accepted / drafts) is
-  larger by the tokens it accepted past the end of an output (the last round of a response
-  cut by `max_tokens` or a stop token), which the check counts and reports;
-- per position: vLLM's accepted tokens by draft position next to the evaluator's expected
-  counts (T_{>=k});
-- speed: output tokens/s of each way at batch 1 and at a larger batch, side by side.
-
-At T > 0 the engine samples its own text, so its tau is compared with the offline MAL's
-bootstrap CI instead. Definitions: docs/serving.md.
+Why: the offline evaluator's MAL is only a promise about serving. This runs vLLM on the
+same prompts and settings three ways (the drafter, vLLM's `ngram` prompt lookup, no
+speculation) and sets vLLM's counters beside the offline numbers: at T = 0 the outputs
+must equal the rollouts and the rounds per request the evaluator's exact rounds (so the
+served tau equals the offline MAL; vLLM's own mean acceptance length also counts tokens
+accepted past an output's end, reported apart), accepted tokens by position beside T_{>=k},
+and tokens/s at batch 1 and batched. At T > 0 the served tau is checked against the
+offline MAL's bootstrap CI. Definitions: docs/serving.md.
 """
 
 from __future__ import annotations

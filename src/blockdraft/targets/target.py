@@ -1,10 +1,9 @@
 """The frozen target model, seen through the narrow window a drafter needs.
 
-A drafter needs four things from its target: the token embedding and LM head (shared,
-frozen), hidden states from a few chosen layers (the drafter's context features), the
-target's logits (verification and training signal), and an incremental KV cache that
-can be cut back after a rejected suffix. `Target` wraps any Hugging Face causal LM and
-exposes exactly those, so nothing else in blockdraft touches model-specific code.
+A drafter needs the token embedding and LM head, hidden states from a few chosen layers,
+the target's logits and a KV cache that can be cut back after a rejected suffix. `Target`
+wraps any Hugging Face causal LM and exposes exactly those, so nothing else in blockdraft
+touches model-specific code.
 """
 
 from __future__ import annotations
@@ -20,14 +19,10 @@ from torch import nn
 
 
 def default_layer_ids(num_layers: int, count: int = 5) -> list[int]:
-    """Target layers whose outputs feed the drafter: `count` evenly spaced in [1, N-3].
-
-    This is DFlash's default. Layer ids index the decoder layers (0-based); the feature of
-    layer i is the raw output of decoder layer i, which serving engines capture as the
-    input of layer i + 1: HF's `hidden_states[i + 1]` for every layer but the top one,
-    whose HF state is taken after the final norm (docs/methods.md, "Target features").
-    Small targets with fewer layers than `count` get every usable layer once.
-    """
+    """Target layers whose outputs feed the drafter: `count` evenly spaced in [1, N-3]
+    (DFlash's default; fewer on small targets). The feature of layer i (0-based) is its raw
+    output, the input of layer i + 1 that serving engines capture (docs/methods.md,
+    "Target features")."""
     lo, hi = 1, num_layers - 3
     if num_layers <= 2:
         return list(range(num_layers))[:count]
@@ -162,13 +157,10 @@ class Target:
         logits_to_keep: int = 0,
         with_logits: bool = True,
     ) -> TargetOutput:
-        """Run the target; return logits, concatenated chosen-layer features and cache.
-
-        With `use_cache=True` and `cache=None` a fresh cache is created; pass it back to
-        continue decoding, and cut it with `crop_cache` after rejections.
-        `with_logits=False` skips the LM head (`logits` is None): cross-entropy training
-        on rollout tokens needs only the features, and at Gemma's 262k vocabulary the
-        head costs more than all of its decoder layers together.
+        """Run the target; return logits, concatenated chosen-layer features and cache
+        (`use_cache=True` without `cache` starts one; cut it with `crop_cache`).
+        `with_logits=False` skips the LM head: training on rollout tokens needs only the
+        features, and at Gemma's 262k vocabulary the head costs more than all its layers.
         """
         if not with_logits:
             if use_cache:
@@ -245,13 +237,9 @@ class Target:
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None,
     ) -> torch.Tensor | None:
-        """Features without logits: keep only the chosen layers' outputs, stop after the
-        highest one (the layers above it and the LM head never run).
-
-        Why: `output_hidden_states` keeps all N+1 states (37 x [T, 4096] at 8B) and the
-        layers above the highest feature layer (DFlash: the top 3) are wasted work.
-        None (caller falls back to the full forward) when the decoder has no `layers` list.
-        """
+        """Features without logits, stopping after the highest feature layer: the layers
+        above it (DFlash: the top 3) and the LM head never run, and no other layer's state
+        is kept. None (the caller runs the full forward) when the decoder has no `layers`."""
         layers = self._decoder_layers()
         if layers is None:
             return None

@@ -23,6 +23,23 @@ _CORPUS = [
 ] * 4
 
 
+_CLASSES = {
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+    "llama": ("LlamaForCausalLM", "LlamaConfig"),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
+}
+
+
+def _classes(arch: str) -> tuple[type, type]:
+    """transformers' (model class, config class) of a test architecture."""
+    if arch not in _CLASSES:
+        raise ValueError(f"unknown test architecture {arch!r}: use qwen3, llama or gemma3")
+    # lazy: transformers takes seconds to import
+    import transformers
+
+    return tuple(getattr(transformers, name) for name in _CLASSES[arch])  # type: ignore[return-value]
+
+
 def make_random_target(
     arch: str = "qwen3",
     *,
@@ -56,29 +73,14 @@ def make_random_target(
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
+    extra = {
+        "qwen3": dict(tie_word_embeddings=True),
+        "llama": dict(tie_word_embeddings=False),
+        "gemma3": dict(sliding_window=64, query_pre_attn_scalar=hidden_size // num_heads),
+    }
+    model_cls, config_cls = _classes(arch)
     torch.manual_seed(seed)
-    if arch == "qwen3":
-        # lazy: transformers takes seconds to import
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        model = Qwen3ForCausalLM(Qwen3Config(**common, tie_word_embeddings=True))
-    elif arch == "llama":
-        # lazy: transformers takes seconds to import
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))
-    elif arch == "gemma3":
-        # lazy: transformers takes seconds to import
-        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-        model = Gemma3ForCausalLM(
-            Gemma3TextConfig(
-                **common, sliding_window=64, query_pre_attn_scalar=hidden_size // num_heads
-            )
-        )
-    else:
-        raise ValueError(f"unknown test architecture {arch!r}: use qwen3, llama or gemma3")
-    model = model.to(dtype).eval()
+    model = model_cls(config_cls(**common, **extra[arch])).to(dtype).eval()
     return Target(
         model,
         tokenizer,
@@ -137,13 +139,10 @@ def make_shaped_target(
     dtype: torch.dtype | None = None,
     **overrides: int,
 ) -> Target:
-    """Random weights at a real target's shape (`SHAPES`), with the small test tokenizer.
-
-    For timing only: the tokenizer covers a few hundred ids of the large vocabulary, so
-    prompts are token ids or short texts; the model's compute is the real one's.
-    `overrides` replace config fields (`num_hidden_layers=8`: an 8B shape's width with
-    fewer layers, to fit a time budget); `device`/`dtype` build the weights there directly
-    (an 8B shape is initialised on the GPU in seconds, on the CPU in minutes)."""
+    """Random weights at a real target's shape (`SHAPES`), with the small test tokenizer:
+    for timing only (the model's compute is the real one's). `overrides` replace config
+    fields (`num_hidden_layers=8`: an 8B width in a time budget); `device`/`dtype` build
+    the weights there directly (an 8B shape initialises on a GPU in seconds)."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}: use one of {sorted(SHAPES)}")
     arch, fields = SHAPES[shape]
@@ -154,17 +153,8 @@ def make_shaped_target(
     tok = make_random_target(arch).tokenizer
     ids = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
     torch.manual_seed(seed)
-    if arch == "qwen3":
-        # lazy: transformers takes seconds to import
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        cls, config = Qwen3ForCausalLM, Qwen3Config(**fields, **ids)
-    else:
-        # lazy: transformers takes seconds to import
-        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-        cls, config = Gemma3ForCausalLM, Gemma3TextConfig(**fields, **ids)
+    cls, config_cls = _classes(arch)
     with torch.device(device or "cpu"):
-        model = cls._from_config(config, dtype=dtype or torch.float32)
+        model = cls._from_config(config_cls(**fields, **ids), dtype=dtype or torch.float32)
     mask = tok.convert_tokens_to_ids(MASK_TOKEN)
     return Target(model.eval(), tok, name=f"{shape}-shaped", mask_token_id=mask)

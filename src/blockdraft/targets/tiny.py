@@ -31,6 +31,7 @@ from blockdraft.errors import BlockdraftError
 from blockdraft.targets.target import Target
 from blockdraft.targets.tiny_corpus import Corpus, load_corpus, pack_documents, windows
 from blockdraft.targets.tokenizer import EOS_TOKEN, MASK_TOKEN, train_bpe_tokenizer
+from blockdraft.threads import idle_cores
 from blockdraft.user_cache import (
     atomic_directory,
     read_json,
@@ -167,11 +168,8 @@ def build_tiny_target(
     progress: bool = True,
     num_threads: int | None = None,
 ) -> Path:
-    """Build (or find in the cache) the `tiny` target; return its HF directory.
-
-    The build happens in a temporary directory renamed into place at the end, so an
-    interrupted build leaves nothing that looks finished.
-    """
+    """Build (or find in the cache) the `tiny` target; return its HF directory. An
+    interrupted build leaves nothing that looks finished (`atomic_directory`)."""
     config = config or TinyConfig()
     _check_config(config)
     corpus = load_corpus(config.max_chars, config.heldout_every)
@@ -280,9 +278,7 @@ def _lr_factor(step: int, c: TinyConfig) -> float:
     return c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
-def _train(
-    model, train: torch.Tensor, c: TinyConfig, precision: str, progress: bool
-) -> list[float]:
+def _train(model, train: torch.Tensor, c: TinyConfig, progress: bool) -> list[float]:
     """AdamW on shuffled packed windows (seeded order); returns per-step losses."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -307,7 +303,7 @@ def _train(
             order = torch.cat([order, torch.randperm(len(train), generator=gen)])
         idx, order = order[: c.batch_size], order[c.batch_size :]
         w = train[idx]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.precision == "bf16"):
             logits = model(input_ids=w[:, :-1]).logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), w[:, 1:].flatten())
         if not torch.isfinite(loss):
@@ -323,29 +319,14 @@ def _train(
     return losses
 
 
-def _cpu_times() -> tuple[int, int]:
-    """(idle, total) jiffies summed over all CPUs, from /proc/stat (Linux)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)
-
-
 def build_threads(window_s: float = 0.3) -> int:
-    """torch's thread count, reduced to the cores idle *right now* (sampled over a short
-    window): two threads on cores shared with another busy process were seen 5-10x slower
-    than one. The 1-minute load average is not used: it still counts the `pip install`
-    that typically ran just before, and would halve the build speed of a fresh machine.
-    The count changes the last bits of the default build's weights (not of the micro
-    build's: MKL splits only large products), which is one reason the default ships."""
+    """torch's thread count, reduced to the cores idle *right now*: two threads on cores
+    shared with another busy process were seen 5-10x slower than one. The count changes
+    the last bits of the default build's weights (not the micro build's: MKL splits only
+    large products), which is one reason the default ships."""
     n = torch.get_num_threads()
-    try:
-        idle0, total0 = _cpu_times()
-        time.sleep(window_s)
-        idle1, total1 = _cpu_times()
-    except (OSError, ValueError, IndexError):  # not Linux: keep torch's choice
-        return n
-    busy_cores = (os.cpu_count() or n) * (1 - (idle1 - idle0) / max(1, total1 - total0))
-    free = (os.cpu_count() or n) - busy_cores
-    return max(1, min(n, int(free + 0.5)))
+    idle = idle_cores(window_s)
+    return n if idle is None else min(n, idle)
 
 
 def _build_into(
@@ -357,7 +338,13 @@ def _build_into(
     timings: dict[str, float] = {}
     try:
         chars = f"{corpus.num_chars:,} chars of stdlib"
-        _say(progress, f"{num_threads} thread(s); training a {c.vocab_size}-token BPE on {chars}")
+        if progress:
+            print(
+                f"[blockdraft] {num_threads} thread(s); training a {c.vocab_size}-token BPE "
+                f"on {chars} ...",
+                file=sys.stderr,
+                flush=True,
+            )
         tokenizer = train_bpe_tokenizer(corpus.train_texts, vocab_size=c.vocab_size)
         timings["tokenizer_s"] = round(time.perf_counter() - t0, 2)
         eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
@@ -370,10 +357,9 @@ def _build_into(
             torch.linspace(0, len(train) - 1, min(c.eval_windows, len(train))).long()
         ]
         model = _make_model(c, tokenizer)
-        precision = c.precision
         initial = evaluate_loss(model, held)
         t_train = time.perf_counter()
-        losses = _train(model, train, c, precision, progress)
+        losses = _train(model, train, c, progress)
         timings["train_s"] = round(time.perf_counter() - t_train, 2)
         final_held, final_train = evaluate_loss(model, held), evaluate_loss(model, train_eval)
     finally:
@@ -390,7 +376,7 @@ def _build_into(
             "cache_key": key,
             "config": asdict(c),
             "seed": c.seed,
-            "precision_used": precision,
+            "precision_used": c.precision,
             "corpus": {
                 "root": str(corpus.root),
                 "digest": corpus.digest,
@@ -431,11 +417,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor()
-
-
-def _say(progress: bool, message: str) -> None:
-    if progress:
-        print(f"[blockdraft] {message} ...", file=sys.stderr, flush=True)
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
