@@ -28,7 +28,13 @@ from blockdraft.objectives.registry import make_objective
 from blockdraft.serialization.checkpoint import load_drafter
 from blockdraft.targets.mask_token import MaskTokenError, load_target_with_mask
 from blockdraft.targets.registry import TargetLoadError, load_target
-from blockdraft.training.config import ConfigError, DataConfig, TrainConfig, objective_spec
+from blockdraft.training.config import (
+    ConfigError,
+    DataConfig,
+    TrainConfig,
+    drafted_blocks,
+    objective_spec,
+)
 
 
 class TrainSetupError(BlockdraftError, ValueError):
@@ -302,9 +308,8 @@ def gpu_sized_settings(cfg: TrainConfig) -> list[str]:
         "optim.batch_size": cfg.optim.batch_size,
     }
     out = [f"{k}={v}" for k, v in values.items() if v > CPU_SIZED[k]]
-    edr = cfg.objective.name == "edr"
-    key = "objective.max_anchors" if edr else "num_anchors"
-    blocks = min(cfg.objective.max_anchors if edr else cfg.num_anchors, cfg.data.max_seq_len)
+    key = "objective.max_anchors" if cfg.objective.name == "edr" else "num_anchors"
+    blocks = drafted_blocks(cfg)
     if blocks * cfg.drafter.block_size > CPU_BLOCK_QUERIES:
         out.insert(1, f"{key}={blocks} x drafter.block_size={cfg.drafter.block_size}")
     return out

@@ -157,6 +157,13 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def drafted_blocks(cfg: TrainConfig) -> int:
+    """Blocks drafted with gradient per sequence: EDR's `objective.max_anchors` round
+    starts, the block objectives' `num_anchors`; never more than a sequence has positions."""
+    edr = cfg.objective.name == "edr"
+    return min(cfg.objective.max_anchors if edr else cfg.num_anchors, cfg.data.max_seq_len)
+
+
 # --- building from plain data ------------------------------------------------------------
 
 

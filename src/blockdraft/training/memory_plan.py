@@ -22,6 +22,7 @@ from blockdraft.objectives.cross_entropy import (
 )
 from blockdraft.targets.target import default_layer_ids
 from blockdraft.targets.tiny import TinyConfig
+from blockdraft.training.config import drafted_blocks
 
 GiB = 1 << 30
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -224,10 +225,7 @@ def plan_memory(
 
     # --- drafter step ----------------------------------------------------------------------
     Kb = cfg.drafter.block_size
-    # blocks with gradient per sequence: EDR drafts up to `objective.max_anchors` round
-    # starts (its no-grad scoring pass runs before, in chunks of that size), the block
-    # objectives `num_anchors`; neither more than the sequence has positions
-    A = min(cfg.objective.max_anchors if cfg.objective.name == "edr" else cfg.num_anchors, T)
+    A = drafted_blocks(cfg)  # EDR's no-grad scoring pass runs before, in chunks of that size
     N = b * A * Kb  # block query rows
     # What autograd keeps (read from layers.py; temporaries feeding an add are freed).
     # RMSNorm keeps its normalised copy and output (fp32 under autocast, plus the fp32
@@ -299,8 +297,7 @@ def _sampled_distribution_bytes(
     holds only the target probabilities whole, those of every round start when they fit
     the chunk budget (`TargetRowTable`, read by both passes)."""
     edr = cfg.objective.name == "edr"
-    anchors = min(cfg.objective.max_anchors if edr else cfg.num_anchors, T)
-    rows = b * anchors * (Kb - 1)
+    rows = b * drafted_blocks(cfg) * (Kb - 1)
     width = cfg.drafter.draft_vocab_size + 2 if cfg.drafter.draft_vocab_size else vocab
     chunk = min(rows, default_chunk_rows(vocab)) * vocab * 4
     if edr and world_size == 1:

@@ -27,18 +27,14 @@ from blockdraft.evaluation.scoring import FeatureMemo
 from blockdraft.serialization.checkpoint import save_drafter
 from blockdraft.threads import flush_denormals
 from blockdraft.training import state as ckpt
-from blockdraft.training.batching import total_steps
 from blockdraft.training.builders import (
     TrainSetupError,
-    amp_dtype,
     build_drafter,
     build_objective,
-    build_optimizer,
     check_against_target,
     check_batch_split,
     check_device,
     cpu_fallback_note,
-    dpace_profile_args,
     load_target_for,
     load_train_eval,
     resolve_mode,
@@ -61,9 +57,8 @@ from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.evaluate import evaluate_mal
 from blockdraft.training.feature_sources import build_feature_source
 from blockdraft.training.logging import MetricsLogger, truncate_metrics
-from blockdraft.training.loop import LoopParts, NonFiniteLossError, run_loop
+from blockdraft.training.loop import LoopParts, NonFiniteLossError, build_loop_parts, run_loop
 from blockdraft.training.resume import check_resumed_config
-from blockdraft.training.steps import StepInputs, micro_step_for
 
 
 def git_sha() -> str | None:
@@ -93,11 +88,6 @@ def run_yaml(cfg: TrainConfig, ctx: DistContext) -> str:
             }
         },
     )
-
-
-def _pad_id(target) -> int:
-    pad = getattr(target.tokenizer, "pad_token_id", None)
-    return int(pad if pad is not None else (target.stop_token_ids or [0])[0])
 
 
 def train(
@@ -185,15 +175,15 @@ def _train(
     drafter = build_drafter(cfg, target, train_data, ctx.device)
     # wrap (DDP / FSDP2 shards the parameters in place) before the optimizer sees them
     fwd = wrap_module(DraftForward(drafter), ctx, cfg.distributed.strategy)
-    steps = total_steps(
-        len(train_data.rollouts), cfg.optim.batch_size, cfg.optim.epochs, cfg.optim.max_steps
-    )
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer, scheduler = build_optimizer(cfg, params, steps)
+    parts = build_loop_parts(
+        cfg, ctx, target, train_data,
+        drafter=drafter, fwd=fwd, features=features, objective=objective, mode=mode,
+    )  # fmt: skip
+    parts.bar_position = bar_position
     # FSDP2: parameters are shards, so saving and evaluating first gather the full state
     # (collectively, on every rank) and rank 0 works on an unsharded copy of the drafter.
     sharded = cfg.distributed.strategy == "fsdp" and ctx.distributed
-    progress = _start_progress(cfg, ctx, resume_from, steps, drafter, optimizer, scheduler, sharded)
+    progress = _start_progress(parts, resume_from, sharded)
     torch.manual_seed(cfg.seed + progress.step)
     if ctx.is_main and resume_from is not None:
         truncate_metrics(run_dir, progress.step)  # events after the checkpoint are superseded
@@ -207,39 +197,10 @@ def _train(
     )
     if ctx.is_main:
         write_atomic(run_dir / "run.yaml", run_yaml(cfg, ctx).encode())
-    run = _TrainingRun(
-        cfg, ctx, target, drafter, optimizer, scheduler, progress, logger, eval_data, mode, sharded
-    )
-    alpha, variant = dpace_profile_args(cfg)
-    inputs = StepInputs(
-        fwd=fwd,
-        drafter=drafter,
-        features=features,
-        objective=objective,
-        settings=train_data.settings,
-        seed=cfg.seed,
-        mode=mode,
-        stop_token_ids=list(target.stop_token_ids),
-        num_anchors=cfg.num_anchors,
-        profile_alpha=alpha,
-        profile_variant=variant,
-    )
-    parts = LoopParts(
-        cfg=cfg,
-        ctx=ctx,
-        inputs=inputs,
-        micro_step=micro_step_for(objective),
-        optimizer=optimizer,
-        scheduler=scheduler,
-        rollouts=train_data.rollouts,
-        pad_id=_pad_id(target),
-        total_steps=steps,
-        amp_dtype=amp_dtype(cfg, ctx.device),
-        hooks={"log": logger.log, "evaluate": run.evaluate, "save": run.save},
-        bar_position=bar_position,
-    )
+    run = _TrainingRun(parts, target, progress, logger, eval_data, sharded)
+    parts.hooks = {"log": logger.log, "evaluate": run.evaluate, "save": run.save}
     try:
-        return run.run(parts)
+        return run.run()
     finally:
         logger.close()
 
@@ -279,19 +240,13 @@ def _prepare_run_dir(
 
 
 def _start_progress(
-    cfg: TrainConfig,
-    ctx: DistContext,
-    resume_from: Path | None,
-    steps: int,
-    drafter,
-    optimizer,
-    scheduler,
-    sharded: bool,
+    parts: LoopParts, resume_from: Path | None, sharded: bool
 ) -> ckpt.TrainerProgress:
     """Fresh progress, or the resumed checkpoint's (weights, optimizer, RNG restored)."""
+    cfg, ctx, steps = parts.cfg, parts.ctx, parts.total_steps
     progress = ckpt.TrainerProgress(world_size=ctx.world_size, global_batch=cfg.optim.batch_size)
     if resume_from is not None:
-        progress = _restore(resume_from, drafter, optimizer, scheduler, ctx, sharded)
+        progress = _restore(resume_from, parts, sharded)
         if progress.global_batch != cfg.optim.batch_size:
             raise TrainSetupError(
                 f"optim.batch_size: {cfg.optim.batch_size} but {resume_from} was trained with "
@@ -314,33 +269,32 @@ class _TrainingRun:
 
     def __init__(
         self,
-        cfg: TrainConfig,
-        ctx: DistContext,
+        parts: LoopParts,
         target: Any,
-        drafter,
-        optimizer,
-        scheduler,
         progress: ckpt.TrainerProgress,
         logger: MetricsLogger,
         eval_data,
-        mode: str,
         sharded: bool,
     ) -> None:
-        self.cfg, self.ctx, self.target, self.drafter = cfg, ctx, target, drafter
-        self.optimizer, self.scheduler, self.progress = optimizer, scheduler, progress
-        self.logger, self.eval_data, self.mode = logger, eval_data, mode
-        self.run_dir, self.sharded = Path(cfg.run_dir), sharded
+        self.parts, self.cfg, self.ctx, self.drafter = parts, parts.cfg, parts.ctx, parts.drafter
+        self.target, self.progress, self.logger, self.eval_data = (
+            target,
+            progress,
+            logger,
+            eval_data,
+        )
+        self.run_dir, self.sharded = Path(parts.cfg.run_dir), sharded
         # the held-out rollouts' target features, computed at the first evaluation and
         # reused by the later ones (the target is frozen); CPU only, where memory is cheap
-        self.feature_memo = FeatureMemo() if ctx.device.type == "cpu" else None
+        self.feature_memo = FeatureMemo() if self.ctx.device.type == "cpu" else None
 
-    def run(self, parts: LoopParts) -> Path:
+    def run(self) -> Path:
         """Evaluate at the start (if asked), train, evaluate at the end, save `final/`."""
         cfg, progress = self.cfg, self.progress
         if self.eval_data is not None and cfg.eval.at_start and progress.step == 0:
             self.evaluate(0)
         try:
-            run_loop(parts, progress.step, progress)
+            run_loop(self.parts, progress.step, progress)
         except NonFiniteLossError as exc:
             last = ckpt.latest_checkpoint(self.run_dir)
             where = (
@@ -366,9 +320,8 @@ class _TrainingRun:
             full = full_model_state(drafter, every_rank=True)
             model = unsharded_copy(drafter, full, target, ctx.device)
             del full
-        amp = amp_dtype(self.cfg, ctx.device)
         mal = evaluate_mal(
-            model, target, data.rollouts, data.settings, ctx=ctx, amp_dtype=amp,
+            model, target, data.rollouts, data.settings, ctx=ctx, amp_dtype=self.parts.amp_dtype,
             memo=self.feature_memo,
         )  # fmt: skip
         del model
@@ -389,7 +342,7 @@ class _TrainingRun:
         model, optim_state = self.drafter, None
         if self.sharded:
             full = full_model_state(self.drafter)
-            optim_state = full_optimizer_state(self.drafter, self.optimizer)
+            optim_state = full_optimizer_state(self.drafter, self.parts.optimizer)
             if self.ctx.is_main:
                 model = unsharded_copy(self.drafter, full, self.target, torch.device("cpu"))
         if self.ctx.is_main:
@@ -406,13 +359,13 @@ class _TrainingRun:
         extra = {
             "objective": cfg.objective.name,
             "step": step,
-            "mode": self.mode,
+            "mode": self.parts.inputs.mode,
             "target": self.target.name,
             "best_mal": self.progress.best_mal,
         }
         tensors = {
-            "optimizer": self.optimizer.state_dict() if optim_state is None else optim_state,
-            "scheduler": self.scheduler.state_dict(),
+            "optimizer": self.parts.optimizer.state_dict() if optim_state is None else optim_state,
+            "scheduler": self.parts.scheduler.state_dict(),
             "rng": ckpt.rng_state(),
         }
         ckpt.write_checkpoint_dir(
@@ -426,13 +379,12 @@ class _TrainingRun:
             ckpt.prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
 
 
-def _restore(
-    path: Path, drafter, optimizer, scheduler, ctx: DistContext, sharded: bool = False
-) -> ckpt.TrainerProgress:
+def _restore(path: Path, parts: LoopParts, sharded: bool) -> ckpt.TrainerProgress:
     """Load drafter weights, optimizer, scheduler and RNG state from a step checkpoint.
 
     Checkpoints are full-state whatever wrote them; with FSDP each rank keeps its shard.
     """
+    drafter, optimizer, scheduler = parts.drafter, parts.optimizer, parts.scheduler
     state = load_file(str(path / "model.safetensors"))
     tensors = ckpt.read_trainer_tensors(path)
     if sharded:
@@ -445,5 +397,5 @@ def _restore(
     scheduler.load_state_dict(tensors["scheduler"])
     ckpt.set_rng_state(tensors["rng"])
     progress = ckpt.read_progress(path)
-    progress.world_size = ctx.world_size
+    progress.world_size = parts.ctx.world_size
     return progress

@@ -68,6 +68,13 @@ def response_logits_to_keep(batch: Batch) -> int:
     return max(1, seq_len - max(0, int(batch.prompt_lens.min()) - 1))
 
 
+def target_output(inputs: StepInputs, batch: Batch, with_logits: bool):
+    """The target's `TargetOutput` for `batch`; `with_logits`: its logits from the first
+    label position on (`response_logits_to_keep`)."""
+    keep = response_logits_to_keep(batch) if with_logits else 0
+    return inputs.features.features(batch, with_logits=with_logits, logits_to_keep=keep)
+
+
 def label_positions(anchors: torch.Tensor, k: int, seq_len: int) -> torch.Tensor:
     """`[B, A, K]`: the sequence index of each slot's label."""
     return (anchors.unsqueeze(-1) + torch.arange(1, k + 1, device=anchors.device)).clamp(

@@ -27,7 +27,7 @@ from blockdraft.training.steps.anchored_blocks import (
     block_stats,
     label_positions,
     pad_anchor_lists,
-    response_logits_to_keep,
+    target_output,
 )
 from blockdraft.training.steps.interface import MicroOutput, StepInputs
 from blockdraft.training.target_distributions import stored_topk
@@ -58,11 +58,7 @@ def block_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> M
     # the rollouts' stored distributions where they are whole: no target logits then
     stored = stored_topk(batch, settings) if need_full else None
     with_logits = need_full and stored is None
-    tout = inputs.features.features(
-        batch,
-        with_logits=with_logits,
-        logits_to_keep=response_logits_to_keep(batch) if with_logits else 0,
-    )
+    tout = target_output(inputs, batch, with_logits)
     anchors = sampled_anchors(batch, inputs.num_anchors, block_size, inputs.seed, step)
     blocks = Blocks.of(batch, anchors.to(device), block_size)
     anchors, labels, mask = blocks.anchors, blocks.labels, blocks.mask

@@ -40,7 +40,7 @@ from blockdraft.training.steps.anchored_blocks import (
     block_stats,
     label_positions,
     pad_anchor_lists,
-    response_logits_to_keep,
+    target_output,
 )
 from blockdraft.training.steps.interface import MicroOutput, StepInputs
 from blockdraft.training.steps.proposal_scores import (
@@ -376,11 +376,7 @@ def rounds_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> 
     # greedy EDR needs no target logits (skip the LM head), nor sampling EDR on rollouts
     # whose stored distributions are whole (`stored_topk`)
     with_logits = sampling and stored_topk(batch, settings) is None
-    tout = inputs.features.features(
-        batch,
-        with_logits=with_logits,
-        logits_to_keep=response_logits_to_keep(batch) if with_logits else 0,
-    )
+    tout = target_output(inputs, batch, with_logits)
     starts = RoundStarts.of(batch, objective.max_anchors)
     rows, usable, long_rows = starts.rows, starts.usable, starts.long_rows
     chosen: list[torch.Tensor] = [torch.arange(u) for u in usable]
