@@ -1,12 +1,10 @@
-"""Sampling-mode scores of a pass's proposals, A, the TV cost c and gradient moments, with
+"""Sampling-mode scores of a pass's proposals (A, the TV cost c, gradient moments), with
 the LM head run in checkpointed row chunks.
 
-Why chunks: whole, a sampled EDR step held the `[blocks*K, V]` logits, the q the fused
-kernel keeps for backward and their gradient, ~1 GB each at the Gemma shape. Each chunk
-(`default_chunk_rows`, ~64 MB of logits) takes its targets from the distinct rows of
-`SamplingTargets` (no `[blocks*K, V]` copy of them); under autograd each chunk is
-checkpointed (`row_chunks.by_row_chunks`), so its logits are recomputed in backward, as
-`target_logprobs` does for the cross-entropy.
+Why chunks: whole, a sampled EDR step held the `[blocks*K, V]` logits, the fused kernel's
+q and their gradient, ~1 GB each at the Gemma shape. Each chunk (~64 MB of logits) reads
+its targets from the distinct rows of `SamplingTargets` and, under autograd, is
+recomputed in backward (`row_chunks.by_row_chunks`).
 """
 
 from __future__ import annotations
@@ -70,11 +68,9 @@ def head_chunked_scores(
     head_rows: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """`(A, c, log q(label) or None, moments or None)` of every proposal, the LM head run
-    inside row chunks (rows that fit one chunk run as one piece: no recompute where the
-    memory is small). `moments`: the `gradient` sampler's scoring pass; `head_rows`: a
-    smaller cap on the rows per chunk (the scoring pass's). A DFlash2 selector's q lives
-    on its top-k candidates, so its A, c and moments are computed on them
-    (`candidate_scores`, docs/methods.md); only its unary logits' term is dense."""
+    inside row chunks (one piece, no recompute, when they fit one). `head_rows` caps the
+    rows per chunk. A DFlash2 selector is scored on its top-k candidates
+    (`candidate_scores`, docs/methods.md); only its unary term is dense."""
     p_rows, settings, space = targets.rows, targets.settings, targets.space
     support, stops = targets.support, targets.stops
     width = p_rows.shape[-1]

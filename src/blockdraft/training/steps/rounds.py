@@ -1,16 +1,11 @@
-"""The rounds objective's (EDR's) micro-step: every round start of every rollout, as the
-paper trains it.
+"""The rounds objective's (EDR's) micro-step: every round start of every rollout.
 
-EDR's loss couples rounds (a round start's occupancy depends on every earlier round), so
-each rollout's acceptance and cost must cover all its round starts. Beyond
-`objective.max_anchors`, only that many rows are drafted with gradient, drawn by
-`objective.anchor_sampler` and weighted by inverse inclusion probabilities; the others
-are scored by a chunked no-grad pass (sampled rows' occupancies depend on all of them);
-the last round start is never drafted. Sampling rollouts use `A = min(1, q(x)/p(x))` and
-the TV cost, greedy ones `A = softmax(z / beta)(x)`, beta = `objective.greedy_temperature`
-(samplers, costs: docs/training.md, "What a step does"). The maths comes from the
-`objectives.edr` package; this module decides which blocks to draft, when, and in which
-passes.
+EDR couples rounds (a round start's occupancy depends on every earlier one), so each
+rollout's acceptance and cost cover all its round starts. Beyond `objective.max_anchors`
+only that many are drafted with gradient (drawn by `objective.anchor_sampler`, weighted by
+inverse inclusion probabilities); a chunked no-grad pass scores the rest. The maths lives
+in `objectives.edr`; this module decides which blocks to draft, when, in which passes
+(docs/training.md, "What a step does").
 """
 
 from __future__ import annotations
@@ -51,14 +46,12 @@ from blockdraft.training.steps.proposal_scores import (
 )
 from blockdraft.training.target_distributions import stored_topk
 
-# Most round starts per rollout per pass of the no-grad scoring pass, unless the caller
-# names a number (`default_score_chunk`): the paper's (and the library's default)
+# Most round starts per rollout per scoring pass (`default_score_chunk`): the default
 # `max_anchors`, so a pass holds no more blocks than a default EDR step drafts with gradient.
 DEFAULT_SCORE_CHUNK = 512
 
-# The most target columns per row for which the no-grad scoring pass reads only those
-# (`support_scores`: a top-k sampling target's k, plus a draft space's two mass columns);
-# a target on more runs the whole-vocabulary kernels.
+# A top-k target on at most this many columns is scored on them alone (`support_scores`);
+# a wider one runs the whole-vocabulary kernels.
 SUPPORT_COLUMNS = 64
 
 
@@ -111,16 +104,10 @@ class RoundStarts:
 
 
 def default_score_chunk(max_anchors: int, rollouts: int, width: int) -> int:
-    """Round starts per rollout per sampling-mode scoring pass: as many as fit, not
-    `max_anchors`.
-
-    Why: every pass re-projects the target context and re-derives its positions' target
-    rows, so passes of 16 or 32 round starts cost a T = 1 step ~10% (bench/
-    edr_finetune_cost.py --score-chunks; docs/training.md). Up to `DEFAULT_SCORE_CHUNK`,
-    and only as many as keep a pass's target rows (`width` columns: V or a draft space's)
-    within the cross-entropy's ~64 MB chunk budget; never fewer than `max_anchors`, the
-    old default. The pass's LM-head products stay at the gradient pass's rows
-    (`RoundsBatch.head_rows`), so its logits are no larger than before."""
+    """Round starts per rollout per sampling-mode scoring pass: as many as keep a pass's
+    target rows (`width` columns) within the ~64 MB chunk budget, up to
+    `DEFAULT_SCORE_CHUNK`, never fewer than `max_anchors`. Why: every pass re-projects the
+    target context, so small passes cost a step ~10% (docs/training.md)."""
     fit = DEFAULT_CHUNK_ELEMENTS // max(1, rollouts * width)
     return max(max_anchors, min(DEFAULT_SCORE_CHUNK, fit))
 
@@ -159,11 +146,9 @@ def _acceptance(
     want_logq: bool = True,
     moments: bool = False,
 ):
-    """(A, c, hidden, logq, blocks, moments) for the given anchors `[B, A]`.
-    In sampling mode `logq` (T = 1 log q(label), detached) only feeds the logged
-    statistics: None unless `want_logq` (a full-vocabulary log-softmax saved on unlogged
-    steps). `moments` (sampling mode, for the `gradient` sampler): the proposals'
-    logit-gradient moments `[B, A, K, 3]` (`scores_with_gradient_moments`), else None."""
+    """(A, c, hidden, logq, blocks, moments) for anchors `[B, A]`. Sampling mode: `logq`
+    only feeds the logged statistics (None unless `want_logq`, saving a log-softmax), and
+    `moments` asks for the `gradient` sampler's logit-gradient moments `[B, A, K, 3]`."""
     fwd, tout, batch, stop_ids = rb.fwd, rb.tout, rb.batch, rb.stop_ids
     drafter = rb.drafter
     selector = has_selector(drafter)  # DFlash2: A, c of the selector; unary gets the weights
@@ -221,11 +206,9 @@ def _acceptance(
 def score_round_starts(
     rb: RoundsBatch, anchors: torch.Tensor, chunk: int, moments: bool = False
 ) -> tuple[torch.Tensor, ...]:
-    """Detached `(A, c)` `[B, A, K]` for anchors `[B, A]` (-1 = padding), scoring at most
-    `chunk` anchors per rollout per drafter pass so peak memory does not grow with the
-    rollout length (each block is independent given the target features). With
-    `moments` (sampling mode) a third tensor: the proposals' logit-gradient moments
-    `[B, A, K, 3]` for the `gradient` sampler."""
+    """Detached `(A, c)` `[B, A, K]` for anchors `[B, A]` (-1 = padding), at most `chunk`
+    anchors per rollout per pass, so memory does not grow with the rollout length; with
+    `moments` (sampling mode) also the logit-gradient moments `[B, A, K, 3]`."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"score_chunk must be a positive int, got {chunk!r}")
     if moments and rb.mode != "sampling":
@@ -261,11 +244,9 @@ def _draw_round_starts(
     generators: list[torch.Generator],
     chunk: int,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """For each rollout in `starts.long_rows` (more usable round starts than
-    `objective.max_anchors`), drawn with `generators[j]`: `(rows drawn [m], dense
-    inclusion weights [L-1], detached A [L-1, K], detached c [L-1, K])`, where A and c hold
-    the no-grad scores of every row the gradient pass will not draft (zeros elsewhere:
-    the gradient pass fills them)."""
+    """Per rollout of `starts.long_rows`, drawn with `generators[j]`: `(rows drawn [m],
+    dense inclusion weights [L-1], A [L-1, K], c [L-1, K])`, A and c holding the no-grad
+    scores of the rows the gradient pass will not draft (zeros where it will)."""
     limit, sampler, long_rows = objective.max_anchors, objective.anchor_sampler, starts.long_rows
     batch, usable = rb.batch, starts.usable
     every_rows = starts.rows
@@ -330,10 +311,9 @@ def _draw_round_starts(
 
 
 def _score_chunk(inputs: StepInputs, starts: RoundStarts, width: int) -> int | None:
-    """Round starts per rollout per scoring pass: the configured number, else greedy and
-    DDP/FSDP (whose forward returns a pass's whole logits) passes of max_anchors, and an
-    unwrapped sampling step as many as fit (`default_score_chunk`; its head rows are
-    capped by `RoundsBatch.head_rows`)."""
+    """Round starts per rollout per scoring pass: the configured number, else
+    `max_anchors` (greedy, and DDP/FSDP, whose forward returns a pass's whole logits), or
+    for an unwrapped sampling step as many as fit (`default_score_chunk`)."""
     chunk = inputs.score_chunk
     if starts.long_rows and chunk is None:
         chunk = inputs.objective.max_anchors
@@ -345,9 +325,8 @@ def _score_chunk(inputs: StepInputs, starts: RoundStarts, width: int) -> int | N
 def _target_row_table(
     rb: RoundsBatch, starts: RoundStarts, space: DraftSpace | None, width: int
 ) -> TargetRowTable | None:
-    """The target rows of every usable round start, built once for the scoring and the
-    gradient pass, where the step samples (sampling, unwrapped) and they fit no more than
-    one scoring pass holds; else None (each pass builds its own)."""
+    """The target rows of every usable round start, built once for both passes of an
+    unwrapped sampling step when they fit one scoring pass's budget; else None."""
     drafter, batch = rb.drafter, rb.batch
     block_size = drafter.config.block_size
     if not (
