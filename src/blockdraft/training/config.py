@@ -8,6 +8,7 @@ field below; anything else is a `ConfigError` that names the offending dotted ke
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -64,9 +65,8 @@ class DrafterConfigSection:
 
 @dataclass
 class ObjectiveConfig:
-    name: str = (
-        "dpace"  # uniform | decay | dpace | dpace-cumulative | dpace-continuation | e2e | edr
-    )
+    # uniform | decay | dpace | dpace-cumulative | dpace-continuation | e2e | edr
+    name: str = "dpace"
     gamma: float | None = None  # decay: w_j = exp(-(j-1)/gamma); null = DFlash default for block
     alpha: float = 0.5  # dpace: weight smoothing q~ = (1-alpha) q + alpha
     variant: Literal["full", "cumulative", "continuation"] = "full"  # dpace weight variant
@@ -139,9 +139,8 @@ class TrainConfig:
     run_dir: str = "runs/default"  # metrics.jsonl, tensorboard/, checkpoints/, best/, final/
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N (under torchrun: the local rank's GPU)
-    amp: Literal["auto", "off", "bf16"] = (
-        "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU; bf16: also on CPU
-    )
+    # auto: bf16 autocast on CUDA, fp32 on CPU; bf16: also on CPU
+    amp: Literal["auto", "off", "bf16"] = "auto"
     num_anchors: int = 512  # anchor blocks sampled per sequence per step (DFlash recipe)
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -378,10 +377,7 @@ def _numbers(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 def config_from_dict(data: dict[str, Any] | None, overrides: list[str] = ()) -> TrainConfig:
     """Build and validate a `TrainConfig` from a nested dict plus dotted overrides."""
-    merged: dict[str, Any] = dict(data or {})
-    if not isinstance(merged, dict):
-        raise ConfigError("config: top level must be a mapping")
-    merged = _deepcopy(merged)
+    merged = copy.deepcopy(dict(data or {}))
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(merged, key, value)
@@ -415,17 +411,6 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     return config_from_dict(data, overrides)
 
 
-def _deepcopy(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {k: _deepcopy(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_deepcopy(v) for v in data]
-    return data
-
-
 def dump_yaml(cfg: TrainConfig, extra: dict[str, Any] | None = None) -> str:
     """The resolved config (plus provenance such as version and git sha) as YAML."""
-    body = cfg.to_dict()
-    if extra:
-        body = {**extra, **body}
-    return yaml.safe_dump(body, sort_keys=False)
+    return yaml.safe_dump({**(extra or {}), **cfg.to_dict()}, sort_keys=False)

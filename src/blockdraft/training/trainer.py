@@ -1,11 +1,9 @@
 """`train(config)`: build everything, resume if asked, run the loop, save best and final.
 
-The one entry point of `blockdraft train`, the demo and the Python API: it checks the
-config against the target and the machine before writing anything, holds the run
-directory's lock on rank 0, and writes `run.yaml`, `metrics.jsonl`, step checkpoints,
-`best/` (best held-out MAL) and `final/` (layout: docs/training.md, "Outputs and
-logging"). Only rank 0 writes files; every rank runs the same steps on its share of
-each batch.
+The one entry point of `blockdraft train`, the demo and the Python API. Every check runs
+before anything is written; rank 0 holds the run directory's lock and writes `run.yaml`,
+`metrics.jsonl`, checkpoints, `best/` and `final/` (docs/training.md, "Outputs and
+logging"); every rank runs the same steps on its share of each batch.
 """
 
 from __future__ import annotations
@@ -101,12 +99,10 @@ def train(
 ) -> Path:
     """Train a drafter as configured; returns the `final/` checkpoint directory.
 
-    `target` lets callers (tests, notebooks) pass an already loaded `Target` instead of
-    `config.target.name`. `resume=True` continues from the newest complete step
-    checkpoint in `run_dir` exactly (same data order, anchors, optimizer and RNG state);
-    a config that changes what that checkpoint means is refused (`training/resume.py`)
-    unless its keys are in `allow_changed`. `bar_position` is the progress bar's line
-    (tqdm's `position`) when several trainings share one terminal.
+    `target`: an already loaded `Target` instead of `config.target.name`. `resume`
+    continues the newest complete step checkpoint exactly; a config that changes what it
+    means is refused unless its keys are in `allow_changed` (`training/resume.py`).
+    `bar_position`: the progress bar's line when trainings share a terminal.
     """
     cfg = copy.deepcopy(config)  # setup may resolve defaults in it (the caller's stays)
     check_device(cfg)  # a one-line ConfigError, not torch's RuntimeError
@@ -212,14 +208,9 @@ def _quiet(*_args: Any) -> None:
 def _prepare_run_dir(
     run_dir: Path, ctx: DistContext, resume: bool, overwrite: bool = False
 ) -> Path | None:
-    """Create `run_dir`, finish an interrupted checkpoint swap; the checkpoint to resume
-    (the newest valid one); refuse to replace an earlier run unless `overwrite`.
-
-    Rank 0 alone inspects `run_dir` and decides (fresh start, which checkpoint, or the
-    error), and every rank gets its decision: ranks each looking on their own disk would,
-    without a shared filesystem, resume from different steps and diverge silently. A
-    rank that cannot see rank 0's checkpoint stops every rank with one error.
-    """
+    """`state.prepare_run_dir` decided by rank 0 for every rank: ranks looking at their
+    own disks could resume from different steps and diverge silently. A rank that cannot
+    see rank 0's checkpoint stops every rank with one error."""
     decision: tuple[str, Any] = ("ok", None)
     if ctx.is_main:
         try:
@@ -260,12 +251,9 @@ def _start_progress(
 
 
 class _TrainingRun:
-    """One training run around the loop: evaluation at the start, the loop, the final
-    evaluation and checkpoints; `evaluate` and `save` are also the loop's hooks.
-
-    Every rank calls `evaluate` and `save`: with FSDP gathering the full state is
-    collective; only rank 0 scores, logs and writes.
-    """
+    """One training run around the loop: evaluations, the loop and checkpoints;
+    `evaluate` and `save` are also the loop's hooks. Every rank calls them (FSDP gathers
+    the full state collectively); only rank 0 logs and writes."""
 
     def __init__(
         self,
@@ -380,10 +368,8 @@ class _TrainingRun:
 
 
 def _restore(path: Path, parts: LoopParts, sharded: bool) -> ckpt.TrainerProgress:
-    """Load drafter weights, optimizer, scheduler and RNG state from a step checkpoint.
-
-    Checkpoints are full-state whatever wrote them; with FSDP each rank keeps its shard.
-    """
+    """Load drafter weights, optimizer, scheduler and RNG state from a step checkpoint
+    (full state whatever wrote it; with FSDP each rank keeps its shard)."""
     drafter, optimizer, scheduler = parts.drafter, parts.optimizer, parts.scheduler
     state = load_file(str(path / "model.safetensors"))
     tensors = ckpt.read_trainer_tensors(path)
