@@ -1,12 +1,8 @@
 """The step `blockdraft train` runs, on random rollouts and without files.
 
-Why: the GPU check (`bench/gpu_check.py`, `tests/gpu/`) must test and time the step a
-user's run takes, not a look-alike. `synthetic_run` builds the objective, drafter,
-optimizer, feature source and autocast from a `TrainConfig` with the same functions
-`trainer.py` uses (`training/builders.py`), for one process on one device; `loop.train_step`
-then runs one real optimizer step on it (micro-batches, global normalisation, clipping,
-AdamW). Random token ids are fine for costs and for comparing precisions; they say
-nothing about quality.
+Why: the GPU check (`bench/gpu_check.py`, `tests/gpu/`) must time the step a user's run
+takes, not a look-alike: `synthetic_run` builds it with the trainer's own builders, for
+one process; `loop.train_step` runs it. Random ids serve costs, not quality.
 """
 
 from __future__ import annotations
