@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -296,11 +297,7 @@ CPU_BLOCK_QUERIES = 4096  # blocks x block_size per sequence (tiny.yaml: 512 x 8
 
 def gpu_sized_settings(cfg: TrainConfig) -> list[str]:
     """`key=value` of each setting above what the CPU configs use (`CPU_SIZED`)."""
-    values = {
-        "data.max_seq_len": cfg.data.max_seq_len,
-        "drafter.num_layers": cfg.drafter.num_layers,
-        "optim.batch_size": cfg.optim.batch_size,
-    }
+    values = {key: attrgetter(key)(cfg) for key in CPU_SIZED}
     out = [f"{k}={v}" for k, v in values.items() if v > CPU_SIZED[k]]
     key = "objective.max_anchors" if cfg.objective.name == "edr" else "num_anchors"
     blocks = drafted_blocks(cfg)

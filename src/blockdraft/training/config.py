@@ -72,15 +72,13 @@ class ObjectiveConfig:
     variant: Literal["full", "cumulative", "continuation"] = "full"  # dpace weight variant
     mode: Literal["auto", "greedy", "sampling"] = "auto"  # must match the rollouts; auto = read
     max_anchors: int = 512  # edr: round starts carrying gradient per rollout (sampled beyond)
-    # edr: how round starts beyond max_anchors are drawn: gradient = PPS on an estimate of
-    # each round start's gradient norm after a no-grad pass over all of them; occupancy =
-    # the same pass, PPS on round-start occupancy (noisier); uniform = drawn first:
-    # cheaper steps, far more gradient noise per second (docs/training.md)
+    # edr: how round starts beyond max_anchors are drawn (docs/training.md): PPS on each
+    # one's estimated gradient norm or occupancy after a no-grad pass, or uniform (cheaper
+    # steps, far more gradient noise)
     anchor_sampler: Literal["gradient", "occupancy", "uniform"] = "gradient"
     # edr / e2e on greedy rollouts: the drafter temperature beta of the relaxation
-    # A = softmax(z / beta)(x), the exact acceptance of a drafter sampling at beta; -> the
-    # true 0/1 argmax acceptance as beta -> 0 (docs/methods.md, "EDR", greedy EDR); 1.0 = the
-    # old A = q(x), whose fine-tunes hurt at T = 0; 0.5 chosen on validation rollouts
+    # A = softmax(z / beta)(x), the argmax acceptance as beta -> 0 (docs/methods.md, "EDR");
+    # 0.5 chosen on validation rollouts
     greedy_temperature: float = 0.5
     # uniform / decay / dpace: lambda, the share of the target's stored top-k distribution
     # (rollouts written with --store-topk) in each slot's cross-entropy; 0 = hard labels
@@ -129,8 +127,7 @@ class LoggingConfig:
 class DistributedConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"  # how torchrun processes share the drafter
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, else gloo
-    # Collective timeout. Ranks wait in a barrier while rank 0 evaluates or saves; torch's
-    # 10-minute default is shorter than a large held-out evaluation at 8B.
+    # collective timeout: ranks wait while rank 0 saves; torch's 10 minutes can be too short
     timeout_minutes: float = 60.0
 
 

@@ -78,11 +78,11 @@ def all_reduce_sum(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return out
 
 
-def all_reduce_max_flag(flag: bool, ctx: DistContext, device: torch.device) -> bool:
-    """True on every rank if it is True on any rank (e.g. a non-finite loss somewhere)."""
+def all_reduce_max_flag(flag: bool, ctx: DistContext) -> bool:
+    """True on every rank if it is True on any rank."""
     if not ctx.distributed:
         return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    t = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
 
@@ -270,18 +270,14 @@ def unsharded_copy(drafter: nn.Module, state: dict, target, device: torch.device
 @contextlib.contextmanager
 def no_grad_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
     """Skip the gradient all-reduce on accumulation micro-steps (only the last one syncs)."""
-    if not enabled:
-        yield
-        return
-    if isinstance(module, nn.parallel.DistributedDataParallel):
+    if enabled and isinstance(module, nn.parallel.DistributedDataParallel):
         with module.no_sync():
             yield
-        return
-    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
+    elif enabled and hasattr(module, "set_requires_gradient_sync"):  # FSDP2
         module.set_requires_gradient_sync(False)
         try:
             yield
         finally:
             module.set_requires_gradient_sync(True)
-        return
-    yield
+    else:
+        yield

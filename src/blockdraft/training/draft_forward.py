@@ -67,9 +67,6 @@ class DraftForward(nn.Module):
         self.drafter = drafter
         self.chunk_rows = chunk_rows
 
-    def _selector_logq(self, hidden, labels, prev, temperature=1.0):
-        return _selector_logq_impl(self.drafter, hidden, labels, prev, self.chunk_rows, temperature)
-
     def forward(
         self,
         features: torch.Tensor,
@@ -110,7 +107,9 @@ class DraftForward(nn.Module):
                 logq_u = torch.where(torch.isfinite(logq_u), logq_u, torch.zeros_like(logq_u))
             else:  # log q(label) only: no [N, K, V] tensor is kept (`select_compact`)
                 u, sel = None, None
-                logq, logq_u = self._selector_logq(hidden, labels, prev, temperature)
+                logq, logq_u = _selector_logq(
+                    self.drafter, hidden, labels, prev, self.chunk_rows, temperature
+                )
             if unary:
                 return hidden, logq, sel, (u, logq_u)
             return hidden, with_unary_gradient(logq, logq_u), sel
@@ -132,7 +131,7 @@ class DraftForward(nn.Module):
         return hidden, logq, None
 
 
-def _selector_logq_impl(drafter, hidden, labels, prev, chunk_rows, temperature=1.0):
+def _selector_logq(drafter, hidden, labels, prev, chunk_rows, temperature=1.0):
     """(floored selector log q(label), unary log q(label)) without full logits, both at
     the drafter temperature (the candidates, a top-k, do not depend on it)."""
     columns, in_vocab = map_to_draft_vocab(drafter, labels)  # candidates are draft columns

@@ -50,9 +50,8 @@ class LoopParts:
     total_steps: int
     amp_dtype: torch.dtype | None
     bar_position: int = 0  # the progress bar's terminal line (trainings side by side)
-    hooks: dict[str, Any] = field(
-        default_factory=dict
-    )  # evaluate(step), save(step, kind), log(step, dict)
+    # evaluate(step), save(step, kind), log(step, dict)
+    hooks: dict[str, Any] = field(default_factory=dict)
 
     @property
     def drafter(self) -> nn.Module:

@@ -127,10 +127,10 @@ def _layer_params(s: _Shapes, qk_norm: bool) -> int:
 
 def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
     """The target's HF config without its weights (`tiny`: built from `TinyConfig`)."""
-    if name == "tiny":
-        # lazy: transformers takes seconds to import; only `--plan` needs it
-        from transformers import Qwen3Config
+    # lazy: transformers takes seconds to import; only `--plan` needs it
+    from transformers import AutoConfig, Qwen3Config
 
+    if name == "tiny":
         c = TinyConfig()
         return Qwen3Config(
             vocab_size=c.vocab_size,
@@ -142,9 +142,6 @@ def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
             head_dim=c.hidden_size // c.num_heads,
             tie_word_embeddings=True,
         )
-    # lazy: transformers takes seconds to import; only `--plan` needs it
-    from transformers import AutoConfig
-
     try:
         return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:

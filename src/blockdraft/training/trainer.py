@@ -161,13 +161,12 @@ def _train(
     if target is None:
         target = load_target_for(cfg, ctx.device)
     target.model.to(ctx.device)
-    check_against_target(cfg, target, say=print if ctx.is_main else _quiet)
+    say = print if ctx.is_main else _quiet  # rank 0 prints setup notes once
+    check_against_target(cfg, target, say=say)
     train_data, eval_data = load_train_eval(cfg, target)
     mode = resolve_mode(cfg, train_data, eval_data)
     objective = build_objective(cfg, mode)
-    features = build_feature_source(
-        cfg, target, train_data, objective, mode, say=print if ctx.is_main else _quiet
-    )
+    features = build_feature_source(cfg, target, train_data, objective, mode, say=say)
     drafter = build_drafter(cfg, target, train_data, ctx.device)
     # wrap (DDP / FSDP2 shards the parameters in place) before the optimizer sees them
     fwd = wrap_module(DraftForward(drafter), ctx, cfg.distributed.strategy)
@@ -202,7 +201,7 @@ def _train(
 
 
 def _quiet(*_args: Any) -> None:
-    """Non-main ranks stay silent (rank 0 prints setup notes once)."""
+    """What other ranks print."""
 
 
 def _prepare_run_dir(
@@ -222,7 +221,7 @@ def _prepare_run_dir(
         raise ckpt.RunDirError(decision[1])
     resume_from = decision[1]
     unseen = resume_from is not None and not ckpt.is_complete(Path(resume_from))
-    if all_reduce_max_flag(unseen, ctx, ctx.device):
+    if all_reduce_max_flag(unseen, ctx):
         raise ckpt.RunDirError(
             f"--resume: rank 0 resumes from {resume_from}, which another rank cannot read "
             "whole; every rank (every node) must see the same run_dir (a shared filesystem)"

@@ -77,10 +77,11 @@ class RoundsBatch:
 
 @dataclass
 class RoundStarts:
-    """Each rollout's round starts (sequence indices), how many of them carry gradient
-    (all but the dead last one), and the rollouts with more of those than `limit`."""
+    """Each rollout's round starts (sequence indices), their number, how many carry
+    gradient (all but the dead last one), and the rollouts with more of those than `limit`."""
 
     starts: list[torch.Tensor]
+    rows: list[int]
     usable: list[int]
     long_rows: list[int]
 
@@ -96,11 +97,7 @@ class RoundStarts:
         usable = [max(r - 1, 0) for r in rows]
         if not any(usable):
             usable = rows
-        return cls(starts, usable, [i for i, u in enumerate(usable) if u > limit])
-
-    @property
-    def rows(self) -> list[int]:
-        return [int(s.numel()) for s in self.starts]
+        return cls(starts, rows, usable, [i for i, u in enumerate(usable) if u > limit])
 
 
 def default_score_chunk(max_anchors: int, rollouts: int, width: int) -> int:
@@ -249,8 +246,7 @@ def _draw_round_starts(
     scores of the rows the gradient pass will not draft (zeros where it will)."""
     limit, sampler, long_rows = objective.max_anchors, objective.anchor_sampler, starts.long_rows
     batch, usable = rb.batch, starts.usable
-    every_rows = starts.rows
-    rows = [every_rows[i] for i in long_rows]
+    rows = [starts.rows[i] for i in long_rows]
     drawn: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(long_rows)
     if sampler == "uniform":  # draw first, score only the other rows
         scored = []
@@ -360,8 +356,7 @@ def rounds_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> 
     rows, usable, long_rows = starts.rows, starts.usable, starts.long_rows
     chosen: list[torch.Tensor] = [torch.arange(u) for u in usable]
     weights: list[torch.Tensor | None] = [None] * len(rows)
-    full_acc: dict[int, torch.Tensor] = {}
-    full_cost: dict[int, torch.Tensor] = {}
+    scored: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # no-grad (A, c) of long rows
     space = DraftSpace.of(drafter, stop_ids) if sampling else None
     width = int(drafter.config.vocab_size) if space is None else space.width
     chunk = _score_chunk(inputs, starts, width)
@@ -379,7 +374,7 @@ def rounds_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> 
         ]
         drawn = _draw_round_starts(rb, objective, starts, generators, chunk)
         for i, (idx, w, acc_i, cost_i) in zip(long_rows, drawn, strict=True):
-            chosen[i], weights[i], full_acc[i], full_cost[i] = idx, w, acc_i, cost_i
+            chosen[i], weights[i], scored[i] = idx, w, (acc_i, cost_i)
     anchors = pad_anchor_lists([starts.starts[i][chosen[i]] for i in range(len(rows))])
     acc, cost, hidden, logq, blocks, _ = _acceptance(
         rb, anchors.to(device), True, want_logq=want_acc
@@ -389,13 +384,13 @@ def rounds_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> 
         if r == 0:
             continue  # a 1-token response has no drafting round
         m = int(chosen[i].numel())
-        if i in full_acc:
-            idx = chosen[i].to(device)
-            acc_list.append(full_acc[i].index_copy(0, idx, acc[i, :m]))
-            cost_list.append(full_cost[i].index_copy(0, idx, cost[i, :m]))
+        if i in scored:
+            (full_a, full_c), idx = scored[i], chosen[i].to(device)
+            a, c = full_a.index_copy(0, idx, acc[i, :m]), full_c.index_copy(0, idx, cost[i, :m])
         else:
-            acc_list.append(_with_dead_row(acc[i, :m], r))
-            cost_list.append(_with_dead_row(cost[i, :m], r))
+            a, c = (_with_dead_row(x[i, :m], r) for x in (acc, cost))
+        acc_list.append(a)
+        cost_list.append(c)
         keep.append(weights[i].to(device) if weights[i] is not None else None)
     stats = block_stats(inputs, hidden, blocks, None if logq is None else logq.detach(), want_acc)
     if not acc_list:
