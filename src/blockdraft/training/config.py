@@ -193,26 +193,23 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is type(None):
-        if value is None:
-            return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    exact = {
+        type(None): value is None,
+        bool: isinstance(value, bool),
+        int: number and isinstance(value, int),
+        str: isinstance(value, str),
+    }
+    if exact.get(tp):
+        return value
+    if tp is float:
+        if number:
             return float(value)
         if isinstance(value, str):  # PyYAML reads `3e-4` (no dot) as a string
             try:
                 return float(value)
             except ValueError:
                 pass
-    elif tp is str:
-        if isinstance(value, str):
-            return value
     elif dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping (section), got {value!r}")

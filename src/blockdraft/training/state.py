@@ -69,10 +69,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _tmp_sibling(path: Path) -> Path:
-    return path.parent / f".tmp-{path.name}-{os.getpid()}"
-
-
 def write_checkpoint_dir(
     path: Path,
     write_model: Callable[[Path], None],
@@ -83,7 +79,7 @@ def write_checkpoint_dir(
     """Write a complete checkpoint into `path` atomically (replacing any existing one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(path)
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
@@ -98,13 +94,10 @@ def write_checkpoint_dir(
         files = {n: file_digest(tmp / n) for n in CHECKED_FILES if (tmp / n).is_file()}
         body = {**asdict(progress), "files": files}
         (tmp / STATE_JSON).write_text(json.dumps(body, indent=2))  # written last
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if exc.filename is None:  # a failed write() names no file: name the checkpoint
-            raise OSError(exc.errno, exc.strerror, str(path)) from None
-        raise
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+        if isinstance(exc, OSError) and exc.filename is None:  # name the checkpoint
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     if path.exists():
         old = path.parent / f".old-{path.name}"
@@ -165,12 +158,8 @@ def step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        m = STEP_DIR.match(child.name)
-        if m and is_complete(child):
-            found.append((int(m.group(1)), child))
-    return sorted(found)
+    matches = ((STEP_DIR.match(child.name), child) for child in root.iterdir())
+    return sorted((int(m.group(1)), child) for m, child in matches if m and is_complete(child))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
