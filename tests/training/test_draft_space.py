@@ -173,7 +173,7 @@ def test_step_reading_response_logits_only_equals_full_logits(objective, monkeyp
     batch, so rows start at different offsets: same loss and gradients as full logits."""
     from blockdraft.data.rollouts.store import Rollout
     from blockdraft.training.batching import collate
-    from blockdraft.training.steps import anchored_blocks, block
+    from blockdraft.training.steps import anchored_blocks
 
     target, _, _ = random_step_batch([3])
     torch.manual_seed(0)
@@ -191,8 +191,7 @@ def test_step_reading_response_logits_only_equals_full_logits(objective, monkeyp
     setup = (target, drafter, batch)
     loss, grads, _ = _step(setup, objective)
     full = lambda b: b.input_ids.shape[1]  # noqa: E731
-    monkeypatch.setattr(block, "response_logits_to_keep", full)
-    monkeypatch.setattr(rounds, "response_logits_to_keep", full)
+    monkeypatch.setattr(anchored_blocks, "response_logits_to_keep", full)
     ref_loss, ref_grads, _ = _step(setup, objective)
     assert ref_loss.item() > 0
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-7)

@@ -324,13 +324,10 @@ class ScreenedArgmaxHead:
         self, hidden: torch.Tensor, k: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`([T, V] float32, columns)`: the fp32 logit of every token that can be among its
-        row's `k` largest, -inf for the rest (`thresholds`), and the sorted columns finite in
-        some row (None when a row came whole). Every excluded token's fp32 logit is below
-        the row's k-th largest, so a top-k cutoff of at most `k` keeps the same tokens from
-        these rows as from the full logits, with the same values up to the summation order
-        of one dot product. For k > 1 the int8 screen goes straight to its second stage:
-        near the k-th largest logit tokens are dense, and the first stage leaves thousands
-        per row on Gemma. A row still that loose gets its whole fp32 row."""
+        row's `k` largest, -inf for the rest, and the sorted finite columns (None when a
+        row came whole), so a top-k cutoff of at most `k` keeps the same tokens as the
+        full logits. For k > 1 the int8 screen starts at its second stage (tokens are
+        dense near the k-th largest); a row still that loose gets its whole fp32 row."""
         hidden = hidden.float()
         two_stage = k > 1 and isinstance(self.screen, Int8Screen)
         screened = self.screen.refine(hidden) if two_stage else self.products(hidden)

@@ -1,12 +1,10 @@
 """MKL-packed fp32 weights for the few-row products of speculative decoding on CPU.
 
-Why: verification runs K+1 rows through every linear layer of the target (the drafter K
-through its own), and `F.linear` on a CPU re-packs the whole weight into MKL's blocked
-layout on *every* call, which at 8 rows costs more than the product. Weights are packed
-once instead, and used only inside `PackedLinears.active()` (the speculative loop) for
-2+-row, no-grad, fp32 CPU inputs whose weight is unchanged, so the AR baseline, training
-and features never change. Also packs the screens' bf16 / int8 weights with oneDNN.
-Scope, memory and costs: docs/architecture.md ("decoding"), docs/decoding.md.
+Why: `F.linear` on a CPU re-packs the whole weight into MKL's blocked layout on every
+call, which at K+1 = 8 rows costs more than the product. Weights are packed once and used
+only inside `PackedLinears.active()` (the speculative loop) for 2+-row, no-grad, fp32 CPU
+inputs, so the AR baseline, training and features never change. Also packs the screens'
+bf16 / int8 weights with oneDNN. Costs: docs/decoding.md.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ from torch import nn
 
 MAX_PACKED_BYTES = 4 << 30  # second copy of the weights we are willing to hold
 PACK_ROWS = 8  # MKL's packing hint; products of any row count stay correct
-# Smaller weights stay on `F.linear`: measured at 7-8 rows, packing loses below ~160k
-# elements (128 x 384: 14 vs 9 us; 256 x 640: even) and wins from ~500k (1024 x 640:
-# 106 vs 212 us; 4096 x 128: 77 vs 142 us). So `tiny`'s layers stay unpacked.
+# Smaller weights stay on `F.linear`: at 7-8 rows packing loses below ~160k elements and
+# wins from ~500k, so `tiny`'s layers stay unpacked
 MIN_PACKED_ELEMENTS = 1 << 19
 
 
@@ -144,10 +141,9 @@ def onednn_int8_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tens
 def int8_products_exact() -> bool:
     """Whether `onednn_int8_linear` is exact integer arithmetic here (checked once).
 
-    Why a probe: CPUs without VNNI compute u8 x s8 in int16 pairs, which saturate at
-    255 x 127 x 2, and a kernel that applied the zero point in fp32 would lose integers
-    above 2^24; either breaks the int8 screen's error bound. The probe rows hit both
-    (all-extreme inputs, and a small result of huge cancelling sums) plus random ones."""
+    Why: CPUs without VNNI saturate u8 x s8 int16 pairs, and a zero point applied in fp32
+    loses integers above 2^24; either breaks the int8 screen's bound. The probe rows hit
+    both (all-extreme inputs, huge cancelling sums) plus random ones."""
     hidden = 2048
     g = torch.Generator().manual_seed(0)
     weight = torch.randint(-127, 128, (8, hidden), generator=g, dtype=torch.int8)
@@ -171,12 +167,10 @@ def int8_products_exact() -> bool:
 class PackedLinears:
     """Packed copies of a model's fp32 `nn.Linear` weights, used while `active()`.
 
-    Each packed module keeps its `PackedWeight` and its owner's token as plain attributes
-    and gets `forward` bound to `_packed_forward`, which takes the packed product only
-    while the owner is active and the pack still belongs to the module's own weight
-    (same storage, same version). So a `copy.deepcopy` of a packed model (which rebinds
-    the method to the copy and drops the pack) computes with the copy's weights, never
-    the original's, and a pickled one loads unpacked."""
+    Each packed module's `forward` is bound to `_packed_forward`, which takes the packed
+    product only while the owner is active and the pack is still of the module's own
+    weight (same storage and version): a deep copy computes with its own weights, and a
+    pickled model loads unpacked."""
 
     def __init__(self, model: nn.Module) -> None:
         self.token = next(_TOKENS)

@@ -1,10 +1,8 @@
 """Greedy token choice on a CPU: the argmax of each logit row, through numpy.
 
-Why: torch's CPU argmax is a scalar loop over the row, numpy's is vectorised, and greedy
-work takes one per row: the decoding loop for the target's and the drafter's rows every
-round, the offline evaluator for every proposal it scores, training for its slot
-accuracies (costs: docs/decoding.md). Both return the first index of the largest value, so
-the tokens are the same; other devices, dtypes and tensors under autograd keep torch's.
+Why: torch's CPU argmax is a scalar loop over the row, numpy's is vectorised, and every
+greedy choice takes one (costs: docs/decoding.md). Both return the first index of the
+largest value, so the tokens are the same.
 """
 
 from __future__ import annotations

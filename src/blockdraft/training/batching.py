@@ -1,12 +1,9 @@
 """Which sequences and anchors each process trains on at each step, as pure functions.
 
-Resume-exactness and DDP-equivalence both come from one rule: every random choice is a
-function of `(seed, step, rollout index)`, never of the process layout or of how many
-steps this process has run. The data stream is the concatenation of per-epoch
-permutations (epoch e seeded by `(seed, e)`); step s consumes items `[s*B, (s+1)*B)` of
-it, split into `world_size * grad_accum` equal micro-batches; a sequence's anchors are
-drawn from `(seed, step, rollout index)`. So resuming needs only the step, and N
-processes see exactly what one process would.
+Every random choice is a function of `(seed, step, rollout index)`, never of the process
+layout: the data stream is per-epoch permutations seeded by `(seed, epoch)`, step s takes
+items `[s*B, (s+1)*B)` split into `world_size * grad_accum` micro-batches. So resuming
+needs only the step, and N processes see exactly what one would.
 """
 
 from __future__ import annotations
@@ -72,15 +69,10 @@ def micro_batches(
 
 @dataclass
 class Batch:
-    """A padded micro-batch of rollouts (right padding).
-
-    `input_ids [B,T]`, `attention_mask [B,T]`, `loss_mask [B,T]` (True on response tokens,
-    i.e. labels a drafter is trained to predict), `logprobs [B,T]` (target log-prob of the
-    token at that sequence index under the rollout's sampling distribution, 0 elsewhere),
-    `prompt_lens [B]`, `response_lens [B]`, `rollout_index [B]`; where every rollout
-    stored one, the target's top-k distribution of the token at each sequence index:
-    `topk_ids [B,T,k]` (-1 elsewhere) and `topk_logprobs [B,T,k]` (-inf elsewhere).
-    """
+    """A right-padded micro-batch of rollouts, `[B, T]` per token: `loss_mask` True on
+    response tokens, `logprobs` the target's log-prob of each response token (0
+    elsewhere); where every rollout stored one, the top-k distribution of each token:
+    `topk_ids [B,T,k]` (-1 elsewhere), `topk_logprobs` (-inf elsewhere)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,13 @@ from blockdraft.objectives.registry import make_objective
 from blockdraft.serialization.checkpoint import load_drafter
 from blockdraft.targets.mask_token import MaskTokenError, load_target_with_mask
 from blockdraft.targets.registry import TargetLoadError, load_target
-from blockdraft.training.config import ConfigError, DataConfig, TrainConfig, objective_spec
+from blockdraft.training.config import (
+    ConfigError,
+    DataConfig,
+    TrainConfig,
+    drafted_blocks,
+    objective_spec,
+)
 
 
 class TrainSetupError(BlockdraftError, ValueError):
@@ -43,14 +50,10 @@ class RolloutData:
 
 
 def load_target_for(cfg: TrainConfig, device: torch.device):
-    """The frozen target named by `target.name` (registry name, HF id or local path).
-
-    `target.dtype: auto` is bfloat16 on CUDA (an 8B target is 16 GB instead of 33 GB per
-    GPU, and the features the drafter reads are bf16 under autocast anyway) and float32
-    elsewhere (CPU bf16 matmuls are slow and the tests compare in fp32).
-    """
-    kwargs: dict[str, Any] = {"device": device, "progress": cfg.logging.progress}
-    kwargs["dtype"] = resolve_dtype(cfg.target.dtype, device)
+    """The frozen target named by `target.name` (registry name, HF id or local path);
+    `target.dtype: auto` is bfloat16 on CUDA (half the memory; the drafter reads bf16
+    features under autocast anyway), float32 elsewhere (CPU bf16 matmuls are slow)."""
+    dtype = resolve_dtype(cfg.target.dtype, device)
     recorded = recorded_masks(
         [d for d in (cfg.data.train_rollouts, cfg.data.eval_rollouts) if d],
         [cfg.drafter.init_from] if cfg.drafter.init_from else [],
@@ -61,7 +64,9 @@ def load_target_for(cfg: TrainConfig, device: torch.device):
             mask_token=cfg.target.mask_token,
             recorded=recorded,
             loader=load_target,
-            **kwargs,
+            device=device,
+            dtype=dtype,
+            progress=cfg.logging.progress,
         )
     except MaskTokenError as exc:
         raise ConfigError(f"target.mask_token: {exc}") from None
@@ -104,11 +109,8 @@ def check_batch_split(cfg: TrainConfig, world_size: int) -> None:
 
 def check_against_target(cfg: TrainConfig, target, say=print) -> None:
     """Settings that must fit the target's shapes, checked before anything is written.
-
-    A `data.max_seq_len` longer than the target's context is refused, except the
-    built-in default, which is lowered to the context with a note (a 1,024-token target
-    must not need an override just to train with the defaults).
-    """
+    A `data.max_seq_len` beyond the target's context is refused, except the default,
+    which is lowered to it with a note (the defaults must train any target)."""
     context = target.context_length
     default = DataConfig().max_seq_len
     if context is not None and cfg.data.max_seq_len == default and default > context:
@@ -156,8 +158,8 @@ def _materialise(rs, key: str, limit: int | None = None) -> RolloutData:
 
 
 def load_train_eval(cfg: TrainConfig, target) -> tuple[RolloutData, RolloutData | None]:
-    """Training rollouts and the held-out set (its own directory or a split by prompt id);
-    `data.train_subset` then keeps N of the training ones (the held-out set is unchanged)."""
+    """Training rollouts and the held-out set (its own directory or a split by prompt id),
+    then `data.train_subset` of the training ones."""
     d = cfg.data
     train_set = _open_checked(d.train_rollouts, "data.train_rollouts", target, d.allow_incomplete)
     ev = None
@@ -208,8 +210,7 @@ def resolve_mode(cfg: TrainConfig, train: RolloutData, evaluation: RolloutData |
 
 
 def build_objective(cfg: TrainConfig, mode: str):
-    """The configured objective for rollouts of `mode` (its config was validated by
-    `config.validate`, which shares `objective_spec` and the registry's checks)."""
+    """The configured objective for rollouts of `mode` (validated by `config.validate`)."""
     name, params = objective_spec(cfg.objective, mode)
     return make_objective(name, **params)
 
@@ -296,25 +297,18 @@ CPU_BLOCK_QUERIES = 4096  # blocks x block_size per sequence (tiny.yaml: 512 x 8
 
 def gpu_sized_settings(cfg: TrainConfig) -> list[str]:
     """`key=value` of each setting above what the CPU configs use (`CPU_SIZED`)."""
-    values = {
-        "data.max_seq_len": cfg.data.max_seq_len,
-        "drafter.num_layers": cfg.drafter.num_layers,
-        "optim.batch_size": cfg.optim.batch_size,
-    }
+    values = {key: attrgetter(key)(cfg) for key in CPU_SIZED}
     out = [f"{k}={v}" for k, v in values.items() if v > CPU_SIZED[k]]
-    edr = cfg.objective.name == "edr"
-    key = "objective.max_anchors" if edr else "num_anchors"
-    blocks = min(cfg.objective.max_anchors if edr else cfg.num_anchors, cfg.data.max_seq_len)
+    key = "objective.max_anchors" if cfg.objective.name == "edr" else "num_anchors"
+    blocks = drafted_blocks(cfg)
     if blocks * cfg.drafter.block_size > CPU_BLOCK_QUERIES:
         out.insert(1, f"{key}={blocks} x drafter.block_size={cfg.drafter.block_size}")
     return out
 
 
 def cpu_fallback_note(cfg: TrainConfig, device: torch.device) -> str | None:
-    """The one line a GPU-sized config prints when `device: auto` found no GPU.
-
-    Why: `auto` falls back to the CPU silently, and a recipe sized for a GPU then runs in
-    float32 for days; the line says so and names what to override."""
+    """The one line a GPU-sized config prints when `device: auto` found no GPU: the silent
+    CPU fallback would run it in float32 for days; the line names what to override."""
     sized = gpu_sized_settings(cfg)
     # data.max_seq_len is a cap (short rollouts cost the same under any cap): alone it
     # does not make a run GPU-sized (the demo trains under the default 2048 on a CPU)
@@ -330,9 +324,8 @@ def cpu_fallback_note(cfg: TrainConfig, device: torch.device) -> str | None:
 
 
 def amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA when auto or asked; on CPU only when asked. `auto` keeps a CPU in
-    fp32 so that a run repeats across machines; `bf16` pays on CPUs with bf16 matrix units
-    (Intel AMX) and is slower than fp32 on those without (bench/train_step.py --part amp)."""
+    """bf16 autocast on CUDA when auto or asked; on CPU only when asked (`auto` keeps a CPU
+    run in fp32, repeatable across machines; bf16 pays only with bf16 matrix units, AMX)."""
     if cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda"):
         return torch.bfloat16
     return None

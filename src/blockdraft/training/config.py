@@ -8,6 +8,7 @@ field below; anything else is a `ConfigError` that names the offending dotted ke
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -64,23 +65,20 @@ class DrafterConfigSection:
 
 @dataclass
 class ObjectiveConfig:
-    name: str = (
-        "dpace"  # uniform | decay | dpace | dpace-cumulative | dpace-continuation | e2e | edr
-    )
+    # uniform | decay | dpace | dpace-cumulative | dpace-continuation | e2e | edr
+    name: str = "dpace"
     gamma: float | None = None  # decay: w_j = exp(-(j-1)/gamma); null = DFlash default for block
     alpha: float = 0.5  # dpace: weight smoothing q~ = (1-alpha) q + alpha
     variant: Literal["full", "cumulative", "continuation"] = "full"  # dpace weight variant
     mode: Literal["auto", "greedy", "sampling"] = "auto"  # must match the rollouts; auto = read
     max_anchors: int = 512  # edr: round starts carrying gradient per rollout (sampled beyond)
-    # edr: how round starts beyond max_anchors are drawn: gradient = PPS on an estimate of
-    # each round start's gradient norm after a no-grad pass over all of them; occupancy =
-    # the same pass, PPS on round-start occupancy (noisier); uniform = drawn first:
-    # cheaper steps, far more gradient noise per second (docs/training.md)
+    # edr: how round starts beyond max_anchors are drawn (docs/training.md): PPS on each
+    # one's estimated gradient norm or occupancy after a no-grad pass, or uniform (cheaper
+    # steps, far more gradient noise)
     anchor_sampler: Literal["gradient", "occupancy", "uniform"] = "gradient"
     # edr / e2e on greedy rollouts: the drafter temperature beta of the relaxation
-    # A = softmax(z / beta)(x), the exact acceptance of a drafter sampling at beta; -> the
-    # true 0/1 argmax acceptance as beta -> 0 (docs/methods.md, "EDR", greedy EDR); 1.0 = the
-    # old A = q(x), whose fine-tunes hurt at T = 0; 0.5 chosen on validation rollouts
+    # A = softmax(z / beta)(x), the argmax acceptance as beta -> 0 (docs/methods.md, "EDR");
+    # 0.5 chosen on validation rollouts
     greedy_temperature: float = 0.5
     # uniform / decay / dpace: lambda, the share of the target's stored top-k distribution
     # (rollouts written with --store-topk) in each slot's cross-entropy; 0 = hard labels
@@ -129,8 +127,7 @@ class LoggingConfig:
 class DistributedConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"  # how torchrun processes share the drafter
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, else gloo
-    # Collective timeout. Ranks wait in a barrier while rank 0 evaluates or saves; torch's
-    # 10-minute default is shorter than a large held-out evaluation at 8B.
+    # collective timeout: ranks wait while rank 0 saves; torch's 10 minutes can be too short
     timeout_minutes: float = 60.0
 
 
@@ -139,9 +136,8 @@ class TrainConfig:
     run_dir: str = "runs/default"  # metrics.jsonl, tensorboard/, checkpoints/, best/, final/
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N (under torchrun: the local rank's GPU)
-    amp: Literal["auto", "off", "bf16"] = (
-        "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU; bf16: also on CPU
-    )
+    # auto: bf16 autocast on CUDA, fp32 on CPU; bf16: also on CPU
+    amp: Literal["auto", "off", "bf16"] = "auto"
     num_anchors: int = 512  # anchor blocks sampled per sequence per step (DFlash recipe)
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -155,6 +151,13 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def drafted_blocks(cfg: TrainConfig) -> int:
+    """Blocks drafted with gradient per sequence: EDR's `objective.max_anchors` round
+    starts, the block objectives' `num_anchors`; never more than a sequence has positions."""
+    edr = cfg.objective.name == "edr"
+    return min(cfg.objective.max_anchors if edr else cfg.num_anchors, cfg.data.max_seq_len)
 
 
 # --- building from plain data ------------------------------------------------------------
@@ -190,26 +193,23 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is type(None):
-        if value is None:
-            return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    exact = {
+        type(None): value is None,
+        bool: isinstance(value, bool),
+        int: number and isinstance(value, int),
+        str: isinstance(value, str),
+    }
+    if exact.get(tp):
+        return value
+    if tp is float:
+        if number:
             return float(value)
         if isinstance(value, str):  # PyYAML reads `3e-4` (no dot) as a string
             try:
                 return float(value)
             except ValueError:
                 pass
-    elif tp is str:
-        if isinstance(value, str):
-            return value
     elif dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping (section), got {value!r}")
@@ -371,10 +371,7 @@ def _numbers(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 def config_from_dict(data: dict[str, Any] | None, overrides: list[str] = ()) -> TrainConfig:
     """Build and validate a `TrainConfig` from a nested dict plus dotted overrides."""
-    merged: dict[str, Any] = dict(data or {})
-    if not isinstance(merged, dict):
-        raise ConfigError("config: top level must be a mapping")
-    merged = _deepcopy(merged)
+    merged = copy.deepcopy(dict(data or {}))
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(merged, key, value)
@@ -408,17 +405,6 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     return config_from_dict(data, overrides)
 
 
-def _deepcopy(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {k: _deepcopy(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_deepcopy(v) for v in data]
-    return data
-
-
 def dump_yaml(cfg: TrainConfig, extra: dict[str, Any] | None = None) -> str:
     """The resolved config (plus provenance such as version and git sha) as YAML."""
-    body = cfg.to_dict()
-    if extra:
-        body = {**extra, **body}
-    return yaml.safe_dump(body, sort_keys=False)
+    return yaml.safe_dump({**(extra or {}), **cfg.to_dict()}, sort_keys=False)

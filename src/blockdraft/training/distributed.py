@@ -1,11 +1,9 @@
 """Process-group plumbing for data-parallel training under `torchrun`.
 
-Everything the trainer needs to know about other processes goes through this module, so
-the loop reads the same with 1 process or N: rank/world size, the device of this rank,
-summing a number over all ranks, wrapping the trainable module (DDP, or FSDP2 for
-drafters too large to replicate) and, for FSDP2, turning shards into the full weights and
-optimizer state that checkpoints hold (and back). A single process (no `WORLD_SIZE` in
-the environment) never initialises a process group.
+Everything the trainer knows about other processes goes through here, so the loop reads
+the same with 1 process or N: ranks, collectives, wrapping the drafter (DDP or FSDP2) and
+turning FSDP2 shards into the full state checkpoints hold (and back). A single process
+(no `WORLD_SIZE`) never initialises a process group.
 """
 
 from __future__ import annotations
@@ -61,10 +59,8 @@ def init_distributed(
         backend = "nccl" if device.type == "cuda" else "gloo"
     already = dist.is_initialized()
     if not already:
-        kwargs = {}
-        if timeout_minutes is not None:
-            kwargs["timeout"] = datetime.timedelta(minutes=timeout_minutes)
-        dist.init_process_group(backend=backend, **kwargs)
+        timeout = None if timeout_minutes is None else datetime.timedelta(minutes=timeout_minutes)
+        dist.init_process_group(backend=backend, timeout=timeout)
     return DistContext(rank, world, local_rank, device, initialised=not already)
 
 
@@ -82,11 +78,11 @@ def all_reduce_sum(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return out
 
 
-def all_reduce_max_flag(flag: bool, ctx: DistContext, device: torch.device) -> bool:
-    """True on every rank if it is True on any rank (e.g. a non-finite loss somewhere)."""
+def all_reduce_max_flag(flag: bool, ctx: DistContext) -> bool:
+    """True on every rank if it is True on any rank."""
     if not ctx.distributed:
         return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    t = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
 
@@ -106,10 +102,8 @@ def broadcast_object(obj: object, ctx: DistContext) -> object:
 
 
 def all_gather_objects(obj: object, ctx: DistContext) -> list[object]:
-    """Every rank's value of a picklable object, in rank order, on every rank.
-
-    Tensors inside travel pickled (CPU ones stay on the CPU), so keep them small: the
-    held-out evaluation gathers acceptance tensors of a few MB with it."""
+    """Every rank's value of a picklable object, in rank order, on every rank (tensors
+    travel pickled: keep them small)."""
     if not ctx.distributed:
         return [obj]
     out: list[object] = [None] * ctx.world_size
@@ -120,13 +114,9 @@ def all_gather_objects(obj: object, ctx: DistContext) -> list[object]:
 def wrap_module(module: nn.Module, ctx: DistContext, strategy: str = "ddp") -> nn.Module:
     """Make `module` data-parallel: DDP (replicated) or FSDP2 `fully_shard` (sharded).
 
-    Both average gradients over ranks; the trainer rescales them so the result equals one
-    process on the same global batch (see `loop.py`). FSDP2 shards each decoder layer as
-    its own unit (only one layer's full weights exist at a time) and then the root, which
-    holds the remaining drafter parameters (fc, norms, Markov head). The target's frozen
-    embedding and LM head are reached through `drafter._shared`, a plain object and not a
-    submodule, so `fully_shard` never sees them: they stay replicated, untrained and out
-    of the optimizer, as under DDP.
+    FSDP2 shards each decoder layer as its own unit (one layer's full weights at a time),
+    then the root. The target's frozen embedding and LM head sit in `drafter._shared`, not
+    a submodule, so they stay replicated and out of the optimizer, as under DDP.
     """
     if not ctx.distributed:
         return module
@@ -135,9 +125,8 @@ def wrap_module(module: nn.Module, ctx: DistContext, strategy: str = "ddp") -> n
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        # FSDP2 warns when a wrapped forward returns a view (the context values are a
-        # transpose, `hidden` a slice) in case the caller modifies it in place; ours are
-        # only read (concatenated, indexed), so the warning is noise on every rank.
+        # FSDP2 warns when a wrapped forward returns a view, in case the caller modifies
+        # it in place; ours are only read, so the warning is noise on every rank
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         inner = getattr(module, "drafter", module)
@@ -155,14 +144,11 @@ def wrap_module(module: nn.Module, ctx: DistContext, strategy: str = "ddp") -> n
 def _route_context_key_value(layer: nn.Module) -> None:
     """Let a sharded decoder layer compute the context keys/values outside its `forward`.
 
-    `forward_blocks` calls `layer.self_attn.key_value(context)` before `layer(...)`. FSDP2
-    only gathers a layer's weights around its registered forward methods, so that call
-    would meet sharded weights, and the gradient it sends back to `k_proj`/`v_proj` would
-    arrive after the layer's reduce-scatter. So the call is routed through an extra
-    forward method of the layer (`register_fsdp_forward_method`): its own all-gather, and
-    its own backward hooks that reduce-scatter that gradient too (FSDP2 accumulates over
-    several uses of a layer). Inside `layer.forward` the weights are already gathered and
-    the original method runs; a forward pre/post hook pair tracks which case applies.
+    `forward_blocks` calls `layer.self_attn.key_value(context)` before `layer(...)`, where
+    FSDP2 has not gathered the weights (and the k/v gradient would miss the layer's
+    reduce-scatter). The call goes through an extra FSDP forward method of the layer
+    (`register_fsdp_forward_method`); inside `layer.forward` (tracked by a pre/post hook
+    pair) the weights are gathered and the original method runs.
     """
     # lazy: torch.distributed.fsdp takes seconds to import; only FSDP runs need it
     from torch.distributed.fsdp import register_fsdp_forward_method
@@ -193,11 +179,8 @@ def _route_context_key_value(layer: nn.Module) -> None:
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
-    """Clip to `max_norm` by the *global* gradient norm and return that norm.
-
-    With FSDP2 the gradients are DTensor shards; `clip_grad_norm_` reduces their norm over
-    ranks itself and returns a DTensor, which `full_tensor` turns into the global number.
-    """
+    """Clip to `max_norm` by the *global* gradient norm and return that norm (FSDP2's is a
+    DTensor, reduced over ranks: `full_tensor` makes it the global number)."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
@@ -205,10 +188,8 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
 
 
 # --- FSDP2 checkpoints: full (unsharded) state on rank 0 ------------------------------------
-# Checkpoints hold the *full* weights and optimizer state in exactly the layout DDP and one
-# process write (`model.safetensors` from `save_drafter`, an index-keyed optimizer state
-# dict), so a checkpoint does not depend on how many ranks or which strategy wrote it, and
-# `best/` / `final/` are servable as they are. Gathering is collective: every rank calls.
+# Checkpoints hold the full weights and optimizer state in the layout DDP writes, so they do
+# not depend on the ranks or strategy that wrote them. Gathering is collective.
 
 
 def _trainable_names(model: nn.Module) -> list[str]:
@@ -217,10 +198,8 @@ def _trainable_names(model: nn.Module) -> list[str]:
 
 
 def full_model_state(model: nn.Module, every_rank: bool = False) -> dict[str, torch.Tensor]:
-    """Full CPU state dict on rank 0 (an empty dict elsewhere). Collective.
-
-    `every_rank=True`: the full state on every rank, on the parameters' device (the
-    sharded held-out evaluation needs a whole drafter on each rank)."""
+    """Full CPU state dict on rank 0 (empty elsewhere); `every_rank`: on every rank, on the
+    parameters' device (the sharded evaluation). Collective."""
     # lazy: torch.distributed.checkpoint takes seconds to import; only FSDP runs need it
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -229,11 +208,8 @@ def full_model_state(model: nn.Module, every_rank: bool = False) -> dict[str, to
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Full optimizer state on rank 0, keyed like `optimizer.state_dict()`. Collective.
-
-    `get_optimizer_state_dict` keys states by parameter name; renaming them to the
-    optimizer's integer ids makes the file identical in layout to a DDP checkpoint.
-    """
+    """Full optimizer state on rank 0, keyed by the optimizer's integer ids like a DDP
+    checkpoint (torch keys it by parameter name). Collective."""
     # lazy: torch.distributed.checkpoint takes seconds to import; only FSDP runs need it
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -259,11 +235,8 @@ def load_full_state(
     model_state: dict[str, torch.Tensor],
     optim_state: dict,
 ) -> None:
-    """Load full (unsharded) weights and optimizer state into sharded `model`. Collective.
-
-    Every rank passes the full state (read from the shared checkpoint directory, as DDP
-    resume does) and keeps only its own shard of it.
-    """
+    """Load full weights and optimizer state into sharded `model`; every rank passes the
+    full state and keeps its shard. Collective."""
     # lazy: torch.distributed.checkpoint takes seconds to import; only FSDP runs need it
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -285,13 +258,9 @@ def load_full_state(
 
 
 def unsharded_copy(drafter: nn.Module, state: dict, target, device: torch.device) -> nn.Module:
-    """A plain (unwrapped) drafter holding the full `state`, bound to `target`.
-
-    Every rank evaluates its share of the held-out set with such a copy, and rank 0 saves
-    one: the shared scoring/saving code then runs on ordinary tensors, with no collective
-    inside that the other ranks would have to join.
-    Built under `fork_rng` so its throw-away random init leaves the training RNG alone.
-    """
+    """A plain drafter holding the full `state`, bound to `target`: scoring and saving then
+    run on ordinary tensors, with no collective inside. Built under `fork_rng`, so its
+    throw-away init leaves the training RNG alone."""
     with torch.random.fork_rng(devices=[]):
         twin = type(drafter)(drafter.config)
     twin.load_state_dict(state, strict=True)
@@ -301,18 +270,14 @@ def unsharded_copy(drafter: nn.Module, state: dict, target, device: torch.device
 @contextlib.contextmanager
 def no_grad_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
     """Skip the gradient all-reduce on accumulation micro-steps (only the last one syncs)."""
-    if not enabled:
-        yield
-        return
-    if isinstance(module, nn.parallel.DistributedDataParallel):
+    if enabled and isinstance(module, nn.parallel.DistributedDataParallel):
         with module.no_sync():
             yield
-        return
-    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
+    elif enabled and hasattr(module, "set_requires_gradient_sync"):  # FSDP2
         module.set_requires_gradient_sync(False)
         try:
             yield
         finally:
             module.set_requires_gradient_sync(True)
-        return
-    yield
+    else:
+        yield

@@ -1,12 +1,10 @@
 """From a batch of sequences and anchors to the drafter's `log q(label)` per block slot.
 
-The pieces the objectives need but should not know about: `map_to_draft_vocab` (target
-ids to the rows of a reduced draft vocabulary) and `DraftForward`, the one `nn.Module`
-whose `forward` runs every trainable parameter (backbone and Markov head or selector):
-DDP/FSDP hook gradient synchronisation on `forward`, so this wrapper is what gets wrapped.
-For the parallel drafter `log q(label)` goes through the chunked LM head (no `[N, K, V]`
-logits unless an objective needs them). DFlash2: every objective scores the teacher-forced
-selector; the unary logits get its per-position weights (`with_unary_gradient`).
+`DraftForward` is the one `nn.Module` whose `forward` runs every trainable parameter
+(DDP/FSDP synchronise gradients on `forward`, so it is what gets wrapped); the plain
+parallel head scores labels through the chunked LM head (no `[N, K, V]` logits unless an
+objective needs them). DFlash2: objectives score the selector; the unary logits get its
+per-position weights (`with_unary_gradient`).
 """
 
 from __future__ import annotations
@@ -29,12 +27,9 @@ from blockdraft.training.draft_space import DraftSpace
 def map_to_draft_vocab(
     drafter: nn.Module, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target ids -> draft-vocab ids, for the rows of `drafter.head_weight`.
-
-    Returns (ids, in_vocab). With a reduced draft vocabulary, labels outside it cannot be
-    proposed: they get id -1 and drop out of the cross-entropy (evaluation still counts
-    them as rejections). A full-vocabulary drafter returns the labels unchanged.
-    """
+    """Target ids -> `(draft-vocab ids, in_vocab)`, for the rows of `drafter.head_weight`:
+    labels outside a reduced vocabulary get -1 and drop out of the cross-entropy (the
+    evaluation still counts them as rejections)."""
     draft_ids = getattr(drafter, "draft_ids", None)
     if draft_ids is None:
         return labels, labels >= 0
@@ -72,9 +67,6 @@ class DraftForward(nn.Module):
         self.drafter = drafter
         self.chunk_rows = chunk_rows
 
-    def _selector_logq(self, hidden, labels, prev, temperature=1.0):
-        return _selector_logq_impl(self.drafter, hidden, labels, prev, self.chunk_rows, temperature)
-
     def forward(
         self,
         features: torch.Tensor,
@@ -86,19 +78,16 @@ class DraftForward(nn.Module):
         temperature: float = 1.0,
         unary: bool = False,
     ):
-        """Returns (hidden [B,A,K,H], logq [B,A,K] float32 (0 where label < 0), logits or None).
+        """(hidden [B,A,K,H], logq [B,A,K] float32 (0 where label < 0), logits or None).
 
-        `labels` are target ids (-1 = none); `logits` (only with `full_logits`) are in the
-        target vocabulary, or, for a reduced draft vocabulary, in its `DraftSpace` columns
-        (`draft_space.py`: what the sampling objectives compare with the target in).
-        `temperature` (without `full_logits`): logq is `log softmax(z / temperature)(label)`,
-        greedy EDR's tempered relaxation; the plain parallel head divides the hidden state,
-        the same as dividing the logits since `z = h W^T`.
+        `labels` are target ids (-1 = none); `logits` (with `full_logits`) are in the
+        target vocabulary or a reduced vocabulary's `DraftSpace` columns. `temperature`:
+        logq is `log softmax(z / temperature)(label)` (greedy EDR's relaxation; the plain
+        head divides the hidden state instead, the same since `z = h W^T`).
 
-        DFlash2: logq and logits are the selector's (logq floored); `logq` carries the
-        unary cross-entropy's gradient too unless `unary=True`, which returns the
-        selector's terms alone plus a fourth element `(unary logits, unary logq)` for the
-        caller to weight (`with_unary_gradient`).
+        DFlash2: logq and logits are the selector's; `logq` carries the unary term's
+        gradient too, unless `unary`, which returns `(unary logits, unary logq)` as a
+        fourth element for the caller to weight (`with_unary_gradient`).
         """
         if full_logits and temperature != 1.0:
             raise ValueError("temperature scales logq only; not with full_logits")
@@ -118,7 +107,9 @@ class DraftForward(nn.Module):
                 logq_u = torch.where(torch.isfinite(logq_u), logq_u, torch.zeros_like(logq_u))
             else:  # log q(label) only: no [N, K, V] tensor is kept (`select_compact`)
                 u, sel = None, None
-                logq, logq_u = self._selector_logq(hidden, labels, prev, temperature)
+                logq, logq_u = _selector_logq(
+                    self.drafter, hidden, labels, prev, self.chunk_rows, temperature
+                )
             if unary:
                 return hidden, logq, sel, (u, logq_u)
             return hidden, with_unary_gradient(logq, logq_u), sel
@@ -140,7 +131,7 @@ class DraftForward(nn.Module):
         return hidden, logq, None
 
 
-def _selector_logq_impl(drafter, hidden, labels, prev, chunk_rows, temperature=1.0):
+def _selector_logq(drafter, hidden, labels, prev, chunk_rows, temperature=1.0):
     """(floored selector log q(label), unary log q(label)) without full logits, both at
     the drafter temperature (the candidates, a top-k, do not depend on it)."""
     columns, in_vocab = map_to_draft_vocab(drafter, labels)  # candidates are draft columns
@@ -174,8 +165,7 @@ def chunked_token_logprobs(
     logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int | None = None
 ) -> torch.Tensor:
     """`token_logprobs` a bounded number of rows at a time (`objectives.row_chunks`): the
-    fused cross-entropy keeps its `[rows, V]` float32 log-softmax for backward, a second
-    full-vocabulary tensor next to the logits (4.3 GiB at DFlash's recipe on Qwen3)."""
+    fused cross-entropy keeps a `[rows, V]` float32 log-softmax for backward."""
     vocab = logits.shape[-1]
     if logits.numel() == 0:
         return token_logprobs(logits, labels)
@@ -194,14 +184,12 @@ def _is_plain_head(drafter: nn.Module) -> bool:
 
 
 def _is_plain_parallel(drafter: nn.Module) -> bool:
-    """A drafter whose logits are just `hidden @ head_weight.T` (no Markov head or
-    selector, no softcap or multiplier), so `log q(label)` can be chunked over the vocabulary."""
-    c = drafter.config
+    """Logits are just `hidden @ head_weight.T` (`_is_plain_head`, no Markov head or
+    selector), so `log q(label)` can be chunked over the vocabulary."""
     return (
         not isinstance(drafter, SemiARDrafter)
         and not getattr(drafter, "sequential", False)
-        and not c.final_logit_softcapping
-        and c.output_multiplier == 1.0
+        and _is_plain_head(drafter)
     )
 
 
@@ -215,11 +203,9 @@ def soft_target_logq(
 ) -> torch.Tensor:
     """`sum_j p(j) log q(j)` per slot `[B,A,K]`: the cross-entropy term of a soft target.
 
-    `topk_ids / topk_logprobs [B,A,K,k]` are the target's stored top-k at each slot's
-    label position; `p` is that distribution renormalised over the ids the drafter can
-    propose (its draft vocabulary). A slot with none of them keeps `fallback` (its hard
-    `log q(label)`). Plain parallel heads only: `log q` over the draft vocabulary is one
-    product per row chunk, never a `[.., V]` target-space tensor.
+    `p` is the stored top-k `[B,A,K,k]` at each label position, renormalised over the ids
+    the drafter can propose; a slot with none keeps `fallback` (its hard `log q(label)`).
+    Plain parallel heads only: one product per row chunk, never a `[.., V]` tensor.
     """
     if not _is_plain_parallel(drafter):
         raise ValueError("soft targets need a plain parallel drafter head (drafter.arch: dflash)")

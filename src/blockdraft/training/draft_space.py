@@ -1,12 +1,10 @@
 """Sampling E2E/EDR in the drafter's own vocabulary: `[.., D + 2]` instead of `[.., V]`.
 
-Why: a drafter with a reduced vocabulary D proposes nothing outside D (q = 0 there), so
-every vocabulary sum of the sampling acceptance, the TV cost and E2E's overlap splits
-into D's columns plus two numbers per row: the target's mass outside D off and on the
-stop set. Two extra columns hold them (draft logit -inf, the second marked as a stop
-token), and a label outside D points at one of them, so A = 0 as in target space; the
-fused kernels then run unchanged on D + 2 columns, equal to the target-space result up to
-summation order (tested). A full-vocabulary drafter keeps target space (`DraftSpace.of`).
+Why: a drafter with a reduced vocabulary D has q = 0 outside D, so every vocabulary sum
+of the acceptance, the TV cost and E2E's overlap splits into D's columns plus the
+target's mass outside D, off and on the stop set. Two extra columns hold those (draft
+logit -inf; a label outside D points at one, so A = 0), and the fused kernels run
+unchanged on D + 2 columns, equal to target space up to summation order (tested).
 """
 
 from __future__ import annotations
@@ -84,15 +82,11 @@ def sampling_target_rows(
     tout, positions: Tensor, settings, space: DraftSpace | None, chunk_rows: int,
     stored: tuple[Tensor, Tensor] | None = None, vocab_size: int | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """`(rows [N, W], index [B, A, K])`: the target distribution each label was drawn from
-    (W = V, or `space.width`), once per distinct position of each sequence (consecutive
-    round starts share K-1 of their K label positions, so the block layout asks for each
-    position up to K times), and each label's row: `rows[index]` is `sampling_targets`.
-    `target_probs_for` runs `chunk_rows` positions at a time, reduced to the draft space.
-    `tout`: the target's `TargetOutput`, whose logits may start at `logits_start`
-    (`response_logits_to_keep`). `stored` (`target_distributions.stored_topk`): the rows
-    come from the rollouts' stored distributions instead, and `tout` may have no logits
-    (V is then `vocab_size`)."""
+    """`(rows [N, W], index [B, A, K])`: the distribution each label was drawn from (W = V
+    or `space.width`), once per distinct position of each sequence (consecutive blocks
+    share K-1 label positions), and each label's row (`rows[index]`). Built
+    `chunk_rows` positions at a time from `tout`'s logits (which may start at
+    `logits_start`), or from the rollouts' `stored` distributions (V = `vocab_size`)."""
     logits = tout.logits
     b = positions.shape[0]
     if stored is None:
@@ -134,12 +128,10 @@ def sampling_targets(
 class TargetRowTable:
     """The target rows of every label position one step reads, built once.
 
-    Why: sampling EDR reads the target's rows twice a step, in the no-grad scoring pass
-    over every round start and in the gradient pass over the drawn ones, whose label
-    positions are a subset; built per pass, the drawn positions' top-k and softmax ran
-    twice (docs/training.md). `rows [N, W]` as `sampling_target_rows` builds them;
-    `lookup [B, L]` maps a sequence index to its row (row 0 where no label sits:
-    padding, whose values the objectives mask)."""
+    Why: sampling EDR reads them in the scoring pass and again in the gradient pass (a
+    subset); built per pass, their top-k and softmax ran twice. `rows [N, W]` as
+    `sampling_target_rows` builds them; `lookup [B, L]`: a sequence index's row (row 0
+    where no label sits: padding, which the objectives mask)."""
 
     def __init__(self, rows: Tensor, lookup: Tensor):
         self.rows, self.lookup = rows, lookup

@@ -1,12 +1,8 @@
 """Held-out offline MAL during training: the number users care about, not the loss.
 
-The drafter is scored with `evaluation.scoring` and the exact offline evaluator, so
-training curves and `blockdraft eval` report the same number for the same drafter and
-rollouts. Sharded and under autocast, because rank 0 scoring the whole held-out set in
-fp32 while the others wait would stall the process group: each rank scores every
-`world_size`-th rollout in the training step's autocast dtype, and the acceptance
-tensors (a few MB) are gathered back in rollout order, so the MAL is the one an unsharded
-run computes (up to the float rounding of the scoring itself).
+Scored by the exact offline evaluator, so training curves and `blockdraft eval` agree.
+Each rank scores every `world_size`-th rollout under the step's autocast (rank 0 alone
+would stall the group) and the acceptance tensors are gathered back in rollout order.
 """
 
 from __future__ import annotations
@@ -23,10 +19,8 @@ from blockdraft.training.distributed import DistContext, all_gather_objects
 
 
 def shard_indices(num_rollouts: int, rank: int, world_size: int) -> list[int]:
-    """The held-out rollouts `rank` scores: every `world_size`-th one, starting at `rank`.
-
-    Strided rather than contiguous so that ranks get similar total lengths when the set
-    is sorted by length (the slowest rank sets the evaluation's wall time)."""
+    """The held-out rollouts `rank` scores: every `world_size`-th one, starting at `rank`
+    (strided, so ranks get similar total lengths when the set is sorted by length)."""
     return list(range(rank, num_rollouts, world_size))
 
 
@@ -40,13 +34,9 @@ def evaluate_mal(
     amp_dtype: torch.dtype | None = None,
     memo: Any = None,
 ) -> float:
-    """Offline MAL of `drafter` on held-out `rollouts` sampled with `settings`.
-
-    With a distributed `ctx` every rank must call this (it is collective): each scores
-    its `shard_indices` and every rank returns the same MAL. `amp_dtype` runs the
-    scoring under autocast on the drafter's device, like the training step. `memo` (a
-    `scoring.FeatureMemo`) keeps the target's features across calls: the trainer passes
-    one per run, so later evaluations skip the target forward."""
+    """Offline MAL of `drafter` on held-out `rollouts` sampled with `settings`; collective
+    with a distributed `ctx`. `memo` (a `scoring.FeatureMemo`) keeps the target's features
+    across calls, so later evaluations skip the target forward."""
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     mine = shard_indices(len(rollouts), rank, world)
     device = next(drafter.parameters()).device

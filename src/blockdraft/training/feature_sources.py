@@ -1,11 +1,8 @@
 """Where a training step gets the drafter's context features: the live target or a cache.
 
-The loop asks one `FeatureSource` per micro-batch and never branches on where features
-come from: `OnlineTargetFeatures(target)` runs the frozen target (the default, and the only
-source of the target logits sampling E2E/EDR need); `CachedFeatures` reads what `blockdraft
-features` stored (`data.features=DIR`), so the target never runs (bench/train_features.py).
-Step functions are handed the source and call `features(batch, with_logits=...,
-logits_to_keep=...)`, asking for exactly what they need.
+Steps call one `FeatureSource` and never branch on where features come from:
+`OnlineTargetFeatures` runs the frozen target (the only source of the logits sampling
+E2E/EDR need); `CachedFeatures` reads what `blockdraft features` stored (`data.features`).
 """
 
 from __future__ import annotations
@@ -52,12 +49,9 @@ class OnlineTargetFeatures:
 
 
 class CachedFeatures:
-    """Features of training rollouts read from a `blockdraft features` directory.
-
-    `rollouts` is the training list the batches index (`Batch.rollout_index`); rows are
-    matched to stored rows by prompt id (unique within a rollout set), so a held-out
-    split of the set works. `dtype`/`device` are what the online target would return.
-    """
+    """Features of training rollouts read from a `blockdraft features` directory, matched
+    to `rollouts` (what `Batch.rollout_index` indexes) by prompt id, so a held-out split
+    of the set works."""
 
     def __init__(
         self,
@@ -148,32 +142,23 @@ class CachedFeatures:
 
 
 def needs_target_logits(objective: Any, mode: str, train_data: Any = None) -> bool:
-    """Sampling E2E/EDR compare with the target's processed distribution (its logits),
-    unless every training rollout stores all of it (`--store-topk` K with a top-k cutoff of
-    at most K: `target_distributions.stored_topk`); greedy ones need only q(label), block CE
-    objectives only the features."""
+    """Sampling E2E/EDR compare with the target's distribution (its logits), unless every
+    training rollout stores all of it (`target_distributions.stored_topk`); greedy ones
+    need only q(label), the cross-entropy objectives only the features."""
     if not (bool(getattr(objective, "needs_target_distribution", False)) and mode == "sampling"):
         return False
-    return not stored_distributions_whole(train_data)
-
-
-def stored_distributions_whole(train_data: Any) -> bool:
-    """Whether every training rollout stores its tokens' whole sampling distributions."""
     rollouts = getattr(train_data, "rollouts", None)
     if not rollouts or any(getattr(r, "topk_ids", None) is None for r in rollouts):
-        return False
+        return True
     stored_k = min(int(r.topk_ids.shape[-1]) for r in rollouts)
-    return stored_topk_is_whole(train_data.settings, stored_k)
+    return not stored_topk_is_whole(train_data.settings, stored_k)
 
 
 def build_feature_source(
     cfg: Any, target: Any, train_data: Any, objective: Any, mode: str, *, say=print
 ) -> FeatureSource:
-    """The run's feature source: online unless `data.features` is set and usable.
-
-    The cache is always checked (a wrong directory is an error even when unused); an
-    objective that needs target logits then falls back to online with a one-line note.
-    """
+    """The run's feature source: online unless `data.features` is set. The cache is
+    checked even when an objective needing target logits then trains online (a note)."""
     if not cfg.data.features:
         return OnlineTargetFeatures(target)
     cached = CachedFeatures.open(

@@ -20,14 +20,15 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from blockdraft.training.batching import collate, global_batch_indices, micro_batches
+from blockdraft.training.batching import collate, global_batch_indices, micro_batches, total_steps
+from blockdraft.training.builders import amp_dtype, build_optimizer, dpace_profile_args
 from blockdraft.training.distributed import (
     DistContext,
     all_reduce_sum,
     clip_grad_norm,
     no_grad_sync,
 )
-from blockdraft.training.steps import MicroStep, StepInputs, StepStats
+from blockdraft.training.steps import MicroStep, StepInputs, StepStats, micro_step_for
 
 
 class NonFiniteLossError(RuntimeError):
@@ -49,13 +50,51 @@ class LoopParts:
     total_steps: int
     amp_dtype: torch.dtype | None
     bar_position: int = 0  # the progress bar's terminal line (trainings side by side)
-    hooks: dict[str, Any] = field(
-        default_factory=dict
-    )  # evaluate(step), save(step, kind), log(step, dict)
+    # evaluate(step), save(step, kind), log(step, dict)
+    hooks: dict[str, Any] = field(default_factory=dict)
 
     @property
     def drafter(self) -> nn.Module:
         return self.inputs.drafter
+
+
+def build_loop_parts(
+    cfg: Any, ctx: DistContext, target: Any, data: Any, *, drafter, fwd, features, objective, mode
+) -> LoopParts:
+    """The parts of a run of `drafter` (called as `fwd`, maybe wrapped) on `data`
+    (`builders.RolloutData`), with a fresh optimizer and schedule; no hooks yet."""
+    steps = total_steps(
+        len(data.rollouts), cfg.optim.batch_size, cfg.optim.epochs, cfg.optim.max_steps
+    )
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer, scheduler = build_optimizer(cfg, params, steps)
+    alpha, variant = dpace_profile_args(cfg)
+    inputs = StepInputs(
+        fwd=fwd,
+        drafter=drafter,
+        features=features,
+        objective=objective,
+        settings=data.settings,
+        seed=cfg.seed,
+        mode=mode,
+        stop_token_ids=list(target.stop_token_ids),
+        num_anchors=cfg.num_anchors,
+        profile_alpha=alpha,
+        profile_variant=variant,
+    )
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    return LoopParts(
+        cfg=cfg,
+        ctx=ctx,
+        inputs=inputs,
+        micro_step=micro_step_for(objective),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        rollouts=data.rollouts,
+        pad_id=int(pad if pad is not None else (target.stop_token_ids or [0])[0]),
+        total_steps=steps,
+        amp_dtype=amp_dtype(cfg, ctx.device),
+    )
 
 
 def train_step(parts: LoopParts, step: int, want_acc: bool) -> dict[str, Any]:

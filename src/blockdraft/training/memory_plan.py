@@ -1,12 +1,9 @@
 """Per-GPU memory of a training config, from the HF config alone (`blockdraft train --plan`).
 
-Why: a run that does not fit should find out before minutes of loading an 8B target on
-every rank. Every term is a count of the tensors the code creates, written from reading
-it (the target forward, `forward_blocks`, the attention path the device takes, the
-cross-entropy or the sampled E2E/EDR buffers, AdamW, DDP/FSDP2), not a fit, and
-`tests/training/test_memory_plan.py` checks it against the live tensor bytes of small CPU runs.
-Peak = persistent (weights, grads, optimizer) + max(target forward, drafter step), per
-micro-batch of `max_seq_len` sequences; what is and is not counted: docs/training.md.
+Why: a run that does not fit should know before loading an 8B target on every rank. Each
+term counts the tensors the code creates (not a fit; tests check it against live tensor
+bytes). Peak = persistent (weights, grads, optimizer) + max(target forward, drafter step)
+per micro-batch of `max_seq_len` sequences; what is counted: docs/training.md.
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ from blockdraft.objectives.cross_entropy import (
 )
 from blockdraft.targets.target import default_layer_ids
 from blockdraft.targets.tiny import TinyConfig
+from blockdraft.training.config import drafted_blocks
 
 GiB = 1 << 30
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -129,10 +127,10 @@ def _layer_params(s: _Shapes, qk_norm: bool) -> int:
 
 def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
     """The target's HF config without its weights (`tiny`: built from `TinyConfig`)."""
-    if name == "tiny":
-        # lazy: transformers takes seconds to import; only `--plan` needs it
-        from transformers import Qwen3Config
+    # lazy: transformers takes seconds to import; only `--plan` needs it
+    from transformers import AutoConfig, Qwen3Config
 
+    if name == "tiny":
         c = TinyConfig()
         return Qwen3Config(
             vocab_size=c.vocab_size,
@@ -144,9 +142,6 @@ def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
             head_dim=c.hidden_size // c.num_heads,
             tie_word_embeddings=True,
         )
-    # lazy: transformers takes seconds to import; only `--plan` needs it
-    from transformers import AutoConfig
-
     try:
         return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -157,11 +152,8 @@ def hf_config_for(name: str, trust_remote_code: bool = False) -> Any:
 def plan_memory(
     cfg: Any, world_size: int = 1, device: str = "cuda", hf_config: Any = None
 ) -> MemoryPlan:
-    """Estimate per-GPU memory of training `cfg` (a `TrainConfig`) on `world_size` devices.
-
-    `device` is "cuda" or "cpu" (decides the attention path, the target dtype under
-    `auto` and autocast); `hf_config` defaults to the target's config (`hf_config_for`).
-    """
+    """Per-GPU memory of training `cfg` on `world_size` devices; `device` ("cuda" or "cpu")
+    decides the attention path, the `auto` target dtype and autocast."""
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
@@ -224,10 +216,7 @@ def plan_memory(
 
     # --- drafter step ----------------------------------------------------------------------
     Kb = cfg.drafter.block_size
-    # blocks with gradient per sequence: EDR drafts up to `objective.max_anchors` round
-    # starts (its no-grad scoring pass runs before, in chunks of that size), the block
-    # objectives `num_anchors`; neither more than the sequence has positions
-    A = min(cfg.objective.max_anchors if cfg.objective.name == "edr" else cfg.num_anchors, T)
+    A = drafted_blocks(cfg)  # EDR's no-grad scoring pass runs before, in chunks of that size
     N = b * A * Kb  # block query rows
     # What autograd keeps (read from layers.py; temporaries feeding an add are freed).
     # RMSNorm keeps its normalised copy and output (fp32 under autocast, plus the fp32
@@ -286,21 +275,13 @@ def plan_memory(
 def _sampled_distribution_bytes(
     cfg: Any, vocab: int, b: int, T: int, Kb: int, ab: int, world_size: int = 1
 ) -> int:
-    """Vocabulary-sized memory of a sampled E2E/EDR step (`steps/block.py`,
-    `steps/rounds.py`, `objectives/row_chunks.py`): the drafter's `[rows, W]` logits (the
-    activation dtype) and the gradient autograd accumulates for them in backward, the
-    target's processed probabilities (fp32), and two per-chunk float32 temporaries over
-    the target vocabulary (`default_chunk_rows`: ~64 MB each; at most a few live at once,
-    in the forward, the recompute and the per-position build of the probabilities). W is
-    the target vocabulary, or a reduced draft vocabulary + 2 (`draft_space.py`). EDR's
-    gradient pass has up to `objective.max_anchors` round starts per rollout (its no-grad
-    scoring pass, chunked the same, runs before it). Sampling EDR in one process runs its
-    LM head inside checkpointed row chunks (`training/steps/rounds.py`): of these it
-    holds only the target probabilities whole, those of every round start when they fit
-    the chunk budget (`TargetRowTable`, read by both passes)."""
+    """Vocabulary-sized memory of a sampled E2E/EDR step: the drafter's `[rows, W]` logits
+    and their gradient, the target's probabilities (fp32), and two ~64 MB float32
+    per-chunk temporaries; W is V or a draft vocabulary + 2. One-process sampling EDR
+    runs its LM head in checkpointed row chunks and holds only the target rows whole
+    (`TargetRowTable`, when they fit the chunk budget)."""
     edr = cfg.objective.name == "edr"
-    anchors = min(cfg.objective.max_anchors if edr else cfg.num_anchors, T)
-    rows = b * anchors * (Kb - 1)
+    rows = b * drafted_blocks(cfg) * (Kb - 1)
     width = cfg.drafter.draft_vocab_size + 2 if cfg.drafter.draft_vocab_size else vocab
     chunk = min(rows, default_chunk_rows(vocab)) * vocab * 4
     if edr and world_size == 1:

@@ -1,11 +1,8 @@
 """What a resumed run may change: a `--resume` with another objective or drafter shape is refused.
 
-Why: `train --resume` continues a checkpoint exactly where it stopped, so the config must
-still describe the run that made it. The checkpoint's own `run.yaml` is compared with the
-new config before the target loads: shape keys (the drafter's weights would not fit) are
-always refused; meaning keys (objective, target) are refused unless named in
-`allow_changed` (`--allow-changed objective.name`, a deliberate switch mid-run); everything
-else (steps, learning rate, logging, evaluation) may change freely (docs/training.md).
+The checkpoint's `run.yaml` is compared with the new config before the target loads:
+shape keys (the weights would not fit) are always refused, meaning keys (objective,
+target) unless named in `--allow-changed`; everything else may change (docs/training.md).
 """
 
 from __future__ import annotations

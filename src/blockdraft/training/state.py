@@ -1,12 +1,10 @@
 """Checkpoints a run can be resumed from exactly, written so a crash never corrupts one.
 
-A checkpoint is the drafter (`serialization.checkpoint`), `trainer_state.pt` (optimizer,
-scheduler, RNG; plain tensors, `weights_only=True`), `trainer_state.json` and `run.yaml`.
-It is built in a hidden sibling directory and renamed into place; replacing `best/` or
-`final/` moves the old copy aside first, and `recover_interrupted_swaps` repairs every
-leftover of a killed write. `trainer_state.json`, written last, records the size and
-SHA-256 of the other files, so `--resume` falls back to the newest *valid* checkpoint.
-The data position is just the step (`batching.py`). Layout: docs/architecture.md.
+A checkpoint (the drafter, `trainer_state.pt` of plain tensors, `trainer_state.json`,
+`run.yaml`) is built in a hidden sibling and renamed into place; `recover_interrupted_swaps`
+repairs what a killed write leaves. `trainer_state.json`, written last, records each
+file's size and SHA-256, so `--resume` takes the newest *valid* one. Layout:
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -71,10 +69,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _tmp_sibling(path: Path) -> Path:
-    return path.parent / f".tmp-{path.name}-{os.getpid()}"
-
-
 def write_checkpoint_dir(
     path: Path,
     write_model: Callable[[Path], None],
@@ -85,7 +79,7 @@ def write_checkpoint_dir(
     """Write a complete checkpoint into `path` atomically (replacing any existing one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(path)
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
@@ -100,13 +94,10 @@ def write_checkpoint_dir(
         files = {n: file_digest(tmp / n) for n in CHECKED_FILES if (tmp / n).is_file()}
         body = {**asdict(progress), "files": files}
         (tmp / STATE_JSON).write_text(json.dumps(body, indent=2))  # written last
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if exc.filename is None:  # a failed write() names no file: name the checkpoint
-            raise OSError(exc.errno, exc.strerror, str(path)) from None
-        raise
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+        if isinstance(exc, OSError) and exc.filename is None:  # name the checkpoint
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     if path.exists():
         old = path.parent / f".old-{path.name}"
@@ -132,12 +123,8 @@ def _tensor_bytes(obj: Any) -> int:
 
 
 def recover_interrupted_swaps(run_dir: Path) -> None:
-    """Undo a swap cut short between its two renames; drop leftovers of killed writes.
-
-    Leftovers: temporary directories of either writer and half-pruned step checkpoints
-    (pruning renames to `.prune-step-N` before deleting, so a kill mid-delete leaves only
-    a hidden name that is removed here).
-    """
+    """Undo a swap cut short between its two renames; drop leftovers of killed writes
+    (temporary directories of either writer, half-pruned step checkpoints)."""
     for parent in (run_dir, run_dir / "checkpoints"):
         if not parent.is_dir():
             continue
@@ -171,12 +158,8 @@ def step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        m = STEP_DIR.match(child.name)
-        if m and is_complete(child):
-            found.append((int(m.group(1)), child))
-    return sorted(found)
+    matches = ((STEP_DIR.match(child.name), child) for child in root.iterdir())
+    return sorted((int(m.group(1)), child) for m, child in matches if m and is_complete(child))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -185,11 +168,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def checkpoint_problem(path: Path) -> str | None:
-    """Why step checkpoint `path` cannot be resumed from, or None if it is whole.
-
-    Checks the recorded size and SHA-256 of each file (checkpoints of this version) and,
-    for older ones, that the state JSON, the weights header and the state zip parse.
-    """
+    """Why step checkpoint `path` cannot be resumed from, or None: the recorded size and
+    SHA-256 of each file, or for older checkpoints that the files parse."""
     path = Path(path)
     try:
         data = json.loads((path / STATE_JSON).read_text())
@@ -228,11 +208,8 @@ def latest_valid_checkpoint(run_dir: Path, warn: Callable[[str], None] = print) 
 
 
 def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` step checkpoints (best/ and final/ untouched).
-
-    Each is renamed to a hidden `.prune-step-N` first, so a kill mid-delete leaves no
-    half-deleted `step-N` that looks like a checkpoint.
-    """
+    """Delete all but the newest `keep_last` step checkpoints, each renamed to a hidden
+    `.prune-step-N` first (a kill mid-delete leaves no half `step-N`)."""
     ckpts = step_checkpoints(run_dir)
     for _, path in ckpts[: max(0, len(ckpts) - keep_last)]:
         doomed = path.parent / f".prune-{path.name}"
@@ -288,34 +265,24 @@ def refuse_foreign_run_dir(run_dir: Path) -> None:
 
 
 def prepare_run_dir(
-    run_dir: Path,
-    *,
-    is_main: bool = True,
-    resume: bool = False,
-    overwrite: bool = False,
-    barrier: Callable[[], None] = lambda: None,
-    warn: Callable[[str], None] = print,
+    run_dir: Path, *, resume: bool = False, overwrite: bool = False, warn: Callable = print
 ) -> Path | None:
     """Make `run_dir` ready and return the checkpoint to resume from (None: fresh start).
 
-    Nothing of an earlier run is replaced without being asked: a fresh start into a
-    directory holding `final/`, `best/`, checkpoints or metrics is refused unless
-    `overwrite` (which deletes exactly those); `resume` uses the newest *valid* step
-    checkpoint, skipping (and reporting) broken ones, and refuses a directory whose run
-    left no step checkpoint (`checkpoint.save_every=0`) instead of silently restarting.
+    Nothing of an earlier run is replaced unasked: a fresh start over its outputs needs
+    `overwrite` (which deletes exactly those); `resume` takes the newest valid step
+    checkpoint and refuses a run that left none rather than silently restarting.
     """
     run_dir = Path(run_dir)
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite contradict each other: pass one")
-    if is_main:
-        refuse_foreign_run_dir(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        recover_interrupted_swaps(run_dir)
-        if overwrite:
-            removed = clear_run_outputs(run_dir)
-            if removed:
-                warn(f"--overwrite: removed {', '.join(removed)} from {run_dir}")
-    barrier()
+    refuse_foreign_run_dir(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recover_interrupted_swaps(run_dir)
+    if overwrite:
+        removed = clear_run_outputs(run_dir)
+        if removed:
+            warn(f"--overwrite: removed {', '.join(removed)} from {run_dir}")
     if not resume:
         found = existing_outputs(run_dir)
         if found:
@@ -324,7 +291,7 @@ def prepare_run_dir(
                 "to continue it, --overwrite to replace it, or choose another run_dir"
             )
         return None
-    resume_from = latest_valid_checkpoint(run_dir, warn if is_main else (lambda m: None))
+    resume_from = latest_valid_checkpoint(run_dir, warn)
     if resume_from is None:
         found = [n for n in existing_outputs(run_dir) if n != "checkpoints"]
         if found:
@@ -333,8 +300,7 @@ def prepare_run_dir(
                 "checkpoint to resume from (checkpoint.save_every=0, or all broken); pass "
                 "--overwrite to start again or choose another run_dir"
             )
-        if is_main:
-            warn(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; starting from scratch")
+        warn(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; starting from scratch")
     return resume_from
 
 

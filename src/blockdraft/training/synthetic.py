@@ -1,12 +1,8 @@
 """The step `blockdraft train` runs, on random rollouts and without files.
 
-Why: the GPU check (`bench/gpu_check.py`, `tests/gpu/`) must test and time the step a
-user's run takes, not a look-alike. `synthetic_run` builds the objective, drafter,
-optimizer, feature source and autocast from a `TrainConfig` with the same functions
-`trainer.py` uses (`training/builders.py`), for one process on one device; `loop.train_step`
-then runs one real optimizer step on it (micro-batches, global normalisation, clipping,
-AdamW). Random token ids are fine for costs and for comparing precisions; they say
-nothing about quality.
+Why: the GPU check (`bench/gpu_check.py`, `tests/gpu/`) must time the step a user's run
+takes, not a look-alike: `synthetic_run` builds it with the trainer's own builders, for
+one process; `loop.train_step` runs it. Random ids serve costs, not quality.
 """
 
 from __future__ import annotations
@@ -16,21 +12,11 @@ from typing import Any
 import torch
 
 from blockdraft.data.rollouts.shards import Rollout
-from blockdraft.training.batching import total_steps
-from blockdraft.training.builders import (
-    RolloutData,
-    amp_dtype,
-    build_drafter,
-    build_objective,
-    build_optimizer,
-    dpace_profile_args,
-    resolve_mode,
-)
+from blockdraft.training.builders import RolloutData, build_drafter, build_objective, resolve_mode
 from blockdraft.training.distributed import DistContext
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import OnlineTargetFeatures
-from blockdraft.training.loop import LoopParts
-from blockdraft.training.steps import StepInputs, micro_step_for
+from blockdraft.training.loop import LoopParts, build_loop_parts
 
 
 def random_rollouts(
@@ -61,33 +47,8 @@ def synthetic_run(
     mode = resolve_mode(cfg, data, None)
     objective = build_objective(cfg, mode)
     drafter = build_drafter(cfg, target, data, device)
-    steps = total_steps(len(rollouts), cfg.optim.batch_size, cfg.optim.epochs, cfg.optim.max_steps)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer, scheduler = build_optimizer(cfg, params, steps)
-    alpha, variant = dpace_profile_args(cfg)
-    pad = getattr(target.tokenizer, "pad_token_id", None)
-    inputs = StepInputs(
-        fwd=DraftForward(drafter),
-        drafter=drafter,
-        features=OnlineTargetFeatures(target),
-        objective=objective,
-        settings=settings,
-        seed=cfg.seed,
-        mode=mode,
-        stop_token_ids=list(target.stop_token_ids),
-        num_anchors=cfg.num_anchors,
-        profile_alpha=alpha,
-        profile_variant=variant,
-    )
-    return LoopParts(
-        cfg=cfg,
-        ctx=DistContext(0, 1, 0, device),
-        inputs=inputs,
-        micro_step=micro_step_for(objective),
-        optimizer=optimizer,
-        scheduler=scheduler,
-        rollouts=rollouts,
-        pad_id=int(pad if pad is not None else (target.stop_token_ids or [0])[0]),
-        total_steps=steps,
-        amp_dtype=amp_dtype(cfg, device),
-    )
+    return build_loop_parts(
+        cfg, DistContext(0, 1, 0, device), target, data,
+        drafter=drafter, fwd=DraftForward(drafter), features=OnlineTargetFeatures(target),
+        objective=objective, mode=mode,
+    )  # fmt: skip

@@ -1,12 +1,9 @@
 """The target's distribution at each label position, as the training step needs it.
 
 E2E and sampled EDR compare the drafter with the distribution each label was drawn from
-(the rollouts' temperature, top-k and top-p; a one-hot argmax when greedy). The rows are
-gathered from the target's logits a bounded number at a time, because the result is the
-one full-vocabulary tensor the step makes. Rollouts written with `--store-topk K` hold the
-top K entries of that very distribution (`data/rollouts/sampler.py` stores the processed
-log-probs); under a top-k cutoff of at most K that is all of it, so the rows come from the
-rollouts instead and the target need not run (`stored_topk`).
+(one-hot argmax when greedy), gathered from the target's logits a bounded number of rows
+at a time. Rollouts written with `--store-topk K` under a top-k cutoff of at most K hold
+all of it, so the rows come from the rollouts and the target need not run (`stored_topk`).
 """
 
 from __future__ import annotations
@@ -31,22 +28,15 @@ def _one_hot_argmax(rows: torch.Tensor) -> torch.Tensor:
 
 
 def target_sampling_probs(logits: torch.Tensor, positions: torch.Tensor, settings) -> torch.Tensor:
-    """Target distribution for the token at each sequence index in `positions [B,A,K]`.
-
-    The token at index i is predicted by the target's logits at i - 1, processed exactly as
-    the rollouts were sampled (temperature, top-k, top-p) so E2E/EDR compare the drafter
-    with the distribution the data came from. Returns `[B,A,K,V]` float32, the only full
-    vocabulary-sized tensor made: rows are processed `default_chunk_rows` at a time.
-    """
+    """`[B,A,K,V]` float32: the distribution the token at each index in `positions` was
+    sampled from (the logits at i - 1, processed as the rollouts were sampled)."""
     return gathered_rows(logits, positions, lambda rows: sampling_probs(rows, settings))
 
 
 @torch.no_grad()
 def gathered_rows(logits: torch.Tensor, positions: torch.Tensor, fn) -> torch.Tensor:
-    """`fn(logits[b, positions - 1])` `[B,A,K,V]` float32, a bounded number of rows at a time.
-
-    Why: gathering all rows first and then processing them makes a copy of the rows in
-    the target's dtype plus one float32 tensor per step of `fn`, each `[B*A*K, V]`."""
+    """`fn(logits[b, positions - 1])` `[B,A,K,V]` float32, a bounded number of rows at a
+    time (gathering all first would copy `[B*A*K, V]` rows once per step of `fn`)."""
     b, vocab = logits.shape[0], logits.shape[-1]
     src = (positions - 1).clamp_min(0).reshape(b, -1)
     out = torch.empty((b, src.shape[1], vocab), dtype=torch.float32, device=logits.device)

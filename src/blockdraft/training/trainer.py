@@ -1,11 +1,9 @@
 """`train(config)`: build everything, resume if asked, run the loop, save best and final.
 
-The one entry point of `blockdraft train`, the demo and the Python API: it checks the
-config against the target and the machine before writing anything, holds the run
-directory's lock on rank 0, and writes `run.yaml`, `metrics.jsonl`, step checkpoints,
-`best/` (best held-out MAL) and `final/` (layout: docs/training.md, "Outputs and
-logging"). Only rank 0 writes files; every rank runs the same steps on its share of
-each batch.
+The one entry point of `blockdraft train`, the demo and the Python API. Every check runs
+before anything is written; rank 0 holds the run directory's lock and writes `run.yaml`,
+`metrics.jsonl`, checkpoints, `best/` and `final/` (docs/training.md, "Outputs and
+logging"); every rank runs the same steps on its share of each batch.
 """
 
 from __future__ import annotations
@@ -27,18 +25,14 @@ from blockdraft.evaluation.scoring import FeatureMemo
 from blockdraft.serialization.checkpoint import save_drafter
 from blockdraft.threads import flush_denormals
 from blockdraft.training import state as ckpt
-from blockdraft.training.batching import total_steps
 from blockdraft.training.builders import (
     TrainSetupError,
-    amp_dtype,
     build_drafter,
     build_objective,
-    build_optimizer,
     check_against_target,
     check_batch_split,
     check_device,
     cpu_fallback_note,
-    dpace_profile_args,
     load_target_for,
     load_train_eval,
     resolve_mode,
@@ -61,9 +55,8 @@ from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.evaluate import evaluate_mal
 from blockdraft.training.feature_sources import build_feature_source
 from blockdraft.training.logging import MetricsLogger, truncate_metrics
-from blockdraft.training.loop import LoopParts, NonFiniteLossError, run_loop
+from blockdraft.training.loop import LoopParts, NonFiniteLossError, build_loop_parts, run_loop
 from blockdraft.training.resume import check_resumed_config
-from blockdraft.training.steps import StepInputs, micro_step_for
 
 
 def git_sha() -> str | None:
@@ -95,11 +88,6 @@ def run_yaml(cfg: TrainConfig, ctx: DistContext) -> str:
     )
 
 
-def _pad_id(target) -> int:
-    pad = getattr(target.tokenizer, "pad_token_id", None)
-    return int(pad if pad is not None else (target.stop_token_ids or [0])[0])
-
-
 def train(
     config: TrainConfig,
     *,
@@ -111,12 +99,10 @@ def train(
 ) -> Path:
     """Train a drafter as configured; returns the `final/` checkpoint directory.
 
-    `target` lets callers (tests, notebooks) pass an already loaded `Target` instead of
-    `config.target.name`. `resume=True` continues from the newest complete step
-    checkpoint in `run_dir` exactly (same data order, anchors, optimizer and RNG state);
-    a config that changes what that checkpoint means is refused (`training/resume.py`)
-    unless its keys are in `allow_changed`. `bar_position` is the progress bar's line
-    (tqdm's `position`) when several trainings share one terminal.
+    `target`: an already loaded `Target` instead of `config.target.name`. `resume`
+    continues the newest complete step checkpoint exactly; a config that changes what it
+    means is refused unless its keys are in `allow_changed` (`training/resume.py`).
+    `bar_position`: the progress bar's line when trainings share a terminal.
     """
     cfg = copy.deepcopy(config)  # setup may resolve defaults in it (the caller's stays)
     check_device(cfg)  # a one-line ConfigError, not torch's RuntimeError
@@ -175,25 +161,24 @@ def _train(
     if target is None:
         target = load_target_for(cfg, ctx.device)
     target.model.to(ctx.device)
-    check_against_target(cfg, target, say=print if ctx.is_main else _quiet)
+    say = print if ctx.is_main else _quiet  # rank 0 prints setup notes once
+    check_against_target(cfg, target, say=say)
     train_data, eval_data = load_train_eval(cfg, target)
     mode = resolve_mode(cfg, train_data, eval_data)
     objective = build_objective(cfg, mode)
-    features = build_feature_source(
-        cfg, target, train_data, objective, mode, say=print if ctx.is_main else _quiet
-    )
+    features = build_feature_source(cfg, target, train_data, objective, mode, say=say)
     drafter = build_drafter(cfg, target, train_data, ctx.device)
     # wrap (DDP / FSDP2 shards the parameters in place) before the optimizer sees them
     fwd = wrap_module(DraftForward(drafter), ctx, cfg.distributed.strategy)
-    steps = total_steps(
-        len(train_data.rollouts), cfg.optim.batch_size, cfg.optim.epochs, cfg.optim.max_steps
-    )
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer, scheduler = build_optimizer(cfg, params, steps)
+    parts = build_loop_parts(
+        cfg, ctx, target, train_data,
+        drafter=drafter, fwd=fwd, features=features, objective=objective, mode=mode,
+    )  # fmt: skip
+    parts.bar_position = bar_position
     # FSDP2: parameters are shards, so saving and evaluating first gather the full state
     # (collectively, on every rank) and rank 0 works on an unsharded copy of the drafter.
     sharded = cfg.distributed.strategy == "fsdp" and ctx.distributed
-    progress = _start_progress(cfg, ctx, resume_from, steps, drafter, optimizer, scheduler, sharded)
+    progress = _start_progress(parts, resume_from, sharded)
     torch.manual_seed(cfg.seed + progress.step)
     if ctx.is_main and resume_from is not None:
         truncate_metrics(run_dir, progress.step)  # events after the checkpoint are superseded
@@ -207,58 +192,24 @@ def _train(
     )
     if ctx.is_main:
         write_atomic(run_dir / "run.yaml", run_yaml(cfg, ctx).encode())
-    run = _TrainingRun(
-        cfg, ctx, target, drafter, optimizer, scheduler, progress, logger, eval_data, mode, sharded
-    )
-    alpha, variant = dpace_profile_args(cfg)
-    inputs = StepInputs(
-        fwd=fwd,
-        drafter=drafter,
-        features=features,
-        objective=objective,
-        settings=train_data.settings,
-        seed=cfg.seed,
-        mode=mode,
-        stop_token_ids=list(target.stop_token_ids),
-        num_anchors=cfg.num_anchors,
-        profile_alpha=alpha,
-        profile_variant=variant,
-    )
-    parts = LoopParts(
-        cfg=cfg,
-        ctx=ctx,
-        inputs=inputs,
-        micro_step=micro_step_for(objective),
-        optimizer=optimizer,
-        scheduler=scheduler,
-        rollouts=train_data.rollouts,
-        pad_id=_pad_id(target),
-        total_steps=steps,
-        amp_dtype=amp_dtype(cfg, ctx.device),
-        hooks={"log": logger.log, "evaluate": run.evaluate, "save": run.save},
-        bar_position=bar_position,
-    )
+    run = _TrainingRun(parts, target, progress, logger, eval_data, sharded)
+    parts.hooks = {"log": logger.log, "evaluate": run.evaluate, "save": run.save}
     try:
-        return run.run(parts)
+        return run.run()
     finally:
         logger.close()
 
 
 def _quiet(*_args: Any) -> None:
-    """Non-main ranks stay silent (rank 0 prints setup notes once)."""
+    """What other ranks print."""
 
 
 def _prepare_run_dir(
     run_dir: Path, ctx: DistContext, resume: bool, overwrite: bool = False
 ) -> Path | None:
-    """Create `run_dir`, finish an interrupted checkpoint swap; the checkpoint to resume
-    (the newest valid one); refuse to replace an earlier run unless `overwrite`.
-
-    Rank 0 alone inspects `run_dir` and decides (fresh start, which checkpoint, or the
-    error), and every rank gets its decision: ranks each looking on their own disk would,
-    without a shared filesystem, resume from different steps and diverge silently. A
-    rank that cannot see rank 0's checkpoint stops every rank with one error.
-    """
+    """`state.prepare_run_dir` decided by rank 0 for every rank: ranks looking at their
+    own disks could resume from different steps and diverge silently. A rank that cannot
+    see rank 0's checkpoint stops every rank with one error."""
     decision: tuple[str, Any] = ("ok", None)
     if ctx.is_main:
         try:
@@ -270,7 +221,7 @@ def _prepare_run_dir(
         raise ckpt.RunDirError(decision[1])
     resume_from = decision[1]
     unseen = resume_from is not None and not ckpt.is_complete(Path(resume_from))
-    if all_reduce_max_flag(unseen, ctx, ctx.device):
+    if all_reduce_max_flag(unseen, ctx):
         raise ckpt.RunDirError(
             f"--resume: rank 0 resumes from {resume_from}, which another rank cannot read "
             "whole; every rank (every node) must see the same run_dir (a shared filesystem)"
@@ -279,19 +230,13 @@ def _prepare_run_dir(
 
 
 def _start_progress(
-    cfg: TrainConfig,
-    ctx: DistContext,
-    resume_from: Path | None,
-    steps: int,
-    drafter,
-    optimizer,
-    scheduler,
-    sharded: bool,
+    parts: LoopParts, resume_from: Path | None, sharded: bool
 ) -> ckpt.TrainerProgress:
     """Fresh progress, or the resumed checkpoint's (weights, optimizer, RNG restored)."""
+    cfg, ctx, steps = parts.cfg, parts.ctx, parts.total_steps
     progress = ckpt.TrainerProgress(world_size=ctx.world_size, global_batch=cfg.optim.batch_size)
     if resume_from is not None:
-        progress = _restore(resume_from, drafter, optimizer, scheduler, ctx, sharded)
+        progress = _restore(resume_from, parts, sharded)
         if progress.global_batch != cfg.optim.batch_size:
             raise TrainSetupError(
                 f"optim.batch_size: {cfg.optim.batch_size} but {resume_from} was trained with "
@@ -305,42 +250,38 @@ def _start_progress(
 
 
 class _TrainingRun:
-    """One training run around the loop: evaluation at the start, the loop, the final
-    evaluation and checkpoints; `evaluate` and `save` are also the loop's hooks.
-
-    Every rank calls `evaluate` and `save`: with FSDP gathering the full state is
-    collective; only rank 0 scores, logs and writes.
-    """
+    """One training run around the loop: evaluations, the loop and checkpoints;
+    `evaluate` and `save` are also the loop's hooks. Every rank calls them (FSDP gathers
+    the full state collectively); only rank 0 logs and writes."""
 
     def __init__(
         self,
-        cfg: TrainConfig,
-        ctx: DistContext,
+        parts: LoopParts,
         target: Any,
-        drafter,
-        optimizer,
-        scheduler,
         progress: ckpt.TrainerProgress,
         logger: MetricsLogger,
         eval_data,
-        mode: str,
         sharded: bool,
     ) -> None:
-        self.cfg, self.ctx, self.target, self.drafter = cfg, ctx, target, drafter
-        self.optimizer, self.scheduler, self.progress = optimizer, scheduler, progress
-        self.logger, self.eval_data, self.mode = logger, eval_data, mode
-        self.run_dir, self.sharded = Path(cfg.run_dir), sharded
+        self.parts, self.cfg, self.ctx, self.drafter = parts, parts.cfg, parts.ctx, parts.drafter
+        self.target, self.progress, self.logger, self.eval_data = (
+            target,
+            progress,
+            logger,
+            eval_data,
+        )
+        self.run_dir, self.sharded = Path(parts.cfg.run_dir), sharded
         # the held-out rollouts' target features, computed at the first evaluation and
         # reused by the later ones (the target is frozen); CPU only, where memory is cheap
-        self.feature_memo = FeatureMemo() if ctx.device.type == "cpu" else None
+        self.feature_memo = FeatureMemo() if self.ctx.device.type == "cpu" else None
 
-    def run(self, parts: LoopParts) -> Path:
+    def run(self) -> Path:
         """Evaluate at the start (if asked), train, evaluate at the end, save `final/`."""
         cfg, progress = self.cfg, self.progress
         if self.eval_data is not None and cfg.eval.at_start and progress.step == 0:
             self.evaluate(0)
         try:
-            run_loop(parts, progress.step, progress)
+            run_loop(self.parts, progress.step, progress)
         except NonFiniteLossError as exc:
             last = ckpt.latest_checkpoint(self.run_dir)
             where = (
@@ -366,9 +307,8 @@ class _TrainingRun:
             full = full_model_state(drafter, every_rank=True)
             model = unsharded_copy(drafter, full, target, ctx.device)
             del full
-        amp = amp_dtype(self.cfg, ctx.device)
         mal = evaluate_mal(
-            model, target, data.rollouts, data.settings, ctx=ctx, amp_dtype=amp,
+            model, target, data.rollouts, data.settings, ctx=ctx, amp_dtype=self.parts.amp_dtype,
             memo=self.feature_memo,
         )  # fmt: skip
         del model
@@ -389,7 +329,7 @@ class _TrainingRun:
         model, optim_state = self.drafter, None
         if self.sharded:
             full = full_model_state(self.drafter)
-            optim_state = full_optimizer_state(self.drafter, self.optimizer)
+            optim_state = full_optimizer_state(self.drafter, self.parts.optimizer)
             if self.ctx.is_main:
                 model = unsharded_copy(self.drafter, full, self.target, torch.device("cpu"))
         if self.ctx.is_main:
@@ -406,13 +346,13 @@ class _TrainingRun:
         extra = {
             "objective": cfg.objective.name,
             "step": step,
-            "mode": self.mode,
+            "mode": self.parts.inputs.mode,
             "target": self.target.name,
             "best_mal": self.progress.best_mal,
         }
         tensors = {
-            "optimizer": self.optimizer.state_dict() if optim_state is None else optim_state,
-            "scheduler": self.scheduler.state_dict(),
+            "optimizer": self.parts.optimizer.state_dict() if optim_state is None else optim_state,
+            "scheduler": self.parts.scheduler.state_dict(),
             "rng": ckpt.rng_state(),
         }
         ckpt.write_checkpoint_dir(
@@ -426,13 +366,10 @@ class _TrainingRun:
             ckpt.prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
 
 
-def _restore(
-    path: Path, drafter, optimizer, scheduler, ctx: DistContext, sharded: bool = False
-) -> ckpt.TrainerProgress:
-    """Load drafter weights, optimizer, scheduler and RNG state from a step checkpoint.
-
-    Checkpoints are full-state whatever wrote them; with FSDP each rank keeps its shard.
-    """
+def _restore(path: Path, parts: LoopParts, sharded: bool) -> ckpt.TrainerProgress:
+    """Load drafter weights, optimizer, scheduler and RNG state from a step checkpoint
+    (full state whatever wrote it; with FSDP each rank keeps its shard)."""
+    drafter, optimizer, scheduler = parts.drafter, parts.optimizer, parts.scheduler
     state = load_file(str(path / "model.safetensors"))
     tensors = ckpt.read_trainer_tensors(path)
     if sharded:
@@ -445,5 +382,5 @@ def _restore(
     scheduler.load_state_dict(tensors["scheduler"])
     ckpt.set_rng_state(tensors["rng"])
     progress = ckpt.read_progress(path)
-    progress.world_size = ctx.world_size
+    progress.world_size = parts.ctx.world_size
     return progress

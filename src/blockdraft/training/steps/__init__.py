@@ -1,15 +1,9 @@
 """One micro-batch through target, drafter and objective, per objective family.
 
-Every family's step has one signature (`MicroStep`: `StepInputs`, the batch, the step
-number, whether the step is logged -> `MicroOutput`), and `micro_step_for(objective)`
-picks it once per run, so the loop never asks which objective it trains:
-
-- `block.py`: block objectives (uniform, decay, D-PACE cross-entropy; E2E), a few
-  sampled anchors per sequence, each block scored on its own;
-- `rounds.py`: the rounds objective (EDR), every round start of every rollout (the
-  sampling-mode scores of its proposals: `proposal_scores.py`).
-
-Both draft in the layout of `anchored_blocks.py`; `interface.py` holds the types.
+Every family's step has one signature (`MicroStep`), picked once per run by
+`micro_step_for`: `block.py` for the block objectives (cross-entropy, E2E) on sampled
+anchors, `rounds.py` for EDR on every round start (`proposal_scores.py`: its sampling
+scores). Both draft in the layout of `anchored_blocks.py`; `interface.py` holds the types.
 """
 
 from blockdraft.objectives import Objective

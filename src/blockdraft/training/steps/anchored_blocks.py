@@ -2,8 +2,6 @@
 
 An anchor is a sequence index; its block drafts the K = block_size - 1 tokens after it,
 each with the token before it (`prev`, what a Markov head or selector conditions on).
-Block objectives sample a few anchors per sequence, the rounds objective takes every
-round start; both label, position and log their blocks the same way, here.
 """
 
 from __future__ import annotations
@@ -61,11 +59,17 @@ class Blocks:
 
 
 def response_logits_to_keep(batch: Batch) -> int:
-    """How many trailing positions' target logits the sampling objectives read: labels
-    start after the shortest prompt (the first anchor is the first response token), so
-    the LM head (262k columns for Gemma) skips the prompts' other positions."""
+    """Trailing positions whose target logits the sampling objectives read: labels start
+    after the shortest prompt, so the LM head skips the prompts' other positions."""
     seq_len = batch.input_ids.shape[1]
     return max(1, seq_len - max(0, int(batch.prompt_lens.min()) - 1))
+
+
+def target_output(inputs: StepInputs, batch: Batch, with_logits: bool):
+    """The target's `TargetOutput` for `batch`; `with_logits`: its logits from the first
+    label position on (`response_logits_to_keep`)."""
+    keep = response_logits_to_keep(batch) if with_logits else 0
+    return inputs.features.features(batch, with_logits=with_logits, logits_to_keep=keep)
 
 
 def label_positions(anchors: torch.Tensor, k: int, seq_len: int) -> torch.Tensor:
@@ -83,13 +87,9 @@ def block_stats(
     want_acc: bool,
 ) -> StepStats:
     """Per-slot accuracy (argmax == label) and the mean normalised D-PACE weight profile
-    (none without `logq`: the rounds step skips it on steps that are not logged).
-
-    The profile is taken over blocks whose K slots are all supervised (a truncated block
-    would pile its weight on early slots for a reason unrelated to the drafter) and uses
-    the D-PACE variant/alpha configured, whatever objective is trained: for non-D-PACE
-    runs it shows where D-PACE *would* put the weight.
-    """
+    (none without `logq`), over blocks whose K slots are all supervised (a truncated
+    block would pile weight on early slots). Whatever the objective, the profile shows
+    where the configured D-PACE would put the weight."""
     labels, mask = blocks.labels, blocks.mask
     stats = StepStats(labels.shape[-1])
     with torch.no_grad():

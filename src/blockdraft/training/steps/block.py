@@ -1,10 +1,9 @@
 """The block objectives' micro-step (uniform, decay, D-PACE cross-entropy; E2E).
 
 Each sequence trains on `num_anchors` anchors drawn uniformly among its response
-positions (the DFlash recipe); every block is scored on its own, so the step is the
-drafter on those blocks and the objective's loss. E2E compares the drafter with the
-distribution each label was drawn from (`training/draft_space.py`); greedy E2E needs only
-q(label) at the relaxation's temperature.
+positions (the DFlash recipe), every block scored on its own. Sampled E2E compares the
+drafter with each label's target distribution (`training/draft_space.py`); greedy E2E
+needs only q(label) at the relaxation's temperature.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from blockdraft.training.steps.anchored_blocks import (
     block_stats,
     label_positions,
     pad_anchor_lists,
-    response_logits_to_keep,
+    target_output,
 )
 from blockdraft.training.steps.interface import MicroOutput, StepInputs
 from blockdraft.training.target_distributions import stored_topk
@@ -58,11 +57,7 @@ def block_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> M
     # the rollouts' stored distributions where they are whole: no target logits then
     stored = stored_topk(batch, settings) if need_full else None
     with_logits = need_full and stored is None
-    tout = inputs.features.features(
-        batch,
-        with_logits=with_logits,
-        logits_to_keep=response_logits_to_keep(batch) if with_logits else 0,
-    )
+    tout = target_output(inputs, batch, with_logits)
     anchors = sampled_anchors(batch, inputs.num_anchors, block_size, inputs.seed, step)
     blocks = Blocks.of(batch, anchors.to(device), block_size)
     anchors, labels, mask = blocks.anchors, blocks.labels, blocks.mask
@@ -87,11 +82,9 @@ def block_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> M
         kwargs = {"overlap": overlap[valid]}
     if need_full:
         positions = label_positions(anchors, k, batch.input_ids.shape[1])
-        # q at the rollout temperature: the distribution the decoder draws proposals from.
-        # The overlap is computed over row chunks on the full tensors and only then
-        # indexed: `logits[valid] / temp` would copy the [.., K, V] logits twice.
+        # q at the rollout temperature, over row chunks of the full tensors and only then
+        # indexed (`logits[valid] / temp` would copy the [.., K, V] logits twice)
         temp = settings.temperature if settings.temperature > 0 else 1.0
-        # (in the drafter's vocabulary + 2 columns if it has one: draft_space.py)
         vocab = int(drafter.config.vocab_size)
         p = sampling_targets(
             tout, positions, settings, DraftSpace.of(drafter),

@@ -1,19 +1,16 @@
 """What every micro-step takes and returns: `StepInputs` and a batch in, `MicroOutput` out.
 
-Why one interface: the loop runs a micro-batch through whichever objective family the
-run trains (`MicroStep`, chosen once by `steps.micro_step_for`), never branching on it.
-Why a numerator and a denominator: every objective is a ratio whose denominator is a
-detached count or weight sum over the batch (CE weights, blocks for E2E, emitted tokens
-for EDR). Each micro-batch back-propagates its *un-normalised* numerator and the loop
-divides the summed gradient by the all-reduced global denominator, so N processes x M
-accumulation steps give exactly the gradient of one process on the whole batch
-(averaging per-micro-batch losses would weight micro-batches equally instead).
+One interface, so the loop never branches on the objective family. A numerator and a
+denominator because every objective is a ratio over a detached batch count (CE weights,
+E2E blocks, EDR tokens): micro-batches back-propagate un-normalised numerators and the
+loop divides by the global denominator, so N processes x M accumulation steps give the
+gradient of one process on the whole batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -51,18 +48,13 @@ class StepStats:
     acc_count: torch.Tensor = None  # [K]
     profile_sum: torch.Tensor = None  # [K] normalised D-PACE weight profile summed over blocks
     profile_blocks: torch.Tensor = None  # [] blocks in profile_sum
-    extra: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        z = torch.zeros(self.k, dtype=torch.float64)
-        self.acc_correct = z.clone() if self.acc_correct is None else self.acc_correct
-        self.acc_count = z.clone() if self.acc_count is None else self.acc_count
-        self.profile_sum = z.clone() if self.profile_sum is None else self.profile_sum
-        self.profile_blocks = (
-            torch.zeros((), dtype=torch.float64)
-            if self.profile_blocks is None
-            else self.profile_blocks
-        )
+        for name in ("acc_correct", "acc_count", "profile_sum"):
+            if getattr(self, name) is None:
+                setattr(self, name, torch.zeros(self.k, dtype=torch.float64))
+        if self.profile_blocks is None:
+            self.profile_blocks = torch.zeros((), dtype=torch.float64)
 
     def add(self, other: StepStats) -> None:
         self.acc_correct += other.acc_correct
@@ -79,13 +71,8 @@ class StepStats:
     @classmethod
     def unpack(cls, vec: torch.Tensor, k: int) -> StepStats:
         vec = vec.cpu()
-        return cls(
-            k,
-            vec[:k].clone(),
-            vec[k : 2 * k].clone(),
-            vec[2 * k : 3 * k].clone(),
-            vec[3 * k].clone(),
-        )
+        sums = (vec[i * k : (i + 1) * k].clone() for i in range(3))
+        return cls(k, *sums, vec[3 * k].clone())
 
 
 @dataclass

@@ -1,12 +1,10 @@
-"""Sampling-mode scores of a pass's proposals, A, the TV cost c and gradient moments, with
+"""Sampling-mode scores of a pass's proposals (A, the TV cost c, gradient moments), with
 the LM head run in checkpointed row chunks.
 
-Why chunks: whole, a sampled EDR step held the `[blocks*K, V]` logits, the q the fused
-kernel keeps for backward and their gradient, ~1 GB each at the Gemma shape. Each chunk
-(`default_chunk_rows`, ~64 MB of logits) takes its targets from the distinct rows of
-`SamplingTargets` (no `[blocks*K, V]` copy of them); under autograd each chunk is
-checkpointed (`row_chunks.by_row_chunks`), so its logits are recomputed in backward, as
-`target_logprobs` does for the cross-entropy.
+Why chunks: whole, a sampled EDR step held the `[blocks*K, V]` logits, the fused kernel's
+q and their gradient, ~1 GB each at the Gemma shape. Each chunk (~64 MB of logits) reads
+its targets from the distinct rows of `SamplingTargets` and, under autograd, is
+recomputed in backward (`row_chunks.by_row_chunks`).
 """
 
 from __future__ import annotations
@@ -70,21 +68,28 @@ def head_chunked_scores(
     head_rows: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """`(A, c, log q(label) or None, moments or None)` of every proposal, the LM head run
-    inside row chunks (rows that fit one chunk run as one piece: no recompute where the
-    memory is small). `moments`: the `gradient` sampler's scoring pass; `head_rows`: a
-    smaller cap on the rows per chunk (the scoring pass's). A DFlash2 selector's q lives
-    on its top-k candidates, so its A, c and moments are computed on them
-    (`candidate_scores`, docs/methods.md); only its unary logits' term is dense."""
-    p_rows, settings, space, support = (
-        targets.rows,
-        targets.settings,
-        targets.space,
-        targets.support,
-    )
-    stops = targets.stops
+    inside row chunks (one piece, no recompute, when they fit one). `head_rows` caps the
+    rows per chunk. A DFlash2 selector is scored on its top-k candidates
+    (`candidate_scores`, docs/methods.md); only its unary term is dense."""
+    p_rows, settings, space = targets.rows, targets.settings, targets.space
+    support, stops = targets.support, targets.stops
     width = p_rows.shape[-1]
     selector = has_selector(drafter)
     stop_columns = torch.as_tensor(list(stops), dtype=torch.long, device=p_rows.device)
+
+    def dense_scores(z, at, x, want_moments):
+        """`(A, c, moments or None)` of dense logits `z`: on the target's support, else
+        against its whole rows."""
+        if support is not None:
+            return edr.support_scores(
+                z, support, p_rows, at, x, temperature=settings.temperature,
+                stops=stop_columns, moments=want_moments,
+            )  # fmt: skip
+        if want_moments:
+            return edr.sampling_scores_and_moments(
+                z, p_rows, x, temperature=settings.temperature, stop_token_ids=stops, p_index=at
+            )
+        return (*sampling_scores(z, p_rows.index_select(0, at), x, settings, stops), None)
 
     def rows_fn(h, prv, at, x, col):
         if selector:  # q lives on the top-k candidates: scored as `[rows, k]`
@@ -98,14 +103,7 @@ def head_chunked_scores(
                 return acc, cost, m
             if torch.is_grad_enabled():  # the unary logits get the same weights
                 u = u if space is None else space.logits(u)
-                if support is not None:
-                    acc_u, cost_u, _ = edr.support_scores(
-                        u, support, p_rows, at, x, temperature=settings.temperature,
-                        stops=stop_columns, moments=False,
-                    )  # fmt: skip
-                else:
-                    pp = p_rows.index_select(0, at)
-                    acc_u, cost_u = sampling_scores(u, pp, x, settings, stops)
+                acc_u, cost_u, _ = dense_scores(u, at, x, False)
                 acc, cost = with_unary_gradient(acc, acc_u), with_unary_gradient(cost, cost_u)
 
             def logits():  # the selector's, in the drafter's layout (-inf off the candidates)
@@ -113,20 +111,9 @@ def head_chunked_scores(
                 return z.scatter(-1, cand, scores)
         else:
             z = DraftSpace.drafter_logits(drafter, space, h, prv)
-            if support is not None:
-                acc, cost, m = edr.support_scores(
-                    z, support, p_rows, at, x, temperature=settings.temperature,
-                    stops=stop_columns, moments=moments,
-                )  # fmt: skip
-                if moments:
-                    return acc, cost, m
-            elif moments:
-                return edr.sampling_scores_and_moments(
-                    z, p_rows, x, temperature=settings.temperature, stop_token_ids=stops,
-                    p_index=at,
-                )  # fmt: skip
-            else:
-                acc, cost = sampling_scores(z, p_rows.index_select(0, at), x, settings, stops)
+            acc, cost, m = dense_scores(z, at, x, moments)
+            if moments:
+                return acc, cost, m
 
             def logits():
                 return z

@@ -1,16 +1,11 @@
-"""The rounds objective's (EDR's) micro-step: every round start of every rollout, as the
-paper trains it.
+"""The rounds objective's (EDR's) micro-step: every round start of every rollout.
 
-EDR's loss couples rounds (a round start's occupancy depends on every earlier round), so
-each rollout's acceptance and cost must cover all its round starts. Beyond
-`objective.max_anchors`, only that many rows are drafted with gradient, drawn by
-`objective.anchor_sampler` and weighted by inverse inclusion probabilities; the others
-are scored by a chunked no-grad pass (sampled rows' occupancies depend on all of them);
-the last round start is never drafted. Sampling rollouts use `A = min(1, q(x)/p(x))` and
-the TV cost, greedy ones `A = softmax(z / beta)(x)`, beta = `objective.greedy_temperature`
-(samplers, costs: docs/training.md, "What a step does"). The maths comes from the
-`objectives.edr` package; this module decides which blocks to draft, when, and in which
-passes.
+EDR couples rounds (a round start's occupancy depends on every earlier one), so each
+rollout's acceptance and cost cover all its round starts. Beyond `objective.max_anchors`
+only that many are drafted with gradient (drawn by `objective.anchor_sampler`, weighted by
+inverse inclusion probabilities); a chunked no-grad pass scores the rest. The maths lives
+in `objectives.edr`; this module decides which blocks to draft, when, in which passes
+(docs/training.md, "What a step does").
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ from blockdraft.training.steps.anchored_blocks import (
     block_stats,
     label_positions,
     pad_anchor_lists,
-    response_logits_to_keep,
+    target_output,
 )
 from blockdraft.training.steps.interface import MicroOutput, StepInputs
 from blockdraft.training.steps.proposal_scores import (
@@ -51,14 +46,12 @@ from blockdraft.training.steps.proposal_scores import (
 )
 from blockdraft.training.target_distributions import stored_topk
 
-# Most round starts per rollout per pass of the no-grad scoring pass, unless the caller
-# names a number (`default_score_chunk`): the paper's (and the library's default)
+# Most round starts per rollout per scoring pass (`default_score_chunk`): the default
 # `max_anchors`, so a pass holds no more blocks than a default EDR step drafts with gradient.
 DEFAULT_SCORE_CHUNK = 512
 
-# The most target columns per row for which the no-grad scoring pass reads only those
-# (`support_scores`: a top-k sampling target's k, plus a draft space's two mass columns);
-# a target on more runs the whole-vocabulary kernels.
+# A top-k target on at most this many columns is scored on them alone (`support_scores`);
+# a wider one runs the whole-vocabulary kernels.
 SUPPORT_COLUMNS = 64
 
 
@@ -84,10 +77,11 @@ class RoundsBatch:
 
 @dataclass
 class RoundStarts:
-    """Each rollout's round starts (sequence indices), how many of them carry gradient
-    (all but the dead last one), and the rollouts with more of those than `limit`."""
+    """Each rollout's round starts (sequence indices), their number, how many carry
+    gradient (all but the dead last one), and the rollouts with more of those than `limit`."""
 
     starts: list[torch.Tensor]
+    rows: list[int]
     usable: list[int]
     long_rows: list[int]
 
@@ -103,24 +97,14 @@ class RoundStarts:
         usable = [max(r - 1, 0) for r in rows]
         if not any(usable):
             usable = rows
-        return cls(starts, usable, [i for i, u in enumerate(usable) if u > limit])
-
-    @property
-    def rows(self) -> list[int]:
-        return [int(s.numel()) for s in self.starts]
+        return cls(starts, rows, usable, [i for i, u in enumerate(usable) if u > limit])
 
 
 def default_score_chunk(max_anchors: int, rollouts: int, width: int) -> int:
-    """Round starts per rollout per sampling-mode scoring pass: as many as fit, not
-    `max_anchors`.
-
-    Why: every pass re-projects the target context and re-derives its positions' target
-    rows, so passes of 16 or 32 round starts cost a T = 1 step ~10% (bench/
-    edr_finetune_cost.py --score-chunks; docs/training.md). Up to `DEFAULT_SCORE_CHUNK`,
-    and only as many as keep a pass's target rows (`width` columns: V or a draft space's)
-    within the cross-entropy's ~64 MB chunk budget; never fewer than `max_anchors`, the
-    old default. The pass's LM-head products stay at the gradient pass's rows
-    (`RoundsBatch.head_rows`), so its logits are no larger than before."""
+    """Round starts per rollout per sampling-mode scoring pass: as many as keep a pass's
+    target rows (`width` columns) within the ~64 MB chunk budget, up to
+    `DEFAULT_SCORE_CHUNK`, never fewer than `max_anchors`. Why: every pass re-projects the
+    target context, so small passes cost a step ~10% (docs/training.md)."""
     fit = DEFAULT_CHUNK_ELEMENTS // max(1, rollouts * width)
     return max(max_anchors, min(DEFAULT_SCORE_CHUNK, fit))
 
@@ -159,11 +143,9 @@ def _acceptance(
     want_logq: bool = True,
     moments: bool = False,
 ):
-    """(A, c, hidden, logq, blocks, moments) for the given anchors `[B, A]`.
-    In sampling mode `logq` (T = 1 log q(label), detached) only feeds the logged
-    statistics: None unless `want_logq` (a full-vocabulary log-softmax saved on unlogged
-    steps). `moments` (sampling mode, for the `gradient` sampler): the proposals'
-    logit-gradient moments `[B, A, K, 3]` (`scores_with_gradient_moments`), else None."""
+    """(A, c, hidden, logq, blocks, moments) for anchors `[B, A]`. Sampling mode: `logq`
+    only feeds the logged statistics (None unless `want_logq`, saving a log-softmax), and
+    `moments` asks for the `gradient` sampler's logit-gradient moments `[B, A, K, 3]`."""
     fwd, tout, batch, stop_ids = rb.fwd, rb.tout, rb.batch, rb.stop_ids
     drafter = rb.drafter
     selector = has_selector(drafter)  # DFlash2: A, c of the selector; unary gets the weights
@@ -221,11 +203,9 @@ def _acceptance(
 def score_round_starts(
     rb: RoundsBatch, anchors: torch.Tensor, chunk: int, moments: bool = False
 ) -> tuple[torch.Tensor, ...]:
-    """Detached `(A, c)` `[B, A, K]` for anchors `[B, A]` (-1 = padding), scoring at most
-    `chunk` anchors per rollout per drafter pass so peak memory does not grow with the
-    rollout length (each block is independent given the target features). With
-    `moments` (sampling mode) a third tensor: the proposals' logit-gradient moments
-    `[B, A, K, 3]` for the `gradient` sampler."""
+    """Detached `(A, c)` `[B, A, K]` for anchors `[B, A]` (-1 = padding), at most `chunk`
+    anchors per rollout per pass, so memory does not grow with the rollout length; with
+    `moments` (sampling mode) also the logit-gradient moments `[B, A, K, 3]`."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"score_chunk must be a positive int, got {chunk!r}")
     if moments and rb.mode != "sampling":
@@ -261,15 +241,12 @@ def _draw_round_starts(
     generators: list[torch.Generator],
     chunk: int,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """For each rollout in `starts.long_rows` (more usable round starts than
-    `objective.max_anchors`), drawn with `generators[j]`: `(rows drawn [m], dense
-    inclusion weights [L-1], detached A [L-1, K], detached c [L-1, K])`, where A and c hold
-    the no-grad scores of every row the gradient pass will not draft (zeros elsewhere:
-    the gradient pass fills them)."""
+    """Per rollout of `starts.long_rows`, drawn with `generators[j]`: `(rows drawn [m],
+    dense inclusion weights [L-1], A [L-1, K], c [L-1, K])`, A and c holding the no-grad
+    scores of the rows the gradient pass will not draft (zeros where it will)."""
     limit, sampler, long_rows = objective.max_anchors, objective.anchor_sampler, starts.long_rows
     batch, usable = rb.batch, starts.usable
-    every_rows = starts.rows
-    rows = [every_rows[i] for i in long_rows]
+    rows = [starts.rows[i] for i in long_rows]
     drawn: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(long_rows)
     if sampler == "uniform":  # draw first, score only the other rows
         scored = []
@@ -330,10 +307,9 @@ def _draw_round_starts(
 
 
 def _score_chunk(inputs: StepInputs, starts: RoundStarts, width: int) -> int | None:
-    """Round starts per rollout per scoring pass: the configured number, else greedy and
-    DDP/FSDP (whose forward returns a pass's whole logits) passes of max_anchors, and an
-    unwrapped sampling step as many as fit (`default_score_chunk`; its head rows are
-    capped by `RoundsBatch.head_rows`)."""
+    """Round starts per rollout per scoring pass: the configured number, else
+    `max_anchors` (greedy, and DDP/FSDP, whose forward returns a pass's whole logits), or
+    for an unwrapped sampling step as many as fit (`default_score_chunk`)."""
     chunk = inputs.score_chunk
     if starts.long_rows and chunk is None:
         chunk = inputs.objective.max_anchors
@@ -345,9 +321,8 @@ def _score_chunk(inputs: StepInputs, starts: RoundStarts, width: int) -> int | N
 def _target_row_table(
     rb: RoundsBatch, starts: RoundStarts, space: DraftSpace | None, width: int
 ) -> TargetRowTable | None:
-    """The target rows of every usable round start, built once for the scoring and the
-    gradient pass, where the step samples (sampling, unwrapped) and they fit no more than
-    one scoring pass holds; else None (each pass builds its own)."""
+    """The target rows of every usable round start, built once for both passes of an
+    unwrapped sampling step when they fit one scoring pass's budget; else None."""
     drafter, batch = rb.drafter, rb.batch
     block_size = drafter.config.block_size
     if not (
@@ -376,17 +351,12 @@ def rounds_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> 
     # greedy EDR needs no target logits (skip the LM head), nor sampling EDR on rollouts
     # whose stored distributions are whole (`stored_topk`)
     with_logits = sampling and stored_topk(batch, settings) is None
-    tout = inputs.features.features(
-        batch,
-        with_logits=with_logits,
-        logits_to_keep=response_logits_to_keep(batch) if with_logits else 0,
-    )
+    tout = target_output(inputs, batch, with_logits)
     starts = RoundStarts.of(batch, objective.max_anchors)
     rows, usable, long_rows = starts.rows, starts.usable, starts.long_rows
     chosen: list[torch.Tensor] = [torch.arange(u) for u in usable]
     weights: list[torch.Tensor | None] = [None] * len(rows)
-    full_acc: dict[int, torch.Tensor] = {}
-    full_cost: dict[int, torch.Tensor] = {}
+    scored: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # no-grad (A, c) of long rows
     space = DraftSpace.of(drafter, stop_ids) if sampling else None
     width = int(drafter.config.vocab_size) if space is None else space.width
     chunk = _score_chunk(inputs, starts, width)
@@ -404,7 +374,7 @@ def rounds_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> 
         ]
         drawn = _draw_round_starts(rb, objective, starts, generators, chunk)
         for i, (idx, w, acc_i, cost_i) in zip(long_rows, drawn, strict=True):
-            chosen[i], weights[i], full_acc[i], full_cost[i] = idx, w, acc_i, cost_i
+            chosen[i], weights[i], scored[i] = idx, w, (acc_i, cost_i)
     anchors = pad_anchor_lists([starts.starts[i][chosen[i]] for i in range(len(rows))])
     acc, cost, hidden, logq, blocks, _ = _acceptance(
         rb, anchors.to(device), True, want_logq=want_acc
@@ -414,13 +384,13 @@ def rounds_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> 
         if r == 0:
             continue  # a 1-token response has no drafting round
         m = int(chosen[i].numel())
-        if i in full_acc:
-            idx = chosen[i].to(device)
-            acc_list.append(full_acc[i].index_copy(0, idx, acc[i, :m]))
-            cost_list.append(full_cost[i].index_copy(0, idx, cost[i, :m]))
+        if i in scored:
+            (full_a, full_c), idx = scored[i], chosen[i].to(device)
+            a, c = full_a.index_copy(0, idx, acc[i, :m]), full_c.index_copy(0, idx, cost[i, :m])
         else:
-            acc_list.append(_with_dead_row(acc[i, :m], r))
-            cost_list.append(_with_dead_row(cost[i, :m], r))
+            a, c = (_with_dead_row(x[i, :m], r) for x in (acc, cost))
+        acc_list.append(a)
+        cost_list.append(c)
         keep.append(weights[i].to(device) if weights[i] is not None else None)
     stats = block_stats(inputs, hidden, blocks, None if logq is None else logq.detach(), want_acc)
     if not acc_list:
