@@ -207,7 +207,9 @@ def test_sampling_edr_paths_agree_and_train_the_unary_logits(setup, sampler, set
     # sums that move the inclusion weights (the moments themselves: the test below)
     if sampler == "uniform":
         torch.testing.assert_close(na, nb)
-        _assert_same(ga, gb)
+        # the support path sums the top-k scores in another order: with AVX2 kernels up to
+        # 4e-7 of a gradient's scale (AVX-512 rounds closer)
+        _assert_same(ga, gb, scale_atol=1e-5)
     else:
         torch.testing.assert_close(na, nb, rtol=2e-3, atol=1e-5)
         _assert_same(ga, gb, scale_atol=2e-3)
