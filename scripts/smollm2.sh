@@ -16,7 +16,7 @@
 #   features  the target's features of the greedy set, once per layer set (LAYERS, LAYERS_TOP)
 #   curve     D-PACE lookup-input drafters on nested subsets of CURVE rollouts each
 #   ab        at AB_SIZE rollouts: plain vs lookup inputs, hard vs distilled labels, the layer
-#             set with the top layer
+#             set with the top layer, the drafter layer started as the target's top layer
 #   decay     DFlash's decay schedule at AB_SIZE (D-PACE > decay at this scale?)
 #   finetune  one epoch of EDR and of E2E from the D-PACE drafter of AB_SIZE, seeds SEEDS
 #   suite     `blockdraft suite --split` at T = 0 (configs/suites/smollm2.yaml): prompt
@@ -122,6 +122,8 @@ ab)
   scratch "distill-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
       objective.soft_target_weight=0.5
   scratch "toplayer-$AB_SIZE" "$AB_SIZE" "$LAYERS_TOP" drafter.lookup_inputs=true
+  scratch "inittop-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
+      drafter.init_layers_from_target=true
   log "ab done" ;;
 decay)
   log "decay at $AB_SIZE rollouts"
