@@ -69,8 +69,13 @@ class _Node:
 
     def __init__(self, token: int, count: int = 0) -> None:
         self.token, self.count = token, count
-        self.children: dict[int, _Node] = {}
-        self.order: list[_Node] = []
+        # most nodes stay leaves: they share one empty map until their first child
+        self.children: dict[int, _Node] = _LEAF
+        self.order: list[_Node] = _LEAF_ORDER
+
+
+_LEAF: dict[int, _Node] = {}  # never written to: `append` gives a node its own on first use
+_LEAF_ORDER: list[_Node] = []
 
 
 def _increment(order: list[_Node], node: _Node) -> None:
@@ -108,7 +113,10 @@ class SuffixTree:
         for i, node in enumerate(active):
             child = node.children.get(token)
             if child is None:
-                child = node.children[token] = _Node(token, 1)
+                child = _Node(token, 1)
+                if node.order is _LEAF_ORDER:
+                    node.children, node.order = {}, []
+                node.children[token] = child
                 node.order.append(child)  # count 1: the end of the sibling list
             else:
                 _increment(node.order, child)
