@@ -12,8 +12,9 @@ default, a global one over earlier responses (`global=1`).
 This module re-implements the rule, not the library, so the offline evaluator scores what
 vLLM serves without compiling `arctic-inference` (a C++ extension): an uncompressed trie
 whose children keep Arctic's order (count descending; among equal counts, the order its
-sibling list reaches by the same moves), with its float32 arithmetic. tests/drafters/
-test_suffix.py checks it proposal for proposal against Arctic's own tree where installed.
+sibling list reaches by the same moves), with its float32 arithmetic.
+tests/engines/test_suffix_rule.py checks it proposal for proposal against Arctic's own
+tree where that is installed (`make engine`).
 
 What the offline state is, round by round (round n anchors x_n): the request's tree holds
 prompt + x_1..x_n, as vLLM's tree after the step that sampled x_n; with `global=1` the
