@@ -25,11 +25,12 @@ from blockdraft.cli.target_options import add_target_options, load_target_from_a
 from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.prompt_type import PromptError
 from blockdraft.data.rollouts.distributed import init_from_env
-from blockdraft.data.rollouts.engine import ENGINES, engine_rows
+from blockdraft.data.rollouts.engine import engine_rows
 from blockdraft.data.rollouts.generate import generate_rollouts, stored_topk
 from blockdraft.data.rollouts.importer import import_rollouts
 from blockdraft.data.rollouts.store import RolloutError, read_manifest
 from blockdraft.devices import add_device_args, resolve_dtype
+from blockdraft.engines.registry import engine_names
 from blockdraft.errors import UserError
 from blockdraft.sampling import SamplingSettings
 from blockdraft.targets.mask_token import MaskTokenError
@@ -98,11 +99,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=ENGINES,
+        choices=["blockdraft", *engine_names()],
         default="blockdraft",
-        help="what generates the rows: blockdraft's own loop (default) or vLLM (installed "
-        "with `make engine`; several times the tokens/s at larger batches, the same tokens "
-        "at temperature 0, the same shards and manifest)",
+        help="what generates the rows: blockdraft's own loop (default) or a serving engine "
+        "(vllm: installed with `make engine`; several times the tokens/s at larger "
+        "batches, the same tokens at temperature 0, the same shards and manifest)",
     )
     _target_args(p)
     p.set_defaults(func=run)
