@@ -14,9 +14,9 @@ from blockdraft.objectives import (
     LossOutput,
     dpace_weights,
     e2e_loss,
-    losses,
     make_objective,
     objective_params,
+    objective_types,
     token_logprobs,
 )
 
@@ -150,7 +150,7 @@ def test_edr_rounds_loss_normalises_by_emitted_tokens_and_scatters_weights(monke
 
     fake = types.ModuleType("blockdraft.objectives.edr")
     fake.pad_rollouts, fake.edr_surrogate = fake_pad, fake_surrogate
-    monkeypatch.setattr(losses, "edr", fake)
+    monkeypatch.setattr(objective_types, "edr", fake)
 
     acc = [torch.rand(9, 4, requires_grad=True), torch.rand(3, 4, requires_grad=True)]
     cost = [1 - a.detach() for a in acc]

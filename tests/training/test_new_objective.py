@@ -23,7 +23,7 @@ TOY = '''
 from dataclasses import dataclass
 
 from blockdraft.objectives import Objective, ObjectiveParams, param, register_objective
-from blockdraft.objectives.losses import LossOutput
+from blockdraft.objectives.objective_types import LossOutput
 from blockdraft.objectives.params import positive_number
 
 

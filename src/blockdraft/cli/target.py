@@ -23,7 +23,8 @@ from blockdraft.data.prompt_specs import check_fits_context
 from blockdraft.errors import BlockdraftError
 from blockdraft.sampling import MAX_NEW_TOKENS
 from blockdraft.targets import gemma, registry, smollm2, tiny
-from blockdraft.targets.registry import list_targets, target_fingerprint
+from blockdraft.targets.fingerprint import target_fingerprint
+from blockdraft.targets.registry import list_targets
 
 EXAMPLES = {
     "target": "  blockdraft target list\n  blockdraft target sample tiny --prompt 'def add('",

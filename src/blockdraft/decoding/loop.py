@@ -35,7 +35,7 @@ from blockdraft.decoding.result import (
     speedup_and_ci,
     tau_and_ci,
 )
-from blockdraft.decoding.steps import DecodeClock, TargetRunner, one_hot_like, pick_token
+from blockdraft.decoding.target_runner import DecodeClock, TargetRunner, one_hot_like, pick_token
 from blockdraft.decoding.timing import alternate_timed
 from blockdraft.decoding.verify import verify_block, verify_onehot, verify_standard
 from blockdraft.kernels import cpu_kernels_apply

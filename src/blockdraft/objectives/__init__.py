@@ -32,7 +32,7 @@ from blockdraft.objectives.edr import (
     sample_round_starts,
     sample_round_starts_uniformly,
 )
-from blockdraft.objectives.losses import (
+from blockdraft.objectives.objective_types import (
     E2EObjective,
     EDRObjective,
     LossOutput,

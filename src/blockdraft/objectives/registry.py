@@ -1,6 +1,6 @@
 """Pick a training objective by name: the one place the trainer and the CLI go through.
 
-An objective is a class of `losses.py` (or of any module) with its `Params`, registered
+An objective is a class of `objective_types.py` (or of any module) with its `Params`, registered
 here under a name by `register_objective(name, cls)`. `make_objective(name, mode,
 **params)` checks the name and every parameter up front (a typo in a config fails at
 start-up with the valid choices, not hours later); the trainer then asks the object
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import MISSING, fields
 from typing import Any
 
-from blockdraft.objectives.losses import (
+from blockdraft.objectives.objective_types import (
     DecayObjective,
     DPaceObjective,
     E2EObjective,

@@ -25,10 +25,11 @@ from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.drafters.draft_vocab import most_frequent_tokens
 from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.errors import BlockdraftError
-from blockdraft.objectives.losses import DPaceParams
+from blockdraft.objectives.objective_types import DPaceParams
 from blockdraft.serialization.checkpoint import load_drafter
+from blockdraft.targets.hf_target import TargetLoadError
 from blockdraft.targets.mask_token import MaskTokenError, load_target_with_mask
-from blockdraft.targets.registry import TargetLoadError, load_target
+from blockdraft.targets.registry import load_target
 from blockdraft.training.config import (
     ConfigError,
     DataConfig,

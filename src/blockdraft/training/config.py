@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from blockdraft.errors import BlockdraftError
-from blockdraft.objectives.losses import Objective
+from blockdraft.objectives.objective_types import Objective
 from blockdraft.objectives.params import ObjectiveParamError, ObjectiveParams
 from blockdraft.objectives.registry import (
     DEFAULT_OBJECTIVE,
@@ -103,24 +103,18 @@ class ObjectiveConfig:
     def from_dict(cls, data: dict[str, Any], prefix: str) -> ObjectiveConfig:
         """The section's own keys checked by the objective's `Params`; another objective's
         key is accepted at its default only (every older run.yaml holds them all)."""
-        data = resolve_alias(data)
-        name = data.get("name", DEFAULT_OBJECTIVE)
+        data, others = resolve_alias(data), parameter_defaults()
         hint = typing.get_type_hints(cls)["mode"]
         mode = _coerce(data.get("mode", "auto"), hint, f"{prefix}.mode")
         try:
-            params_cls = objective_class(name).Params
-            hints, others = typing.get_type_hints(params_cls), parameter_defaults()
-            own = {}
-            for k, v in data.items():
-                key = f"{prefix}.{k}"
-                if k in hints:
-                    own[k] = _coerce(v, hints[k], key)
-                elif k not in ("name", "mode") and others.get(k, v) != v:
-                    raise ConfigError(f"{key}: not a parameter of objective {name!r}")
-                elif k not in ("name", "mode") and k not in others:
-                    valid = ", ".join(["name", "mode", *hints])
-                    raise ConfigError(f"unknown config key {key!r} (valid here: {valid})")
-            return cls(name, mode, params_cls(**own))
+            params = objective_class(data.get("name", DEFAULT_OBJECTIVE)).Params
+            own = {
+                k: v
+                for k, v in data.items()
+                if k not in ("name", "mode")
+                and (k in params.__dataclass_fields__ or k not in others or others[k] != v)
+            }
+            return cls(data.get("name", DEFAULT_OBJECTIVE), mode, _build(params, own, prefix))
         except ObjectiveParamError as exc:
             raise ConfigError(f"{prefix}.{exc.key}: {exc}") from None
 
