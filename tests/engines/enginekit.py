@@ -2,7 +2,7 @@
 
 import pytest
 
-from blockdraft.engines.vllm_engine import vllm_version
+from blockdraft.engines.dflash_support import vllm_version
 
 needs_vllm = pytest.mark.skipif(
     vllm_version() is None, reason="vLLM is not installed (`make engine` installs it)"
