@@ -107,9 +107,9 @@ def _served_drafter(
     drafter: str | Path | DrafterSpec,
 ) -> tuple[DrafterSpec, Path, float | None, dict[str, Any]]:
     """(the spec scored, its checkpoint, hybrid's conf or None, the config.json its export
-    will have): a checkpoint, run or export, or `hybrid[:conf=C]:PATH` (served with its
-    lookup fallback by blockdraft's vLLM plugin)."""
-    spec = DrafterSpec.parse(drafter)
+    will have): a path names a checkpoint, run or export; a `DrafterSpec` may also be
+    `hybrid[:conf=C]:PATH` (served with its lookup fallback by blockdraft's vLLM plugin)."""
+    spec = drafter if isinstance(drafter, DrafterSpec) else DrafterSpec(path=str(drafter))
     if spec.kind == "ngram":
         raise EngineError("serve-check serves a trained drafter; prompt lookup is its `ngram` way")
     ckpt = checkpoint_of(spec)
