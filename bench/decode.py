@@ -31,7 +31,7 @@ sampling) and other (cache crop, bookkeeping), in ms and in AR steps (one AR-loo
 + token choice). A first table times single target forwards at the prompts' context lengths:
 one token (an AR step) against K+1 tokens with and without the features a drafter
 needs, and as the T = 0 loop runs it (argmax only: the screened head where the target
-has a large vocabulary, see decoding/steps.py): the verification cost that
+has a large vocabulary, see decoding/target_runner.py): the verification cost that
 bounds every speedup. docs/decoding.md explains the
 cost model (speedup = tau / round cost in AR steps).
 """
@@ -51,7 +51,7 @@ import torch
 from blockdraft.decoding.cpu.lean_target import LeanTarget
 from blockdraft.decoding.hf_generate import hf_generate_job
 from blockdraft.decoding.loop import StepStats, ar_generate, speculative_generate
-from blockdraft.decoding.steps import TargetRunner
+from blockdraft.decoding.target_runner import TargetRunner
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.kernels.argmax_screen import Int8Screen, ScreenedArgmaxHead
 from blockdraft.kernels.packed_linear import PackedLinears

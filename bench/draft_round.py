@@ -24,7 +24,7 @@ import torch
 
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.proposers import GreedyDraftHead
-from blockdraft.decoding.steps import TargetRunner
+from blockdraft.decoding.target_runner import TargetRunner
 from blockdraft.kernels.packed_linear import packed_linears
 from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec

@@ -8,17 +8,22 @@ The layers, bottom first (a package may import its own layer and those below):
 
     0  blockdraft/__init__, errors, devices, threads, heap, artifacts, user_cache, bootstrap_ci,
        recipes (the shipped config recipes)
-    1  objectives, sampling              (pure tensor maths; the sampling distribution)
+    1  objectives, sampling, kernels     (pure tensor maths; the sampling distribution; exact
+                                         CPU kernels)
     2  targets                           (the model being accelerated)
     3  drafters                          (what proposes tokens)
     4  serialization                     (checkpoints and export formats)
-    5  data                              (prompts, rollouts, features)
-    6  decoding                          (the online loop and its CPU speed code)
-    7  evaluation                        (offline scoring, statistics, suites)
-    8  training
-    9  pipeline                          (demo, stages, reports)
-    10 api                               (the Python API: one function per command)
-    11 cli, __main__
+    5  engines                           (serving engines behind the `Engine` interface)
+    6  data                              (prompts, rollouts, features)
+    7  decoding                          (the online loop and its CPU speed code)
+    8  evaluation                        (offline scoring, statistics, suites)
+    9  serving                           (exported drafters checked in an engine)
+    10 training
+    11 pipeline                          (demo, stages, reports)
+    12 api                               (the Python API: one function per command)
+    13 cli, __main__
+
+`test_docstring_lists_every_layer` keeps this list equal to `LAYERS`.
 
 `blockdraft/__init__` reaches the API only by name, on first use (its `__getattr__`), so
 `import blockdraft` loads nothing below it.
@@ -456,3 +461,18 @@ def test_a_wide_step_function_is_found(tmp_path):
         "blockdraft.training.steps.s:wide (6)",
         "blockdraft.training.steps.s:inner (6)",
     }
+
+
+def test_docstring_lists_every_layer() -> None:
+    """Every package of `LAYERS` is named in the module docstring, on its layer's line."""
+    paragraph = next(p for p in (__doc__ or "").split("\n\n") if p.lstrip().startswith("0 "))
+    listed: dict[int, set[str]] = {}
+    for line in paragraph.splitlines():
+        if len(line) - len(line.lstrip()) > 12:
+            continue  # a description's second line
+        words = line.split("(")[0].replace(",", " ").split()
+        if words and words[0].isdigit():
+            number, words = int(words[0]), words[1:]
+        listed.setdefault(number, set()).update(words)
+    listed[0] = {w.replace("blockdraft/__init__", "blockdraft") for w in listed[0]}
+    assert listed == dict(enumerate(LAYERS))

@@ -27,7 +27,7 @@ from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.cpu.lean_drafter import LeanDrafter
 from blockdraft.decoding.proposers import GreedyDraftHead
-from blockdraft.decoding.steps import TargetRunner
+from blockdraft.decoding.target_runner import TargetRunner
 from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.objectives.edr.recursion import pad_rollouts, state_occupancy

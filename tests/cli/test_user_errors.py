@@ -148,7 +148,7 @@ def test_edited_trainer_state_json_on_resume_is_one_line(tmp_path, capsys, edit,
     import json
 
     from blockdraft.errors import CheckpointError
-    from blockdraft.training.state import read_progress
+    from blockdraft.training.step_checkpoint import read_progress
 
     (tmp_path / "trainer_state.json").write_text(
         json.dumps({"step": 10, "tokens_seen": 5, "best_mal": None, "best_step": None})

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from blockdraft.data.rollouts.store import RolloutError, RolloutSet
-from blockdraft.targets.registry import legacy_target_fingerprint, load_target, target_fingerprint
+from blockdraft.targets.fingerprint import legacy_target_fingerprint, target_fingerprint
+from blockdraft.targets.registry import load_target
 from clikit import make_rollouts, one_line_error, run_cli, save_local_model, save_random_drafter
 
 REPO = Path(__file__).resolve().parents[2]

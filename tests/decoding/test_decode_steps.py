@@ -12,7 +12,7 @@ import torch
 from blockdraft.decoding import proposers
 from blockdraft.decoding.cpu.lean_target import LeanTarget
 from blockdraft.decoding.loop import decode
-from blockdraft.decoding.steps import TargetRunner
+from blockdraft.decoding.target_runner import TargetRunner
 from blockdraft.kernels import argmax_screen, packed_linear
 from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
 from blockdraft.kernels.packed_linear import int8_products_exact

@@ -15,7 +15,7 @@ from blockdraft.decoding.cpu.lean_target import LeanTarget
 from blockdraft.decoding.hf_generate import hf_generate_job
 from blockdraft.decoding.loop import ar_generate, decode
 from blockdraft.decoding.proposers import GreedyDraftHead
-from blockdraft.decoding.steps import TargetRunner
+from blockdraft.decoding.target_runner import TargetRunner
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.kernels.packed_linear import (

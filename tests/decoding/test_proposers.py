@@ -18,7 +18,7 @@ from blockdraft.decoding.proposers import (
     Sampling,
     proposer_for,
 )
-from blockdraft.decoding.steps import TargetRunner
+from blockdraft.decoding.target_runner import TargetRunner
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter

@@ -152,7 +152,8 @@ def test_import_drops_and_counts_an_empty_choice(local, tmp_path, capsys):
 
 
 def test_fingerprint_is_the_same_for_every_load_dtype(local):
-    from blockdraft.targets.registry import load_target, target_fingerprint
+    from blockdraft.targets.fingerprint import target_fingerprint
+    from blockdraft.targets.registry import load_target
 
     fp32 = target_fingerprint(local["target"])
     for dtype in (torch.float16, torch.bfloat16):

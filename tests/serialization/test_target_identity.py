@@ -12,7 +12,8 @@ import pytest
 
 from blockdraft.data.rollouts.store import RolloutError, RolloutSet, check_target
 from blockdraft.serialization.checkpoint import load_drafter
-from blockdraft.targets.registry import load_target, target_fingerprint
+from blockdraft.targets.fingerprint import target_fingerprint
+from blockdraft.targets.registry import load_target
 from clikit import make_rollouts, run_cli, save_local_model, save_random_drafter
 
 

@@ -92,7 +92,7 @@ def test_auto_dtype_is_bf16_on_cuda_fp32_on_cpu(monkeypatch):
 
 
 def test_hf_targets_load_straight_onto_an_accelerator():
-    from blockdraft.targets.registry import _device_map
+    from blockdraft.targets.hf_target import _device_map
 
     assert _device_map("cpu") == {}
     pytest.importorskip("accelerate")

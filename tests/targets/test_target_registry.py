@@ -8,12 +8,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from blockdraft.targets import tiny
-from blockdraft.targets.registry import (
-    choose_mask_token_id,
-    list_targets,
-    load_target,
-    target_fingerprint,
-)
+from blockdraft.targets.fingerprint import target_fingerprint
+from blockdraft.targets.hf_target import choose_mask_token_id
+from blockdraft.targets.registry import list_targets, load_target
 from blockdraft.targets.testing import make_random_target
 from blockdraft.targets.tokenizer import MASK_TOKEN
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from trainkit import learnable_target, make_config, read_metrics
 
 from blockdraft.training import config_from_dict, train
-from blockdraft.training.state import read_trainer_tensors
+from blockdraft.training.step_checkpoint import read_trainer_tensors
 
 
 class SimulatedCrash(RuntimeError):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from blockdraft.training import state as ckpt
+from blockdraft.training import step_checkpoint as ckpt
 
 
 def _free_port() -> int:

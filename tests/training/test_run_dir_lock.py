@@ -11,7 +11,7 @@ import pytest
 from trainkit import make_config
 
 from blockdraft.errors import BlockdraftError
-from blockdraft.training import state as ckpt
+from blockdraft.training import step_checkpoint as ckpt
 from blockdraft.training.trainer import train
 from diskkit import full_disk_for
 from lockkit import hold_lock, kill

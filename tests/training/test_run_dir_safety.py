@@ -14,7 +14,7 @@ import torch
 from trainkit import make_config
 
 from blockdraft.errors import os_error_message
-from blockdraft.training import state as ckpt
+from blockdraft.training import step_checkpoint as ckpt
 from blockdraft.training.trainer import train
 from clikit import make_rollouts, one_line_error, run_cli, save_local_model
 

@@ -136,7 +136,7 @@ class DFlash2Drafter(BlockDrafter):
     q(x) of them are the selector's choice distribution, as the decoder samples it.
     """
 
-    sequential = True  # slot k's proposal depends on slot k-1's (decoding/steps.py)
+    sequential = True  # slot k's proposal depends on slot k-1's (decoding/target_runner.py)
 
     def __init__(self, config: DrafterConfig) -> None:
         if config.arch != "dflash2":

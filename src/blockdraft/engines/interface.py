@@ -83,7 +83,14 @@ class EngineOutput:
 
 
 class RunningEngine(Protocol):
-    """A started engine over one target (and drafter); closed to give its memory back."""
+    """A started engine over one target (and drafter); closed to give its memory back.
+
+    `generate`: one row per token-id prompt, as one batch; `seeds[i]` seeds prompt i's
+    sampling; `logprobs` None for none, 0 for the sampled token's, k for the top k (`topk`
+    of them kept per step). `counters`: the drafting counters since the start.
+    `take_drafts`: every drafting step since the last call (`record_drafts=True`), also
+    those that proposed nothing: how `serve-check` counts lookup rounds and compares
+    `--rounds`."""
 
     version: str  # the engine's own version, recorded in manifests and reports
 
@@ -96,47 +103,27 @@ class RunningEngine(Protocol):
         *,
         logprobs: int | None = None,
         topk: int = 0,
-    ) -> list[EngineOutput]:
-        """One row per token-id prompt, as one batch; `seeds[i]` seeds prompt i's sampling
-        stream; `logprobs`: None for none, 0 for the sampled token's, k for the top k
-        (`topk` of them kept per step)."""
-        ...
-
-    def counters(self) -> SpecCounters:
-        """The drafting counters since the engine started (zeros without speculation)."""
-        ...
-
-    def take_drafts(self) -> Drafts:
-        """Every drafting step recorded since the last call (`record_drafts=True`), also
-        steps that proposed nothing: what `serve-check` counts lookup rounds and
-        `--rounds` compares by."""
-        ...
-
+    ) -> list[EngineOutput]: ...
+    def counters(self) -> SpecCounters: ...
+    def take_drafts(self) -> Drafts: ...
     def close(self) -> None: ...
-
     def __enter__(self) -> RunningEngine: ...
-
     def __exit__(self, *exc: object) -> None: ...
 
 
 class Engine(Protocol):
-    """A kind of serving engine: says what it can serve, and starts one."""
+    """A kind of serving engine. `version()`: None when it is not installed.
+    `serve_problem`: why it cannot serve an exported drafter (its config.json) for a
+    target (its HF config) here, or None: said before minutes of loading. `serve_command`:
+    the shell command serving the target with the drafter (arguments already quoted).
+    `load` starts it on a local model folder; `sampled_logprobs`: log-probs under the
+    distribution tokens were drawn from, else the T = 1 log-softmax (greedy rollouts)."""
 
     name: str  # what `--engine` takes
 
-    def version(self) -> str | None:
-        """The installed engine's version, None when it is not installed."""
-        ...
-
-    def serve_problem(self, drafter_cfg: dict[str, Any], target_config: Any) -> str | None:
-        """Why this engine cannot serve an exported drafter (its config.json) for a target
-        (its HF config) here, or None when it can: said before minutes of loading."""
-        ...
-
-    def serve_command(self, target: str, drafter_dir: str, num_proposals: int) -> str:
-        """The shell command serving the target with the exported drafter (already quoted)."""
-        ...
-
+    def version(self) -> str | None: ...
+    def serve_problem(self, drafter_cfg: dict[str, Any], target_config: Any) -> str | None: ...
+    def serve_command(self, target: str, drafter_dir: str, num_proposals: int) -> str: ...
     def load(
         self,
         model_dir: str | Path,
@@ -147,11 +134,7 @@ class Engine(Protocol):
         speculation: Speculation | None = None,
         sampled_logprobs: bool = False,
         record_drafts: bool = False,
-    ) -> RunningEngine:
-        """Start the engine on a local model folder. `sampled_logprobs`: log-probs under the
-        distribution tokens were drawn from (after temperature, top-k, top-p), else the
-        T = 1 log-softmax (what greedy rollouts store)."""
-        ...
+    ) -> RunningEngine: ...
 
 
 __all__ = [

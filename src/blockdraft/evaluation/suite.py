@@ -28,7 +28,7 @@ from blockdraft.evaluation.suite_statistics import BenchmarkRounds, suite_statis
 from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.checkpoint import read_config
 from blockdraft.serialization.drafter_spec import DrafterSpec, DrafterSpecError, checkpoint_of
-from blockdraft.targets.registry import target_fingerprint
+from blockdraft.targets.fingerprint import target_fingerprint
 from blockdraft.user_cache import cache_root, stable_hash
 
 SELECTIONS = ("first", "spread")
@@ -57,9 +57,7 @@ class Suite:
 
     name: str
     benchmarks: list[Benchmark]
-    sampling: SamplingSettings = field(
-        default_factory=lambda: SamplingSettings(temperature=0.0, max_new_tokens=128)
-    )
+    sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(temperature=0.0))
     batch_size: int = 16
     baseline: DrafterSpec = DrafterSpec("ngram")
 

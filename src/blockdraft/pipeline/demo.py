@@ -35,7 +35,8 @@ from blockdraft.pipeline.report import terminal_summary, write_report
 from blockdraft.pipeline.stages import Stage, fingerprint, portable, recorded_key
 from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
 from blockdraft.serving.serve_check import serve_check
-from blockdraft.targets.registry import load_target, target_fingerprint
+from blockdraft.targets.fingerprint import target_fingerprint
+from blockdraft.targets.registry import load_target
 from blockdraft.training import train
 from blockdraft.training.config import config_from_dict
 

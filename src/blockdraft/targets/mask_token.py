@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from blockdraft.errors import BlockdraftError
-from blockdraft.targets.registry import load_target, token_id
+from blockdraft.targets.hf_target import token_id
+from blockdraft.targets.registry import load_target
 from blockdraft.targets.target import Target
 
 

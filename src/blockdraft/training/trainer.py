@@ -24,7 +24,7 @@ from blockdraft.errors import os_error_message
 from blockdraft.evaluation.scoring import FeatureMemo
 from blockdraft.serialization.checkpoint import save_drafter
 from blockdraft.threads import flush_denormals
-from blockdraft.training import state as ckpt
+from blockdraft.training import step_checkpoint as ckpt
 from blockdraft.training.builders import (
     TrainSetupError,
     build_drafter,

@@ -37,8 +37,8 @@ from blockdraft.data.rollouts.shards import (  # noqa: F401  (re-exported: the p
 )
 from blockdraft.errors import BlockdraftError
 from blockdraft.sampling import SamplingSettings
-from blockdraft.targets.registry import legacy_target_fingerprint
-from blockdraft.targets.registry import target_fingerprint as registry_fingerprint
+from blockdraft.targets.fingerprint import legacy_target_fingerprint
+from blockdraft.targets.fingerprint import target_fingerprint as registry_fingerprint
 
 FORMAT = "blockdraft-rollouts"
 VERSION = 1
