@@ -399,12 +399,14 @@ def export(
     target: Target | None = None,
     overwrite: bool = False,
     expand_vocab: bool = False,
+    hybrid_conf: float | None = None,
 ) -> Path:
     """`blockdraft export`: a serving-ready copy of a drafter (SGLang, vLLM, z-lab's
     loader), validated before it is moved into place; returns the output directory.
 
     `dtype` casts the weights (`"bfloat16"` for engines); a reduced draft vocabulary needs
-    its `target` for the LM-head rows.
+    its `target` for the LM-head rows. `hybrid_conf` exports the `hybrid:conf=C` spec
+    (prompt lookup as a per-slot fallback; served by blockdraft's vLLM plugin only).
 
         >>> print(blockdraft.export("runs/quick", "export/quick"))
     """
@@ -415,4 +417,5 @@ def export(
         target=target,
         overwrite=overwrite,
         expand_vocab=expand_vocab,
+        hybrid_conf=hybrid_conf,
     )

@@ -18,8 +18,9 @@ from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.lookup_inputs import lookup_block_inputs, lookup_rule
 from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
-from blockdraft.serialization.checkpoint import load_drafter, save_drafter
-from blockdraft.serialization.export import ExportError, export_drafter
+from blockdraft.serialization.checkpoint import load_drafter, read_config, save_drafter
+from blockdraft.serialization.export import export_drafter
+from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
 from blockdraft.targets.testing import make_random_target
 
 K = 4
@@ -121,11 +122,13 @@ def test_greedy_online_rounds_equal_offline_per_prompt() -> None:
     assert stats.per_rollout_rounds.tolist() == [float(n) for n in online.per_prompt_rounds()]
 
 
-def test_config_rejects_semi_ar_and_export_refuses(tmp_path) -> None:
+def test_config_rejects_semi_ar_and_export_is_lookup_aware(tmp_path) -> None:
     target, drafter = _drafter(True)
     with pytest.raises(ValueError, match="lookup_inputs"):
         DrafterConfig.for_target(target, arch="semi_ar", lookup_inputs=True)
     ckpt = save_drafter(drafter, tmp_path / "ckpt")
     assert load_drafter(ckpt, target).config.lookup_inputs  # round-trips
-    with pytest.raises(ExportError, match="lookup_inputs"):
-        export_drafter(ckpt, tmp_path / "out")
+    # only blockdraft's plugin serves it (tests/serialization/test_lookup_export.py)
+    out = export_drafter(ckpt, tmp_path / "out")
+    assert read_config(out)["architectures"] == [LOOKUP_ARCHITECTURE]
+    assert load_drafter(out, target).config.lookup_inputs

@@ -10,7 +10,7 @@ import torch
 from transformers import Gemma2Config, Gemma3TextConfig, Qwen3Config
 
 from blockdraft.cli import main
-from blockdraft.engines import vllm_engine
+from blockdraft.engines import dflash_support, vllm_engine
 from blockdraft.engines.dflash_support import VLLM_DFLASH_TARGETS, vllm_dflash_problem
 
 
@@ -39,6 +39,19 @@ def test_dflash2_is_said_to_need_a_gpu_on_a_cpu_machine():
         assert problem is None
     else:
         assert problem is not None and "GPU" in problem
+
+
+def test_lookup_aware_drafters_need_the_plugins_vllm(monkeypatch):
+    """Only blockdraft's plugin serves `DFlashLookupDraftModel`, and only on vLLM 0.32."""
+    qwen = Qwen3Config(architectures=["Qwen3ForCausalLM"])
+    lookup = {"architectures": ["DFlashLookupDraftModel"]}
+    monkeypatch.setattr(dflash_support, "_installed_vllm_serves", lambda arch: True)
+    monkeypatch.setattr(dflash_support, "vllm_version", lambda: "0.32.0")
+    assert vllm_dflash_problem(lookup, qwen) is None
+    monkeypatch.setattr(dflash_support, "vllm_version", lambda: "0.33.1")
+    problem = vllm_dflash_problem(lookup, qwen)
+    assert problem is not None and "plugin" in problem and "0.33.1" in problem
+    assert vllm_dflash_problem({"architectures": ["DFlashDraftModel"]}, qwen) is None
 
 
 def test_rollout_with_an_unknown_engine_is_refused_by_the_parser(capsys):

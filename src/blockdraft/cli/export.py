@@ -14,14 +14,11 @@ from typing import Any
 
 import torch
 
+from blockdraft.cli.drafter_options import drafter_spec
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.engines.registry import serve_commands
-from blockdraft.serialization.checkpoint import (
-    NAMESPACE,
-    read_config,
-    resolve_checkpoint,
-    verify_weights,
-)
+from blockdraft.serialization.checkpoint import NAMESPACE, read_config, verify_weights
+from blockdraft.serialization.drafter_spec import checkpoint_of
 from blockdraft.serialization.export import export_drafter, validate_for_serving
 from blockdraft.targets.registry import list_targets, model_directory
 
@@ -29,6 +26,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 EXAMPLE = """examples:
   blockdraft export runs/edr --out drafters/my-dflash --dtype bfloat16
   blockdraft export runs/edr --check          # validate only, write nothing
+  blockdraft export hybrid:conf=0.3:runs/edr --out drafters/hybrid   # with lookup fallback
 """
 
 
@@ -40,7 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLE,
     )
     p.add_argument(
-        "ckpt", help="drafter checkpoint directory, or a run directory (its final/ is used)"
+        "ckpt",
+        type=drafter_spec,
+        help="drafter checkpoint directory, or a run directory (its final/ is used); "
+        "hybrid[:conf=C]:PATH exports PATH with its prompt-lookup fallback (served by "
+        "blockdraft's vLLM plugin only)",
     )
     p.add_argument("--out", help="output directory (required unless --check)")
     p.add_argument("--dtype", choices=_DTYPES, default=None, help="cast weights (default: keep)")
@@ -61,7 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    ckpt = resolve_checkpoint(args.ckpt)
+    spec = args.ckpt
+    if spec.kind == "ngram":
+        print("error: prompt lookup has no weights to export", file=sys.stderr)
+        return 2
+    ckpt = checkpoint_of(spec)
+    hybrid_conf = spec.min_confidence if spec.kind == "hybrid" else None
     if args.check:
         verify_weights(ckpt)
         problems = validate_for_serving(ckpt)
@@ -83,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             target=target,
             overwrite=args.overwrite,
             expand_vocab=args.expand_vocab,
+            hybrid_conf=hybrid_conf,
         )
     except ValueError as exc:  # not servable (or another user error): one line, status 2
         print(f"error: {exc}", file=sys.stderr)

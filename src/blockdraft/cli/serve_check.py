@@ -17,7 +17,12 @@ import sys
 from typing import Any
 
 from blockdraft.cli.arguments import positive_int
-from blockdraft.cli.drafter_options import add_target_args, setup_target, write_json_flag
+from blockdraft.cli.drafter_options import (
+    add_target_args,
+    drafter_spec,
+    setup_target,
+    write_json_flag,
+)
 from blockdraft.engines.interface import EngineError
 from blockdraft.engines.registry import DEFAULT_ENGINE, engine_names
 from blockdraft.evaluation.eval_compare import write_json
@@ -39,7 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_target_args(p)
     p.add_argument(
-        "drafter", help="drafter run directory, checkpoint or export (exported on the fly)"
+        "drafter",
+        type=drafter_spec,
+        help="drafter run directory, checkpoint or export (exported on the fly), or "
+        "hybrid[:conf=C]:PATH (served with its prompt-lookup fallback by blockdraft's plugin)",
     )
     p.add_argument(
         "--rollouts",

@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
+from blockdraft.engines.vllm_plugin import SUPPORTED_VLLM, plugin_applies
 from blockdraft.engines.vllm_plugin import register as register_vllm_plugin
+from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
 
 VLLM_TABLE_VERSION = "0.32.0"
 # Text-model architectures whose vLLM 0.32.0 class exposes auxiliary hidden states (the
@@ -82,6 +84,11 @@ def vllm_dflash_problem(drafter_cfg: dict[str, Any], target_config: Any) -> str 
         return (
             "vLLM serves DFlash2 drafters on a GPU only (its CPU runner refuses candidate-head "
             "drafts); serve it on a CUDA machine, or check a plain DFlash drafter here"
+        )
+    if LOOKUP_ARCHITECTURE in drafter_archs and installed and not plugin_applies(installed):
+        return (
+            f"a lookup-aware drafter ({LOOKUP_ARCHITECTURE}) is served by blockdraft's vLLM "
+            f"plugin, which extends vLLM {', '.join(SUPPORTED_VLLM)}x only, not {installed}"
         )
     return None
 

@@ -15,6 +15,7 @@ from blockdraft.engines.interface import Engine, EngineError
 from blockdraft.engines.vllm_engine import VLLM
 from blockdraft.serialization.checkpoint import read_config
 from blockdraft.serialization.export import dflash_field
+from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
 
 ENGINES: dict[str, Engine] = {}
 
@@ -59,6 +60,8 @@ def serve_commands(
         f"# SGLang\npython -m sglang.launch_server --model-path {name} \\\n"
         f"    --speculative-algorithm DFLASH --speculative-draft-model-path "
         f"{shlex.quote(drafter)}"
+        if cfg.get("architectures") != [LOOKUP_ARCHITECTURE]
+        else "# SGLang: not servable: a lookup-aware drafter needs blockdraft's vLLM plugin"
     ]
     for engine in ENGINES.values():
         problem = None if target_config is None else engine.serve_problem(cfg, target_config)

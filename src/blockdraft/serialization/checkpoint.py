@@ -32,6 +32,7 @@ from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.errors import CheckpointError, disk_write_error
+from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
 from blockdraft.targets.fingerprint import target_fingerprint
 
 CONFIG_NAME = "config.json"
@@ -46,6 +47,14 @@ CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.succ
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _architecture(c: DrafterConfig) -> str:
+    """The engine-facing class name: a `lookup_inputs` drafter gets one only blockdraft's
+    plugin serves, so an engine that would fill its slots with MASK refuses it instead."""
+    if c.arch == "dflash2":
+        return DFLASH2_ARCHITECTURE
+    return LOOKUP_ARCHITECTURE if c.lookup_inputs else SERVING_ARCHITECTURE
 
 
 def serving_config(config: DrafterConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
@@ -68,7 +77,7 @@ def serving_config(config: DrafterConfig, dtype: torch.dtype = torch.float32) ->
     layer_types = list(c.layer_types or ["full_attention"] * c.num_hidden_layers)
     sliding = "sliding_attention" in layer_types and c.sliding_window is not None
     out: dict[str, Any] = {
-        "architectures": [DFLASH2_ARCHITECTURE if c.arch == "dflash2" else SERVING_ARCHITECTURE],
+        "architectures": [_architecture(c)],
         "model_type": "qwen3",
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,

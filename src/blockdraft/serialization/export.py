@@ -27,6 +27,7 @@ from blockdraft.artifacts import (
     writer_lock,
 )
 from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
+from blockdraft.drafters.lookup_inputs import lookup_rule
 from blockdraft.errors import CheckpointError
 from blockdraft.serialization.checkpoint import (
     CODEBOOKS,
@@ -42,6 +43,7 @@ from blockdraft.serialization.checkpoint import (
     verify_weights,
     write_checkpoint_dir,
 )
+from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE, SECTION, LookupServing
 from blockdraft.targets.registry import load_tokenizer
 
 _FLOATS = {torch.float32, torch.bfloat16, torch.float16}
@@ -127,10 +129,12 @@ def expected_weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def _config_problems(cfg: dict[str, Any]) -> list[str]:
     problems = []
     dflash2 = cfg.get("architectures") == [DFLASH2_ARCHITECTURE]
-    if cfg.get("architectures") != [SERVING_ARCHITECTURE] and not dflash2:
+    lookup = cfg.get("architectures") == [LOOKUP_ARCHITECTURE]
+    if cfg.get("architectures") != [SERVING_ARCHITECTURE] and not dflash2 and not lookup:
         problems.append(
             f"architectures is {cfg.get('architectures')}, engines need "
-            f"[{SERVING_ARCHITECTURE!r}] (or [{DFLASH2_ARCHITECTURE!r}])"
+            f"[{SERVING_ARCHITECTURE!r}] (or [{DFLASH2_ARCHITECTURE!r}], or "
+            f"[{LOOKUP_ARCHITECTURE!r}] with blockdraft's vLLM plugin)"
         )
     if dflash2:
         hidden = cfg.get("hidden_size")
@@ -197,6 +201,49 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
         )
     if cfg.get("is_causal") or (cfg.get("dflash_config") or {}).get("causal"):
         problems.append("is_causal is true: block attention must be bidirectional")
+    return problems
+
+
+def lookup_serving_of(cfg: dict[str, Any], source: str) -> LookupServing | None:
+    """The lookups a config.json's drafter needs served (`serialization/lookup_serving.py`):
+    its `blockdraft.serving` section (None when absent; `CheckpointError` when bad)."""
+    return LookupServing.read(cfg.get(NAMESPACE), source)
+
+
+def _lookup_problems(cfg: dict[str, Any], file: Path) -> list[str]:
+    """A lookup-aware drafter must be named `LOOKUP_ARCHITECTURE` and carry its lookups
+    (an engine would otherwise serve another drafter than the one scored), and only such
+    a drafter may carry them; a `lookup_inputs` drafter's slots must read `lookup_rule(K)`."""
+    try:
+        serving = lookup_serving_of(cfg, str(file))
+    except CheckpointError as exc:
+        return [str(exc)]
+    named = cfg.get("architectures") == [LOOKUP_ARCHITECTURE]
+    own = (cfg.get(NAMESPACE) or {}).get("drafter_config") or {}
+    reads_lookup = bool(own.get("lookup_inputs")) if isinstance(own, dict) else False
+    block = dflash_field(cfg, "block_size")
+    problems = []
+    if reads_lookup and (serving is None or serving.inputs is None):
+        problems.append(
+            "a lookup_inputs drafter without blockdraft.serving.lookup_inputs: an engine "
+            "would fill its proposal slots with MASK; export it with `blockdraft export`"
+        )
+    elif serving is not None and serving.inputs is not None and isinstance(block, int):
+        if not reads_lookup:
+            problems.append("blockdraft.serving.lookup_inputs on a drafter that reads no lookup")
+        elif serving.inputs != lookup_rule(block - 1).config:
+            problems.append(
+                f"blockdraft.serving.lookup_inputs {serving.to_json()['lookup_inputs']} is not "
+                f"the rule the drafter was trained with ({lookup_rule(block - 1).config})"
+            )
+    if serving is not None and not named:
+        problems.append(
+            f"blockdraft.serving names lookups but architectures is {cfg.get('architectures')}: "
+            f"name it [{LOOKUP_ARCHITECTURE!r}] so that engines without blockdraft's plugin "
+            "refuse it"
+        )
+    elif named and serving is None and not problems:
+        problems.append(f"architectures [{LOOKUP_ARCHITECTURE!r}] without blockdraft.serving")
     return problems
 
 
@@ -270,6 +317,7 @@ def validate_for_serving(path: str | Path) -> list[str]:
         [f"pickle weight files present ({pickles}); ship safetensors only"] if pickles else []
     )
     problems += _config_problems(cfg) + _contract_problems(cfg, path / CONFIG_NAME)
+    problems += _lookup_problems(cfg, path / CONFIG_NAME)
     problems += _code_problems(path, cfg)
     if problems:
         return problems
@@ -318,6 +366,7 @@ def export_drafter(
     target: Any = None,
     overwrite: bool = False,
     expand_vocab: bool = False,
+    hybrid_conf: float | None = None,
 ) -> Path:
     """Write a serving-ready copy of checkpoint `ckpt` to `out_dir`; raise if it would not load.
 
@@ -332,6 +381,9 @@ def export_drafter(
     writer lock is held meanwhile, so two exports never interleave). `expand_vocab`: a
     DFlash2 drafter on a reduced draft vocabulary is written in z-lab's full-vocabulary
     layout (`expand_dflash2_vocab`), which its format needs; it is refused otherwise.
+    A `lookup_inputs` drafter, or any DFlash drafter with `hybrid_conf` (the `hybrid`
+    spec's fallback), is written lookup-aware (`with_lookups`): served by blockdraft's
+    vLLM plugin only.
     """
     ckpt, out_dir = resolve_checkpoint(ckpt), Path(out_dir)
     if out_dir.resolve() == ckpt.resolve():
@@ -341,7 +393,7 @@ def export_drafter(
     _refuse_to_replace(out_dir, overwrite)
     with writer_lock(out_dir, "an export"):
         _refuse_to_replace(out_dir, overwrite)  # as seen now that we hold the lock
-        return _export_locked(ckpt, out_dir, dtype, target, expand_vocab)
+        return _export_locked(ckpt, out_dir, dtype, target, expand_vocab, hybrid_conf)
 
 
 EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, MODELING_FILE}
@@ -381,14 +433,15 @@ def _refuse_to_replace(out_dir: Path, overwrite: bool) -> None:
 
 
 def _export_locked(
-    ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target: Any, expand_vocab: bool
+    ckpt: Path,
+    out_dir: Path,
+    dtype: torch.dtype | None,
+    target: Any,
+    expand_vocab: bool,
+    hybrid_conf: float | None,
 ) -> Path:
     cfg = read_config(ckpt)
-    if (cfg.get("blockdraft") or {}).get("drafter_config", {}).get("lookup_inputs"):
-        raise ExportError(
-            f"{ckpt}: drafter.lookup_inputs drafters read prompt lookup's tokens in their "
-            "block, which DFlash serving engines do not provide; it cannot be exported"
-        )
+    with_lookups(cfg, hybrid_conf, str(ckpt))
     weights = verify_weights(ckpt, cfg)
     try:
         tensors = load_file(str(weights))
@@ -426,6 +479,26 @@ def _export_locked(
     return write_checkpoint_dir(
         out_dir, cfg, tensors, check=check, extra_files={MODELING_FILE: modeling}
     )
+
+
+def with_lookups(cfg: dict[str, Any], hybrid_conf: float | None, source: str) -> dict[str, Any]:
+    """`cfg` (a drafter's config.json, changed in place) as a lookup-aware export names it:
+    `blockdraft.serving` and `LOOKUP_ARCHITECTURE` for a `lookup_inputs` drafter or a
+    `hybrid_conf` fallback, unchanged for a plain drafter (docs/export.md)."""
+    own = (cfg.get(NAMESPACE) or {}).get("drafter_config") or {}
+    reads_lookup = bool(isinstance(own, dict) and own.get("lookup_inputs"))
+    if hybrid_conf is not None and cfg.get("architectures") == [DFLASH2_ARCHITECTURE]:
+        raise ExportError(
+            f"{source}: hybrid needs a parallel (dflash) drafter; DFlash2 drafts slot by slot"
+        )
+    block = dflash_field(cfg, "block_size")
+    if not isinstance(block, int) or block < 2:
+        return cfg  # validation names the bad block_size
+    serving = LookupServing.of(block - 1, reads_lookup, hybrid_conf)
+    if serving is not None:
+        cfg.setdefault(NAMESPACE, {})[SECTION] = serving.to_json()
+        cfg["architectures"] = [LOOKUP_ARCHITECTURE]
+    return cfg
 
 
 def expand_dflash2_vocab(cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:

@@ -8,7 +8,9 @@ rollouts and the rounds per request the evaluator's exact rounds (so the served 
 the offline MAL; the engine's own mean acceptance length also counts tokens accepted past
 an output's end, reported apart), accepted tokens by position beside T_{>=k},
 and tokens/s at batch 1 and batched. At T > 0 the served tau is checked against the
-offline MAL's bootstrap CI. Definitions: docs/serving.md.
+offline MAL's bootstrap CI. The drafter may be a `lookup_inputs` one or a
+`hybrid[:conf=C]:PATH` spec: exported lookup-aware, served through blockdraft's vLLM
+plugin, and held to the same checks. Definitions: docs/serving.md.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from blockdraft.engines.registry import DEFAULT_ENGINE, get_engine
 from blockdraft.evaluation.eval_compare import benchmark_name
 from blockdraft.evaluation.offline import mal_ci, offline_stats
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
-from blockdraft.serialization.checkpoint import read_config, resolve_checkpoint
-from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
-from blockdraft.serialization.export import export_drafter
+from blockdraft.serialization.checkpoint import read_config
+from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, load_drafter_spec
+from blockdraft.serialization.export import export_drafter, with_lookups
 from blockdraft.targets.registry import model_directory
 
 WAYS = ("dflash", "ngram", "suffix", "none")
@@ -110,6 +112,22 @@ def _offline(
                 "tokens": stats.tokens,
             }
     return out
+
+
+def _served_drafter(
+    drafter: str | Path | DrafterSpec,
+) -> tuple[DrafterSpec, Path, float | None, dict[str, Any]]:
+    """(the spec scored, its checkpoint, hybrid's conf or None, the config.json its export
+    will have): a path names a checkpoint, run or export; a `DrafterSpec` may also be
+    `hybrid[:conf=C]:PATH` (served with its lookup fallback by blockdraft's vLLM plugin)."""
+    spec = drafter if isinstance(drafter, DrafterSpec) else DrafterSpec(path=str(drafter))
+    if spec.kind == "ngram":
+        raise EngineError("serve-check serves a trained drafter; prompt lookup is its `ngram` way")
+    ckpt = checkpoint_of(spec)
+    assert ckpt is not None
+    hybrid_conf = spec.min_confidence if spec.kind == "hybrid" else None
+    cfg = with_lookups(read_config(ckpt), hybrid_conf, str(ckpt))
+    return DrafterSpec(spec.kind, str(ckpt), spec.options), ckpt, hybrid_conf, cfg
 
 
 def _run_way(
@@ -245,7 +263,7 @@ def _agreement(bench: Benchmark, served: dict[str, Any], way: str) -> dict[str, 
 
 def serve_check(
     target: Any,
-    drafter: str | Path,
+    drafter: str | Path | DrafterSpec,
     rollout_dirs: Sequence[str | Path],
     *,
     ways: Sequence[str] = DEFAULT_WAYS,
@@ -264,8 +282,7 @@ def serve_check(
     model_dir = model_directory(target)
     if model_dir is None:
         raise EngineError(f"target {target.name!r} has no local model folder for {engine} to load")
-    ckpt = resolve_checkpoint(drafter)
-    cfg = read_config(ckpt)
+    spec, ckpt, hybrid_conf, cfg = _served_drafter(drafter)
     problem = kind.serve_problem(cfg, target.model.config)
     if problem and "dflash" in ways:
         raise EngineError(problem)
@@ -279,7 +296,7 @@ def serve_check(
         bench = Benchmark(benchmark_name(rollouts, directory), str(directory), rollouts)
         log(f"[serve-check] {bench.name}: offline scores of {len(rollouts)} rollouts")
         suffix = DrafterSpec.suffix(num_proposals) if "suffix" in ways else None
-        bench.offline = _offline(target, rollouts, DrafterSpec(path=str(ckpt)), n_boot, suffix)
+        bench.offline = _offline(target, rollouts, spec, n_boot, suffix)
         benches.append(bench)
     dtype = dtype or str(target.dtype).removeprefix("torch.")
     results: dict[str, dict[str, Any]] = {b.name: {} for b in benches}
@@ -287,7 +304,9 @@ def serve_check(
     with tempfile.TemporaryDirectory(prefix="blockdraft-serve-") as tmp:
         export_dir = None
         if "dflash" in ways:
-            export_dir = str(export_drafter(ckpt, Path(tmp) / "drafter", target=target))
+            export_dir = str(
+                export_drafter(ckpt, Path(tmp) / "drafter", target=target, hybrid_conf=hybrid_conf)
+            )
         for way in ways:
             log(
                 f"[serve-check] {engine} ({way}): {len(benches)} benchmark(s), batch 1 and "
@@ -309,7 +328,7 @@ def serve_check(
                     results[bench.name][way] = _way_report(run, bench, way, batch_size)
     out: dict[str, Any] = {
         "target": target.name,
-        "drafter": str(ckpt),
+        "drafter": str(spec) if spec.kind == "hybrid" else str(ckpt),
         "engine": engine_version,
         "batch_size": batch_size,
         "benchmarks": [],
@@ -344,7 +363,7 @@ def _leading_ones(row: Any) -> int:
 
 def rounds_trace(
     target: Any,
-    drafter: str | Path,
+    drafter: str | Path | DrafterSpec,
     rollout_dir: str | Path,
     index: int,
     engine: str = DEFAULT_ENGINE,
@@ -361,16 +380,18 @@ def rounds_trace(
         raise EngineError(f"--rounds {index}: {rollout_dir} holds prompts 0..{len(rollouts) - 1}")
     one = rollouts.subset([index])
     row = one[0]
-    ckpt = resolve_checkpoint(drafter)
+    spec, ckpt, hybrid_conf, cfg = _served_drafter(drafter)
     kind = get_engine(engine)
-    problem = kind.serve_problem(read_config(ckpt), target.model.config)
+    problem = kind.serve_problem(cfg, target.model.config)
     if problem:
         raise EngineError(problem)
-    model, model_id = load_drafter_spec(DrafterSpec(path=str(ckpt)), target)
+    model, model_id = load_drafter_spec(spec, target)
     acc = score_rollout_set(model, target, one, drafter_id=model_id, progress=False)[0]
     k = int(model.config.num_proposals)
     with tempfile.TemporaryDirectory(prefix="blockdraft-rounds-") as tmp:
-        export_dir = str(export_drafter(ckpt, Path(tmp) / "drafter", target=target))
+        export_dir = str(
+            export_drafter(ckpt, Path(tmp) / "drafter", target=target, hybrid_conf=hybrid_conf)
+        )
         with kind.load(
             model_directory(target),
             dtype=str(target.dtype).removeprefix("torch."),

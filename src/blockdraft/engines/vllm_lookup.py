@@ -1,0 +1,224 @@
+"""vLLM's DFlash proposer made lookup-aware: how the plugin serves `blockdraft.serving`.
+
+Why: vLLM's `DFlashProposer` writes `[anchor, MASK x K]` per request and drafts the
+argmax. A `lookup_inputs` export needs the K slots to read `lookup_rule(K)`'s proposal over
+the request's verified tokens (prompt, output so far and the token just sampled, which is
+the anchor): the inputs `lookup_block_inputs` gives the drafter in training and scoring.
+A `hybrid` export needs each slot whose max probability, over the drafter's own (draft)
+vocabulary as the evaluator computes it, is below `conf` to take the looked-up token where
+lookup has one (`HybridDrafter.use_lookup`). Both change only what is proposed, so vLLM's
+verification stays lossless.
+
+Where the verified tokens are: vLLM drafts before its bookkeeping (the padded drafter
+batch, the only mode DFlash runs in), so request i's verified text is
+`input_batch.token_ids_cpu[i, :num_tokens_no_spec[i]]` followed by this step's valid
+sampled tokens. The runner's `propose_draft_token_ids` hands them to the proposer, and
+every step checks that each text ends in the anchor vLLM drafts from, so a vLLM that
+orders its batch otherwise fails loudly instead of drafting from the wrong text.
+Asynchronous scheduling leaves placeholders in `token_ids_cpu`: it is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from blockdraft.drafters.ngram import NgramConfig, NgramTable
+from blockdraft.serialization.lookup_serving import LookupServing
+
+PLACEHOLDER = -1  # vLLM's id for a rejected position in the sampled-token rows
+
+
+class RequestLookups:
+    """One lookup rule over many requests' texts, each request's n-gram table grown with
+    its text (new tokens only per step); tables of requests no longer in the batch go."""
+
+    def __init__(self, rule: NgramConfig) -> None:
+        self.rule = rule
+        self.tables: dict[Any, NgramTable] = {}
+
+    def propose(self, request_ids: Sequence[Any], texts: Sequence[list[int]]) -> list[list[int]]:
+        """Up to K looked-up tokens per request (`NgramDrafter.propose` on its text)."""
+        kept, out = {}, []
+        for rid, text in zip(request_ids, texts, strict=True):
+            table = self.tables.get(rid)
+            if table is None or table.done > max(len(text) - 1, 0):
+                table = NgramTable(self.rule)  # new, or a text that shrank: start again
+            table.advance(text, len(text))
+            out.append(table.propose(text, len(text)))
+            kept[rid] = table
+        self.tables = kept
+        return out
+
+
+def verified_texts(input_batch: Any, sampled: Any, discarded: Any = None) -> list[list[int]]:
+    """Each request's verified tokens when vLLM drafts: its stored tokens plus this step's
+    valid sampled ones (a tensor before bookkeeping; a list once bookkeeping stored them).
+    `discarded[i]`: request i sampled nothing this step (a partial prefill)."""
+    rows = sampled.tolist() if isinstance(sampled, torch.Tensor) else None
+    vocab = int(input_batch.vocab_size)
+    texts = []
+    for i in range(int(input_batch.num_reqs)):
+        text = input_batch.token_ids_cpu[i, : int(input_batch.num_tokens_no_spec[i])].tolist()
+        if rows is not None and not (discarded is not None and bool(discarded[i])):
+            text += [t for t in rows[i] if t != PLACEHOLDER and 0 <= t < vocab]
+        texts.append(text)
+    return texts
+
+
+def merge_hybrid(
+    tokens: torch.Tensor,
+    draft_logits: torch.Tensor,
+    looked_up: Sequence[list[int]],
+    conf: float,
+    probs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`hybrid`'s per-slot choice on a batch: tokens `[B*K]` (request-major), the
+    drafter's logits `[B*K, D]` in its own vocabulary, each request's lookup (0..K
+    tokens). A slot takes the looked-up token where the softmax's maximum is < `conf` and
+    lookup has a token there; `probs` rows `[B*K, V]` of such slots become one-hot."""
+    B = len(looked_up)
+    K = tokens.numel() // max(B, 1)
+    lookup = torch.full((B, K), -1, dtype=torch.long)
+    for b, row in enumerate(looked_up):
+        if row:
+            lookup[b, : min(len(row), K)] = torch.tensor(row[:K])
+    lookup = lookup.to(tokens.device)
+    confidence = torch.softmax(draft_logits.float(), dim=-1).amax(-1).view(B, K)
+    slots = torch.arange(K, device=tokens.device)
+    use = ((confidence < conf) & (slots < (lookup >= 0).sum(-1, keepdim=True))).view(-1)
+    merged = torch.where(use, lookup.view(-1).to(tokens.dtype), tokens.view(-1))
+    if probs is not None:
+        one_hot = torch.zeros_like(probs).scatter_(-1, merged.long().view(-1, 1), 1.0)
+        probs = torch.where(use.view(-1, 1), one_hot, probs)
+    return merged.view_as(tokens), probs
+
+
+def serving_of(hf_config: Any) -> LookupServing | None:
+    """The `blockdraft.serving` section vLLM's draft config carries (None: a plain drafter)."""
+    return LookupServing.read(getattr(hf_config, "blockdraft", None), "the draft model config")
+
+
+@functools.cache
+def _lookup_proposer_class() -> type:
+    """`DFlashProposer` with the lookups, built once (vLLM is imported on demand)."""
+    from vllm.v1.spec_decode.dflash import DFlashProposer  # lazy: vLLM is an optional extra
+
+    class LookupDFlashProposer(DFlashProposer):
+        """vLLM's DFlash proposer, its block inputs and draft merged with prompt lookup."""
+
+        def start_lookups(self, serving: LookupServing) -> None:
+            self.serving = serving
+            self.verified: list[list[int]] | None = None
+            self.request_ids: list[Any] = []
+            self.input_lookups = RequestLookups(serving.inputs) if serving.inputs else None
+            self.hybrid_lookups = (
+                RequestLookups(serving.hybrid_lookup) if serving.hybrid_lookup else None
+            )
+            self.hybrid_proposals: list[list[int]] | None = None
+
+        def take_verified(self, request_ids: list[Any], texts: list[list[int]]) -> None:
+            self.request_ids, self.verified = request_ids, texts
+
+        def set_inputs_first_pass(self, **kwargs: Any) -> Any:
+            out = super().set_inputs_first_pass(**kwargs)
+            texts, self.verified = self.verified, None
+            cad, anchors = kwargs["cad"], kwargs["next_token_ids"]
+            batch = cad.batch_size()
+            if texts is None or len(texts) < batch:
+                raise RuntimeError(
+                    "blockdraft's lookup-aware DFlash: vLLM drafted without handing over the "
+                    "requests' verified tokens (a vLLM other than 0.32 runs drafts otherwise)"
+                )
+            texts, ids = texts[:batch], self.request_ids[:batch]
+            anchor_ids = anchors[:batch].tolist()
+            for i, (text, anchor) in enumerate(zip(texts, anchor_ids, strict=True)):
+                if not text or text[-1] != int(anchor):
+                    raise RuntimeError(
+                        f"blockdraft's lookup-aware DFlash: request {i}'s verified tokens end "
+                        f"in {text[-1:]} but vLLM drafts from {int(anchor)}: its batch is "
+                        "ordered otherwise than this plugin reads it"
+                    )
+            per_request = 1 + self.num_speculative_tokens
+            if self.input_lookups is not None:
+                for i, row in enumerate(self.input_lookups.propose(ids, texts)):
+                    row = row[: self.num_speculative_tokens]
+                    if row:
+                        start = i * per_request + 1
+                        self.input_ids[start : start + len(row)] = torch.tensor(
+                            row, dtype=self.input_ids.dtype
+                        )
+            if self.hybrid_lookups is not None:
+                self.hybrid_proposals = self.hybrid_lookups.propose(ids, texts)
+            return out
+
+        def _sample_draft_tokens(self, hidden_states: Any, sampling_metadata: Any) -> Any:
+            tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
+            looked_up, self.hybrid_proposals = self.hybrid_proposals, None
+            if self.serving.hybrid_conf is None or looked_up is None:
+                return tokens, probs
+            model = self.model
+            # the drafter's own vocabulary, before vLLM spreads it over the target's
+            draft_logits = model.logits_processor(model.lm_head, hidden_states)
+            return merge_hybrid(tokens, draft_logits, looked_up, self.serving.hybrid_conf, probs)
+
+    LookupDFlashProposer.__qualname__ = "LookupDFlashProposer"
+    LookupDFlashProposer.__module__ = __name__
+    return LookupDFlashProposer
+
+
+def install() -> None:
+    """Make every DFlash proposer whose drafter carries `blockdraft.serving` lookup-aware
+    (the plugin calls this once per vLLM process)."""
+    from vllm.v1.spec_decode.dflash import DFlashProposer  # lazy: vLLM is an optional extra
+
+    original = DFlashProposer.__init__
+    if getattr(original, "blockdraft_lookups", False):
+        return
+
+    def __init__(self: Any, vllm_config: Any, device: Any, runner: Any = None) -> None:
+        original(self, vllm_config, device, runner)
+        serving = serving_of(self.draft_model_config.hf_config)
+        if serving is None:
+            return
+        if vllm_config.scheduler_config.async_scheduling:
+            raise ValueError(
+                "blockdraft's lookup-aware DFlash drafter reads each request's verified "
+                "tokens, which asynchronous scheduling leaves unset: serve it with "
+                "--no-async-scheduling"
+            )
+        if runner is None:
+            raise ValueError("blockdraft's lookup-aware DFlash drafter needs vLLM's model runner")
+        self.__class__ = _lookup_proposer_class()
+        self.start_lookups(serving)
+        _hand_over_verified(type(runner))
+
+    __init__.blockdraft_lookups = True  # type: ignore[attr-defined]
+    DFlashProposer.__init__ = __init__
+
+
+def _hand_over_verified(runner_class: type) -> None:
+    """Have the runner give a lookup-aware proposer the requests' verified tokens right
+    before it drafts (once per runner class)."""
+    original = runner_class.propose_draft_token_ids
+    if getattr(original, "blockdraft_lookups", False):
+        return
+
+    def propose_draft_token_ids(
+        self: Any, scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if hasattr(drafter, "take_verified"):
+            discard = getattr(getattr(self, "discard_request_mask", None), "np", None)
+            texts = verified_texts(self.input_batch, sampled_token_ids, discard)
+            drafter.take_verified(list(self.input_batch.req_ids), texts)
+        return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+
+    propose_draft_token_ids.blockdraft_lookups = True  # type: ignore[attr-defined]
+    runner_class.propose_draft_token_ids = propose_draft_token_ids
+
+
+__all__ = ["RequestLookups", "install", "merge_hybrid", "serving_of", "verified_texts"]
