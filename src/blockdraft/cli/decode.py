@@ -16,6 +16,7 @@ from typing import Any
 from blockdraft.cli.arguments import add_sampling_args, nonnegative_int, positive_int
 from blockdraft.cli.drafter_options import (
     DRAFTER_HELP,
+    add_json_arg,
     add_target_args,
     drafter_dtype_of,
     drafter_spec,
@@ -92,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also time HF generate against the AR loop on the same prompts (alternately) "
         "and report the speedup over HF generate",
     )
-    p.add_argument("--json", default=None, help="write the results as JSON here")
+    add_json_arg(p)
     p.add_argument(
         "--show", type=nonnegative_int, default=1, help="print the first N decoded outputs"
     )
@@ -220,5 +221,5 @@ def run(args: argparse.Namespace) -> int:
     if "offline_mal" in out:
         lo2, hi2 = out["offline_mal_ci95"]
         print(f"offline MAL on the same rollouts {out['offline_mal']:.3f} [{lo2:.3f}, {hi2:.3f}]")
-    write_json_flag(args.json, out)
+    write_json_flag(args, out)
     return 0

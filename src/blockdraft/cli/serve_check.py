@@ -15,9 +15,13 @@ import sys
 from typing import Any
 
 from blockdraft.cli.arguments import positive_int
-from blockdraft.cli.drafter_options import add_target_args, setup_target, write_json_flag
+from blockdraft.cli.drafter_options import (
+    add_json_arg,
+    add_target_args,
+    setup_target,
+    write_json_flag,
+)
 from blockdraft.engines.vllm_engine import EngineError
-from blockdraft.evaluation.eval_compare import write_json
 from blockdraft.evaluation.suite import benchmark_rollouts, load_suite
 from blockdraft.serving.serve_check import WAYS, rounds_trace, serve_check
 
@@ -76,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "with the evaluator round by round (where a served/offline gap comes from)",
     )
     p.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap draws for CIs")
-    p.add_argument("--json", default=None, help="write the full comparison as JSON here")
+    add_json_arg(p, "full comparison")
     p.set_defaults(func=run)
 
 
@@ -92,8 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--rounds I needs --rollouts DIR")
             trace = rounds_trace(target, args.drafter, args.rollouts[0], args.rounds)
             print(render_rounds(trace))
-            if args.json:
-                write_json(args.json, trace)
+            write_json_flag(args, trace)
             return 0 if trace["first_difference"] is None else 1
         dirs = list(args.rollouts)
         if args.suite:
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(render(result))
-    write_json_flag(args.json, result)
+    write_json_flag(args, result)
     return 0
 
 
