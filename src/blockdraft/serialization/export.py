@@ -37,6 +37,7 @@ from blockdraft.serialization.checkpoint import (
     NAMESPACE,
     SERVING_ARCHITECTURE,
     WEIGHTS_NAME,
+    check_made_for,
     own_config,
     read_config,
     resolve_checkpoint,
@@ -383,6 +384,8 @@ def _export_locked(
     ckpt: Path, out_dir: Path, dtype: torch.dtype | None, target: Any, expand_vocab: bool
 ) -> Path:
     cfg = read_config(ckpt)
+    if target is not None:  # as eval, decode and serve-check refuse it
+        check_made_for(ckpt, target, adopt_layer_ids=True)
     if (cfg.get("blockdraft") or {}).get("drafter_config", {}).get("lookup_inputs"):
         raise ExportError(
             f"{ckpt}: drafter.lookup_inputs drafters read prompt lookup's tokens in their "
