@@ -114,7 +114,7 @@ def _prompts_and_settings(
         prompts = [r.prompt_ids.tolist() for r in rollouts]
         prompt_ids = [str(r.prompt_id) for r in rollouts]
     else:
-        loaded = load_prompts(args.prompts, limit=args.limit)
+        loaded = load_prompts(args.prompts, limit=args.limit, allow_download=args.allow_download)
         prompts = [render_prompt(target.tokenizer, p) for p in loaded]
         prompt_ids = [p.id for p in loaded]
     for key in ("temperature", "top_p", "top_k", "max_new_tokens"):

@@ -101,7 +101,12 @@ def run(args: argparse.Namespace) -> int:
         dirs = list(args.rollouts)
         if args.suite:
             suite = load_suite(args.suite)
-            dirs += [str(d) for d in benchmark_rollouts(target, suite).values()]
+            dirs += [
+                str(d)
+                for d in benchmark_rollouts(
+                    target, suite, allow_download=args.allow_download
+                ).values()
+            ]
         result = serve_check(
             target,
             args.drafter,

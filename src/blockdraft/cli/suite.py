@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         drafter_dtype=drafter_dtype_of(args, target),
         split=args.split,
+        allow_download=args.allow_download,
     )
     print("\n".join(suite_tables(result)))
     write_json_flag(args, result)

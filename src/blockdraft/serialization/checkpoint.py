@@ -566,7 +566,9 @@ def load_drafter(
     return drafter.bind_target(target)
 
 
-def check_made_for(path: str | Path, target: Any, *, adopt_layer_ids: bool = False) -> DrafterConfig:
+def check_made_for(
+    path: str | Path, target: Any, *, adopt_layer_ids: bool = False
+) -> DrafterConfig:
     """The checkpoint's `DrafterConfig` once it is known to fit `target`: a drafter of
     another target is refused (one line naming the first key that differs) before the
     warning that a sibling target with the same shapes gets (`warn_other_target`).
