@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 import torch
 
 from blockdraft.errors import UserError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = "auto, cpu, cuda, cuda:N"  # what every stage runs on (no mps, meta, xpu, ...)
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """`auto` picks CUDA when present; under torchrun, plain `cuda` means this rank's GPU."""
+    """`auto` picks CUDA when present; under torchrun, plain `cuda` means this rank's GPU.
+    Only `DEVICES`: torch knows more device types (`meta`, `mps`, ...), which blockdraft's
+    kernels and loaders do not run on, and its own message lists its internal ones."""
+    if not isinstance(spec, str) or not _DEVICE.fullmatch(spec):
+        raise ValueError(f"device {spec!r} is not one of {DEVICES}")
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cuda":

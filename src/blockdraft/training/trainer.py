@@ -36,6 +36,7 @@ from blockdraft.training.builders import (
     cpu_fallback_note,
     load_target_for,
     load_train_eval,
+    memory_shortfall,
     resolve_mode,
 )
 from blockdraft.training.config import TrainConfig, dump_yaml
@@ -169,6 +170,9 @@ def _train(
     target.model.to(ctx.device)
     say = print if ctx.is_main else _quiet  # rank 0 prints setup notes once
     check_against_target(cfg, target, say=say)
+    short = memory_shortfall(cfg, ctx.world_size, ctx.device, target.model.config)
+    if short:
+        raise TrainSetupError(short)
     train_data, eval_data = load_train_eval(cfg, target)
     mode = resolve_mode(cfg, train_data, eval_data)
     objective = build_objective(cfg, mode)
