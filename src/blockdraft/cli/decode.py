@@ -195,6 +195,12 @@ def run(args: argparse.Namespace) -> int:
         f"tau {result.tau:.3f} [{lo:.3f}, {hi:.3f}]  "
         f"histogram (tokens/round 1..K+1) {result.histogram[1:]}"
     )
+    if result.machine_busy or out.get("ar_vs_hf_busy"):
+        load = max(result.other_load_cores or 0.0, out.get("ar_vs_hf_other_load_cores") or 0.0)
+        print(
+            f"note: other processes kept {load:.1f} cores busy while this was timed: the "
+            "speeds below measured the machine as much as the drafter"
+        )
     line = f"spec {result.tokens_per_s:.1f} tok/s"
     if result.speedup is not None:
         line += f"  AR {result.ar_tokens_per_s:.1f} tok/s  speedup {result.speedup:.2f}x"
