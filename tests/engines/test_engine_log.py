@@ -43,3 +43,22 @@ def test_where_the_log_goes(monkeypatch, tmp_path):
     assert engine_log_path() == tmp_path / "mine.log"
     monkeypatch.setenv(LOG_ENV, "-")
     assert engine_log_path() is None  # left on the terminal
+
+
+def test_asking_the_installed_vllm_what_it_serves_prints_nothing(tmp_path):
+    """`export --target` asks vLLM's registry whether it serves the target: vLLM's import
+    notes (Triton's missing CPU backend, ...) must not land on the command's terminal."""
+    import pytest
+
+    from blockdraft.engines.vllm_engine import vllm_version
+
+    if vllm_version() is None:
+        pytest.skip("vLLM is not installed")
+    code = (
+        "from blockdraft.engines.dflash_support import _installed_vllm_serves\n"
+        "assert _installed_vllm_serves('Qwen3ForCausalLM') is True\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("VLLM_LOGGING_LEVEL", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done
