@@ -187,6 +187,20 @@ def tiny_target():
         (lambda t, d: api.generate_rollouts(t, ["ok", ""], d / "new"), r"prompts\[1\]"),
         (lambda t, d: api.generate_rollouts(t, ["a"], d / "new", max_new_tokens=0), "max_new"),
         (lambda t, d: api.load_drafter("ngram", "tiny"), "load_drafter: target must be"),
+        (lambda t, d: api.decode(t, "ngram", ["x"], drafter_dtype="int8"), "--drafter-dtype"),
+        (lambda t, d: api.load_target("tiny", device="mps"), "--device 'mps'"),
+        (lambda t, d: api.export("ngram", d / "new", dtype="int8"), "export: dtype must be"),
+        (lambda t, d: api.export("ngram", d / "new", dtype="nope"), "export: dtype must be"),
+        (lambda t, d: api.train("tiny", 5), "train: overrides must be"),
+        (lambda t, d: api.train(3), "train: config must be"),
+        # a shipped recipe by name, as `train --config tiny` takes it: it is found, and
+        # the next error is the missing rollouts, named by their key
+        (
+            lambda t, d: api.train(
+                "tiny", {"data.train_rollouts": str(d / "none"), "run_dir": str(d / "new")}
+            ),
+            "data.train_rollouts",
+        ),
     ],
 )
 def test_wrong_arguments_are_one_line_value_errors(tiny_target, tmp_path, call, says):

@@ -382,3 +382,22 @@ def test_new_sets_are_refused_inside_another_artifact(random_target, rollout_dir
     with pytest.raises(FeatureError, match=rf"{rollout_dir}, which is a rollout set"):
         plan_features(random_target, rollout_dir, rollout_dir / "f")
     assert _tree(rollout_dir) == before
+
+
+def test_a_new_output_never_replaces_a_file_written_meanwhile(tmp_path, monkeypatch):
+    """Two commands given the same `--json PATH`: both find no file when they start, the
+    second to finish is refused (one line naming it) instead of replacing the first's."""
+    import blockdraft.artifacts as artifacts
+
+    out = tmp_path / "eval.json"
+    real = artifacts.write_atomic
+
+    def other_process_finishes_first(path, data):
+        real(path, data)
+        out.write_text("the other command's results")
+
+    monkeypatch.setattr(artifacts, "write_atomic", other_process_finishes_first)
+    with pytest.raises(artifacts.BlockdraftError, match=r"eval.json: file exists"):
+        artifacts.write_new_file(out, b"mine", "--json", overwrite=False)
+    assert out.read_text() == "the other command's results"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]  # no staged file left

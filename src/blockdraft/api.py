@@ -30,6 +30,7 @@ from blockdraft.errors import BlockdraftError
 from blockdraft.evaluation import eval_compare
 from blockdraft.evaluation.suite import Suite, benchmark_arg, load_suite, with_benchmarks
 from blockdraft.evaluation.suite import run_suite as _run_suite
+from blockdraft.recipes import TRAIN, resolve_recipe
 from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.checkpoint import resolve_checkpoint
 from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, load_drafter_spec
@@ -263,13 +264,24 @@ def train(
     if isinstance(overrides, Mapping):
         # JSON is YAML, and the command line parses each value as YAML
         overrides = [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+    if isinstance(overrides, str) or not isinstance(overrides, Iterable):
+        raise APIError(
+            f"train: overrides must be a dict or a list of 'key=value' strings, got "
+            f"{overrides!r:.60}"
+        )
     overrides = list(overrides)
+    if target is not None:
+        _target(target, "train")
     if isinstance(config, TrainConfig):
         cfg = config_from_dict(asdict(config), overrides) if overrides else config
     elif isinstance(config, Mapping):
         cfg = config_from_dict(dict(config), overrides)
+    elif isinstance(config, (str, Path)):  # a file, or a shipped recipe's name (`"tiny"`)
+        cfg = load_config(resolve_recipe(config, TRAIN, "config"), overrides)
+    elif config is None:
+        cfg = load_config(None, overrides)
     else:
-        cfg = load_config(config, overrides)
+        raise APIError(f"train: config must be a path, a dict or a TrainConfig, got {config!r:.60}")
     return _train(cfg, target=target, resume=resume, overwrite=overwrite)
 
 
@@ -500,6 +512,8 @@ def export(
     """
     if target is not None:
         _target(target, "export")
+    if dtype not in (None, "float32", "bfloat16", "float16"):
+        raise APIError(f"export: dtype must be float32, bfloat16 or float16, got {dtype!r:.40}")
     return export_drafter(
         resolve_checkpoint(checkpoint),
         out,

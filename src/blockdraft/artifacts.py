@@ -346,13 +346,28 @@ def refuse_existing(path: str | os.PathLike, flag: str, overwrite: bool) -> None
 
 def write_new_file(path: str | os.PathLike, data: bytes, flag: str, overwrite: bool) -> None:
     """`write_atomic` of a user-named output after `refuse_existing`: the parent directory
-    is created, a full disk leaves the old file (or none) and names the path."""
+    is created, a full disk leaves the old file (or none) and names the path. Without
+    `overwrite` the finished temp file is hard-linked into place, which fails if a file
+    appeared there meanwhile (another process's output is refused, never replaced)."""
     refuse_existing(path, flag, overwrite)
+    path = Path(path)
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise with_filename(exc, Path(path).parent) from None
-    write_atomic(path, data)
+        raise with_filename(exc, path.parent) from None
+    if overwrite:
+        write_atomic(path, data)
+        return
+    staged = path.with_name(f".{path.name}.{os.getpid()}.new")
+    write_atomic(staged, data)
+    try:
+        os.link(staged, path)
+    except FileExistsError:
+        refuse_existing(path, flag, overwrite)  # raises: it exists now
+    except OSError:  # a file system without hard links: the rename, as with overwrite
+        os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 # --- disk space ------------------------------------------------------------------------

@@ -14,7 +14,12 @@ import re
 
 import torch
 
-from blockdraft.errors import UserError
+from blockdraft.errors import BlockdraftError
+
+
+class DeviceError(BlockdraftError, ValueError):
+    """A `--device` / `--dtype` / `--drafter-dtype` value (or the API's) that cannot be used."""
+
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = "auto, cpu, cuda, cuda:N"  # what every stage runs on (no mps, meta, xpu, ...)
@@ -89,11 +94,11 @@ def resolve_flags(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     try:
         resolved = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))
     except (RuntimeError, ValueError) as exc:
-        raise UserError(f"--device {device!r}: {str(exc).splitlines()[0]}") from None
+        raise DeviceError(f"--device {device!r}: {str(exc).splitlines()[0]}") from None
     try:
         return resolved, resolve_dtype(dtype, resolved)
     except ValueError as exc:
-        raise UserError(f"--dtype: {exc}") from None
+        raise DeviceError(f"--dtype: {exc}") from None
 
 
 def drafter_dtype(
@@ -109,7 +114,7 @@ def drafter_dtype(
         try:
             return resolve_dtype(own, device)
         except ValueError as exc:
-            raise UserError(f"--drafter-dtype: {exc}") from None
+            raise DeviceError(f"--drafter-dtype: {exc}") from None
     if spec in (None, "auto") and torch.device(device).type != "cuda":
         return None
     return resolve_dtype(spec, device)
