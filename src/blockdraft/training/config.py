@@ -61,6 +61,7 @@ class DrafterConfigSection:
     conv_group_size: int = 16  # dflash2: channels sharing one dynamic coefficient
     draft_vocab_size: int | None = None  # reduced draft vocabulary; null = full target vocab
     init_from: str | None = None  # drafter checkpoint to start from (fine-tuning stage)
+    init_layers_from_target: bool = False  # start the layers as copies of the target's top ones
 
 
 @dataclass
