@@ -160,8 +160,9 @@ class BlockDrafter(nn.Module):
         """Start each drafter layer as a copy of one of the target's top layers (drafter
         layer i <- target layer L - N + i). Why: those layers already turn hidden states
         into next-token predictions, so the drafter starts from them rather than from
-        noise. Every drafter parameter must find a target parameter of the same name and
-        shape (a Llama/Qwen-style decoder layer); otherwise a ValueError names it."""
+        noise. Every projection must find a target parameter of the same name and shape (a
+        Llama/Qwen-style decoder layer), else a ValueError names it; the drafter's own
+        query/key norms stay as initialised where the target has none (Llama)."""
         source = getattr(target.model.get_decoder(), "layers", None)
         n = len(self.layers)
         if source is None or len(source) < n:
@@ -169,6 +170,8 @@ class BlockDrafter(nn.Module):
         for mine, theirs in zip(self.layers, list(source)[-n:], strict=True):
             wanted, found = mine.state_dict(), theirs.state_dict()
             for name, tensor in wanted.items():
+                if name not in found and name.endswith(("q_norm.weight", "k_norm.weight")):
+                    continue
                 if name not in found or found[name].shape != tensor.shape:
                     shape = tuple(found[name].shape) if name in found else "missing"
                     raise ValueError(
