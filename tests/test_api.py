@@ -116,7 +116,7 @@ def _cli_json(work: Path, argv: list[str]) -> dict[str, Any]:
     try:
         os.chdir(work)
         assert main([*argv, "--target", "tiny", "--device", "cpu", "--no-progress",
-                     "--json", str(out)]) == 0  # fmt: skip
+                     "--json", str(out), "--overwrite"]) == 0  # fmt: skip
     finally:
         os.chdir(cwd)
     return json.loads(out.read_text())
