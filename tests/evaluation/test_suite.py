@@ -149,7 +149,7 @@ def test_suite_end_to_end_caches_rollouts_and_agrees_with_eval(tmp_path, capsys)
     # a second run reuses the rollouts and prints the same table (--overwrite: its --json
     # and --plot files exist now, which is refused without it)
     code, _, err = run_cli(capsys, *args)
-    assert code == 2 and "suite.json: file exists" in err
+    assert code == 2 and "suite.png: file exists" in err
     args.append("--overwrite")
     code, out2, err = run_cli(capsys, *args)
     assert code == 0 and "generating rollouts" not in out2 and out2.count("(cached)") == 2
