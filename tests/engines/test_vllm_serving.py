@@ -51,6 +51,22 @@ def test_vllms_prompt_lookup_takes_the_evaluators_ngram_rounds(checked):
     assert served["accepted"] > 0  # lookup found matches: not vacuous
 
 
+def test_vllms_suffix_decoding_takes_the_evaluators_suffix_rounds(tiny, tiny_drafter, tiny_sets):
+    """blockdraft's `suffix` is vLLM's `method: suffix` (Arctic Inference's tree, no global
+    cache): request for request, vLLM's rounds are the offline evaluator's."""
+    pytest.importorskip("arctic_inference.suffix_decoding")
+    checked = serve_check(
+        tiny, tiny_drafter, [tiny_sets["eval"]], ways=["suffix"], batch_size=4, log=lambda m: None
+    )
+    bench = checked["benchmarks"][0]
+    served, offline = bench["served"]["suffix"], bench["offline"]["suffix"]
+    assert served["outputs_equal_rollouts"] == bench["num_prompts"]
+    assert bench["agreement"]["suffix"]["exact"], bench["agreement"]["suffix"]
+    assert served["per_request_rounds"] == [round(r) for r in offline["per_rollout_rounds"]]
+    assert served["served_tau"] == pytest.approx(offline["mal"], rel=1e-12)
+    assert served["accepted"] > 0  # the trees found continuations: not vacuous
+
+
 def test_accepted_per_position_differs_only_past_the_end_of_responses(checked):
     bench = checked["benchmarks"][0]
     served, offline = bench["served"]["dflash"], bench["offline"]["dflash"]

@@ -111,6 +111,21 @@ def test_ngram_baseline_matches_the_drafters_block(tmp_path):
     assert baseline_first(suite, d5, d8)[0] == "ngram"  # no common K: the default
     explicit = Suite("s", [], baseline=DrafterSpec.parse("ngram:k=2"))
     assert baseline_first(explicit, d5, "ngram:k=2") == ["ngram:k=2", str(d5)]
+    # references come right after the baseline, a bare one at the drafters' K too
+    refs = Suite("s", [], references=(DrafterSpec.parse("suffix"),))
+    assert baseline_first(refs, d5, "suffix") == ["ngram:k=4,max=3,min=1", "suffix:k=4", str(d5)]
+    assert baseline_first(refs, d5, d8) == ["ngram", "suffix", str(d5), str(d8)]
+
+
+def test_suite_references_parse_and_reject(tmp_path):
+    text = "benchmarks: [{name: a, prompts: stdlib:eval}]\n"
+    _write(tmp_path / "ok.yaml", text + "references: [suffix, 'ngram:k=3']\n")
+    assert [str(r) for r in load_suite(tmp_path / "ok.yaml").references] == ["suffix", "ngram:k=3"]
+    assert load_suite(tmp_path / "ok.yaml").references[0].kind == "suffix"
+    for bad, says in (("references: suffix", "a list"), ("references: ['suffix:x=1']", "x=1")):
+        _write(tmp_path / "bad.yaml", text + bad + "\n")
+        with pytest.raises(SuiteError, match=f"references: .*{says}"):
+            load_suite(tmp_path / "bad.yaml")
 
 
 @pytest.mark.slow

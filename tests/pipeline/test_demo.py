@@ -52,9 +52,11 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
     assert report["block_size"] == 8 and report["temperature"] == DemoSettings().temperature
     assert report["rollouts"] == {"train": 12, "eval": 6}
     names = [d["name"] for d in report["drafters"]]
-    assert names == ["ngram", "decay", "dpace", "dpace-ft", "e2e", "edr"]  # lookup first
+    # the free drafters first: prompt lookup, then suffix decoding
+    assert names == ["ngram", "suffix", "decay", "dpace", "dpace-ft", "e2e", "edr"]
     objectives = {d["name"]: d["objective"] for d in report["drafters"]}
-    assert objectives["ngram"] == "none" and objectives["dpace"] == "dpace"
+    assert objectives["ngram"] == objectives["suffix"] == "none"
+    assert objectives["dpace"] == "dpace"
     assert objectives["dpace-ft"] == "dpace"  # the fine-tunes' control
     for d in report["drafters"]:
         lo, hi = d["mal_ci95"]
@@ -69,6 +71,7 @@ def test_demo_runs_end_to_end_and_reuses_stages(tmp_path, capsys, monkeypatch):
         assert d["tau"] == pytest.approx(d["offline_mal"], abs=1e-9)
     pairs = [(c["a"], c["b"]) for c in report["comparisons"]]
     assert ("decay", "dpace") in pairs and ("e2e", "edr") in pairs and ("ngram", "dpace") in pairs
+    assert ("suffix", "edr") in pairs
     # every fine-tune against its start and against the continued-D-PACE control
     for ft in ("e2e", "edr"):
         assert ("dpace", ft) in pairs and ("dpace-ft", ft) in pairs

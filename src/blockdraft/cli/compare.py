@@ -35,7 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLE,
     )
     add_scored_args(
-        p, "drafter checkpoints (or `ngram[:k=K,max=N,min=M]`); the first is the baseline"
+        p,
+        "drafter checkpoints (or `ngram[:k=K,max=N,min=M]`, `suffix[:k=K,...]`); the first "
+        "is the baseline",
     )
     p.add_argument(
         "--all-pairs", action="store_true", help="compare every pair, not just each vs the first"

@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_scored_args(
         p,
         "drafter checkpoint directories (or run dirs with final/); `ngram` or "
-        "`ngram:k=7,max=3,min=1` for the prompt-lookup baseline",
+        "`ngram:k=7,max=3,min=1` for the prompt-lookup baseline, `suffix[:k=7,global=1]` "
+        "for suffix decoding",
     )
     add_scoring_args(p)
     add_allow_incomplete(p)

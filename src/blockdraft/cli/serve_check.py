@@ -2,7 +2,8 @@
 
 Exports the drafter (when given a run or checkpoint), serves it in vLLM three ways on the
 rollout set's prompts and settings (the drafter through `dflash`, vLLM's `ngram`, no
-speculation) and prints, per benchmark, whether the outputs equal the rollouts (T = 0),
+speculation; `--ways` adds `suffix`, vLLM's suffix decoding, which needs
+arctic-inference) and prints, per benchmark, whether the outputs equal the rollouts (T = 0),
 vLLM's rounds, tau and accepted tokens per position next to the offline evaluator's on the
 same text, and each way's tokens/s at batch 1 and at `--batch-size`. Needs vLLM
 (`make engine`); `blockdraft.serving.serve_check.serve_check` is the Python API.
@@ -23,7 +24,7 @@ from blockdraft.cli.drafter_options import (
 )
 from blockdraft.engines.vllm_engine import EngineError
 from blockdraft.evaluation.suite import benchmark_rollouts, load_suite
-from blockdraft.serving.serve_check import WAYS, rounds_trace, serve_check
+from blockdraft.serving.serve_check import DEFAULT_WAYS, WAYS, rounds_trace, serve_check
 
 EXAMPLE = """example:
   blockdraft serve-check --target tiny --rollouts blockdraft-demo/rollouts/eval/set \\
@@ -62,8 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--ways",
-        default=",".join(WAYS),
-        help=f"comma-separated ways to serve (default: {','.join(WAYS)})",
+        default=",".join(DEFAULT_WAYS),
+        help=f"comma-separated ways to serve, of {','.join(WAYS)} "
+        f"(default: {','.join(DEFAULT_WAYS)})",
     )
     p.add_argument(
         "--engine-dtype",

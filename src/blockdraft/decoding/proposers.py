@@ -22,6 +22,7 @@ from blockdraft.drafters.draft_vocab import in_target_space, sample_draft_logits
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.lookup_inputs import lookup_rule
 from blockdraft.drafters.ngram import NgramTable
+from blockdraft.drafters.suffix import SuffixDrafter
 from blockdraft.kernels import cpu_kernels_apply
 from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
 from blockdraft.kernels.packed_linear import pack_weight
@@ -109,12 +110,13 @@ class NgramIndex:
 
 
 class LookupProposer:
-    """Prompt lookup: reads only the verified text; its proposals are deterministic."""
+    """Prompt lookup or suffix decoding: reads only the verified text; its proposals are
+    deterministic. Each keeps its index (n-gram table, suffix tree) grown round by round."""
 
     uses_features = False
 
     def __init__(self, drafter: Any) -> None:
-        self.index = NgramIndex(drafter)
+        self.index = drafter.index() if isinstance(drafter, SuffixDrafter) else NgramIndex(drafter)
 
     def start(self, features: torch.Tensor | None) -> None:
         pass

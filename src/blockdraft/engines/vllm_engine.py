@@ -243,24 +243,28 @@ class VllmEngine:
 
 
 def _record_drafts(store: list) -> None:
-    """Wrap vLLM's drafting steps (a drafter's, prompt lookup's) so each step's anchors
-    and proposals land in `store`, one entry per step, also where lookup proposed nothing.
-    In-process engines only; the wrapper returns the proposals unchanged."""
+    """Wrap vLLM's drafting steps (a drafter's, prompt lookup's, suffix decoding's) so each
+    step's anchors and proposals land in `store`, one entry per step, also where lookup
+    proposed nothing. In-process engines only; the wrapper returns the proposals unchanged."""
     # lazy: vLLM is an optional extra that takes seconds to import
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.spec_decode.ngram_proposer import NgramProposer  # lazy: (the same)
+    from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer  # lazy: (the same)
 
     original = SpecDecodeBaseProposer.propose
     if getattr(original, "_blockdraft_recording", False):
         return
-    lookup = NgramProposer.propose
 
-    def propose_by_lookup(self: Any, *args: Any, **kwargs: Any) -> Any:
-        drafts = lookup(self, *args, **kwargs)  # one list per request; [] where no match
-        store.append(([], [[int(t) for t in row] for row in drafts]))
-        return drafts
+    def by_lookup(lookup: Any) -> Any:
+        def propose_by_lookup(self: Any, *args: Any, **kwargs: Any) -> Any:
+            drafts = lookup(self, *args, **kwargs)  # one list per request; [] where no match
+            store.append(([], [[int(t) for t in row] for row in drafts]))
+            return drafts
 
-    NgramProposer.propose = propose_by_lookup
+        return propose_by_lookup
+
+    NgramProposer.propose = by_lookup(NgramProposer.propose)
+    SuffixDecodingProposer.propose = by_lookup(SuffixDecodingProposer.propose)
 
     def propose(self: Any, *args: Any, **kwargs: Any) -> Any:
         drafts = original(self, *args, **kwargs)

@@ -4,8 +4,8 @@ Every round start of a rollout gets its own block, and all go through the drafte
 training forward (`forward_blocks`) on the features of *one* target forward, in chunks.
 A proposal's acceptance is `1[argmax q = x]` on greedy rollouts and `min(1, q(x) / p(x))`
 on sampled ones (p(x) the stored log-prob, q processed as the decoder samples it); an
-`NgramDrafter` is scored from token ids alone. Results are cached per (drafter weights,
-target, rollouts, settings) (docs/methods.md).
+`NgramDrafter` or `SuffixDrafter` is scored from token ids alone. Results are cached per
+(drafter weights, target, rollouts, settings) (docs/methods.md).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from blockdraft.data.rollouts.store import target_fingerprint
 from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter, future_tokens
+from blockdraft.drafters.suffix import SuffixDrafter
 from blockdraft.errors import os_error_message
 from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.sampling import processed_probs
@@ -58,7 +59,7 @@ def acceptance_tensor(
     anchor_chunk: int = 64,
 ) -> torch.Tensor:
     """`[L-1, K]` float32 acceptance probabilities of one rollout (module docstring)."""
-    if isinstance(drafter, NgramDrafter):  # deterministic proposals: 1[x = y] from ids alone
+    if isinstance(drafter, NgramDrafter | SuffixDrafter):  # deterministic: 1[x = y] from ids
         return drafter.acceptance_from_tokens(prompt_ids.reshape(-1), response_ids.reshape(-1))
     k = _num_proposals(drafter)
     prompt_ids, response_ids = prompt_ids.long().reshape(-1), response_ids.long().reshape(-1)
@@ -285,6 +286,9 @@ def score_rollouts(
     drafter's weights (`checkpoint_hash(dir)`); if None it is hashed from the state dict
     (nn.Module drafters) or caching is skipped."""
     rollouts = list(rollouts)
+    if isinstance(drafter, SuffixDrafter):  # from token ids; a global tree sees set order
+        pairs = [(r.prompt_ids.reshape(-1), r.response_ids.reshape(-1)) for r in rollouts]
+        return drafter.acceptance_of_rollouts(pairs)
     if isinstance(drafter, NgramDrafter):
         use_cache = False  # scoring from token ids is cheaper than hashing the rollouts
     if use_cache and drafter_id is None and hasattr(drafter, "state_dict"):

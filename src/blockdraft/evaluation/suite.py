@@ -32,7 +32,7 @@ from blockdraft.targets.registry import target_fingerprint
 from blockdraft.user_cache import cache_root, stable_hash
 
 SELECTIONS = ("first", "spread")
-_SUITE_KEYS = {"name", "data_dir", "baseline", "rollouts", "benchmarks"}
+_SUITE_KEYS = {"name", "data_dir", "baseline", "references", "rollouts", "benchmarks"}
 _BENCH_KEYS = {"name", "prompts", "limit", "select"}
 _ROLLOUT_KEYS = {"temperature", "top_p", "top_k", "max_new_tokens", "seed", "batch_size"}
 
@@ -62,6 +62,9 @@ class Suite:
     )
     batch_size: int = 16
     baseline: DrafterSpec = DrafterSpec("ngram")
+    # free drafters scored right after the baseline in every run (the shipped suites: suffix
+    # decoding), so each row also reads against them
+    references: tuple[DrafterSpec, ...] = ()
 
 
 def _known_keys(raw: dict, keys: set[str], where: str) -> None:
@@ -135,7 +138,15 @@ def parse_suite(raw: Any, source: str, base_dir: Path, data_dir: str | Path | No
         spec = DrafterSpec.parse(baseline)  # a suite file: where the text enters
     except DrafterSpecError as exc:
         raise SuiteError(f"{source}: baseline: {exc}") from None
-    return Suite(str(raw.get("name") or Path(source).stem), parsed, sampling, batch_size, spec)
+    refs = raw.get("references") or []
+    if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+        raise SuiteError(f"{source}: references: a list of drafter spec strings")
+    try:
+        references = tuple(DrafterSpec.parse(r) for r in refs)
+    except DrafterSpecError as exc:
+        raise SuiteError(f"{source}: references: {exc}") from None
+    name = str(raw.get("name") or Path(source).stem)
+    return Suite(name, parsed, sampling, batch_size, spec, references)
 
 
 def load_suite(path: str | Path, data_dir: str | Path | None = None) -> Suite:
@@ -229,18 +240,20 @@ def benchmark_rollouts(
 
 
 def with_baseline(suite: Suite, drafters: list[DrafterSpec]) -> list[DrafterSpec]:
-    """The drafters with the suite's baseline first (added if absent, moved if given).
+    """The drafters with the suite's baseline first (added if absent, moved if given), then
+    its references (the same).
 
-    A bare `ngram` baseline proposes as many tokens as the trained drafters do (their
-    common K), so prompt lookup is never handicapped by a shorter block."""
-    baseline = suite.baseline
-    if baseline == DrafterSpec("ngram"):
-        ckpts = [c for c in (checkpoint_of(d) for d in drafters) if c is not None]
-        sizes = {int(read_config(c).get("block_size", 0)) for c in ckpts}
-        if len(sizes) == 1 and min(sizes) > 1:
-            baseline = DrafterSpec.lookup(sizes.pop() - 1)
-    rest = [d for d in drafters if d not in (suite.baseline, baseline)]
-    return [baseline, *rest]
+    A bare `ngram` or `suffix` baseline or reference proposes as many tokens as the
+    trained drafters do (their common K), so a free drafter is never handicapped by a
+    shorter block."""
+    ckpts = [c for c in (checkpoint_of(d) for d in drafters) if c is not None]
+    sizes = {int(read_config(c).get("block_size", 0)) for c in ckpts}
+    k = sizes.pop() - 1 if len(sizes) == 1 and min(sizes) > 1 else None
+    given = [suite.baseline, *suite.references]
+    free = [d if k is None else d.with_proposals(k) for d in given]
+    first = list(dict.fromkeys(free))
+    rest = [d for d in drafters if d not in given + first]
+    return [*first, *rest]
 
 
 def run_suite(

@@ -101,8 +101,11 @@ COMPARISONS = [
     ("e2e", "edr"),
     ("ngram", "dpace"),
     ("ngram", "edr"),
+    ("suffix", "dpace"),
+    ("suffix", "edr"),
 ]
 BASELINE = "ngram"  # prompt lookup with K = block_size - 1: the free drafter to beat
+REFERENCE = "suffix"  # suffix decoding with the same K: vLLM's other free drafter
 TRAIN_THREADS = 1  # per training on a CPU: fixed, so the weights do not depend on the load
 
 
@@ -484,7 +487,8 @@ def build_report_json(
     """The machine-readable summary other tools read (`DIR/report.json`), in the keys of
     the commands' JSON: `mal` as `eval`, `tau` and `offline_mal` as `decode`, `mal_gain`
     and `rel_gain` as `compare` (tests/test_api.py compares the key sets)."""
-    objective = {n: n for n, _ in SCRATCH + FINETUNE} | {BASELINE: "none", CONTROL: "dpace"}
+    objective = {n: n for n, _ in SCRATCH + FINETUNE}
+    objective |= {BASELINE: "none", REFERENCE: "none", CONTROL: "dpace"}
     drafters = []
     for d in offline["benchmarks"][0]["drafters"]:
         o = online.get(d["name"], {})
@@ -541,14 +545,15 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     draft_vocab = draft_vocab_for(s, target, rollouts["train"])
     trained = train_drafters(target, s, out, rollouts, draft_vocab)
     checkpoints = {n: DrafterSpec(path=str(p)) for n, p in trained.items()}
-    finals = {BASELINE: DrafterSpec.lookup(s.block_size - 1), **checkpoints}
+    k = s.block_size - 1
+    finals = {BASELINE: DrafterSpec.lookup(k), REFERENCE: DrafterSpec.suffix(k), **checkpoints}
     offline, comparisons = evaluate_offline(target, s, finals, rollouts, out)
     online_stage = Stage(
         out / "online",
         {
             "drafters": {n: recorded_key(p.parent) for n, p in trained.items() if n != CONTROL},
             "settings": fingerprint(portable(_settings_key(s, out), out)),
-            "version": 5,  # raised when what the stage computes changes
+            "version": 6,  # raised when what the stage computes changes
         },
     )
     if online_stage.is_done():

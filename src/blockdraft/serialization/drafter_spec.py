@@ -1,9 +1,11 @@
 """What a user may type where a drafter is expected, parsed once into a `DrafterSpec`.
 
-`eval`, `compare`, `suite`, `decode`, `report` and the demo accept the same three forms:
+`eval`, `compare`, `suite`, `decode`, `report` and the demo accept the same forms:
 
 - a checkpoint directory, or a run directory holding `final/`;
 - `ngram` or `ngram:k=7,max=3,min=1[,match=first]`: prompt lookup, no checkpoint;
+- `suffix` or `suffix:k=7,depth=24,factor=1,prob=0.1[,global=1]`: suffix decoding
+  (vLLM's `method: suffix`, `drafters/suffix.py`), no checkpoint;
 - `hybrid:PATH` or `hybrid:conf=0.3:PATH`: the drafter at PATH with prompt lookup as a
   per-slot fallback (`drafters/hybrid.py`).
 
@@ -24,12 +26,22 @@ import torch
 
 from blockdraft.drafters.hybrid import DEFAULT_MIN_CONFIDENCE, HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.drafters.suffix import SuffixDrafter
 from blockdraft.errors import BlockdraftError
 from blockdraft.serialization.checkpoint import checkpoint_hash, load_drafter, resolve_checkpoint
 
 NGRAM_KEYS = {"k": "num_proposals", "max": "max_ngram", "min": "min_ngram", "match": "match"}
 NGRAM_FORM = "ngram[:k=K,max=N,min=M,match=first|latest]"
+SUFFIX_KEYS = {
+    "k": "num_proposals",
+    "depth": "max_depth",
+    "factor": "max_spec_factor",
+    "prob": "min_token_prob",
+    "global": "global_tree",
+}
+SUFFIX_FORM = "suffix[:k=K,depth=D,factor=F,prob=P,global=0|1]"
 HYBRID_FORM = "hybrid[:conf=C]:PATH"
+LOOKUP_KINDS = ("ngram", "suffix")  # drafters made from token ids alone: no checkpoint
 
 
 class DrafterSpecError(BlockdraftError, ValueError):
@@ -38,10 +50,10 @@ class DrafterSpecError(BlockdraftError, ValueError):
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """One drafter as typed: `kind` is `checkpoint`, `ngram` or `hybrid`; `path` the
-    checkpoint or run directory as typed (None for `ngram`); `options` the `key=value`
-    pairs (ngram's k/max/min/match, hybrid's conf) in the order typed, so `str()` gives
-    the text back."""
+    """One drafter as typed: `kind` is `checkpoint`, `ngram`, `suffix` or `hybrid`; `path`
+    the checkpoint or run directory as typed (None for `ngram` and `suffix`); `options`
+    the `key=value` pairs (ngram's k/max/min/match, suffix's k/depth/factor/prob/global,
+    hybrid's conf) in the order typed, so `str()` gives the text back."""
 
     kind: str = "checkpoint"
     path: str | None = None
@@ -54,10 +66,10 @@ class DrafterSpec:
             return text
         raw = os.fspath(text)
         kind, colon, rest = raw.partition(":")
-        if kind == "ngram":
+        if kind in LOOKUP_KINDS:
             pairs = [p.partition("=") for p in rest.split(",") if p.strip()]
-            spec = cls("ngram", None, tuple((k.strip(), v.strip()) for k, _, v in pairs))
-            spec.ngram(raw)  # checked now, not when the drafter is first used
+            spec = cls(kind, None, tuple((k.strip(), v.strip()) for k, _, v in pairs))
+            spec.lookup_drafter(raw)  # checked now, not when the drafter is first used
         elif kind == "hybrid" and colon:
             conf, _, path = rest.partition(":") if rest.startswith("conf=") else ("", "", rest)
             spec = cls("hybrid", path, (("conf", conf[len("conf=") :]),) if conf else ())
@@ -66,8 +78,8 @@ class DrafterSpec:
             spec.min_confidence  # noqa: B018 - checked now, not when the drafter loads
         elif not raw:
             raise DrafterSpecError(
-                f"empty drafter spec: expected a checkpoint or run directory, {NGRAM_FORM} "
-                f"or {HYBRID_FORM}"
+                f"empty drafter spec: expected a checkpoint or run directory, {NGRAM_FORM}, "
+                f"{SUFFIX_FORM} or {HYBRID_FORM}"
             )
         else:
             spec = cls("checkpoint", raw)
@@ -78,10 +90,22 @@ class DrafterSpec:
         """Prompt lookup proposing `num_proposals` tokens, named as the drafter names itself."""
         return cls.parse(NgramDrafter(num_proposals=num_proposals).name)
 
+    @classmethod
+    def suffix(cls, num_proposals: int) -> DrafterSpec:
+        """Suffix decoding proposing up to `num_proposals` tokens (vLLM's other settings)."""
+        return cls.parse(SuffixDrafter(num_proposals=num_proposals).name)
+
+    def with_proposals(self, num_proposals: int) -> DrafterSpec:
+        """A bare `ngram` or `suffix` spec made to propose `num_proposals` tokens (so a
+        free baseline is not handicapped by a shorter block); any other spec unchanged."""
+        if self.options or self.kind not in LOOKUP_KINDS:
+            return self
+        return self.lookup(num_proposals) if self.kind == "ngram" else self.suffix(num_proposals)
+
     def __str__(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in self.options)
-        if self.kind == "ngram":
-            return f"ngram:{opts}" if opts else "ngram"
+        if self.kind in LOOKUP_KINDS:
+            return f"{self.kind}:{opts}" if opts else self.kind
         if self.kind == "hybrid":
             return "hybrid:" + "".join(f"{k}={v}:" for k, v in self.options) + str(self.path)
         return str(self.path)
@@ -100,6 +124,26 @@ class DrafterSpec:
         except ValueError as exc:
             raise DrafterSpecError(f"bad drafter spec {quoted}: {exc}") from None
 
+    def suffix_drafter(self, text: str | None = None) -> SuffixDrafter:
+        """The suffix-decoding drafter a `suffix` spec describes (errors quote `text`)."""
+        quoted = repr(str(self) if text is None else text)
+        kwargs: dict[str, Any] = {}
+        for key, value in self.options:
+            try:
+                kwargs[SUFFIX_KEYS[key]] = _suffix_value(key, value)
+            except (KeyError, ValueError):
+                raise DrafterSpecError(
+                    f"bad drafter spec {quoted}: expected {SUFFIX_FORM}"
+                ) from None
+        try:
+            return SuffixDrafter(**kwargs)
+        except ValueError as exc:
+            raise DrafterSpecError(f"bad drafter spec {quoted}: {exc}") from None
+
+    def lookup_drafter(self, text: str | None = None) -> NgramDrafter | SuffixDrafter:
+        """The drafter an `ngram` or `suffix` spec describes."""
+        return self.ngram(text) if self.kind == "ngram" else self.suffix_drafter(text)
+
     @property
     def min_confidence(self) -> float:
         """A `hybrid` spec's confidence threshold (`conf`, default 0.3)."""
@@ -113,6 +157,15 @@ class DrafterSpec:
         return value
 
 
+def _suffix_value(key: str, value: str) -> bool | int | float:
+    """One `suffix` option's value: `global` 0 or 1, `k` and `depth` integers, else a float."""
+    if key == "global":
+        if value not in ("0", "1"):
+            raise ValueError(value)
+        return value == "1"
+    return int(value) if key in ("k", "depth") else float(value)
+
+
 def _typed(spec: Any) -> DrafterSpec:
     if not isinstance(spec, DrafterSpec):
         raise TypeError(
@@ -122,8 +175,8 @@ def _typed(spec: Any) -> DrafterSpec:
 
 
 def checkpoint_of(spec: DrafterSpec) -> Path | None:
-    """The checkpoint directory a spec names (None for `ngram`); raises if it is missing."""
-    return None if _typed(spec).kind == "ngram" else resolve_checkpoint(str(spec.path))
+    """The checkpoint directory a spec names (None for `ngram`, `suffix`); raises if missing."""
+    return None if _typed(spec).kind in LOOKUP_KINDS else resolve_checkpoint(str(spec.path))
 
 
 def load_drafter_spec(
@@ -135,8 +188,8 @@ def load_drafter_spec(
     shares its embedding and head), cast to `dtype` if given (else the checkpoint's).
     Checkpoints adopt their own target layer ids (a drafter trained on `[0,1,2,3]` is
     scored on those layers); load each drafter right before using it."""
-    if _typed(spec).kind == "ngram":
-        return spec.ngram(), None
+    if _typed(spec).kind in LOOKUP_KINDS:
+        return spec.lookup_drafter(), None
     ckpt = checkpoint_of(spec)
     assert ckpt is not None
     drafter = load_drafter(ckpt, target, device=target.device, adopt_layer_ids=True).eval()
@@ -151,7 +204,7 @@ def load_drafter_spec(
 
 def display_name(spec: DrafterSpec) -> str | None:
     """The name a non-path spec shows in tables (None for plain paths)."""
-    if _typed(spec).kind == "ngram":
+    if _typed(spec).kind in LOOKUP_KINDS:
         return str(spec)
     if spec.kind == "hybrid":
         p = Path(str(spec.path)).resolve()

@@ -2,11 +2,12 @@
 
 Why: the offline evaluator's MAL is only a promise about serving. This runs vLLM on the
 same prompts and settings three ways (the drafter, vLLM's `ngram` prompt lookup, no
-speculation) and sets vLLM's counters beside the offline numbers: at T = 0 the outputs
-must equal the rollouts and the rounds per request the evaluator's exact rounds (so the
-served tau equals the offline MAL; vLLM's own mean acceptance length also counts tokens
-accepted past an output's end, reported apart), accepted tokens by position beside T_{>=k},
-and tokens/s at batch 1 and batched. At T > 0 the served tau is checked against the
+speculation; `suffix`, vLLM's suffix decoding, on request) and sets vLLM's counters
+beside the offline numbers: at T = 0 the outputs must equal the rollouts and the rounds
+per request the evaluator's exact rounds (so the served tau equals the offline MAL;
+vLLM's own mean acceptance length also counts tokens accepted past an output's end,
+reported apart), accepted tokens by position beside T_{>=k}, and tokens/s at batch 1 and
+batched. At T > 0 the served tau is checked against the
 offline MAL's bootstrap CI. Definitions: docs/serving.md.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 from blockdraft.data.rollouts.engine import row_seed
 from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.drafters.suffix import SuffixConfig
 from blockdraft.engines.dflash_support import vllm_dflash_problem
 from blockdraft.engines.vllm_engine import EngineError, EngineProcess, SpecCounters, sampling_args
 from blockdraft.evaluation.eval_compare import benchmark_name
@@ -33,8 +35,10 @@ from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
 from blockdraft.serialization.export import export_drafter
 from blockdraft.targets.registry import model_directory
 
-WAYS = ("dflash", "ngram", "none")
+WAYS = ("dflash", "ngram", "suffix", "none")
+DEFAULT_WAYS = ("dflash", "ngram", "none")  # suffix needs arctic-inference beside vLLM
 NGRAM = NgramDrafter()  # blockdraft's prompt lookup; vLLM's `ngram` is set to the same rule
+LOOKUP_WAYS = ("ngram", "suffix")  # free drafters: vLLM's drafting steps give their rounds
 
 
 @dataclass
@@ -80,6 +84,16 @@ def speculative_config(
             "prompt_lookup_max": c.max_ngram,
             "prompt_lookup_min": c.min_ngram,
         }
+    if way == "suffix":  # blockdraft's `suffix:k=K`: the request's own tree, no global one
+        d = SuffixConfig()
+        return {
+            "method": "suffix",
+            "num_speculative_tokens": num_proposals,
+            "suffix_decoding_max_tree_depth": d.max_depth,
+            "suffix_decoding_max_spec_factor": d.max_spec_factor,
+            "suffix_decoding_min_token_prob": d.min_token_prob,
+            "suffix_decoding_max_cached_requests": 0,
+        }
     config = {"method": "dflash", "model": export_dir, "num_speculative_tokens": num_proposals}
     if sampled:
         config["draft_sample_method"] = "probabilistic"
@@ -87,12 +101,18 @@ def speculative_config(
 
 
 def _offline(
-    target: Any, rollouts: RolloutSet, drafter_spec: DrafterSpec, n_boot: int
+    target: Any,
+    rollouts: RolloutSet,
+    drafter_spec: DrafterSpec,
+    n_boot: int,
+    suffix: DrafterSpec | None = None,
 ) -> dict[str, Any]:
-    """The evaluator's numbers for the drafter and for prompt lookup on these rows."""
+    """The evaluator's numbers for the drafter, prompt lookup and (given) suffix decoding
+    on these rows."""
     out = {}
+    specs = [("dflash", drafter_spec), ("ngram", DrafterSpec("ngram"))]
     with shared_target_features():
-        for name, spec in (("dflash", drafter_spec), ("ngram", DrafterSpec("ngram"))):
+        for name, spec in specs + ([("suffix", suffix)] if suffix is not None else []):
             drafter, drafter_id = load_drafter_spec(spec, target)
             acc = score_rollout_set(
                 drafter, target, rollouts, drafter_id=drafter_id, progress=False
@@ -187,7 +207,7 @@ def _way_report(run: WayRun, bench: Benchmark, way: str, batch_size: int) -> dic
     # tokens a round yielded = 1 + accepted; rounds = decoding steps after the first token
     if way == "dflash":  # the drafter proposes in every step: rounds = drafts, exactly
         rounds = [c.drafts for c in run.per_request]
-    elif run.lookup_steps is not None:  # prompt lookup drafts in every step, [] or not;
+    elif run.lookup_steps is not None:  # ngram/suffix draft in every step, [] or not;
         # the last drafting step, after the final round, is never verified
         rounds = [max(n - 1, 0) for n in run.lookup_steps]
     else:  # from the counters: steps without a match draft nothing, and vLLM counts tokens
@@ -246,7 +266,7 @@ def serve_check(
     drafter: str | Path,
     rollout_dirs: Sequence[str | Path],
     *,
-    ways: Sequence[str] = WAYS,
+    ways: Sequence[str] = DEFAULT_WAYS,
     limit: int | None = None,
     batch_size: int = 8,
     dtype: str | None = None,
@@ -274,7 +294,8 @@ def serve_check(
             rollouts = rollouts.subset(range(min(limit, len(rollouts))))
         bench = Benchmark(benchmark_name(rollouts, directory), str(directory), rollouts)
         log(f"[serve-check] {bench.name}: offline scores of {len(rollouts)} rollouts")
-        bench.offline = _offline(target, rollouts, DrafterSpec(path=str(ckpt)), n_boot)
+        suffix = DrafterSpec.suffix(num_proposals) if "suffix" in ways else None
+        bench.offline = _offline(target, rollouts, DrafterSpec(path=str(ckpt)), n_boot, suffix)
         benches.append(bench)
     dtype = dtype or str(target.dtype).removeprefix("torch.")
     results: dict[str, dict[str, Any]] = {b.name: {} for b in benches}
@@ -297,13 +318,12 @@ def serve_check(
                     sampled=any(not b.rollouts.settings.greedy for b in benches),
                 ),
                 max_model_len=target.context_length or 4096,
-                record_drafts=way == "ngram",
+                record_drafts=way in LOOKUP_WAYS,
             ) as engine:
                 engine_version = f"vllm {engine.version}"
                 for bench in benches:
-                    run = _run_way(
-                        engine, bench, list(target.stop_token_ids), batch_size, way == "ngram"
-                    )
+                    stops = list(target.stop_token_ids)
+                    run = _run_way(engine, bench, stops, batch_size, way in LOOKUP_WAYS)
                     results[bench.name][way] = _way_report(run, bench, way, batch_size)
     out: dict[str, Any] = {
         "target": target.name,
@@ -323,7 +343,7 @@ def serve_check(
             "served": served,
             "agreement": {
                 way: _agreement(bench, served[way], way)
-                for way in ("dflash", "ngram")
+                for way in ("dflash", *LOOKUP_WAYS)
                 if way in served
             },
         }
@@ -408,4 +428,4 @@ def rounds_trace(
     }
 
 
-__all__ = ["WAYS", "rounds_trace", "serve_check", "speculative_config"]
+__all__ = ["DEFAULT_WAYS", "WAYS", "rounds_trace", "serve_check", "speculative_config"]
