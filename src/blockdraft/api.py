@@ -10,6 +10,7 @@ matching command writes with `--json` (`blockdraft.evaluate(...)` is `blockdraft
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,11 @@ from blockdraft.data.rollouts import generate_rollouts as _generate_rollouts
 from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.loop import decode as _decode
 from blockdraft.devices import drafter_dtype, resolve_flags
+from blockdraft.errors import BlockdraftError
 from blockdraft.evaluation import eval_compare
 from blockdraft.evaluation.suite import Suite, benchmark_arg, load_suite, with_benchmarks
 from blockdraft.evaluation.suite import run_suite as _run_suite
+from blockdraft.recipes import TRAIN, resolve_recipe
 from blockdraft.sampling import MAX_NEW_TOKENS, SamplingSettings
 from blockdraft.serialization.checkpoint import resolve_checkpoint
 from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, load_drafter_spec
@@ -41,17 +44,76 @@ __all__ = list(API)  # one list: `blockdraft/__init__.py` loads these names lazi
 Paths = str | Path | Iterable[str | Path]
 
 
-def _many(value: Paths) -> list[str]:
+class APIError(BlockdraftError, ValueError):
+    """A wrong-typed or out-of-range argument of a `blockdraft.*` function (one line
+    naming the argument, as the command's `error:` line names the flag)."""
+
+
+def _many(value: Paths, name: str = "paths") -> list[str]:
     """One path or spec, or several, as a list of strings (a RolloutSet by its directory)."""
     if isinstance(value, (str, Path, RolloutSet, DrafterSpec)):
         value = [value]
-    return [str(v.directory if isinstance(v, RolloutSet) else v) for v in value]
+    elif not isinstance(value, Iterable):
+        raise APIError(f"{name}: expected a path or a list of paths, got {value!r:.60}")
+    out = []
+    for i, v in enumerate(value):
+        if not isinstance(v, (str, Path, RolloutSet, DrafterSpec)):
+            raise APIError(f"{name}[{i}]: expected a path or name (str), got {v!r:.60}")
+        out.append(str(v.directory if isinstance(v, RolloutSet) else v))
+    return out
+
+
+def _target(target: Any, where: str) -> Target:
+    """`target` must be a loaded `Target`: a name (`"tiny"`) is one line saying how."""
+    if not isinstance(target, Target):
+        hint = (
+            f": load it first, target = blockdraft.load_target({target!r})"
+            if isinstance(target, (str, Path))
+            else ""
+        )
+        raise APIError(f"{where}: target must be a Target, got {target!r:.60}{hint}")
+    return target
+
+
+_RANGES: dict[str, tuple[type, float, float | None]] = {
+    # name: (int or float, lowest, highest) as the command's flag checks them
+    "n_boot": (int, 1, None),
+    "seed": (int, 0, None),
+    "temperature": (float, 0.0, None),
+    "top_p": (float, 1e-12, 1.0),
+    "top_k": (int, 0, None),
+    "max_new_tokens": (int, 1, None),
+    "limit": (int, 1, None),
+    "batch_size": (int, 1, None),
+    "shard_size": (int, 1, None),
+    "store_topk": (int, 0, None),
+}
+
+
+def _check_numbers(where: str, **values: Any) -> None:
+    """Each value a number of its kind in its range (`limit` may be None), else one line
+    naming the argument: a string `"100"` or a float seed would fail deep in torch."""
+    for name, value in values.items():
+        if value is None and name == "limit":
+            continue
+        kind, low, high = _RANGES[name]
+        number = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+        if (
+            not number
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value < low
+            or (high is not None and value > high)
+        ):
+            what = "an integer" if kind is int else "a number"
+            rule = f"in ({0:g}, {high:g}]" if name == "top_p" else f">= {low:g}"
+            raise APIError(f"{where}: {name} must be {what} {rule}, got {value!r:.40}")
 
 
 def _specs(value: Paths | DrafterSpec, *, check: bool = False) -> list[DrafterSpec]:
     """Drafters as the caller names them, parsed here, where the text enters; `check`: a
     missing checkpoint is one error before any scoring or rollout."""
-    specs = [DrafterSpec.parse(v) for v in _many(value)]
+    specs = [DrafterSpec.parse(v) for v in _many(value, "drafters")]
     if check:
         for d in specs:
             checkpoint_of(d)
@@ -83,7 +145,7 @@ def load_target(
     return load_target_with_mask(
         name,
         mask_token=mask_token,
-        recorded=recorded_masks(_many(rollouts), _specs(drafters)),
+        recorded=recorded_masks(_many(rollouts, "rollouts"), _specs(drafters)),
         allow_download=allow_download,
         trust_remote_code=trust_remote_code,
         device=dev,
@@ -92,15 +154,23 @@ def load_target(
     )
 
 
-def _prompt_list(prompts: str | Sequence[str | Prompt], limit: int | None) -> list[Prompt]:
+def _prompt_list(
+    prompts: str | Sequence[str | Prompt], limit: int | None, allow_download: bool = False
+) -> list[Prompt]:
     """A prompt spec (`examples/prompts.jsonl`, `stdlib:eval`), or the prompts themselves
-    (plain strings get ids `p0`, `p1`, ...: a rollout's seed derives from its id)."""
+    (plain strings get ids `p0`, `p1`, ...: a rollout's seed derives from its id); any
+    other item (a number, a token-id list) is refused, never turned into its repr."""
     if isinstance(prompts, (str, Path)):
-        return load_prompts(str(prompts), limit=limit)
-    out = [
-        p if isinstance(p, Prompt) else Prompt(f"p{i}", str(p), None, "python")
-        for i, p in enumerate(prompts)
-    ]
+        return load_prompts(str(prompts), limit=limit, allow_download=allow_download)
+    if not isinstance(prompts, Iterable):
+        raise APIError(f"prompts: expected a prompt spec or a list of texts, got {prompts!r:.60}")
+    out = []
+    for i, p in enumerate(prompts):
+        if not isinstance(p, (str, Prompt)) or (isinstance(p, str) and not p.strip()):
+            raise APIError(f"prompts[{i}]: expected a non-empty prompt text (str), got {p!r:.60}")
+        out.append(p if isinstance(p, Prompt) else Prompt(f"p{i}", p, None, "python"))
+    if not out:
+        raise APIError("prompts: the list is empty")
     return out[:limit] if limit is not None else out
 
 
@@ -118,6 +188,7 @@ def generate_rollouts(
     batch_size: int = 8,
     shard_size: int = 64,
     store_topk: int = 0,
+    allow_download: bool = False,
     progress: bool = True,
 ) -> RolloutSet:
     """`blockdraft rollout`: one target response per prompt, written to `out` (resumed
@@ -132,6 +203,12 @@ def generate_rollouts(
         ... )
         >>> print(len(rollouts), rollouts.manifest["num_response_tokens"])
     """
+    _target(target, "generate_rollouts")
+    _check_numbers(
+        "generate_rollouts", temperature=temperature, top_p=top_p, top_k=top_k,
+        max_new_tokens=max_new_tokens, seed=seed, limit=limit, batch_size=batch_size,
+        shard_size=shard_size, store_topk=store_topk,
+    )  # fmt: skip
     settings = SamplingSettings(
         temperature=temperature,
         top_p=top_p,
@@ -141,7 +218,7 @@ def generate_rollouts(
     )
     return _generate_rollouts(
         target,
-        _prompt_list(prompts, limit),
+        _prompt_list(prompts, limit, allow_download),
         out,
         settings,
         batch_size=batch_size,
@@ -186,13 +263,24 @@ def train(
     if isinstance(overrides, Mapping):
         # JSON is YAML, and the command line parses each value as YAML
         overrides = [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+    if isinstance(overrides, str) or not isinstance(overrides, Iterable):
+        raise APIError(
+            f"train: overrides must be a dict or a list of 'key=value' strings, got "
+            f"{overrides!r:.60}"
+        )
     overrides = list(overrides)
+    if target is not None:
+        _target(target, "train")
     if isinstance(config, TrainConfig):
         cfg = config_from_dict(config.to_dict(), overrides) if overrides else config
     elif isinstance(config, Mapping):
         cfg = config_from_dict(dict(config), overrides)
+    elif isinstance(config, (str, Path)):  # a file, or a shipped recipe's name (`"tiny"`)
+        cfg = load_config(resolve_recipe(config, TRAIN, "config"), overrides)
+    elif config is None:
+        cfg = load_config(None, overrides)
     else:
-        cfg = load_config(config, overrides)
+        raise APIError(f"train: config must be a path, a dict or a TrainConfig, got {config!r:.60}")
     return _train(cfg, target=target, resume=resume, overwrite=overwrite)
 
 
@@ -206,7 +294,7 @@ def load_drafter(
         >>> drafter = blockdraft.load_drafter("runs/quick", target)
         >>> print(drafter.config.block_size)
     """
-    dt = _drafter_dtype(dtype, target)
+    dt = _drafter_dtype(dtype, _target(target, "load_drafter"))
     return load_drafter_spec(DrafterSpec.parse(spec), target, dtype=dt)[0]
 
 
@@ -236,10 +324,12 @@ def evaluate(
         >>> scores = blockdraft.evaluate(target, ["ngram", "runs/quick"], "rollouts/heldout")
         >>> print([(d["name"], d["mal"]) for d in scores["benchmarks"][0]["drafters"]])
     """
+    _target(target, "evaluate")
+    _check_numbers("evaluate", n_boot=n_boot, seed=seed)
     return eval_compare.evaluate(
         target,
         _specs(drafters, check=True),
-        _many(rollouts),
+        _many(rollouts, "rollouts"),
         n_boot,
         seed,
         cache_dir,
@@ -269,10 +359,12 @@ def compare(
         >>> gains = blockdraft.compare(target, ["ngram", "runs/quick"], "rollouts/heldout")
         >>> print(gains["comparisons"][0]["mal_gain"], gains["comparisons"][0]["mal_gain_ci95"])
     """
+    _target(target, "compare")
+    _check_numbers("compare", n_boot=n_boot, seed=seed)
     rows = eval_compare.compare(
         target,
         _specs(drafters, check=True),
-        _many(rollouts),
+        _many(rollouts, "rollouts"),
         all_pairs,
         n_boot,
         seed,
@@ -299,6 +391,7 @@ def run_suite(
     seed: int = 0,
     split: bool = False,
     drafter_dtype: str | None = None,
+    allow_download: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
     """`blockdraft suite --json`: every drafter, the baseline (prompt lookup) first, on
@@ -314,6 +407,8 @@ def run_suite(
         ... )
         >>> print([(m["name"], m["mal"]) for m in table["mean"]])
     """
+    _target(target, "run_suite")
+    _check_numbers("run_suite", n_boot=n_boot, seed=seed, limit=limit)
     if isinstance(suite, Suite):
         chosen = suite
     elif suite is not None:
@@ -338,6 +433,7 @@ def run_suite(
         drafter_dtype=_drafter_dtype(drafter_dtype, target),
         log=print if progress else (lambda *_: None),
         split=split,
+        allow_download=allow_download,
     )
 
 
@@ -355,6 +451,7 @@ def decode(
     verifier: str = "standard",
     measure_ar: bool = True,
     drafter_dtype: str | None = None,
+    allow_download: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
     """`blockdraft decode --json`: real speculative decoding at batch 1 with `tau` (tokens
@@ -365,10 +462,15 @@ def decode(
         >>> decoded = blockdraft.decode(target, "runs/quick", ["def fib(n):"], max_new_tokens=32)
         >>> print(decoded["tau"], decoded["speedup"], target.decode(decoded["outputs"][0]))
     """
+    _target(target, "decode")
+    _check_numbers(
+        "decode", limit=limit, temperature=temperature, top_p=top_p, top_k=top_k,
+        max_new_tokens=max_new_tokens, seed=seed,
+    )  # fmt: skip
+    loaded = _prompt_list(prompts, limit, allow_download)
     spec = DrafterSpec.parse(drafter)
     ckpt = checkpoint_of(spec)
     model = load_drafter(spec, target, dtype=drafter_dtype)
-    loaded = _prompt_list(prompts, limit)
     result = _decode(
         target,
         model,
@@ -410,6 +512,10 @@ def export(
 
         >>> print(blockdraft.export("runs/quick", "export/quick"))
     """
+    if target is not None:
+        _target(target, "export")
+    if dtype not in (None, "float32", "bfloat16", "float16"):
+        raise APIError(f"export: dtype must be float32, bfloat16 or float16, got {dtype!r:.40}")
     return export_drafter(
         resolve_checkpoint(checkpoint),
         out,

@@ -331,6 +331,45 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
         pass
 
 
+def refuse_existing(path: str | os.PathLike, flag: str, overwrite: bool) -> None:
+    """An output file named by the user (`--json PATH`) must not replace a file already
+    there (trained weights, a manifest, another run's results) unless `overwrite`; one
+    line naming the path. Called before the work, so nothing is computed to be refused."""
+    p = Path(path)
+    if p.is_dir():
+        raise BlockdraftError(f"{flag} {p}: is a directory; name a file")
+    if not overwrite and (p.exists() or p.is_symlink()):
+        raise BlockdraftError(
+            f"{flag} {p}: file exists; pass --overwrite to replace it or choose another path"
+        )
+
+
+def write_new_file(path: str | os.PathLike, data: bytes, flag: str, overwrite: bool) -> None:
+    """`write_atomic` of a user-named output after `refuse_existing`: the parent directory
+    is created, a full disk leaves the old file (or none) and names the path. Without
+    `overwrite` the finished temp file is hard-linked into place, which fails if a file
+    appeared there meanwhile (another process's output is refused, never replaced)."""
+    refuse_existing(path, flag, overwrite)
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise with_filename(exc, path.parent) from None
+    if overwrite:
+        write_atomic(path, data)
+        return
+    staged = path.with_name(f".{path.name}.{os.getpid()}.new")
+    write_atomic(staged, data)
+    try:
+        os.link(staged, path)
+    except FileExistsError:
+        refuse_existing(path, flag, overwrite)  # raises: it exists now
+    except OSError:  # a file system without hard links: the rename, as with overwrite
+        os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
 # --- disk space ------------------------------------------------------------------------
 
 

@@ -10,16 +10,28 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 import torch
 
-from blockdraft.errors import UserError
+from blockdraft.errors import BlockdraftError
+
+
+class DeviceError(BlockdraftError, ValueError):
+    """A `--device` / `--dtype` / `--drafter-dtype` value (or the API's) that cannot be used."""
+
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = "auto, cpu, cuda, cuda:N"  # what every stage runs on (no mps, meta, xpu, ...)
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """`auto` picks CUDA when present; under torchrun, plain `cuda` means this rank's GPU."""
+    """`auto` picks CUDA when present; under torchrun, plain `cuda` means this rank's GPU.
+    Only `DEVICES`: torch knows more device types (`meta`, `mps`, ...), which blockdraft's
+    kernels and loaders do not run on, and its own message lists its internal ones."""
+    if not isinstance(spec, str) or not _DEVICE.fullmatch(spec):
+        raise ValueError(f"device {spec!r} is not one of {DEVICES}")
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cuda":
@@ -82,11 +94,11 @@ def resolve_flags(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     try:
         resolved = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))
     except (RuntimeError, ValueError) as exc:
-        raise UserError(f"--device {device!r}: {str(exc).splitlines()[0]}") from None
+        raise DeviceError(f"--device {device!r}: {str(exc).splitlines()[0]}") from None
     try:
         return resolved, resolve_dtype(dtype, resolved)
     except ValueError as exc:
-        raise UserError(f"--dtype: {exc}") from None
+        raise DeviceError(f"--dtype: {exc}") from None
 
 
 def drafter_dtype(
@@ -102,7 +114,7 @@ def drafter_dtype(
         try:
             return resolve_dtype(own, device)
         except ValueError as exc:
-            raise UserError(f"--drafter-dtype: {exc}") from None
+            raise DeviceError(f"--drafter-dtype: {exc}") from None
     if spec in (None, "auto") and torch.device(device).type != "cuda":
         return None
     return resolve_dtype(spec, device)

@@ -39,6 +39,46 @@ def idle_cores(window_s: float = 0.3) -> int | None:
     return max(1, min(cores, int(cores - busy + 0.5)))
 
 
+class OtherLoad:
+    """How many cores other processes kept busy while the `with` body ran (Linux
+    /proc/stat less this process's own CPU time), for a wall-clock measurement to say
+    when it was taken on a machine too busy to trust: `others` (cores, None if unknown),
+    `cores`, and `contended(threads)`: fewer cores than `threads` were left to us."""
+
+    def __init__(self) -> None:
+        self.others: float | None = None
+        self.cores = os.cpu_count() or 1
+
+    def __enter__(self) -> OtherLoad:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> OtherLoad:
+        try:
+            self._start = (_cpu_times(), time.process_time(), time.perf_counter())
+        except (OSError, ValueError, IndexError):
+            self._start = None
+        return self
+
+    def stop(self) -> None:
+        if self._start is None:
+            return
+        try:
+            (idle0, total0), own0, wall0 = self._start
+            idle1, total1 = _cpu_times()
+        except (OSError, ValueError, IndexError):
+            return
+        wall = time.perf_counter() - wall0
+        busy_s = ((total1 - idle1) - (total0 - idle0)) / os.sysconf("SC_CLK_TCK")
+        if wall > 0:
+            self.others = max(0.0, (busy_s - (time.process_time() - own0)) / wall)
+
+    def contended(self, threads: int) -> bool:
+        return self.others is not None and self.cores - self.others < 0.9 * threads
+
+
 def default_threads(cap: int = DEFAULT_CAP) -> int:
     """`$BLOCKDRAFT_THREADS`, else the idle cores now, capped at torch's count and `cap`."""
     env = os.environ.get(ENV)

@@ -112,11 +112,19 @@ def test_decode_runs_both_models_in_the_requested_dtype(setup, monkeypatch, caps
     assert res["tau"] >= 1.0 and "offline_mal" in res
 
 
-@pytest.mark.parametrize("device", ["bogus", "cuda:0" if not torch.cuda.is_available() else "xpu9"])
+@pytest.mark.parametrize(
+    "device",
+    ["bogus", "cuda:0" if not torch.cuda.is_available() else "xpu9", "meta", "mps", "tpu", "cpu:0"],
+)
 def test_bad_device_is_one_line_naming_the_flag(setup, device, capsys) -> None:
+    """Only blockdraft's devices: torch's other types (`meta`, `mps`) would load the
+    models and fail later in a traceback, and torch's message lists its internal types."""
     code, _, err = _eval(capsys, setup, "--device", device)
     assert code == 2
-    assert one_line_error(err).startswith("error: --device")
+    line = one_line_error(err)
+    assert line.startswith("error: --device")
+    if device != "cuda:0":
+        assert "auto, cpu, cuda, cuda:N" in line and "privateuseone" not in line
 
 
 def test_bad_dtype_is_refused_by_the_parser(setup, capsys) -> None:

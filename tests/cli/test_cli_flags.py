@@ -122,6 +122,61 @@ def test_did_you_mean(argv, guess, help_of, capsys):
     assert code == 2 and f"did you mean {guess}?" in line and f"`{help_of}`" in line, line
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        # a mistyped command is named before its flags are judged by the top-level parser
+        (["evaluate", "--target", "tiny"], "unknown command 'evaluate': did you mean 'eval'?"),
+        # eval scores rollouts: their settings are fixed, so no "did you mean --target"
+        (
+            ["eval", "--temprature", "0.5", "--target", "tiny", "--rollouts", "r", "ngram"],
+            "eval has no sampling flags: the rollouts carry their temperature",
+        ),
+        # serve-check takes its drafter positionally (decode keeps --drafter too)
+        (["serve-check", "--drafter", "run", "--target", "tiny"], "takes DRAFTER as a positional"),
+    ],
+)
+def test_misleading_guesses_are_replaced_by_what_is_meant(argv, says, capsys):
+    code, _, err = cli(capsys, *argv)
+    line = one_line_error(err)
+    assert code == 2 and says in line, line
+    assert "--drafter-dtype" not in line and "'--target'" not in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve-check", "run", "--target", "tiny", "--rollouts", "r", "--drafter", "bfloat16"],
+        ["eval", "--target", "tiny", "--rollouts", "r", "--drafter", "float32", "ngram"],
+        ["train", "--config", "tiny", "--print", "--threads", "1"],
+        ["decode", "ngram", "--target", "tiny", "--prompts", "stdlib:eval", "--temp", "0"],
+    ],
+)
+def test_no_flag_is_taken_for_a_prefix_of_another(argv, capsys):
+    """argparse's prefix matching is off (`allow_abbrev=False`): `--drafter` is never
+    read as `--drafter-dtype`, and a shortened flag gets its full name suggested."""
+    for parser in _all_parsers(build_parser()):
+        assert parser.allow_abbrev is False, parser.prog
+    code, _, err = cli(capsys, *argv)
+    flag = next(
+        a
+        for a in argv[1:]
+        if a.startswith("--")
+        and a not in ("--target", "--rollouts", "--config", "--threads", "--prompts")
+    )
+    assert code == 2 and f"unrecognized argument {flag}" in one_line_error(err)
+
+
+def _all_parsers(parser):
+    import argparse
+
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_parsers(sub)
+
+
 def test_no_guess_for_a_word_like_no_command(capsys):
     code, _, err = cli(capsys, "zzzz")
     line = one_line_error(err)

@@ -159,3 +159,10 @@ def test_edited_trainer_state_json_on_resume_is_one_line(tmp_path, capsys, edit,
     (tmp_path / "trainer_state.json").write_text(json.dumps(state))
     with pytest.raises(CheckpointError, match=rf"{tmp_path / 'trainer_state.json'}: .*{says}"):
         read_progress(tmp_path)
+
+
+def test_target_sample_of_an_empty_prompt_is_one_line(capsys):
+    code, _, err = run_cli(
+        capsys, "target", "sample", "tiny", "--prompt", "", "--max-new-tokens", "2"
+    )
+    assert code == 2 and "--prompt '': no tokens" in one_line_error(err)

@@ -140,10 +140,10 @@ def test_hf_source_through_datasets(monkeypatch):
         return datasets.Dataset.from_list([{"problem": "p0"}, {"problem": "p1"}])
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    ps = load_prompts("hf:org/math:main:test:problem")
+    ps = load_prompts("hf:org/math:main:test:problem", allow_download=True)
     assert calls == [("org/math", "main", "test")]
     assert [(p.id, p.text) for p in ps] == [("org/math:test:0", "p0"), ("org/math:test:1", "p1")]
-    load_prompts("hf:org/math:train:problem")
+    load_prompts("hf:org/math:train:problem", allow_download=True)
     assert calls[-1] == ("org/math", None, "train")
     with pytest.raises(PromptError, match="hf:missing/ds:test:q: cannot load"):
         load_prompts("hf:missing/ds:test:q")
@@ -260,3 +260,31 @@ def test_prompt_mix_takes_each_source_in_turn(tmp_path):
     # one source with a count is a mix of one (it read `question@2` as the field)
     assert [p.text for p in load_prompts(f"{path}:question@2")] == ["q0?", "q1?"]
     assert len(load_prompts("stdlib:train@3")) == 3
+
+
+def test_hf_source_reads_only_the_cache_unless_downloads_are_allowed(monkeypatch):
+    """README: blockdraft never downloads anything unless asked. An `hf:` spec runs
+    datasets with the hub offline (its local cache only) unless `allow_download`, and
+    the flags are restored afterwards."""
+    import datasets
+    import huggingface_hub.constants as hub
+
+    seen = []
+
+    def fake_load(name, config, split):
+        seen.append((hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE))
+        if hub.HF_HUB_OFFLINE:
+            raise FileNotFoundError(f"Dataset {name} is not cached")
+        return datasets.Dataset.from_list([{"q": "p0"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    with pytest.raises(PromptError, match="not in the local cache.*--allow-download"):
+        load_prompts("hf:org/ds:test:q")
+    assert seen == [(True, True)]
+    assert [p.text for p in load_prompts("hf:org/ds:test:q", allow_download=True)] == ["p0"]
+    assert seen[-1] == (False, False)
+    assert (hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE) == (False, False)
+    with pytest.raises(PromptError, match="--allow-download"):
+        load_prompts("hf:org/ds:test:q@1+stdlib:eval@1")  # a mix passes it on

@@ -188,6 +188,11 @@ def test_bad_files_are_one_line_errors_and_write_nothing(random_target, tmp_path
     cases = [
         ([good, "{oops"], r"bad.jsonl:2: invalid JSON"),
         ([good, {"id": "y", "prompt": "a"}], r"bad.jsonl:2: no response found .*token_ids"),
+        ([good, {"id": "y", "prompt": "a", "response": 5}], r"bad.jsonl:2: 'response' is int 5"),
+        (
+            [good, {"id": "y", "prompt": "a", "choices": [{"message": {"content": [1]}}]}],
+            r"bad.jsonl:2: message.'content' is list",
+        ),
         (
             [good, {"id": "y", "prompt": "a", "token_ids": ["a"]}],
             r"bad.jsonl:2: key 'token_ids' must",

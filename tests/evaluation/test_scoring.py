@@ -340,3 +340,58 @@ def test_a_changed_cache_entry_is_recomputed_never_used(tmp_path, capsys) -> Non
     third = score_rollouts(drafter, target, rollouts, 0.0, cache_dir=tmp_path)  # rewritten
     assert all(torch.equal(a, b) for a, b in zip(base, third, strict=True))
     assert capsys.readouterr().err == ""
+
+
+def _small_case():
+    target = make_random_target("qwen3")
+    drafter = (
+        BlockDrafter(DrafterConfig.for_target(target, num_layers=1, block_size=4))
+        .bind_target(target)
+        .eval()
+    )
+    g = torch.Generator().manual_seed(4)
+    rollouts = [
+        _rollout(i, [5, 6, 7], torch.randint(3, target.vocab_size, (8,), generator=g).tolist())
+        for i in range(2)
+    ]
+    return drafter, target, rollouts
+
+
+def test_a_full_disk_keeps_the_scores_and_names_the_cache_file(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """The cache is optional: scores computed before a failed cache write are returned
+    (equal to uncached ones), one warning names the entry, no temp file stays behind."""
+    from diskkit import full_disk_for
+
+    drafter, target, rollouts = _small_case()
+    want = score_rollouts(drafter, target, rollouts, 0.0, use_cache=False)
+    full_disk_for(monkeypatch, ".tmp")
+    got = score_rollouts(drafter, target, rollouts, 0.0, cache_dir=tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {tmp_path}/") and "disk is full" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["file", "unreadable"])
+def test_an_unusable_cache_directory_is_a_warning_not_a_failure(tmp_path, capsys, kind) -> None:
+    import os
+
+    drafter, target, rollouts = _small_case()
+    want = score_rollouts(drafter, target, rollouts, 0.0, use_cache=False)
+    cache = tmp_path / "cache"
+    if kind == "file":
+        cache.write_text("not a directory")
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root reads any directory")
+        cache.mkdir(mode=0o000)
+    try:
+        got = score_rollouts(drafter, target, rollouts, 0.0, cache_dir=cache)
+    finally:
+        if kind != "file":
+            cache.chmod(0o755)
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"warning: {cache}" in err

@@ -161,7 +161,11 @@ def test_suite_end_to_end_caches_rollouts_and_agrees_with_eval(tmp_path, capsys)
     for bench in result["benchmarks"]:  # greedy sets: scored greedily only, no log-probs
         assert read_manifest(Path(bench["rollouts"]))["store_logprobs"] is False
     assert [d["name"] for d in result["mean"]] == ["ngram:k=3,max=3,min=1", "drafter"]
-    # a second run reuses the rollouts and prints the same table
+    # a second run reuses the rollouts and prints the same table (--overwrite: its --json
+    # and --plot files exist now, which is refused without it)
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2 and "suite.png: file exists" in err
+    args.append("--overwrite")
     code, out2, err = run_cli(capsys, *args)
     assert code == 0 and "generating rollouts" not in out2 and out2.count("(cached)") == 2
     table = out.split("Exact offline MAL", 1)[1]
@@ -171,7 +175,7 @@ def test_suite_end_to_end_caches_rollouts_and_agrees_with_eval(tmp_path, capsys)
         code, _, err = run_cli(
             capsys, "eval", "--target", model, "--rollouts", bench["rollouts"], "--no-progress",
             "--cache-dir", tmp_path / "cache", "--n-boot", "200", "--json",
-            tmp_path / "eval.json", "ngram:k=3", drafter,
+            tmp_path / "eval.json", "--overwrite", "ngram:k=3", drafter,
         )  # fmt: skip
         assert code == 0, err
         ev = json.loads((tmp_path / "eval.json").read_text())["benchmarks"][0]["drafters"]

@@ -385,6 +385,23 @@ def test_summary_says_plainly_which_drafters_are_slower_than_hf_generate() -> No
     assert faster == ["Every timed drafter decodes faster than our AR loop (at least 1.30x)."]
 
 
+def test_no_speed_verdict_when_the_machine_was_too_busy() -> None:
+    """A loaded machine printed "SLOWER than HF generate" for drafters that are faster:
+    rows timed while other processes held the cores (`machine_busy`) get one line saying
+    so instead of any verdict."""
+    from blockdraft.pipeline.report import speed_verdict
+
+    rows = [
+        {"name": "a", "speedup": 0.7, "speedup_ci95": [0.6, 0.8], "speedup_vs_hf": 0.5,
+         "machine_busy": True, "other_load_cores": 2.6},
+        {"name": "b", "speedup": 5.83, "speedup_ci95": [0.6, 21.88], "speedup_vs_hf": 4.0,
+         "machine_busy": False, "other_load_cores": 0.1},
+    ]  # fmt: skip
+    (line,) = speed_verdict(rows)
+    assert line.startswith("No speed verdict: other processes kept 2.6 cores busy while a was")
+    assert "SLOWER" not in line and "faster" not in line
+
+
 def test_report_never_replaces_a_report_without_overwrite(tmp_path, capsys) -> None:
     """`report --out DIR` on a DIR holding a report (its report.md or a plot) is refused
     unless --overwrite: the earlier report is left byte for byte."""

@@ -14,7 +14,7 @@ from blockdraft.data.rollouts.store import RolloutError, RolloutSet, check_targe
 from blockdraft.serialization.checkpoint import load_drafter
 from blockdraft.targets.fingerprint import target_fingerprint
 from blockdraft.targets.registry import load_target
-from clikit import make_rollouts, run_cli, save_local_model, save_random_drafter
+from clikit import make_rollouts, one_line_error, run_cli, save_local_model, save_random_drafter
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +98,26 @@ def test_weights_mismatch_names_the_target_once_when_it_changed(setup, tmp_path)
     with pytest.raises(RolloutError) as info:  # another target of the same shapes: both
         check_target(RolloutSet.open(setup["rollouts_b"]), setup["ta"])
     assert str(setup["a"]) in str(info.value) and str(setup["b"]) in str(info.value)
+
+
+def test_a_drafter_of_another_shape_is_refused_without_the_shapes_fit_warning(setup, capsys):
+    tiny = load_target("tiny", progress=False)
+    with pytest.raises(ValueError, match="made for another target"):
+        load_drafter(setup["drafter"], tiny)
+    assert "shapes fit" not in capsys.readouterr().err
+
+
+def test_export_refuses_a_drafter_of_another_target(setup, capsys, tmp_path):
+    """As eval, decode and serve-check do: `--target` names what the export will serve
+    with, so a drafter whose shapes do not fit it is one line, exit 2, nothing written."""
+    out = tmp_path / "export"
+    code, stdout, err = run_cli(
+        capsys, "export", setup["drafter"], "--target", "tiny", "--out", out
+    )
+    assert code == 2, stdout
+    assert "another target" in one_line_error(err) and "shapes fit" not in err
+    assert "validated" not in stdout and not out.exists()
+    code, stdout, err = run_cli(
+        capsys, "export", setup["drafter"], "--target", setup["a"], "--out", out
+    )
+    assert code == 0 and "validated" in stdout, err

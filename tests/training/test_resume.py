@@ -64,6 +64,72 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(
         } <= {p.name for p in (tmp_path / "b" / d).iterdir()}
 
 
+def _interrupted(cfg, target, monkeypatch, at_step):
+    real_step = loop.train_step
+
+    def crashing_step(parts, step, want_acc):
+        if step == at_step:
+            raise KeyboardInterrupt
+        return real_step(parts, step, want_acc)
+
+    monkeypatch.setattr(loop, "train_step", crashing_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, target=target)
+    monkeypatch.setattr(loop, "train_step", real_step)
+
+
+def test_resume_with_another_lr_trains_with_it_and_says_so(
+    target, rollout_dirs, tmp_path, monkeypatch, capsys
+):
+    """run.yaml records the new `optim.lr`, so the steps after the checkpoint must use it:
+    the logged lr of each later step is the new lr times the schedule factor the
+    uninterrupted run logged at that step (warm-up and cosine from the config)."""
+    sections = dict(
+        objective={"name": "dpace"},
+        checkpoint={"save_every": 3, "keep_last": 2},
+        eval={"at_start": False},
+        logging={"every": 1},
+    )
+    optim = {"max_steps": 6, "lr": 1e-2}
+    straight = train(
+        make_config(tmp_path / "a", rollout_dirs, optim=optim, **sections), target=target
+    )
+    cfg = make_config(tmp_path / "b", rollout_dirs, optim=optim, **sections)
+    _interrupted(cfg, target, monkeypatch, at_step=4)
+    capsys.readouterr()
+    faster = make_config(tmp_path / "b", rollout_dirs, optim={**optim, "lr": 3e-2}, **sections)
+    resumed = train(faster, target=target, resume=True)
+    assert "optim.lr 0.01 -> 0.03" in capsys.readouterr().out
+
+    def lrs(run):
+        return {m["step"]: m["lr"] for m in read_metrics(run) if m["event"] == "train"}
+
+    before, after = lrs(tmp_path / "a"), lrs(tmp_path / "b")
+    assert sorted(after) == list(range(1, 7))
+    for step in range(1, 4):
+        assert after[step] == before[step]
+    for step in range(4, 7):
+        assert after[step] == pytest.approx(3 * before[step], rel=1e-12)
+    a, b = _weights(straight), _weights(resumed)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_with_another_thread_count_warns(target, rollout_dirs, tmp_path, capsys):
+    from blockdraft.training.resume import threads_note
+
+    cfg = make_config(
+        tmp_path / "r", rollout_dirs, optim={"max_steps": 2}, checkpoint={"save_every": 1}
+    )
+    threads = torch.get_num_threads()
+    train(cfg, target=target)
+    step = tmp_path / "r" / "checkpoints" / "step-2"
+    assert f"cpu_threads: {threads}" in (step / "run.yaml").read_text()
+    assert threads_note(step, threads, "cpu") is None
+    note = threads_note(step, threads + 1, "cpu")
+    assert note.startswith("warning:") and f"--threads {threads}" in note and str(step) in note
+    assert threads_note(step, threads + 1, "cuda") is None
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(target, rollout_dirs, tmp_path, monkeypatch):
     cfg = make_config(
         tmp_path / "run",

@@ -116,3 +116,15 @@ def test_default_max_seq_len_is_lowered_to_a_short_context(local, tmp_path, caps
     assert code == 0, err  # the built-in default fits any target: noted, not refused
     assert "data.max_seq_len 2048 (the default) is longer than the context" in out
     assert "max_seq_len: 1024" in (run_dir / "run.yaml").read_text()
+
+
+def test_a_config_far_beyond_free_memory_is_refused_before_allocating(local, tmp_path, capsys):
+    """`drafter.block_size=100000` would be killed for memory mid-step: the memory plan
+    (`train --plan`) against what the machine has free refuses it in one line first, and
+    the run directory is not left behind."""
+    run_dir = tmp_path / "run"
+    code, _, err = _train(capsys, local, run_dir, "optim.max_steps=1", "drafter.block_size=100000")
+    assert code == 2
+    line = one_line_error(err)
+    assert line.startswith("error: memory:") and "GiB" in line and "drafter.block_size" in line
+    assert not run_dir.exists()

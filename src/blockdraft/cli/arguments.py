@@ -46,6 +46,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
+        # no prefix matching: `--drafter` must not silently become `--drafter-dtype`;
+        # a mistyped or shortened flag gets the closest name instead (`_check_flag`)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
@@ -83,6 +86,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
+        self._check_command(argv)
         # unknown flags first: argparse would report a missing required flag before them
         chosen = _typed_parser(self, argv)
         for arg in argv:
@@ -102,16 +106,66 @@ class OneLineParser(argparse.ArgumentParser):
                 self._check_flag(arg, chosen)
         self._fail(f"unrecognized arguments: {' '.join(extras)}", chosen.prog)
 
+    def _check_command(self, argv: list[str]) -> None:
+        """The first word that is not a flag must be a sub-command: a mistyped one
+        (`evaluate`) is named with the closest command before its flags are judged
+        against the top-level parser (`--target` is not one of its flags)."""
+        for action in self._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                continue
+            for word in argv:
+                if word in ("-h", "--help", "--version", "--"):
+                    return
+                if word.startswith("-") or OVERRIDE.match(word):
+                    continue
+                if word not in action.choices:
+                    self.error(
+                        f"argument {action.dest}: invalid choice: {word!r} (choose from "
+                        f"{', '.join(map(repr, action.choices))})"
+                    )
+                return
+
     def _check_flag(self, arg: str, parser: argparse.ArgumentParser) -> None:
         """Fail on a flag `parser` does not know (nor abbreviates), naming the closest one."""
         flag = arg.split("=", 1)[0]
         flags = [o for a in parser._actions for o in a.option_strings]
         if any(o == flag or (parser.allow_abbrev and o.startswith(flag)) for o in flags):
             return
+        note = _positional_note(flag, parser) or _sampling_note(flag, parser)
+        if note is not None:
+            self._fail(f"unrecognized argument {arg}: {note}", parser.prog)
         guess = closest(flag, flags)
         if guess is None:
             self._fail(f"unrecognized argument {arg}", parser.prog)
         self._fail(f"unrecognized argument {arg}: did you mean {guess!r}?", parser.prog)
+
+
+SAMPLING_WORDS = ("--temperature", "--top-p", "--top-k")
+
+
+def _positional_note(flag: str, parser: argparse.ArgumentParser) -> str | None:
+    """`--drafter PATH` where the command takes DRAFTER positionally (`decode` keeps the
+    flag too): say so, rather than suggest a flag that merely starts the same way."""
+    name = flag.lstrip("-").replace("-", "_")
+    for action in parser._actions:
+        if not action.option_strings and name in (action.dest, action.dest.rstrip("s")):
+            shown = action.metavar or action.dest.upper()
+            return f"{parser.prog.split()[-1]} takes {shown} as a positional argument: drop {flag}"
+    return None
+
+
+def _sampling_note(flag: str, parser: argparse.ArgumentParser) -> str | None:
+    """For a command without sampling flags, a flag that looks like one (`--temprature`)
+    is answered with where the settings come from, not with the closest unrelated flag."""
+    flags = {o for a in parser._actions for o in a.option_strings}
+    if "--rollouts" not in flags or any(f in flags for f in SAMPLING_WORDS):
+        return None
+    if closest(flag, SAMPLING_WORDS) is None:
+        return None
+    return (
+        f"{parser.prog.split()[-1]} has no sampling flags: the rollouts carry their "
+        "temperature, top-p and top-k (set them in `blockdraft rollout`)"
+    )
 
 
 class PrintAndExit(argparse.Action):

@@ -16,6 +16,7 @@ from typing import Any
 from blockdraft.cli.arguments import add_sampling_args, nonnegative_int, positive_int
 from blockdraft.cli.drafter_options import (
     DRAFTER_HELP,
+    add_json_arg,
     add_target_args,
     drafter_dtype_of,
     drafter_spec,
@@ -94,7 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also time HF generate against the AR loop on the same prompts (alternately) "
         "and report the speedup over HF generate",
     )
-    p.add_argument("--json", default=None, help="write the results as JSON here")
+    add_json_arg(p)
     p.add_argument(
         "--show", type=nonnegative_int, default=1, help="print the first N decoded outputs"
     )
@@ -117,7 +118,7 @@ def _prompts_and_settings(
         prompts = [r.prompt_ids.tolist() for r in rollouts]
         prompt_ids = [str(r.prompt_id) for r in rollouts]
     else:
-        loaded = load_prompts(args.prompts, limit=args.limit)
+        loaded = load_prompts(args.prompts, limit=args.limit, allow_download=args.allow_download)
         prompts = [render_prompt(target.tokenizer, p) for p in loaded]
         prompt_ids = [p.id for p in loaded]
     for key in ("temperature", "top_p", "top_k", "max_new_tokens"):
@@ -198,6 +199,12 @@ def run(args: argparse.Namespace) -> int:
         f"tau {result.tau:.3f} [{lo:.3f}, {hi:.3f}]  "
         f"histogram (tokens/round 1..K+1) {result.histogram[1:]}"
     )
+    if result.machine_busy or out.get("ar_vs_hf_busy"):
+        load = max(result.other_load_cores or 0.0, out.get("ar_vs_hf_other_load_cores") or 0.0)
+        print(
+            f"note: other processes kept {load:.1f} cores busy while this was timed: the "
+            "speeds below measured the machine as much as the drafter"
+        )
     line = f"spec {result.tokens_per_s:.1f} tok/s"
     if result.speedup is not None:
         line += f"  AR {result.ar_tokens_per_s:.1f} tok/s  speedup {result.speedup:.2f}x"
@@ -224,5 +231,5 @@ def run(args: argparse.Namespace) -> int:
     if "offline_mal" in out:
         lo2, hi2 = out["offline_mal_ci95"]
         print(f"offline MAL on the same rollouts {out['offline_mal']:.3f} [{lo2:.3f}, {hi2:.3f}]")
-    write_json_flag(args.json, out)
+    write_json_flag(args, out)
     return 0

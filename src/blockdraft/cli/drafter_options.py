@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from blockdraft.artifacts import refuse_existing
 from blockdraft.cli.arguments import positive_int, seed_int
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.devices import (
@@ -52,9 +53,17 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
+def add_json_arg(p: argparse.ArgumentParser, what: str = "results") -> None:
+    """`--json PATH` and the `--overwrite` it needs to replace an existing file."""
+    p.add_argument(
+        "--json", default=None, help=f"write the {what} as JSON here (a new file: see --overwrite)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="let --json replace a file that exists")
+
+
 def add_scoring_args(p: argparse.ArgumentParser, what: str = "results") -> None:
     """`--json`, `--n-boot` and `--seed` of the commands that report bootstrap CIs."""
-    p.add_argument("--json", default=None, help=f"write the {what} as JSON here")
+    add_json_arg(p, what)
     p.add_argument(
         "--n-boot",
         type=positive_int,
@@ -88,7 +97,10 @@ def add_allow_incomplete(p: argparse.ArgumentParser) -> None:
 
 
 def setup_target(args: argparse.Namespace) -> Any:
-    """The target on `--device` in `--dtype` (drafters follow it: `drafter_dtype_of`)."""
+    """The target on `--device` in `--dtype` (drafters follow it: `drafter_dtype_of`);
+    first a `--json` file that would be refused, before anything is computed."""
+    if getattr(args, "json", None):
+        refuse_existing(args.json, "--json", args.overwrite)
     configure_cpu(args.threads, args.device)
 
     device, dtype = device_and_dtype(args)
@@ -139,12 +151,13 @@ def run_scored_command(
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(markdown(result))
-    write_json_flag(args.json, json_obj(result))
+    write_json_flag(args, json_obj(result))
     return 0
 
 
-def write_json_flag(path: str | None, obj: Any) -> None:
-    """`--json PATH`: write `obj` there (strict JSON) and say so; nothing without it."""
-    if path:
-        write_json(path, obj)
-        print(f"wrote {path}")
+def write_json_flag(args: argparse.Namespace, obj: Any) -> None:
+    """`--json PATH`: write `obj` there (strict JSON, atomically; an existing file only
+    with `--overwrite`) and say so; nothing without it."""
+    if args.json:
+        write_json(args.json, obj, overwrite=args.overwrite)
+        print(f"wrote {args.json}")

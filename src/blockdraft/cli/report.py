@@ -35,6 +35,9 @@ def _results(path: str, kind: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(data, dict) and _KINDS[kind] in data:
+        problem = _shape_problem(data, kind)
+        if problem:
+            raise ValueError(f"{path}: {problem} (not what `blockdraft {kind} --json` writes)")
         return data
     other = next((k for k, key in _KINDS.items() if isinstance(data, dict) and key in data), None)
     hint = (
@@ -43,6 +46,37 @@ def _results(path: str, kind: str) -> dict[str, Any]:
         else f" (no {_KINDS[kind]!r} key)"
     )
     raise ValueError(f"{path}: not a `blockdraft {kind} --json` file{hint}")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _shape_problem(data: dict[str, Any], kind: str) -> str | None:
+    """The first key of a `--json` file whose type the report cannot read, or None."""
+    if kind == "decode":
+        return None if _is_number(data["tau"]) else f"'tau' is {data['tau']!r:.40}, not a number"
+    key = _KINDS[kind]
+    rows = data[key]
+    if not isinstance(rows, list):
+        return f"{key!r} is {rows!r:.40}, not a list"
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            return f"{key}[{i}] is {row!r:.40}, not an object"
+        if kind == "compare" and not (
+            {"a", "b"} <= row.keys()
+            and _is_number(row.get("mal_a"))
+            and _is_number(row.get("mal_b"))
+        ):
+            return f"{key}[{i}] has no 'a', 'b' and numeric 'mal_a', 'mal_b'"
+        if kind == "eval":
+            drafters = row.get("drafters", [])
+            if not isinstance(drafters, list):
+                return f"{key}[{i}].drafters is {drafters!r:.40}, not a list"
+            for j, d in enumerate(drafters):
+                if not (isinstance(d, dict) and "name" in d and _is_number(d.get("mal"))):
+                    return f"{key}[{i}].drafters[{j}] has no 'name' and numeric 'mal'"
+    return None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -94,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
         if not (drafters or comparisons or online or logs):
             raise ValueError(
                 "nothing to report: give run directories and/or --eval/--compare/--decode files"
+            )
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise ValueError(
+                f"--out {args.out}: is a file, not a directory; the report is a directory of "
+                "report.md and its plots: choose a directory"
             )
         present = existing_report_files(args.out)
         if present and not args.overwrite:

@@ -196,7 +196,11 @@ def run_import(args: argparse.Namespace) -> int:
     if "top_k" in overrides:
         overrides["top_k"] = max(0, overrides["top_k"])  # -1: off, as engines write it
     try:
-        prompts = load_prompts(args.prompts) if args.prompts else None
+        prompts = (
+            load_prompts(args.prompts, allow_download=getattr(args, "allow_download", False))
+            if args.prompts
+            else None
+        )
         _, device, _ = init_from_env(args.device)
     except (PromptError, RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -267,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
                 "--no-logprobs: only greedy rollouts (--temperature 0) without --store-topk "
                 "can leave out log-probs"
             )
-        prompts = load_prompts(args.prompts, limit=args.limit)
+        prompts = load_prompts(args.prompts, limit=args.limit, allow_download=args.allow_download)
         ctx, device, created = init_from_env(args.device)
     except (PromptError, RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

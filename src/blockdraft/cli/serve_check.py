@@ -18,6 +18,7 @@ from typing import Any
 
 from blockdraft.cli.arguments import positive_int
 from blockdraft.cli.drafter_options import (
+    add_json_arg,
     add_target_args,
     drafter_spec,
     setup_target,
@@ -25,7 +26,6 @@ from blockdraft.cli.drafter_options import (
 )
 from blockdraft.engines.interface import EngineError
 from blockdraft.engines.registry import DEFAULT_ENGINE, engine_names
-from blockdraft.evaluation.eval_compare import write_json
 from blockdraft.evaluation.suite import benchmark_rollouts, load_suite
 from blockdraft.serving.serve_check import DEFAULT_WAYS, WAYS, rounds_trace, serve_check
 
@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "with the evaluator round by round (where a served/offline gap comes from)",
     )
     p.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap draws for CIs")
-    p.add_argument("--json", default=None, help="write the full comparison as JSON here")
+    add_json_arg(p, "full comparison")
     p.set_defaults(func=run)
 
 
@@ -107,13 +107,17 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--rounds I needs --rollouts DIR")
             trace = rounds_trace(target, args.drafter, args.rollouts[0], args.rounds, args.engine)
             print(render_rounds(trace))
-            if args.json:
-                write_json(args.json, trace)
+            write_json_flag(args, trace)
             return 0 if trace["first_difference"] is None else 1
         dirs = list(args.rollouts)
         if args.suite:
             suite = load_suite(args.suite)
-            dirs += [str(d) for d in benchmark_rollouts(target, suite).values()]
+            dirs += [
+                str(d)
+                for d in benchmark_rollouts(
+                    target, suite, allow_download=args.allow_download
+                ).values()
+            ]
         result = serve_check(
             target,
             args.drafter,
@@ -130,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(render(result))
-    write_json_flag(args.json, result)
+    write_json_flag(args, result)
     return 0
 
 
@@ -177,12 +181,8 @@ def _verdict(
     if not greedy:
         inside = "inside" if agree["inside_offline_ci95"] else "OUTSIDE"
         return f"served tau {_f(row['served_tau'])} {inside} the offline MAL's 95% CI"
-    if way == "ngram":  # two implementations of prompt lookup, not one drafter twice
-        return (
-            f"the engine's prompt lookup served tau {_f(row['served_tau'])} (rounds estimated "
-            f"from its counters), blockdraft's `ngram` offline {_f(off['mal'])}: two lookup rules, "
-            "compared side by side, not expected to be equal"
-        )
+    # `ngram` too: vLLM's prompt lookup is set to blockdraft's rule (earliest occurrence
+    # of the longest suffix), so its rounds are compared prompt by prompt like a drafter's
     if agree["exact"]:
         text = "rounds equal the offline evaluator's on every prompt, so served tau = offline MAL"
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from blockdraft.artifacts import refuse_existing
 from blockdraft.cli.arguments import PrintAndExit, positive_int
 from blockdraft.cli.drafter_options import (
     add_scoring_args,
@@ -79,7 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="where benchmark rollouts are kept (default: the user cache, <cache>/suites)",
     )
-    p.add_argument("--plot", default=None, help="write a PNG bar chart here")
+    p.add_argument(
+        "--plot", default=None, help="write a PNG bar chart here (a new file: see --overwrite)"
+    )
     p.add_argument(
         "--split",
         action="store_true",
@@ -119,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     suite = suite_from_args(args)
     for d in args.drafters:
         checkpoint_of(d)  # a missing checkpoint fails before any rollout is generated
+    if args.plot:
+        refuse_existing(args.plot, "--plot", args.overwrite)
     target = setup_target(args)
     result = run_suite(
         target,
@@ -131,9 +136,11 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         drafter_dtype=drafter_dtype_of(args, target),
         split=args.split,
+        allow_download=args.allow_download,
     )
     print("\n".join(suite_tables(result)))
-    write_json_flag(args.json, result)
+    write_json_flag(args, result)
     if args.plot:
+        refuse_existing(args.plot, "--plot", args.overwrite)
         print(f"wrote {plot_suite(result, Path(args.plot))}")
     return 0

@@ -198,6 +198,10 @@ def _sample(args: argparse.Namespace) -> int:
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     else:
         ids = tok(args.prompt)["input_ids"]
+    if len(ids) == 0:  # a tokenizer without BOS gives an empty prompt no token to continue
+        raise BlockdraftError(
+            f"--prompt {args.prompt!r}: no tokens to continue from; give some text"
+        )
 
     check_fits_context(["--prompt"], [list(ids)], target.context_length, args.max_new_tokens)
     print(_generate_text(target, list(ids), args.max_new_tokens, args.temperature, args.seed))

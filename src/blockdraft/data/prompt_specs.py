@@ -11,6 +11,7 @@ id. The syntax in full (field detection, chats, ids): docs/rollouts.md ("Prompt 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import itertools
 import json
@@ -33,13 +34,20 @@ __all__ = ["Prompt", "PromptError", "load_prompts", "mix_parts", "render_prompt"
 # --- spec parsing ----------------------------------------------------------------------
 
 
-def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
-    """Load the prompts named by `spec` (see module docstring); the first `limit` only."""
+def load_prompts(
+    spec: str, limit: int | None = None, *, allow_download: bool = False
+) -> list[Prompt]:
+    """Load the prompts named by `spec` (see module docstring); the first `limit` only.
+    An `hf:` dataset is read from the local cache unless `allow_download`."""
     if limit is not None and limit < 1:
         raise PromptError(f"prompt limit must be >= 1, got {limit}")
     spec = spec.strip()
     if _is_mix(spec):  # also one source with a count, `SPEC@N`
-        prompts = [p for part in mix_parts(spec) for p in load_prompts(*part)]
+        prompts = [
+            p
+            for name, count in mix_parts(spec)
+            for p in load_prompts(name, count, allow_download=allow_download)
+        ]
     elif spec == "stdlib" or spec.startswith("stdlib:"):
         split = spec.partition(":")[2] or "train"
         prompts = stdlib_prompts(split, limit=limit)
@@ -50,7 +58,7 @@ def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
     elif spec == "humaneval":
         prompts = _humaneval_prompts()
     elif spec.startswith("hf:"):
-        prompts = _hf_prompts(spec)
+        prompts = _hf_prompts(spec, allow_download)
     else:
         path, field = _split_file_spec(spec)
         prompts = list(itertools.islice(_file_prompts(path, field, spec), limit))
@@ -244,7 +252,24 @@ def _humaneval_prompts() -> list[Prompt]:
     ]
 
 
-def _hf_prompts(spec: str) -> list[Prompt]:
+@contextlib.contextmanager
+def _hub_offline(offline: bool) -> Iterator[None]:
+    """Hugging Face hub requests refused for the `with` body (`offline`): datasets then
+    reads its local cache, and no request (nor its retries) leaves the machine. Both
+    libraries read these flags at call time; the environment variables only at import."""
+    import datasets  # lazy: datasets takes seconds to import; only hf: specs need it
+    import huggingface_hub.constants as hub  # lazy: imported by datasets above anyway
+
+    saved = hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
+    if offline:
+        hub.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
+
+
+def _hf_prompts(spec: str, allow_download: bool = False) -> list[Prompt]:
     parts = spec[3:].split(":")
     if len(parts) == 3:
         name, config, split, field = parts[0], None, parts[1], parts[2]
@@ -258,10 +283,17 @@ def _hf_prompts(spec: str) -> list[Prompt]:
     import datasets
 
     try:
-        ds = datasets.load_dataset(name, config, split=split)
+        with _hub_offline(not allow_download):
+            ds = datasets.load_dataset(name, config, split=split)
     except Exception as exc:  # offline, unknown name, bad split: all reported alike
+        hint = (
+            ""
+            if allow_download
+            else "; not in the local cache? pass --allow-download (allow_download=True)"
+        )
+        cause = str(exc).splitlines()[0][:160] if str(exc) else ""
         raise PromptError(
-            f"{spec}: cannot load Hugging Face dataset ({type(exc).__name__}: {exc})"
+            f"{spec}: cannot load Hugging Face dataset ({type(exc).__name__}: {cause}){hint}"
         ) from None
     return [
         record_to_prompt(row, field, f"{spec}: row {i}", f"{name}:{split}:{i}", spec)

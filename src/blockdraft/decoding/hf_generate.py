@@ -18,6 +18,7 @@ import torch
 
 from blockdraft.decoding.loop import ar_generate
 from blockdraft.decoding.timing import alternate_timed
+from blockdraft.threads import OtherLoad
 
 
 def hf_generate_job(
@@ -83,13 +84,21 @@ def ar_vs_hf(
     alternate_timed(jobs(prompts[0], min(4, max_new_tokens)))  # warm-up
     seconds = {"hf": 0.0, "ar": 0.0}
     tokens = {"hf": 0, "ar": 0}
-    for prompt in prompts:
-        results, took = alternate_timed(jobs(prompt, max_new_tokens))
-        for name in seconds:
-            seconds[name] += took[name]
-            tokens[name] += len(results[name])
+    with OtherLoad() as load:
+        for prompt in prompts:
+            results, took = alternate_timed(jobs(prompt, max_new_tokens))
+            for name in seconds:
+                seconds[name] += took[name]
+                tokens[name] += len(results[name])
     hf, ar = (tokens[n] / max(seconds[n], 1e-12) for n in ("hf", "ar"))
-    return {"hf_tokens_per_s": hf, "ar_tokens_per_s": ar, "ar_vs_hf": ar / max(hf, 1e-12)}
+    return {
+        "hf_tokens_per_s": hf,
+        "ar_tokens_per_s": ar,
+        "ar_vs_hf": ar / max(hf, 1e-12),
+        # other processes held the cores these timings needed (threads.OtherLoad)
+        "ar_vs_hf_busy": load.contended(torch.get_num_threads()),
+        "ar_vs_hf_other_load_cores": load.others,
+    }
 
 
 def versus_hf(

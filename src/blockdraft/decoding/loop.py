@@ -41,6 +41,7 @@ from blockdraft.decoding.verify import verify_block, verify_onehot, verify_stand
 from blockdraft.kernels import cpu_kernels_apply
 from blockdraft.kernels.packed_linear import packed_linears
 from blockdraft.sampling import MAX_NEW_TOKENS, processed_probs, settings_of
+from blockdraft.threads import OtherLoad
 
 VERIFIERS = ("standard", "block")
 
@@ -266,6 +267,7 @@ def decode(
     spec_s = ar_s = 0.0
     spec_tokens = ar_tokens = 0
     per_prompt: list[tuple[int, float, int, float]] = []  # spec tokens, s, AR tokens, s
+    load = OtherLoad().start()  # what else ran on the machine while we timed
     for i, prompt in enumerate(prompts_ids):
         jobs: dict[str, Callable[[], Any]] = {}
         if measure_ar:
@@ -311,6 +313,7 @@ def decode(
                 callback(info)
     if bar is not None:
         bar.close()
+    load.stop()
 
     k = proposals_per_round(drafter)
     hist = [0] * (k + 2)
@@ -342,4 +345,6 @@ def decode(
         seconds=phase,
         ar_stats=ar_stats,
         speedup_ci95=speedup_ci,
+        other_load_cores=load.others,
+        machine_busy=load.contended(torch.get_num_threads()),
     )

@@ -48,6 +48,10 @@ class DecodeResult:
     # percentile bootstrap CI of `speedup` over prompts (`speedup_and_ci`); None without
     # the AR baseline, NaNs with fewer than 2 prompts
     speedup_ci95: tuple[float, float] | None = None
+    # cores other processes kept busy while this decode was timed (threads.OtherLoad),
+    # and whether that left fewer cores than its threads: then no speed verdict is given
+    other_load_cores: float | None = None
+    machine_busy: bool = False
 
     @property
     def ar_step_s(self) -> float | None:

@@ -9,7 +9,9 @@ blockdraft's plugin).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import io
 import os
 from typing import Any
 
@@ -51,13 +53,15 @@ def _installed_vllm_serves(architecture: str) -> bool | None:
     if vllm_version() is None:
         return None
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    quiet = io.StringIO()  # its import notes (Triton's CPU backend, ...) are not ours to print
     try:
-        # lazy: vLLM is an optional extra that takes seconds to import
-        from vllm.model_executor.models import ModelRegistry
-        from vllm.model_executor.models.interfaces import supports_eagle3
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            # lazy: vLLM is an optional extra that takes seconds to import
+            from vllm.model_executor.models import ModelRegistry
+            from vllm.model_executor.models.interfaces import supports_eagle3
 
-        register_vllm_plugin()  # what `vllm serve` loads through the entry point
-        cls = ModelRegistry._try_load_model_cls(architecture)
+            register_vllm_plugin()  # what `vllm serve` loads through the entry point
+            cls = ModelRegistry._try_load_model_cls(architecture)
     except Exception:  # an engine that fails to import answers nothing
         return None
     return bool(cls is not None and supports_eagle3(cls))

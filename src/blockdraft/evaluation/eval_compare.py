@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from blockdraft.artifacts import write_new_file
 from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.evaluation.offline import mal_ci, offline_stats, paired_comparison
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
@@ -25,6 +26,7 @@ __all__ = [
     "drafter_names",
     "evaluate",
     "load_scored",
+    "json_text",
     "write_json",
 ]
 
@@ -157,10 +159,15 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def write_json(path: str | Path, obj: Any) -> None:
-    """Write strict JSON (no NaN), creating the parent directory."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(_json_safe(obj), indent=2, allow_nan=False) + "\n")
+def json_text(obj: Any) -> bytes:
+    """Strict JSON (no NaN), as every `--json` file is written."""
+    return (json.dumps(_json_safe(obj), indent=2, allow_nan=False) + "\n").encode()
+
+
+def write_json(path: str | Path, obj: Any, *, overwrite: bool = True, flag: str = "--json") -> None:
+    """Write strict JSON atomically, creating the parent directory; an existing file is
+    refused (one line naming it) unless `overwrite`."""
+    write_new_file(path, json_text(obj), flag, overwrite)
 
 
 def compare(

@@ -21,15 +21,17 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from tqdm import tqdm
 
+from blockdraft.artifacts import with_filename
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollouts.store import target_fingerprint
 from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter, future_tokens
 from blockdraft.drafters.suffix import SuffixDrafter
+from blockdraft.errors import os_error_message
 from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.sampling import processed_probs
 from blockdraft.user_cache import cache_root
@@ -240,7 +242,11 @@ def read_cache_entry(path: Path, num_rollouts: int) -> list[torch.Tensor] | None
     """The acceptance tensors cached at `path`, or None to recompute (and overwrite) them:
     an entry is used only when it reads and matches the SHA-256 it records (a damaged one
     is recomputed with a one-line warning)."""
-    if not path.is_file():
+    try:
+        if not path.is_file():
+            return None
+    except OSError as exc:  # an unusable cache directory: the cache is optional
+        print(f"warning: {os_error_message(exc)}: acceptance cache not read", file=sys.stderr)
         return None
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -321,20 +327,33 @@ def score_rollouts(
         for r in iterator
     ]
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tensors = {f"r{i}": t.contiguous() for i, t in enumerate(out)}
-        save_file(
-            tensors,
-            str(tmp),
-            metadata={
-                "drafter": drafter_id,
-                "num_rollouts": str(len(out)),
-                "sha256": tensors_digest(tensors),
-            },
-        )
-        os.replace(tmp, path)
+        meta = {"drafter": drafter_id, "num_rollouts": str(len(out))}
+        write_cache_entry(path, tensors, {**meta, "sha256": tensors_digest(tensors)})
     return out
+
+
+def write_cache_entry(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    """Store computed scores in the cache, atomically (a per-process temp file, fsync,
+    rename). The cache is optional: a full disk or an unusable directory is one warning
+    naming the path, the temp file is removed, and the scores are still returned."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = save(tensors, metadata=meta)
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        print(
+            f"warning: {os_error_message(with_filename(exc, path))}: the acceptance cache "
+            "was not written (the scores are used as computed)",
+            file=sys.stderr,
+        )
 
 
 def score_rollout_set(

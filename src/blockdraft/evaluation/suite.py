@@ -195,6 +195,7 @@ def benchmark_rollouts(
     root: str | Path | None = None,
     progress: bool = True,
     log: Any = print,
+    allow_download: bool = False,
 ) -> dict[str, Path]:
     """Each benchmark's rollout set, generated (resumably) only when missing.
 
@@ -206,7 +207,8 @@ def benchmark_rollouts(
     fp = target_fingerprint(target)
     out = {}
     for bench in suite.benchmarks:
-        prompts = select_prompts(load_prompts(bench.prompts), bench.limit, bench.select)
+        loaded = load_prompts(bench.prompts, allow_download=allow_download)
+        prompts = select_prompts(loaded, bench.limit, bench.select)
         key = {
             "target": fp,
             # what the prompts are, not where the file lies (a moved data dir keeps its cache)
@@ -264,6 +266,7 @@ def run_suite(
     drafter_dtype: Any = None,
     log: Any = print,
     split: bool = False,
+    allow_download: bool = False,
 ) -> dict[str, Any]:
     """Score every drafter (baseline first) on every benchmark; a JSON-ready result.
 
@@ -271,10 +274,11 @@ def run_suite(
     the baseline; on the mean over benchmarks: MAL, CI and gain (stratified bootstrap,
     `suite_statistics`); and every pair of the other drafters, per benchmark and on the mean.
     `split`: per benchmark also the round starts grouped by what the baseline gets accepted
-    there, with the per-round oracle's MAL (`lookup_split`)."""
+    there, with the per-round oracle's MAL (`lookup_split`). `allow_download`: `hf:`
+    benchmarks may fetch their dataset (else only the local cache is read)."""
     specs = with_baseline(suite, drafters)
     names = drafter_names(specs)
-    dirs = benchmark_rollouts(target, suite, rollouts_root, progress, log)
+    dirs = benchmark_rollouts(target, suite, rollouts_root, progress, log, allow_download)
     per_bench, rounds, stats_rows = [], [], []
     for bench in suite.benchmarks:
         rollouts, scored = load_scored(

@@ -394,6 +394,10 @@ def evaluate_online(
             "hf_tokens_per_s": hf.get("hf_tokens_per_s"),
             "offline_mal": mal,
             "offline_mal_ci95": list(ci),
+            "other_load_cores": max(
+                res.other_load_cores or 0.0, hf.get("ar_vs_hf_other_load_cores") or 0.0
+            ),
+            "machine_busy": res.machine_busy or bool(hf.get("ar_vs_hf_busy")),
         }
     return online
 
@@ -502,6 +506,8 @@ def build_report_json(
                 "speedup": o.get("speedup"),
                 "speedup_ci95": o.get("speedup_ci95"),
                 "speedup_vs_hf": o.get("speedup_vs_hf"),
+                "machine_busy": o.get("machine_busy", False),
+                "other_load_cores": o.get("other_load_cores"),
                 # the offline MAL of the online prompts at the online length (= tau at T = 0)
                 "offline_mal": o.get("offline_mal"),
                 "ar_k": d["ar_k"],

@@ -305,7 +305,18 @@ def speed_verdict(rows: list[dict[str, Any]]) -> list[str]:
     """Plain words on the wall clock: which drafters decode *slower* than HF `generate` or
     our AR loop (`rows`: `name`, `speedup`, `speedup_ci95`, `speedup_vs_hf`, any may be
     None), which cannot be told from it, or that every timed one is faster. With a CI, a
-    drafter is slower only if the whole CI is below 1x; without one, the ratio decides."""
+    drafter is slower only if the whole CI is below 1x; without one, the ratio decides.
+    A row timed while other processes held the cores it needed (`machine_busy`) gets no
+    verdict at all: the clock measured the machine, not the drafter."""
+    busy = [r for r in rows if r.get("machine_busy")]
+    if busy:
+        load = max((r.get("other_load_cores") or 0.0) for r in busy)
+        return [
+            f"No speed verdict: other processes kept {load:.1f} cores busy while "
+            f"{', '.join(r['name'] for r in busy)} {'was' if len(busy) == 1 else 'were'} "
+            "timed, so the wall clock measured the machine, not the drafters; rerun on an idle "
+            "machine (tau and MAL do not depend on it)."
+        ]
     lines = []
     for key, what in (("speedup_vs_hf", "HF `generate`"), ("speedup", "our AR loop")):
         timed = [(r["name"], r[key], r) for r in rows if r.get(key) is not None]

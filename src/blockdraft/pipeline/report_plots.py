@@ -7,6 +7,7 @@ and is written with the Agg backend (no display needed).
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,14 +19,22 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from blockdraft.artifacts import write_atomic  # noqa: E402
+
 DPI = 120
 
 
 def _save(fig: Any, path: Path) -> Path:
+    """Render in memory, then `write_atomic`: a full disk leaves no cut-short PNG that a
+    rerun would take for an earlier report, and names the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, dpi=DPI, format="png")
+    finally:
+        plt.close(fig)
+    write_atomic(path, buffer.getvalue())
     return path
 
 

@@ -543,15 +543,7 @@ def load_drafter(
     trained with non-default `target.layer_ids`. Callers scoring several drafters load
     each right before using it.
     """
-    config = load_drafter_config(path, target)
-    warn_other_target(path, read_config(path), target)
-    wanted = list(config.target_layer_ids)
-    adoptable = config.num_target_layers == target.num_layers and all(
-        0 <= i < target.num_layers for i in wanted
-    )
-    if adopt_layer_ids and wanted != list(target.layer_ids) and adoptable:
-        target.layer_ids = wanted
-    check_target_compatible(config, target)
+    config = check_made_for(path, target, adopt_layer_ids=adopt_layer_ids)
     weights_file = verify_weights(path)
     try:
         state = load_file(str(weights_file))
@@ -581,6 +573,25 @@ def load_drafter(
     if device is not None:
         drafter.to(device)
     return drafter.bind_target(target)
+
+
+def check_made_for(
+    path: str | Path, target: Any, *, adopt_layer_ids: bool = False
+) -> DrafterConfig:
+    """The checkpoint's `DrafterConfig` once it is known to fit `target`: a drafter of
+    another target is refused (one line naming the first key that differs) before the
+    warning that a sibling target with the same shapes gets (`warn_other_target`).
+    `adopt_layer_ids`: see `load_drafter`."""
+    config = load_drafter_config(path, target)
+    wanted = list(config.target_layer_ids)
+    adoptable = config.num_target_layers == target.num_layers and all(
+        0 <= i < target.num_layers for i in wanted
+    )
+    if adopt_layer_ids and wanted != list(target.layer_ids) and adoptable:
+        target.layer_ids = wanted
+    check_target_compatible(config, target)
+    warn_other_target(path, read_config(path), target)
+    return config
 
 
 def _drop_target_head_rows(state: dict[str, torch.Tensor], target: Any, file: Path) -> None:

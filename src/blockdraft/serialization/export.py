@@ -36,6 +36,7 @@ from blockdraft.serialization.checkpoint import (
     NAMESPACE,
     SERVING_ARCHITECTURE,
     WEIGHTS_NAME,
+    check_made_for,
     own_config,
     read_config,
     resolve_checkpoint,
@@ -441,6 +442,8 @@ def _export_locked(
     hybrid_conf: float | None,
 ) -> Path:
     cfg = read_config(ckpt)
+    if target is not None:  # as eval, decode and serve-check refuse it
+        check_made_for(ckpt, target, adopt_layer_ids=True)
     with_lookups(cfg, hybrid_conf, str(ckpt))
     weights = verify_weights(ckpt, cfg)
     try:

@@ -36,6 +36,7 @@ from blockdraft.training.config import (
     TrainConfig,
     drafted_blocks,
 )
+from blockdraft.training.memory_plan import plan_memory
 
 
 class TrainSetupError(BlockdraftError, ValueError):
@@ -130,6 +131,44 @@ def check_against_target(cfg: TrainConfig, target, say=print) -> None:
             f"drafter.draft_vocab_size: {vocab} is larger than the vocabulary of target "
             f"{cfg.target.name!r} ({target.vocab_size} tokens)"
         )
+
+
+def available_bytes(device: Any) -> int | None:
+    """Memory a run on `device` can still allocate: free GPU memory (CUDA), else the
+    kernel's `MemAvailable` (Linux); None where it cannot be known."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_shortfall(cfg: Any, world_size: int, device: Any, hf_config: Any) -> str | None:
+    """One line when training `cfg` cannot fit in what `device` has free (its target is
+    already loaded, so its weights are not counted again), else None: a config far too
+    large (`drafter.block_size=100000`) is refused before it allocates and is killed."""
+    try:
+        plan = plan_memory(cfg, world_size, str(device), hf_config=hf_config)
+    except (AttributeError, KeyError, TypeError, ValueError):  # a config it cannot read
+        return None
+    need = plan.peak - plan.parts["target_weights"]
+    free = available_bytes(device)
+    if free is None or need <= free:
+        return None
+    biggest = max(
+        ("drafter_step", "target_forward", "optimizer"), key=lambda k: plan.parts.get(k, 0)
+    )
+    return (
+        f"memory: training needs about {need / 2**30:.1f} GiB more on {device} (mostly {biggest}), "
+        f"{free / 2**30:.1f} GiB is free; lower drafter.block_size, num_anchors, "
+        "optim.batch_size (or raise optim.grad_accum) or data.max_seq_len (`train --plan`)"
+    )
 
 
 def _open_checked(directory: str, key: str, target, allow_incomplete: bool = False):

@@ -11,6 +11,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from blockdraft.objectives.registry import parameter_defaults
@@ -95,3 +96,24 @@ def check_resumed_config(
             f"--resume: {', '.join(meaning)} differs from {checkpoint}, which was trained "
             f"with the first; resume with its settings, or pass {keys} to change it mid-run"
         )
+
+
+def threads_note(checkpoint: Path, threads: int, device: Any) -> str | None:
+    """A warning when a CPU run resumes with another torch thread count than the
+    checkpoint's run used (`provenance.cpu_threads` in its run.yaml): CPU kernels split
+    their sums by thread, so the weights would differ in the last bits from an
+    uninterrupted run's; None when they match, on a GPU, or when nothing is recorded."""
+    if torch.device(device).type != "cpu":
+        return None
+    try:
+        stored = yaml.safe_load((Path(checkpoint) / "run.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    found, before = _lookup(stored if isinstance(stored, dict) else {}, "provenance.cpu_threads")
+    if not found or not isinstance(before, int) or before == threads:
+        return None
+    return (
+        f"warning: --resume: {checkpoint} was trained with {before} CPU threads, this run "
+        f"uses {threads}: sums split differently, so the weights will not be bit-identical "
+        f"to an uninterrupted run (pass --threads {before} for that)"
+    )

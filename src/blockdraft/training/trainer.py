@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import subprocess
+import sys
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from blockdraft.training.builders import (
     cpu_fallback_note,
     load_target_for,
     load_train_eval,
+    memory_shortfall,
     resolve_mode,
 )
 from blockdraft.training.config import TrainConfig, dump_yaml
@@ -56,7 +58,7 @@ from blockdraft.training.evaluate import evaluate_mal
 from blockdraft.training.feature_sources import build_feature_source
 from blockdraft.training.logging import MetricsLogger, truncate_metrics
 from blockdraft.training.loop import LoopParts, NonFiniteLossError, build_loop_parts, run_loop
-from blockdraft.training.resume import check_resumed_config
+from blockdraft.training.resume import check_resumed_config, threads_note
 
 
 def git_sha() -> str | None:
@@ -83,6 +85,8 @@ def run_yaml(cfg: TrainConfig, ctx: DistContext) -> str:
                 "torch_version": str(torch.__version__),
                 "world_size": ctx.world_size,
                 "device": str(ctx.device),  # what `device: auto` resolved to
+                # CPU sums split by thread: a resume with another count is not bit-exact
+                "cpu_threads": torch.get_num_threads(),
             }
         },
     )
@@ -158,11 +162,17 @@ def _train(
     resume_from = _prepare_run_dir(run_dir, ctx, resume, overwrite)
     if resume_from is not None:
         check_resumed_config(cfg, Path(resume_from), allow_changed)
+        note = threads_note(Path(resume_from), torch.get_num_threads(), ctx.device)
+        if note and ctx.is_main:
+            print(note, file=sys.stderr)
     if target is None:
         target = load_target_for(cfg, ctx.device)
     target.model.to(ctx.device)
     say = print if ctx.is_main else _quiet  # rank 0 prints setup notes once
     check_against_target(cfg, target, say=say)
+    short = memory_shortfall(cfg, ctx.world_size, ctx.device, target.model.config)
+    if short:
+        raise TrainSetupError(short)
     train_data, eval_data = load_train_eval(cfg, target)
     mode = resolve_mode(cfg, train_data, eval_data)
     objective = build_objective(cfg, mode)
@@ -380,7 +390,38 @@ def _restore(path: Path, parts: LoopParts, sharded: bool) -> ckpt.TrainerProgres
         )
         optimizer.load_state_dict(tensors["optimizer"])
     scheduler.load_state_dict(tensors["scheduler"])
+    changes = apply_optim_settings(parts.cfg, optimizer, scheduler)
+    if changes and parts.ctx.is_main:
+        print(f"resume: {', '.join(changes)} (the config's, applied from this step on)")
     ckpt.set_rng_state(tensors["rng"])
     progress = ckpt.read_progress(path)
     progress.world_size = parts.ctx.world_size
     return progress
+
+
+def apply_optim_settings(cfg: TrainConfig, optimizer: Any, scheduler: Any) -> list[str]:
+    """The config's `optim.lr`, `betas` and `weight_decay` over a restored optimizer's.
+
+    A loaded optimizer and LambdaLR state carry the hyperparameters of the run that saved
+    them, so without this a resume with another `optim.lr` would record the new value in
+    run.yaml and keep training with the old one. The schedule's factor at the restored
+    step is kept: the learning rate becomes `lr * factor(step)`. Returns what changed,
+    `key old -> new`, for the log (empty for an unchanged config: bit-exact resume)."""
+    o = cfg.optim
+    want = {"lr": float(o.lr), "betas": tuple(o.betas), "weight_decay": float(o.weight_decay)}
+    changes: list[str] = []
+    for key, value in want.items():
+        before = optimizer.param_groups[0]["initial_lr" if key == "lr" else key]
+        if (tuple(before) if key == "betas" else before) != value:
+            changes.append(f"optim.{key} {before} -> {value}")
+    if not changes:
+        return []
+    for group in optimizer.param_groups:
+        group["initial_lr"] = want["lr"]
+        group["betas"] = want["betas"]
+        group["weight_decay"] = want["weight_decay"]
+    scheduler.base_lrs = [want["lr"]] * len(optimizer.param_groups)
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas, strict=True):
+        group["lr"] = want["lr"] * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    return changes

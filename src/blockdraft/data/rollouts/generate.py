@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import platform
 import sys
 import time
@@ -313,11 +314,27 @@ def repair_damaged_shards(
             damaged.append((pool.pop(first_row), problem))
     if not damaged:
         return
+    kept = {id(entry): _move_aside(shard_path(out, entry)) for entry, _ in damaged}
     drop_part_entries(out, {d["first_row"] for d, _ in damaged})
     write_manifest(out, manifest)
     for entry, problem in damaged:
         a, b = entry["first_row"], entry["first_row"] + entry["rows"] - 1
-        print(f"warning: {problem}; regenerating rows {a}..{b}", file=sys.stderr, flush=True)
+        aside = kept[id(entry)]
+        where = f"; the file is kept as {aside}" if aside else ""
+        print(f"warning: {problem}{where}; regenerating rows {a}..{b}", file=sys.stderr, flush=True)
+
+
+def _move_aside(path: Path) -> Path | None:
+    """Rename a damaged or replaced shard to a free `NAME.replaced[-N]` before its rows are
+    written again: the file in its place may be someone's own, never overwritten."""
+    if not (path.exists() or path.is_symlink()):
+        return None
+    for n in itertools.count():
+        aside = path.with_name(path.name + (".replaced" if n == 0 else f".replaced-{n}"))
+        if not (aside.exists() or aside.is_symlink()):
+            path.rename(aside)
+            return aside
+    return None  # unreachable: count() never ends
 
 
 def finish_manifest(out: Path, manifest: dict[str, Any]) -> None:

@@ -150,6 +150,8 @@ def extract(obj: dict[str, Any], line: int, path: Path) -> EngineRecord:
     texts = [content] + [choice.get(k) for k in ("text", "generated_text")]
     texts += [obj.get(k) for k in RESPONSE_TEXT_KEYS]
     rec.response_text = next((t for t in texts if isinstance(t, str)), None)
+    if rec.response_ids is None and rec.response_text is None:
+        _refuse_wrong_type(choice, obj, path, line)
     if rec.response_ids is None and rec.response_text is None and choice is not obj:
         rec.no_response = True  # the engine answered with an empty choice
     elif rec.response_ids is None and rec.response_text is None and rec.error is None:
@@ -161,6 +163,24 @@ def extract(obj: dict[str, Any], line: int, path: Path) -> EngineRecord:
     _finish(rec, choice, meta, obj)
     rec.settings = _settings(obj)
     return rec
+
+
+def _refuse_wrong_type(choice: dict, obj: dict, path: Path, line: int) -> None:
+    """A response field present with another type than text (`"response": 5`) is named
+    with its type, not reported as "no response found"."""
+    places = [("message.", _get(choice, "message"), ("content",))]
+    places += [("", choice, ("text", "generated_text")), ("", obj, RESPONSE_TEXT_KEYS)]
+    for where, holder, keys in places:
+        if not isinstance(holder, dict):
+            continue
+        for key in keys:
+            value = holder.get(key)
+            if value is not None and not isinstance(value, (str, dict)):  # dict: a holder
+                raise RolloutError(
+                    f"{path}:{line}: {where}{key!r} is {type(value).__name__} {value!r:.40}, "
+                    "expected the response text (a string) or token ids in "
+                    f"{', '.join(RESPONSE_ID_KEYS)}"
+                )
 
 
 def _finish(rec: EngineRecord, choice: dict, meta: dict, obj: dict) -> None:
