@@ -148,7 +148,7 @@ suite|suite-t07)
   [ "$section" = suite-t07 ] && { suite=configs/suites/smollm2-t07.yaml; tag=suite-t07; }
   log "$tag: ${runs[*]} ${hybrids[*]}"
   $BD suite $TGT --suite "$suite" --rollouts-dir "$OUT/$tag-rollouts" --split \
-      --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/$tag.json" \
+      --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/$tag.json" --overwrite \
       ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} "${runs[@]}" "${hybrids[@]}" | tee "$OUT/$tag.txt"
   log "$tag done" ;;
 *) echo "unknown section $section (prompts rollouts features curve ab decay finetune suite suite-t07)" >&2; exit 2 ;;
