@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ENGINE_STAMP := $(VENV)/.engine
 
-.PHONY: install engine demo test test-engine lint bench clean
+.PHONY: install engine engine-llamacpp demo test test-engine test-llamacpp lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,13 @@ $(ENGINE_STAMP): $(STAMP)
 
 engine: $(ENGINE_STAMP)
 
+# llama.cpp's llama-server and converter (optional): `serve-check --engine llamacpp`,
+# `export --format gguf`. Built from the pinned llama-cpp-python sdist's vendored llama.cpp
+# into .llamacpp/ (resumable; 2 jobs: about 40 min on 2 busy cores, see docs/serving.md).
+LLAMACPP_JOBS ?= 2
+engine-llamacpp:
+	JOBS=$(LLAMACPP_JOBS) PY=$(PY) bash scripts/build_llamacpp.sh
+
 demo: $(STAMP)
 	$(BIN)/blockdraft demo
 
@@ -37,6 +44,13 @@ test: $(STAMP)
 	$(BIN)/pytest -q
 
 test-engine: $(ENGINE_STAMP)
+
+# llama.cpp's llama-server and converter (optional): `serve-check --engine llamacpp`,
+# `export --format gguf`. Built from the pinned llama-cpp-python sdist's vendored llama.cpp
+# into .llamacpp/ (resumable; 2 jobs: about 40 min on 2 busy cores, see docs/serving.md).
+LLAMACPP_JOBS ?= 2
+engine-llamacpp:
+	JOBS=$(LLAMACPP_JOBS) PY=$(PY) bash scripts/build_llamacpp.sh
 	$(BIN)/pytest -q tests/engines
 
 lint: $(STAMP)

@@ -343,7 +343,8 @@ def export_drafter(
         return _export_locked(ckpt, out_dir, dtype, target, expand_vocab)
 
 
-EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, MODELING_FILE}
+DRAFTER_GGUF = "drafter.gguf"  # `export --format gguf`: the drafter as llama.cpp loads it
+EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, MODELING_FILE, DRAFTER_GGUF}
 
 
 def _refuse_to_replace(out_dir: Path, overwrite: bool) -> None:
@@ -514,6 +515,7 @@ def serve_commands(
 
 __all__ = [
     "CONFIG_NAME",
+    "DRAFTER_GGUF",
     "ExportError",
     "expected_weight_shapes",
     "export_drafter",

@@ -1,0 +1,72 @@
+"""What llama.cpp's draft-dflash cannot load is said before anything is converted: one line
+each (these run without llama.cpp built)."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+from blockdraft.engines import llamacpp_gguf
+from blockdraft.engines.interface import EngineError
+from blockdraft.engines.llamacpp_gguf import llamacpp_problem
+
+
+def _drafter(**over):
+    cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "hidden_size": 128,
+        "vocab_size": 4096,
+        "dflash_config": {"mask_token_id": 2, "target_layer_ids": [0, 2], "block_size": 8},
+    }
+    cfg.update(over)
+    return cfg
+
+
+QWEN = Qwen3Config(architectures=["Qwen3ForCausalLM"], hidden_size=128)
+LLAMA = LlamaConfig(architectures=["LlamaForCausalLM"], hidden_size=128)
+
+
+def test_llama_and_qwen3_targets_of_the_drafters_width_are_served():
+    assert llamacpp_problem(_drafter(), QWEN) is None
+    assert llamacpp_problem(_drafter(), LLAMA) is None
+
+
+@pytest.mark.parametrize(
+    ("drafter", "target", "says"),
+    [
+        (_drafter(), Gemma3TextConfig(architectures=["Gemma3ForCausalLM"]), "Gemma3ForCausalLM"),
+        (_drafter(hidden_size=64, target_hidden_size=128), QWEN, "hidden size (64)"),
+        (_drafter(draft_vocab_size=512), QWEN, "draft vocabulary (512 tokens)"),
+        (_drafter(architectures=["DFlash2DraftModel"]), QWEN, "DFlash2"),
+        (_drafter(dflash_config={"target_layer_ids": [0]}), QWEN, "mask_token_id"),
+    ],
+)
+def test_what_llamacpp_cannot_load_is_one_line(drafter, target, says):
+    problem = llamacpp_problem(drafter, target)
+    assert problem is not None and says in problem and "\n" not in problem
+
+
+def test_missing_tools_name_the_make_target(tmp_path, monkeypatch):
+    monkeypatch.setenv(llamacpp_gguf.TOOLS_ENV, str(tmp_path))
+    with pytest.raises(EngineError, match="make engine-llamacpp"):
+        llamacpp_gguf.require_tools()
+    with pytest.raises(EngineError, match="make engine-llamacpp"):
+        llamacpp_gguf.convert_to_gguf(tmp_path, tmp_path / "x.gguf")
+
+
+def test_gpt2_split_is_recognised_from_tokenizer_json(tmp_path):
+    """Only a ByteLevel pre-tokenizer with GPT-2's regex and no normalizer counts."""
+    import json
+
+    def write(tok):
+        (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
+        return llamacpp_gguf._byte_level_gpt2(tmp_path)
+
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+    assert write({"model": {"type": "BPE"}, "normalizer": None, "pre_tokenizer": byte_level})
+    assert not write({"model": {"type": "BPE"}, "normalizer": {"type": "NFC"},
+                      "pre_tokenizer": byte_level})  # fmt: skip
+    assert not write({"model": {"type": "BPE"}, "normalizer": None,
+                      "pre_tokenizer": {"type": "Metaspace"}})  # fmt: skip
+    assert not write({"model": {"type": "Unigram"}, "normalizer": None,
+                      "pre_tokenizer": byte_level})  # fmt: skip
