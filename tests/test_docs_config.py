@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from blockdraft.training.config import TrainConfig
+from blockdraft.objectives.registry import parameter_defaults
+from blockdraft.training.config import ObjectiveConfig, TrainConfig
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 ROW = re.compile(r"^\| `([\w.]+)` \| `([^`]*)` \|", re.M)
@@ -26,9 +27,13 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def config_keys(cls: type = TrainConfig, prefix: str = "") -> dict[str, str]:
-    """Dotted key -> default as JSON, for every leaf field of the config."""
+    """Dotted key -> default as JSON, for every leaf field of the config (the objective
+    section: every registered objective's parameters)."""
     keys = {}
     for f in dataclasses.fields(cls):
+        if cls is ObjectiveConfig and f.name == "params":
+            keys.update({f"{prefix}{k}": json.dumps(v) for k, v in parameter_defaults().items()})
+            continue
         value = _default(f)
         if dataclasses.is_dataclass(value):
             keys.update(config_keys(type(value), f"{prefix}{f.name}."))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from blockdraft.devices import drafter_dtype, resolve_flags
 from blockdraft.evaluation import eval_compare
 from blockdraft.evaluation.suite import Suite, benchmark_arg, load_suite, with_benchmarks
 from blockdraft.evaluation.suite import run_suite as _run_suite
-from blockdraft.sampling import SamplingSettings
+from blockdraft.sampling import MAX_NEW_TOKENS, SamplingSettings
 from blockdraft.serialization.checkpoint import resolve_checkpoint
 from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, load_drafter_spec
 from blockdraft.serialization.export import export_drafter
@@ -113,7 +112,7 @@ def generate_rollouts(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
-    max_new_tokens: int = 256,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     seed: int = 0,
     limit: int | None = None,
     batch_size: int = 8,
@@ -189,7 +188,7 @@ def train(
         overrides = [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
     overrides = list(overrides)
     if isinstance(config, TrainConfig):
-        cfg = config_from_dict(asdict(config), overrides) if overrides else config
+        cfg = config_from_dict(config.to_dict(), overrides) if overrides else config
     elif isinstance(config, Mapping):
         cfg = config_from_dict(dict(config), overrides)
     else:
@@ -350,7 +349,7 @@ def decode(
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
-    max_new_tokens: int = 128,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     seed: int = 0,
     verifier: str = "standard",
     measure_ar: bool = True,

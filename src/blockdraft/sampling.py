@@ -16,6 +16,9 @@ from typing import Any
 
 import torch
 
+# The one default response length: rollouts, decoding, suites, the CLI and the Python API.
+MAX_NEW_TOKENS = 128
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -24,7 +27,7 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    max_new_tokens: int = 256
+    max_new_tokens: int = MAX_NEW_TOKENS
     seed: int = 0
 
     def __post_init__(self) -> None:

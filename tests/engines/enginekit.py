@@ -1,8 +1,8 @@
-"""Shared marks for the engine tests."""
+"""Shared marks and the drafter trainer of the engine tests."""
 
 import pytest
 
-from blockdraft.engines.vllm_engine import vllm_version
+from blockdraft.engines.dflash_support import vllm_version
 from blockdraft.training import config_from_dict, train
 
 needs_vllm = pytest.mark.skipif(
@@ -11,6 +11,8 @@ needs_vllm = pytest.mark.skipif(
 
 
 def train_tiny_drafter(tiny, rollouts, run, layer_ids=None, draft_vocab_size=512):
+    """A 1-layer DFlash drafter, 60 steps of D-PACE: good enough that an engine accepts
+    some proposals and rejects others (`draft_vocab_size=None`: the whole vocabulary)."""
     cfg = config_from_dict(
         {
             "run_dir": str(run),

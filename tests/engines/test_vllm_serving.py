@@ -124,8 +124,8 @@ def test_rounds_trace_follows_vllm_round_by_round(tiny, tiny_drafter, tiny_sets)
     assert all(r["anchor_is_rollout_token"] for r in rounds)
     # the rounds tile the response: each starts right after the last one's accepted tokens
     for a, b in zip(rounds, rounds[1:], strict=False):
-        assert b["start"] == a["start"] + a["vllm_accepted"] + 1
-    assert sum(r["vllm_accepted"] for r in rounds) > 0
+        assert b["start"] == a["start"] + a["served_accepted"] + 1
+    assert sum(r["served_accepted"] for r in rounds) > 0
 
 
 def test_the_demo_adds_a_vllm_row(tiny, tiny_drafter, tiny_sets, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 
@@ -37,24 +38,15 @@ def _manual_weighted_ce(logq: torch.Tensor, w: torch.Tensor, mask: torch.Tensor)
 
 
 def test_every_name_builds_with_defaults_and_reports_its_flags() -> None:
-    assert set(OBJECTIVE_NAMES) == {
-        "uniform",
-        "decay",
-        "dpace",
-        "dpace-cumulative",
-        "dpace-continuation",
-        "e2e",
-        "edr",
-    }
+    assert set(OBJECTIVE_NAMES) == {"uniform", "decay", "dpace", "e2e", "edr"}
     for name in OBJECTIVE_NAMES:
         obj = make_objective(name)
         assert obj.name == name
-        assert obj.params == objective_params(name)
+        assert dataclasses.asdict(obj.params) == objective_params(name)
         assert obj.is_rounds_objective == (name == "edr")
         assert obj.needs_target_distribution == (name in ("e2e", "edr"))  # edr defaults to sampling
     assert make_objective("edr", mode="greedy").needs_target_distribution is False
-    assert make_objective("edr", mode="greedy", max_anchors=64).params == {
-        "mode": "greedy",
+    assert dataclasses.asdict(make_objective("edr", mode="greedy", max_anchors=64).params) == {
         "max_anchors": 64,
         "anchor_sampler": "gradient",
         "greedy_temperature": 0.5,
@@ -108,12 +100,13 @@ def test_decay_gamma_override() -> None:
 
 @pytest.mark.parametrize(
     ("name", "variant"),
-    [("dpace", "full"), ("dpace-cumulative", "cumulative"), ("dpace-continuation", "continuation")],
+    [(None, "full"), ("cumulative", "cumulative"), ("continuation", "continuation")],
 )
-def test_dpace_names_use_their_variant_and_alpha(name: str, variant: str) -> None:
+def test_dpace_variants_use_their_weights_and_alpha(name: str | None, variant: str) -> None:
     logits, targets, mask = _block_batch(seed=1)
     logq = token_logprobs(logits, targets)
-    out = make_objective(name, alpha=0.3).loss(logq, mask)
+    given = {"variant": name} if name else {}  # None: the default variant
+    out = make_objective("dpace", alpha=0.3, **given).loss(logq, mask)
     w = dpace_weights(logq.detach().exp(), alpha=0.3, variant=variant, mask=mask)
     torch.testing.assert_close(out.weights, w)
     assert abs(float(out.loss.detach()) - _manual_weighted_ce(logq, w, mask)) < 1e-12
@@ -239,13 +232,13 @@ def test_edr_helpers_pass_mode_and_max_anchors_through() -> None:
 
 
 def test_bad_names_and_params_give_clear_errors() -> None:
-    with pytest.raises(ValueError, match=r"unknown objective 'dpcae'.*dpace-cumulative.*edr"):
+    with pytest.raises(ValueError, match=r"unknown objective 'dpcae'.*dpace.*edr"):
         make_objective("dpcae")
     with pytest.raises(
-        ValueError, match=r"unknown parameter\(s\) gamma for objective 'dpace'; valid: alpha"
+        ValueError, match=r"unknown parameter\(s\) gamma for objective 'dpace'; valid: soft"
     ):
         make_objective("dpace", gamma=3)
-    with pytest.raises(ValueError, match="valid: soft_weight$"):
+    with pytest.raises(ValueError, match="valid: soft_target_weight$"):
         make_objective("uniform", alpha=0.5)
     with pytest.raises(ValueError, match="alpha"):
         make_objective("dpace", alpha=-0.1)
@@ -253,8 +246,8 @@ def test_bad_names_and_params_give_clear_errors() -> None:
         make_objective("decay", gamma=0)
     with pytest.raises(ValueError, match="mode"):
         make_objective("edr", mode="beam")
-    with pytest.raises(ValueError, match="soft relaxation"):
-        make_objective("edr", mode="greedy_hard")
+    with pytest.raises(ValueError, match="variant must be one of full"):
+        make_objective("dpace", variant="greedy")
     with pytest.raises(ValueError, match="max_anchors"):
         make_objective("edr", max_anchors=0)
     with pytest.raises(ValueError, match="be one of gradient, occupancy, uniform"):

@@ -74,16 +74,16 @@ def test_objective_mixes_hard_and_soft_with_the_hard_labels_weights() -> None:
     mask = torch.ones(6, 4, dtype=torch.bool)
     mask[5, 2:] = False
     lam = 0.3
-    out = make_objective("dpace", soft_weight=lam).loss(logq, mask, soft_logq=soft)
+    out = make_objective("dpace", soft_target_weight=lam).loss(logq, mask, soft_logq=soft)
     hard = make_objective("dpace").loss(logq, mask)
     w = dpace_weights(logq.detach().exp(), alpha=0.5, variant="full", mask=mask) * mask
     want = (w * -((1 - lam) * logq + lam * soft)).sum() / w.sum()
     torch.testing.assert_close(out.loss, want)
     torch.testing.assert_close(out.weights, hard.weights)  # weights: the hard label's
     with pytest.raises(ValueError, match="soft_logq"):
-        make_objective("decay", soft_weight=0.5).loss(logq, mask)
-    with pytest.raises(ValueError, match="soft_weight"):
-        make_objective("dpace", soft_weight=1.5)
+        make_objective("decay", soft_target_weight=0.5).loss(logq, mask)
+    with pytest.raises(ValueError, match="soft_target_weight"):
+        make_objective("dpace", soft_target_weight=1.5)
 
 
 def _with_topk(batch, topk_ids: torch.Tensor, topk_lps: torch.Tensor):
@@ -97,7 +97,7 @@ def _with_topk(batch, topk_ids: torch.Tensor, topk_lps: torch.Tensor):
 
 
 def _step_loss(target, drafter, batch, soft_weight: float) -> torch.Tensor:
-    obj = make_objective("dpace", **({"soft_weight": soft_weight} if soft_weight else {}))
+    obj = make_objective("dpace", **({"soft_target_weight": soft_weight} if soft_weight else {}))
     inputs = step_inputs(target, drafter, obj, SamplingSettings(0.0), num_anchors=6)
     out = block_step(inputs, batch, step=1, want_acc=False)
     return out.numerator / out.denominator
@@ -142,6 +142,9 @@ def test_training_with_soft_targets_runs_and_bad_configs_are_one_key(target, tmp
     cfg = make_config(tmp_path / "run2", {"greedy": plain}, objective=obj)
     with pytest.raises(TrainSetupError, match="objective.soft_target_weight: .* --store-topk"):
         train(cfg, target=target)
-    with pytest.raises(ConfigError, match="objective.soft_target_weight: only for"):
+    with pytest.raises(ConfigError, match="objective.soft_target_weight: not a parameter of "):
         config_from_dict({"data": {"train_rollouts": "x"}, "objective": {"name": "e2e",
                           "soft_target_weight": 0.5}})  # fmt: skip
+    with pytest.raises(ConfigError, match="objective.soft_target_weight: only for a parallel"):
+        config_from_dict({"data": {"train_rollouts": "x"}, "drafter": {"arch": "semi_ar"},
+                          "objective": {"name": "dpace", "soft_target_weight": 0.5}})  # fmt: skip

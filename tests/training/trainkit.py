@@ -53,7 +53,7 @@ def make_config(run_dir: Path, rollouts: dict[str, Path], mode: str = "greedy", 
         "num_anchors": 8,
         "data": {"train_rollouts": str(rollouts[mode]), "eval_split": 0.34, "max_seq_len": 64},
         "drafter": {"num_layers": 1, "block_size": 5},
-        "objective": {"name": "uniform", "max_anchors": 16},
+        "objective": {"name": "uniform"},
         "optim": {"lr": 1e-2, "batch_size": 8, "max_steps": 12, "warmup_steps": 2},
         "eval": {"every": 0, "max_rollouts": 8},
         "checkpoint": {"save_every": 0},
@@ -64,6 +64,8 @@ def make_config(run_dir: Path, rollouts: dict[str, Path], mode: str = "greedy", 
             base.setdefault(key, {}).update(val)
         else:
             base[key] = val
+    if base["objective"]["name"] == "edr":  # a parameter of EDR's only
+        base["objective"].setdefault("max_anchors", 16)
     return config_from_dict(base)
 
 

@@ -30,6 +30,7 @@ from blockdraft.decoding.loop import decode
 from blockdraft.evaluation.eval_compare import drafter_names
 from blockdraft.evaluation.offline import mal_ci
 from blockdraft.evaluation.scoring import score_rollout_set
+from blockdraft.sampling import MAX_NEW_TOKENS
 from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, load_drafter_spec
 
 EXAMPLE = """examples:
@@ -72,7 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--rollouts)",
             "top_p": "nucleus sampling cutoff in (0, 1] (default 1 = off, or the rollouts')",
             "top_k": "sample among the k most likely tokens (default 0 = off, or the rollouts')",
-            "max_new_tokens": "tokens generated per prompt (default 128, or the rollouts')",
+            "max_new_tokens": f"tokens generated per prompt (default {MAX_NEW_TOKENS}, or the "
+            "rollouts')",
             "seed": "seed of the sampling (T > 0; default 0)",
         },
         {"seed": 0},
@@ -102,7 +104,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _prompts_and_settings(
     args: argparse.Namespace, target: Any
 ) -> tuple[list[list[int]], dict[str, Any], Any]:
-    settings: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 128}
+    settings: dict[str, Any] = {
+        "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": MAX_NEW_TOKENS
+    }  # fmt: skip
     rollouts = None
     if args.rollouts:
         rollouts = RolloutSet.open(args.rollouts)

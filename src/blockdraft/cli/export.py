@@ -15,14 +15,14 @@ from typing import Any
 import torch
 
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
-from blockdraft.engines.dflash_support import vllm_dflash_problem
+from blockdraft.engines.registry import serve_commands
 from blockdraft.serialization.checkpoint import (
     NAMESPACE,
     read_config,
     resolve_checkpoint,
     verify_weights,
 )
-from blockdraft.serialization.export import export_drafter, serve_commands, validate_for_serving
+from blockdraft.serialization.export import export_drafter, validate_for_serving
 from blockdraft.targets.registry import list_targets, model_directory
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -89,12 +89,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"exported {ckpt} -> {out} (validated for SGLang / vLLM / z-lab dflash)")
     print("serve it (target first, then the drafter):")
-    print(serve_commands(out, *_engine_view(out, target)))
+    config = target.model.config if target is not None else None
+    print(serve_commands(out, _target_path(out, target), config))
     return 0
 
 
-def _engine_view(out: Any, target: Any) -> tuple[str | None, str | None]:
-    """(what an engine loads the target from, why vLLM cannot serve the pair or None).
+def _target_path(out: Any, target: Any) -> str | None:
+    """What an engine loads the target from.
 
     A named target is given by its folder (`vllm serve tiny` loads nothing); without
     --target the checkpoint's recorded target name is used, resolved the same way. A
@@ -106,18 +107,15 @@ def _engine_view(out: Any, target: Any) -> tuple[str | None, str | None]:
         if target is not None
         else (((cfg.get(NAMESPACE) or {}).get("drafter_config") or {}).get("target_name"))
     )
-    problem = None
-    if target is not None:
-        folder = model_directory(target)
-        problem = vllm_dflash_problem(cfg, target.model.config)
-        if folder:
-            return str(Path(folder).resolve()), problem
+    folder = model_directory(target) if target is not None else None
+    if folder:
+        return str(Path(folder).resolve())
     if not name:
-        return None, problem
+        return None
     named = {t["name"]: t["path"] for t in list_targets()}
     where = Path(named.get(name, name)).expanduser()
     if where.is_dir():
-        return str(where.resolve()), problem
+        return str(where.resolve())
     if name.startswith((".", "/", "~")) or name in named:  # a folder not found from here
-        return None, problem
-    return name, problem  # a hub id: the engines resolve it themselves
+        return None
+    return name  # a hub id: the engines resolve it themselves

@@ -8,6 +8,7 @@ same directory; the set equals a one-process run (`blockdraft.data.rollouts.dist
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,14 @@ from blockdraft.cli.target_options import add_target_options, load_target_from_a
 from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.prompt_type import PromptError
 from blockdraft.data.rollouts.distributed import init_from_env
-from blockdraft.data.rollouts.engine import ENGINES, engine_rows
+from blockdraft.data.rollouts.engine import engine_rows
 from blockdraft.data.rollouts.generate import generate_rollouts, stored_topk
 from blockdraft.data.rollouts.importer import import_rollouts
 from blockdraft.data.rollouts.store import RolloutError, read_manifest
 from blockdraft.devices import add_device_args, resolve_dtype
+from blockdraft.engines.registry import engine_names
 from blockdraft.errors import UserError
-from blockdraft.sampling import SamplingSettings
+from blockdraft.sampling import MAX_NEW_TOKENS, SamplingSettings
 from blockdraft.targets.mask_token import MaskTokenError
 from blockdraft.targets.registry import load_target, model_directory
 from blockdraft.threads import add_threads_arg, configure_cpu
@@ -69,10 +71,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "temperature": "sampling temperature, 0 = greedy (default 1.0)",
             "top_p": "nucleus sampling cutoff in (0, 1] (default 1.0 = off)",
             "top_k": "top-k cutoff (default 0 = off)",
-            "max_new_tokens": "longest response in tokens (default 256)",
+            "max_new_tokens": f"longest response in tokens (default {MAX_NEW_TOKENS})",
             "seed": "sampling seed (default 0)",
         },
-        {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 256, "seed": 0},
+        dataclasses.asdict(SamplingSettings()),
     )
     p.add_argument(
         "--batch-size", type=positive_int, default=8, help="prompts generated together (default 8)"
@@ -98,11 +100,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=ENGINES,
+        choices=["blockdraft", *engine_names()],
         default="blockdraft",
-        help="what generates the rows: blockdraft's own loop (default) or vLLM (installed "
-        "with `make engine`; several times the tokens/s at larger batches, the same tokens "
-        "at temperature 0, the same shards and manifest)",
+        help="what generates the rows: blockdraft's own loop (default) or a serving engine "
+        "(vllm: installed with `make engine`; several times the tokens/s at larger "
+        "batches, the same tokens at temperature 0, the same shards and manifest)",
     )
     _target_args(p)
     p.set_defaults(func=run)

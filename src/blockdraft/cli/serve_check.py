@@ -1,11 +1,12 @@
-"""`blockdraft serve-check --target NAME --rollouts DIR DRAFTER`: the drafter served by vLLM.
+"""`blockdraft serve-check --target NAME --rollouts DIR DRAFTER`: the drafter served by an engine.
 
-Exports the drafter (when given a run or checkpoint), serves it in vLLM three ways on the
-rollout set's prompts and settings (the drafter through `dflash`, vLLM's `ngram`, no
-speculation) and prints, per benchmark, whether the outputs equal the rollouts (T = 0),
-vLLM's rounds, tau and accepted tokens per position next to the offline evaluator's on the
-same text, and each way's tokens/s at batch 1 and at `--batch-size`. Needs vLLM
-(`make engine`); `blockdraft.serving.serve_check.serve_check` is the Python API.
+Exports the drafter (when given a run or checkpoint), serves it in `--engine` (vLLM by
+default) three ways on the rollout set's prompts and settings (the drafter through
+`dflash`, the engine's `ngram`, no speculation) and prints, per benchmark, whether the
+outputs equal the rollouts (T = 0), the engine's rounds, tau and accepted tokens per
+position next to the offline evaluator's on the same text, and each way's tokens/s at
+batch 1 and at `--batch-size`. Needs the engine (vLLM: `make engine`);
+`blockdraft.serving.serve_check.serve_check` is the Python API.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 from blockdraft.cli.arguments import positive_int
 from blockdraft.cli.drafter_options import add_target_args, setup_target, write_json_flag
-from blockdraft.engines.vllm_engine import EngineError
+from blockdraft.engines.interface import EngineError
+from blockdraft.engines.registry import DEFAULT_ENGINE, engine_names
 from blockdraft.evaluation.eval_compare import write_json
 from blockdraft.evaluation.suite import benchmark_rollouts, load_suite
 from blockdraft.serving.serve_check import WAYS, rounds_trace, serve_check
@@ -30,7 +32,7 @@ EXAMPLE = """example:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve-check",
-        help="serve a drafter in vLLM and compare it with the offline evaluator",
+        help="serve a drafter in an engine and compare it with the offline evaluator",
         description=__doc__,
         epilog=EXAMPLE,
     )
@@ -62,17 +64,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"comma-separated ways to serve (default: {','.join(WAYS)})",
     )
     p.add_argument(
+        "--engine", choices=engine_names(), default=DEFAULT_ENGINE, help="the serving engine"
+    )
+    p.add_argument(
         "--engine-dtype",
         default=None,
         choices=["float32", "bfloat16", "float16"],
-        help="vLLM's dtype (default: the target's, so greedy outputs can equal the rollouts)",
+        help="the engine's dtype (default: the target's, so greedy outputs can equal the rollouts)",
     )
     p.add_argument(
         "--rounds",
         type=int,
         default=None,
         metavar="I",
-        help="instead: serve prompt I of the first rollout set and compare vLLM's proposals "
+        help="instead: serve prompt I of the first rollout set and compare the engine's proposals "
         "with the evaluator round by round (where a served/offline gap comes from)",
     )
     p.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap draws for CIs")
@@ -90,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if args.rounds is not None:
             if not args.rollouts:
                 raise ValueError("--rounds I needs --rollouts DIR")
-            trace = rounds_trace(target, args.drafter, args.rollouts[0], args.rounds)
+            trace = rounds_trace(target, args.drafter, args.rollouts[0], args.rounds, args.engine)
             print(render_rounds(trace))
             if args.json:
                 write_json(args.json, trace)
@@ -109,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.engine_dtype,
             n_boot=args.n_boot,
             log=lambda msg: print(msg, file=sys.stderr, flush=True),
+            engine=args.engine,
         )
     except (EngineError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -133,8 +139,8 @@ def render(result: dict[str, Any]) -> str:
             "",
             f"## {bench['name']} ({n} prompts, T = {bench['settings']['temperature']:g})",
             "",
-            f"| way | outputs = rollouts | vLLM rounds | offline rounds | served tau | offline "
-            f"MAL [95% CI] | vLLM mean acc. length | tok/s batch 1 | tok/s batch {b} |",
+            f"| way | outputs = rollouts | served rounds | offline rounds | served tau | offline "
+            f"MAL [95% CI] | engine mean acc. length | tok/s batch 1 | tok/s batch {b} |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for way, row in served.items():
@@ -146,7 +152,7 @@ def render(result: dict[str, Any]) -> str:
                 f"{_f(off.get('expected_rounds'), 1) if off else '-'} | "
                 f"{_f(row.get('served_tau'))} | "
                 + (f"{_f(off['mal'])} [{_f(ci[0])}, {_f(ci[1])}]" if off else "-")
-                + f" | {_f(row.get('vllm_mean_acceptance_length'))} | "
+                + f" | {_f(row.get('engine_mean_acceptance_length'))} | "
                 f"{_f(row['tokens_per_s_batch1'], 1)} | {_f(row[f'tokens_per_s_batch{b}'], 1)} |"
             )
         for way, agree in bench["agreement"].items():
@@ -157,14 +163,14 @@ def render(result: dict[str, Any]) -> str:
 def _verdict(
     way: str, agree: dict[str, Any], row: dict[str, Any], off: dict[str, Any], greedy: bool
 ) -> str:
-    """One line on how vLLM's numbers for a way sit against the offline evaluator's."""
+    """One line on how the engine's numbers for a way sit against the offline evaluator's."""
     if not greedy:
         inside = "inside" if agree["inside_offline_ci95"] else "OUTSIDE"
         return f"served tau {_f(row['served_tau'])} {inside} the offline MAL's 95% CI"
     if way == "ngram":  # two implementations of prompt lookup, not one drafter twice
         return (
-            f"vLLM's prompt lookup served tau {_f(row['served_tau'])} (rounds estimated from its "
-            f"counters), blockdraft's `ngram` offline {_f(off['mal'])}: two lookup rules, "
+            f"the engine's prompt lookup served tau {_f(row['served_tau'])} (rounds estimated "
+            f"from its counters), blockdraft's `ngram` offline {_f(off['mal'])}: two lookup rules, "
             "compared side by side, not expected to be equal"
         )
     if agree["exact"]:
@@ -176,7 +182,7 @@ def _verdict(
         )
     if "accepted_past_end" in agree:
         text += (
-            f"; vLLM's mean acceptance length also counts {agree['accepted_past_end']:g} "
+            f"; the engine's mean acceptance length also counts {agree['accepted_past_end']:g} "
             "token(s) it accepted past the end of a response (per position "
             f"{agree['accepted_past_end_per_position']})"
         )
@@ -184,18 +190,18 @@ def _verdict(
 
 
 def render_rounds(trace: dict[str, Any]) -> str:
-    """`--rounds`: one line per drafting round; `!` marks where vLLM and the evaluator part."""
+    """`--rounds`: one line per drafting round; `!` marks where engine and evaluator part."""
     lines = [
-        f"# prompt {trace['prompt']}: vLLM's output "
+        f"# prompt {trace['prompt']}: the served output "
         f"{'equals' if trace['output_equals_rollout'] else 'DIFFERS FROM'} the rollout",
         "",
-        "| round | start | vLLM accepted | offline accepted | proposed | rollout's next tokens |",
+        "| round | start | served accepted | offline accepted | proposed | rollout's next tokens |",
         "|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(trace["rounds"]):
-        mark = "" if r["vllm_accepted"] == r["offline_accepted"] else " !"
+        mark = "" if r["served_accepted"] == r["offline_accepted"] else " !"
         lines.append(
-            f"| {i}{mark} | {r['start']} | {r['vllm_accepted']} | {r['offline_accepted']} | "
+            f"| {i}{mark} | {r['start']} | {r['served_accepted']} | {r['offline_accepted']} | "
             f"{r['proposed']} | {r['rollout_next']} |"
         )
     first = trace["first_difference"]
@@ -205,7 +211,7 @@ def render_rounds(trace: dict[str, Any]) -> str:
         else f"\nfirst difference: round {first} (start {trace['rounds'][first]['start']})"
     )
     lines.append(
-        "every round: vLLM accepted what the evaluator accepts"
+        "every round: the engine accepted what the evaluator accepts"
         if first is None
         else "from there the served and offline rounds part"
     )

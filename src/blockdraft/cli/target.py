@@ -21,6 +21,7 @@ from blockdraft.cli.arguments import add_sampling_args, positive_int, seed_int
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.prompt_specs import check_fits_context
 from blockdraft.errors import BlockdraftError
+from blockdraft.sampling import MAX_NEW_TOKENS
 from blockdraft.targets import gemma, registry, smollm2, tiny
 from blockdraft.targets.registry import list_targets, target_fingerprint
 
@@ -74,11 +75,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_sampling_args(
         sample,
         {
-            "max_new_tokens": "tokens to generate (default 64)",
+            "max_new_tokens": f"tokens to generate (default {MAX_NEW_TOKENS})",
             "temperature": "sampling temperature, 0 = greedy (default 0)",
             "seed": "sampling seed (T > 0; default 0)",
         },
-        {"max_new_tokens": 64, "temperature": 0.0, "seed": 0},
+        {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0, "seed": 0},
     )
     sample.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     sample.set_defaults(func=_sample)

@@ -40,7 +40,7 @@ from blockdraft.decoding.timing import alternate_timed
 from blockdraft.decoding.verify import verify_block, verify_onehot, verify_standard
 from blockdraft.kernels import cpu_kernels_apply
 from blockdraft.kernels.packed_linear import packed_linears
-from blockdraft.sampling import processed_probs, settings_of
+from blockdraft.sampling import MAX_NEW_TOKENS, processed_probs, settings_of
 
 VERIFIERS = ("standard", "block")
 
@@ -52,7 +52,7 @@ def ar_generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     generator: torch.Generator | None = None,
     stats: StepStats | None = None,
     lean: bool = True,
@@ -92,7 +92,7 @@ def speculative_generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     generator: torch.Generator | None = None,
     verifier: str = "standard",
 ) -> Trace:
@@ -218,7 +218,7 @@ def decode(
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     seed: int = 0,
     verifier: str = "standard",
     measure_ar: bool = True,

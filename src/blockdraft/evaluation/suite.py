@@ -57,9 +57,7 @@ class Suite:
 
     name: str
     benchmarks: list[Benchmark]
-    sampling: SamplingSettings = field(
-        default_factory=lambda: SamplingSettings(temperature=0.0, max_new_tokens=128)
-    )
+    sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(temperature=0.0))
     batch_size: int = 16
     baseline: DrafterSpec = DrafterSpec("ngram")
 

@@ -2,7 +2,8 @@
 
 Block objectives weight a per-proposal cross-entropy (uniform, DFlash decay, D-PACE) or
 maximise a block-local accepted-length surrogate (E2E); EDR (the `edr` package) scores
-whole rollouts. `make_objective(name, **params)` is the single entry point the trainer uses.
+whole rollouts. `make_objective(name, mode, **params)` is the single entry point the trainer
+uses; `register_objective(name, cls)` adds one (docs/architecture.md, "Adding an objective").
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ from blockdraft.objectives.losses import (
     Objective,
     WeightedCEObjective,
 )
-from blockdraft.objectives.registry import OBJECTIVE_NAMES, make_objective, objective_params
+from blockdraft.objectives.params import ObjectiveParams, param
+from blockdraft.objectives.registry import (
+    OBJECTIVE_NAMES,
+    make_objective,
+    objective_params,
+    register_objective,
+)
 from blockdraft.objectives.schedules import decay_weights, default_decay_gamma, uniform_weights
 
 __all__ = [
@@ -55,6 +62,7 @@ __all__ = [
     "EDRObjective",
     "LossOutput",
     "Objective",
+    "ObjectiveParams",
     "WeightedCEObjective",
     "decay_weights",
     "default_chunk_rows",
@@ -67,6 +75,8 @@ __all__ = [
     "objective_params",
     "overlap",
     "overlap_with_logits",
+    "param",
+    "register_objective",
     "target_logprobs",
     "target_logprobs_and_top",
     "token_logprobs",

@@ -2,26 +2,39 @@
 
 Block objectives (`WeightedCEObjective` for uniform / decay / D-PACE, `E2EObjective`)
 take per-proposal `logq [N, K]` and a mask; the rounds objective (`EDRObjective`) takes
-whole-rollout acceptance and cost tensors. Kept apart from the registry so each file has
-one concern: what an objective computes here, how one is named and configured there
-(signatures: docs/architecture.md, "objectives").
+whole-rollout acceptance and cost tensors. Each class names its parameters (`Params`, a
+frozen dataclass: defaults and checks said once); the registry only names the classes
+(docs/architecture.md, "Adding an objective").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from blockdraft.objectives import edr
 from blockdraft.objectives.cross_entropy import weighted_cross_entropy
+from blockdraft.objectives.dpace import DPACE_VARIANTS, dpace_weights
 from blockdraft.objectives.e2e import (
     e2e_from_overlap,
     expected_accepted_fraction,
     overlap_with_logits,
 )
+from blockdraft.objectives.params import (
+    ObjectiveParams,
+    one_of,
+    optional,
+    param,
+    positive_int,
+    positive_number,
+    unit_interval,
+)
+from blockdraft.objectives.schedules import decay_weights, default_decay_gamma, uniform_weights
+
+ANCHOR_SAMPLERS = ("gradient", "occupancy", "uniform")  # edr round starts beyond max_anchors
 
 
 @dataclass
@@ -58,15 +71,17 @@ def _block_metrics(logq: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
 
 
 class Objective:
-    """Base class; subclasses implement `loss` (block objectives) or `rounds_loss` (EDR)."""
+    """Base class; subclasses implement `loss` (block objectives) or `rounds_loss` (EDR).
 
-    name: str = ""
+    `Params` is the subclass's parameters; `mode` ("greedy" | "sampling") says how the
+    training rollouts were generated."""
+
+    Params: ClassVar[type[ObjectiveParams]] = ObjectiveParams
     needs_target_distribution: bool = False
     is_rounds_objective: bool = False
 
-    def __init__(self, name: str, params: dict[str, Any]) -> None:
-        self.name = name
-        self.params = dict(params)
+    def __init__(self, name: str, params: ObjectiveParams, mode: str = "sampling") -> None:
+        self.name, self.params, self.mode = name, params, mode
 
     def loss(
         self,
@@ -91,44 +106,47 @@ class Objective:
         raise TypeError(f"objective {self.name!r} is a block objective: call loss, not rounds_loss")
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
-        return f"{type(self).__name__}({self.name!r}{', ' if args else ''}{args})"
+        return f"{type(self).__name__}({self.name!r}, {self.params!r})"
+
+
+@dataclass(frozen=True)
+class CrossEntropyParams(ObjectiveParams):
+    # lambda: the share of the target's stored top-k distribution (rollouts written with
+    # --store-topk) in each slot's cross-entropy; 0 = hard labels
+    soft_target_weight: float = param(0.0, unit_interval)
 
 
 class WeightedCEObjective(Objective):
-    """`sum sg(w) (-log q) / sum sg(w)` with weights from `weight_fn(logq, mask) -> [N,K]`.
+    """`sum sg(w) (-log q) / sum sg(w)` with weights from `weights(logq, mask) -> [N,K]`
+    (uniform here; decay and D-PACE below).
 
-    With `soft_weight` lambda > 0 each slot's `log q` becomes `(1 - lambda) log q(label) +
-    lambda soft_logq`, `soft_logq = sum_j p(j) log q(j)` over the target's stored top-k
-    (a soft target: more signal per rollout for a data-starved drafter); the weights stay
-    those of the hard label, the quantity D-PACE's acceptance surrogate is made of.
+    With `soft_target_weight` lambda > 0 each slot's `log q` becomes `(1 - lambda) log
+    q(label) + lambda soft_logq`, `soft_logq = sum_j p(j) log q(j)` over the target's
+    stored top-k (a soft target: more signal per rollout for a data-starved drafter); the
+    weights stay those of the hard label, the quantity D-PACE's surrogate is made of.
     """
 
-    def __init__(
-        self,
-        name: str,
-        params: dict[str, Any],
-        weight_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    ):
-        super().__init__(name, params)
-        self._weight_fn = weight_fn
+    Params = CrossEntropyParams
+
+    def weights(self, logq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return uniform_weights(logq.shape[-1], dtype=logq.dtype, device=logq.device)
 
     def loss(
         self, logq, mask, *, draft_logits=None, target_probs=None, overlap=None, soft_logq=None
     ) -> LossOutput:
         _check_block_inputs(logq, mask)
-        weights = self._weight_fn(logq.detach(), mask)
+        weights = self.weights(logq.detach(), mask)
         weights = torch.where(
             mask,
             weights.expand_as(logq).to(logq.dtype),
             torch.zeros((), dtype=logq.dtype, device=logq.device),
         )
-        lam = self.params.get("soft_weight", 0.0)
+        lam = self.params.soft_target_weight
         scored = logq
         if lam > 0:
             if soft_logq is None or soft_logq.shape != logq.shape:
                 raise ValueError(
-                    f"soft_weight {lam} needs soft_logq of shape {tuple(logq.shape)}, got "
+                    f"soft_target_weight {lam} needs soft_logq of shape {tuple(logq.shape)}, got "
                     f"{None if soft_logq is None else tuple(soft_logq.shape)}"
                 )
             scored = (1 - lam) * logq + lam * soft_logq
@@ -138,9 +156,53 @@ class WeightedCEObjective(Objective):
         return LossOutput(loss=loss, weights=weights.detach(), metrics=metrics)
 
 
+@dataclass(frozen=True)
+class DecayParams(CrossEntropyParams):
+    # w_j = exp(-(j-1)/gamma); null = DFlash's default for the block size (from K at loss time)
+    gamma: float | None = param(None, optional(positive_number))
+
+
+class DecayObjective(WeightedCEObjective):
+    Params = DecayParams
+
+    def weights(self, logq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        k = logq.shape[-1]
+        gamma = self.params.gamma
+        g = default_decay_gamma(k + 1) if gamma is None else gamma
+        return decay_weights(k, g, dtype=logq.dtype, device=logq.device)
+
+
+@dataclass(frozen=True)
+class DPaceParams(CrossEntropyParams):
+    alpha: float = param(0.5, unit_interval)  # weight smoothing q~ = (1 - alpha) q + alpha
+    variant: str = param("full", one_of(*DPACE_VARIANTS))  # docs/methods.md, "D-PACE"
+
+
+class DPaceObjective(WeightedCEObjective):
+    Params = DPaceParams
+
+    def weights(self, logq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        return dpace_weights(logq.exp(), alpha=p.alpha, variant=p.variant, mask=mask)
+
+
+@dataclass(frozen=True)
+class GreedyRelaxationParams(ObjectiveParams):
+    # greedy rollouts: the drafter temperature beta of the relaxation A = softmax(z / beta)(x),
+    # the argmax acceptance as beta -> 0 (docs/methods.md, "EDR"); 0.5 chosen on validation
+    # rollouts, 1.0 is A = q(x)
+    greedy_temperature: float = param(0.5, positive_number)
+
+
+@dataclass(frozen=True)
+class E2EParams(GreedyRelaxationParams):
+    chunk_rows: int | None = param(None, optional(positive_int))  # null: ~64 MB chunks
+
+
 class E2EObjective(Objective):
     """Block-local expected accepted length from full target and drafter distributions."""
 
+    Params = E2EParams
     needs_target_distribution = True
 
     def loss(
@@ -164,7 +226,7 @@ class E2EObjective(Objective):
                 f"draft_logits {tuple(draft_logits.shape)} do not match logq {tuple(logq.shape)}"
             )
         else:
-            alpha = overlap_with_logits(target_probs, draft_logits, self.params["chunk_rows"])
+            alpha = overlap_with_logits(target_probs, draft_logits, self.params.chunk_rows)
         loss = e2e_from_overlap(alpha, mask)
         metrics = _block_metrics(logq, mask)
         with torch.no_grad():
@@ -173,6 +235,15 @@ class E2EObjective(Objective):
                 torch.where(mask, alpha, torch.zeros_like(alpha)).sum() / real
             )
         return LossOutput(loss=loss, weights=None, metrics=metrics)
+
+
+@dataclass(frozen=True)
+class EDRParams(GreedyRelaxationParams):
+    max_anchors: int = param(512, positive_int)  # round starts with gradient per rollout
+    # how round starts beyond max_anchors are drawn (docs/training.md): PPS on each one's
+    # estimated gradient norm or occupancy after a no-grad pass, or uniform (cheaper steps,
+    # far more gradient noise)
+    anchor_sampler: str = param("gradient", one_of(*ANCHOR_SAMPLERS))
 
 
 class EDRObjective(Objective):
@@ -194,16 +265,15 @@ class EDRObjective(Objective):
     pass to `edr.acceptance_and_cost`, which `self.acceptance_and_cost` does for you.
     """
 
+    Params = EDRParams
     is_rounds_objective = True
 
-    def __init__(self, name: str, params: dict[str, Any]) -> None:
-        super().__init__(name, params)
-        self.mode: str = params["mode"]
-        self.max_anchors: int = params["max_anchors"]
-        self.anchor_sampler: str = params["anchor_sampler"]
-        self.greedy_temperature: float = params.get("greedy_temperature", 0.5)
-        self.edr_mode: str = "sampling" if self.mode == "sampling" else "greedy_soft"
-        self.needs_target_distribution = self.mode == "sampling"
+    def __init__(self, name: str, params: EDRParams, mode: str = "sampling") -> None:
+        super().__init__(name, params, mode)
+        self.max_anchors, self.anchor_sampler = params.max_anchors, params.anchor_sampler
+        self.greedy_temperature = params.greedy_temperature
+        self.edr_mode: str = "sampling" if mode == "sampling" else "greedy_soft"
+        self.needs_target_distribution = mode == "sampling"
 
     def acceptance_and_cost(
         self,
@@ -272,6 +342,3 @@ class EDRObjective(Objective):
             "mal": tokens / rounds if rounds > 0 else float("nan"),
         }
         return LossOutput(loss=loss, weights=None, metrics=metrics)
-
-
-# --- parameter specs and validation -------------------------------------------------

@@ -24,7 +24,8 @@ from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.hf_generate import ar_vs_hf, has_hf_generate
 from blockdraft.decoding.loop import decode
 from blockdraft.devices import drafter_dtype, resolve_flags
-from blockdraft.engines.vllm_engine import EngineError, vllm_version
+from blockdraft.engines.interface import EngineError
+from blockdraft.engines.registry import DEFAULT_ENGINE, get_engine
 from blockdraft.evaluation.eval_compare import compare, evaluate, load_scored, write_json
 from blockdraft.evaluation.lookup_split import lookup_split
 from blockdraft.evaluation.offline import mal_ci
@@ -402,14 +403,15 @@ def served_in_vllm(
     """With vLLM installed (`make engine`), the EDR drafter served by vLLM on the online
     prompts next to vLLM's prompt lookup and no speculation (`serve_check`); None without
     vLLM or when vLLM cannot serve it (said in one line: the demo's results stand)."""
-    if vllm_version() is None or SERVED_DRAFTER not in trained or s.temperature != 0:
+    version = get_engine(DEFAULT_ENGINE).version()
+    if version is None or SERVED_DRAFTER not in trained or s.temperature != 0:
         return None
     stage = Stage(
         out / "served",
         {
             "drafter": recorded_key(trained[SERVED_DRAFTER].parent),
             "settings": fingerprint(portable(_settings_key(s, out), out)),
-            "engine": vllm_version(),
+            "engine": version,
             "version": 1,
         },
     )

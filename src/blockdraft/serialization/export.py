@@ -10,8 +10,6 @@ the engine code it comes from: docs/export.md ("What `validate_for_serving` chec
 
 from __future__ import annotations
 
-import json
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +57,7 @@ class ExportError(CheckpointError):
     """An export that would lose data or produce an unservable directory."""
 
 
-def _get(cfg: dict[str, Any], key: str) -> Any:
+def dflash_field(cfg: dict[str, Any], key: str) -> Any:
     """A DFlash field from `dflash_config` first, then the top level (as the loaders do)."""
     sub = cfg.get("dflash_config") or {}
     return sub.get(key, cfg.get(key))
@@ -73,7 +71,7 @@ def expected_weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         int(cfg.get("head_dim") or H // int(cfg["num_attention_heads"])),
     )
     kv = int(cfg.get("num_key_value_heads") or heads)
-    n_ctx = len(_get(cfg, "target_layer_ids"))
+    n_ctx = len(dflash_field(cfg, "target_layer_ids"))
     target_h = int(cfg.get("target_hidden_size") or H)
     shapes: dict[str, tuple[int, ...]] = {
         "fc.weight": (H, n_ctx * target_h),
@@ -107,8 +105,11 @@ def expected_weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
                 }
             )
     if cfg.get("architectures") == [DFLASH2_ARCHITECTURE]:
-        taps, group = int(_get(cfg, "conv_kernel_size")), int(_get(cfg, "conv_group_size"))
-        rank, vocab = int(_get(cfg, "selector_rank")), int(cfg["vocab_size"])
+        taps, group = (
+            int(dflash_field(cfg, "conv_kernel_size")),
+            int(dflash_field(cfg, "conv_group_size")),
+        )
+        rank, vocab = int(dflash_field(cfg, "selector_rank")), int(cfg["vocab_size"])
         for i in range(int(cfg["num_hidden_layers"])):
             for conv in ("attention_conv", "mlp_conv"):
                 shapes[f"layers.{i}.{conv}.base_kernel"] = (2, taps, H)
@@ -134,7 +135,7 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
     if dflash2:
         hidden = cfg.get("hidden_size")
         for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
-            value = _get(cfg, key)
+            value = dflash_field(cfg, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"dflash_config.{key} {value!r} missing or not a positive int")
         draft = cfg.get("draft_vocab_size")
@@ -144,7 +145,7 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
                 "vocabulary (its selector codebooks span the target's); export it with "
                 "--expand-vocab (z-lab's full-vocabulary layout) or train it on the full one"
             )
-        group = _get(cfg, "conv_group_size")
+        group = dflash_field(cfg, "conv_group_size")
         if isinstance(group, int) and group > 0 and isinstance(hidden, int) and hidden % group:
             problems.append(f"conv_group_size {group} does not divide hidden_size {hidden}")
     if cfg.get("model_type") != "qwen3":
@@ -168,9 +169,9 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
     if cfg.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act is {cfg.get('hidden_act')!r}; engines only run silu")
     layer_ids, mask_id, block = (
-        _get(cfg, "target_layer_ids"),
-        _get(cfg, "mask_token_id"),
-        _get(cfg, "block_size"),
+        dflash_field(cfg, "target_layer_ids"),
+        dflash_field(cfg, "mask_token_id"),
+        dflash_field(cfg, "block_size"),
     )
     n_target = cfg.get("num_target_layers")
     if (
@@ -468,7 +469,7 @@ def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:
     (loaded from local files only); an id past the tokenizer (a spare embedding row, as
     the public Qwen3 drafters use) gets SGLang's default `<|MASK|>`. None if unknown.
     """
-    mask_id = _get(cfg, "mask_token_id")
+    mask_id = dflash_field(cfg, "mask_token_id")
     if not isinstance(mask_id, int):
         return None
     tokenizer = getattr(target, "tokenizer", None)
@@ -484,42 +485,13 @@ def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:
     return token if isinstance(token, str) and token else None
 
 
-def serve_commands(
-    out_dir: str | Path, target_path: str | None = None, vllm_problem: str | None = None
-) -> str:
-    """How to serve an exported drafter with SGLang and vLLM (printed after export).
-
-    `target_path` is what the engine loads the target from (a named target's folder, a
-    local model folder or a hub id; None prints `TARGET`); `vllm_problem`, when set,
-    replaces the vLLM command with the reason vLLM cannot serve this pair
-    (`engines/dflash_support.py`). The drafter is named by its absolute path and every
-    argument is shell-quoted, so the commands work from any directory and any path."""
-    cfg = read_config(out_dir)
-    drafter = str(Path(out_dir).resolve())
-    name = shlex.quote(target_path) if target_path else "TARGET"
-    k = int(_get(cfg, "block_size") or 16) - 1
-    spec = json.dumps({"method": "dflash", "model": drafter, "num_speculative_tokens": k})
-    vllm = (
-        f"# vLLM: not servable here: {vllm_problem}\n"
-        if vllm_problem
-        else f"# vLLM\nvllm serve {name} --speculative-config \\\n    {shlex.quote(spec)}\n"
-    )
-    return (
-        f"# SGLang\npython -m sglang.launch_server --model-path {name} \\\n"
-        f"    --speculative-algorithm DFLASH --speculative-draft-model-path "
-        f"{shlex.quote(drafter)}\n"
-        f"{vllm}"
-        f"# transformers\nAutoModel.from_pretrained({drafter!r}, trust_remote_code=True)"
-    )
-
-
 __all__ = [
     "CONFIG_NAME",
     "DRAFTER_GGUF",
     "ExportError",
+    "dflash_field",
     "expected_weight_shapes",
     "export_drafter",
     "mask_token_string",
-    "serve_commands",
     "validate_for_serving",
 ]

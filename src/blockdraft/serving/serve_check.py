@@ -1,11 +1,12 @@
-"""`serve_check`: run an exported drafter in vLLM on a rollout set's prompts and compare.
+"""`serve_check`: run an exported drafter in a serving engine on a rollout set's prompts.
 
-Why: the offline evaluator's MAL is only a promise about serving. This runs vLLM on the
-same prompts and settings three ways (the drafter, vLLM's `ngram` prompt lookup, no
-speculation) and sets vLLM's counters beside the offline numbers: at T = 0 the outputs
-must equal the rollouts and the rounds per request the evaluator's exact rounds (so the
-served tau equals the offline MAL; vLLM's own mean acceptance length also counts tokens
-accepted past an output's end, reported apart), accepted tokens by position beside T_{>=k},
+Why: the offline evaluator's MAL is only a promise about serving. This runs an engine
+(`engines/`, vLLM by default) on the same prompts and settings three ways (the drafter,
+the engine's `ngram` prompt lookup, no speculation) and sets its counters beside the
+offline numbers: at T = 0 the outputs must equal the rollouts and the rounds per request
+the evaluator's exact rounds (so the served tau equals the offline MAL; the engine's own
+mean acceptance length also counts tokens accepted past an output's end, reported
+apart), accepted tokens by position beside T_{>=k},
 and tokens/s at batch 1 and batched. At T > 0 the served tau is checked against the
 offline MAL's bootstrap CI. Definitions: docs/serving.md.
 """
@@ -23,8 +24,8 @@ from typing import Any
 from blockdraft.data.rollouts.engine import row_seed
 from blockdraft.data.rollouts.store import RolloutSet, check_target
 from blockdraft.drafters.ngram import NgramDrafter
-from blockdraft.engines.dflash_support import vllm_dflash_problem
-from blockdraft.engines.vllm_engine import EngineError, EngineProcess, SpecCounters, sampling_args
+from blockdraft.engines.interface import EngineError, RunningEngine, SpecCounters, Speculation
+from blockdraft.engines.registry import DEFAULT_ENGINE, get_engine
 from blockdraft.evaluation.eval_compare import benchmark_name
 from blockdraft.evaluation.offline import mal_ci, offline_stats
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
@@ -34,7 +35,7 @@ from blockdraft.serialization.export import export_drafter
 from blockdraft.targets.registry import model_directory
 
 WAYS = ("dflash", "ngram", "none")
-NGRAM = NgramDrafter()  # blockdraft's prompt lookup; vLLM's `ngram` is set to the same rule
+NGRAM = NgramDrafter()  # blockdraft's prompt lookup; the engine's `ngram` is set to the same rule
 
 
 @dataclass
@@ -61,29 +62,18 @@ class WayRun:
     lookup_steps: list[int] | None = None  # prompt lookup's drafting steps per request
 
 
-def speculative_config(
+def speculation(
     way: str, export_dir: str | None, num_proposals: int, sampled: bool = False
-) -> dict | None:
-    """vLLM's `speculative_config` for a way of serving (None: no speculation).
-
-    At T > 0 the drafter's tokens are drawn from its distribution and verified with
-    min(1, p/q) (`draft_sample_method: probabilistic`): the speculative sampling the
-    evaluator scores and EDR trains for. vLLM's default drafts the argmax and accepts it
-    with probability p(argmax q), which accepts less (or more) than the evaluator predicts."""
+) -> Speculation | None:
+    """How the engine drafts in a way of serving (None: no speculation). At T > 0 the
+    drafter's tokens are sampled and verified with min(1, p/q) (`sampled`): the
+    speculative sampling the evaluator scores and EDR trains for."""
     if way == "none":
         return None
     if way == "ngram":
         c = NGRAM.config
-        return {
-            "method": "ngram",
-            "num_speculative_tokens": num_proposals,
-            "prompt_lookup_max": c.max_ngram,
-            "prompt_lookup_min": c.min_ngram,
-        }
-    config = {"method": "dflash", "model": export_dir, "num_speculative_tokens": num_proposals}
-    if sampled:
-        config["draft_sample_method"] = "probabilistic"
-    return config
+        return Speculation("ngram", num_proposals, lookup_min=c.min_ngram, lookup_max=c.max_ngram)
+    return Speculation("dflash", num_proposals, model=export_dir, sampled=sampled)
 
 
 def _offline(
@@ -112,7 +102,7 @@ def _offline(
 
 
 def _run_way(
-    engine: EngineProcess, bench: Benchmark, stop_ids: list[int], batch: int, recording: bool
+    engine: RunningEngine, bench: Benchmark, stop_ids: list[int], batch: int, recording: bool
 ) -> WayRun:
     """Batch 1 (one request at a time, counters read between requests), then batched.
 
@@ -120,15 +110,13 @@ def _run_way(
     count, read at batch 1, gives its rounds exactly, steps without a match included."""
     settings = bench.rollouts.settings
     rows = list(bench.rollouts)
-    args = [
-        sampling_args(settings, stop_ids, seed=row_seed(settings.seed, r.prompt_id)) for r in rows
-    ]
+    seeds = [row_seed(settings.seed, r.prompt_id) for r in rows]
     prompts = [r.prompt_ids.tolist() for r in rows]
     outputs, per_request, steps = [], [], []
     started = time.perf_counter()
-    for prompt, arg in zip(prompts, args, strict=True):
+    for prompt, seed in zip(prompts, seeds, strict=True):
         before = engine.counters()
-        outputs.append(engine.rows([prompt], [arg])[0].response_ids)
+        outputs.append(engine.generate([prompt], settings, stop_ids, [seed])[0].response_ids)
         per_request.append(engine.counters().minus(before))
         if recording:
             steps.append(len(engine.take_drafts()))
@@ -136,7 +124,10 @@ def _run_way(
     batched_tokens, equal = 0, 0
     started = time.perf_counter()
     for a in range(0, len(prompts), batch):
-        for i, row in enumerate(engine.rows(prompts[a : a + batch], args[a : a + batch])):
+        batch_rows = engine.generate(
+            prompts[a : a + batch], settings, stop_ids, seeds[a : a + batch]
+        )
+        for i, row in enumerate(batch_rows):
             batched_tokens += len(row.response_ids)
             equal += row.response_ids == outputs[a + i]
     seconds_b = time.perf_counter() - started
@@ -190,7 +181,7 @@ def _way_report(run: WayRun, bench: Benchmark, way: str, batch_size: int) -> dic
     elif run.lookup_steps is not None:  # prompt lookup drafts in every step, [] or not;
         # the last drafting step, after the final round, is never verified
         rounds = [max(n - 1, 0) for n in run.lookup_steps]
-    else:  # from the counters: steps without a match draft nothing, and vLLM counts tokens
+    else:  # from the counters: steps without a match draft nothing, and engines count tokens
         # it accepted past a response's end, so this undercounts rounds by a few
         rounds = [
             max(c.drafts, max(len(o) - 1, 0) - c.accepted)
@@ -203,7 +194,7 @@ def _way_report(run: WayRun, bench: Benchmark, way: str, batch_size: int) -> dic
             "accepted_per_position": total.accepted_per_position,
             "rounds": sum(rounds),
             "per_request_rounds": rounds,
-            "vllm_mean_acceptance_length": total.mean_acceptance_length,
+            "engine_mean_acceptance_length": total.mean_acceptance_length,
             "served_tau": tokens_after_first / sum(rounds) if sum(rounds) else math.nan,
             "outputs_equal": equal,
         }
@@ -231,7 +222,7 @@ def _agreement(bench: Benchmark, served: dict[str, Any], way: str) -> dict[str, 
                 v - o
                 for v, o in zip(served["accepted_per_position"], offline["t_ge_k"], strict=False)
             ]
-            # vLLM counts what it accepted in a response's last round even where the
+            # the engine counts what it accepted in a response's last round even where the
             # response ended (max_tokens or a stop token) before those tokens
             out["accepted_past_end_per_position"] = [round(x, 6) for x in per]
             out["accepted_past_end"] = round(sum(per), 6)
@@ -252,17 +243,19 @@ def serve_check(
     dtype: str | None = None,
     n_boot: int = 2000,
     log: Any = print,
+    engine: str = DEFAULT_ENGINE,
 ) -> dict[str, Any]:
-    """Serve `drafter` in vLLM on each rollout set's prompts; the JSON-ready comparison."""
+    """Serve `drafter` in `engine` on each rollout set's prompts; the JSON-ready comparison."""
     unknown = [w for w in ways if w not in WAYS]
     if unknown:
         raise EngineError(f"unknown way {unknown[0]!r}: choose from {', '.join(WAYS)}")
+    kind = get_engine(engine)
     model_dir = model_directory(target)
     if model_dir is None:
-        raise EngineError(f"target {target.name!r} has no local model folder for vLLM to load")
+        raise EngineError(f"target {target.name!r} has no local model folder for {engine} to load")
     ckpt = resolve_checkpoint(drafter)
     cfg = read_config(ckpt)
-    problem = vllm_dflash_problem(cfg, target.model.config)
+    problem = kind.serve_problem(cfg, target.model.config)
     if problem and "dflash" in ways:
         raise EngineError(problem)
     num_proposals = int(cfg.get("block_size") or cfg["dflash_config"]["block_size"]) - 1
@@ -285,24 +278,21 @@ def serve_check(
             export_dir = str(export_drafter(ckpt, Path(tmp) / "drafter", target=target))
         for way in ways:
             log(
-                f"[serve-check] vLLM ({way}): {len(benches)} benchmark(s), batch 1 and {batch_size}"
+                f"[serve-check] {engine} ({way}): {len(benches)} benchmark(s), batch 1 and "
+                f"{batch_size}"
             )
-            with EngineProcess(
-                model_dir=str(model_dir),
+            sampled = any(not b.rollouts.settings.greedy for b in benches)
+            with kind.load(
+                model_dir,
                 dtype=dtype,
-                speculative=speculative_config(
-                    way,
-                    export_dir,
-                    num_proposals,
-                    sampled=any(not b.rollouts.settings.greedy for b in benches),
-                ),
+                speculation=speculation(way, export_dir, num_proposals, sampled),
                 max_model_len=target.context_length or 4096,
                 record_drafts=way == "ngram",
-            ) as engine:
-                engine_version = f"vllm {engine.version}"
+            ) as running:
+                engine_version = f"{engine} {running.version}"
                 for bench in benches:
                     run = _run_way(
-                        engine, bench, list(target.stop_token_ids), batch_size, way == "ngram"
+                        running, bench, list(target.stop_token_ids), batch_size, way == "ngram"
                     )
                     results[bench.name][way] = _way_report(run, bench, way, batch_size)
     out: dict[str, Any] = {
@@ -341,12 +331,16 @@ def _leading_ones(row: Any) -> int:
 
 
 def rounds_trace(
-    target: Any, drafter: str | Path, rollout_dir: str | Path, index: int
+    target: Any,
+    drafter: str | Path,
+    rollout_dir: str | Path,
+    index: int,
+    engine: str = DEFAULT_ENGINE,
 ) -> dict[str, Any]:
-    """One greedy prompt served by vLLM with the drafter, round by round: each round's
-    anchor, vLLM's proposals, the rollout's next tokens, and how many tokens vLLM accepted
-    next to how many the evaluator's acceptance row for that position accepts. The first
-    round where they differ is where a served/offline gap comes from."""
+    """One greedy prompt served by `engine` with the drafter, round by round: each round's
+    anchor, the engine's proposals, the rollout's next tokens, and how many tokens it
+    accepted next to how many the evaluator's acceptance row for that position accepts.
+    The first round where they differ is where a served/offline gap comes from."""
     rollouts = RolloutSet.open(rollout_dir)
     check_target(rollouts, target)
     if not rollouts.settings.greedy:
@@ -356,7 +350,8 @@ def rounds_trace(
     one = rollouts.subset([index])
     row = one[0]
     ckpt = resolve_checkpoint(drafter)
-    problem = vllm_dflash_problem(read_config(ckpt), target.model.config)
+    kind = get_engine(engine)
+    problem = kind.serve_problem(read_config(ckpt), target.model.config)
     if problem:
         raise EngineError(problem)
     model, model_id = load_drafter_spec(DrafterSpec(path=str(ckpt)), target)
@@ -364,16 +359,17 @@ def rounds_trace(
     k = int(model.config.num_proposals)
     with tempfile.TemporaryDirectory(prefix="blockdraft-rounds-") as tmp:
         export_dir = str(export_drafter(ckpt, Path(tmp) / "drafter", target=target))
-        with EngineProcess(
-            model_dir=str(model_directory(target)),
+        with kind.load(
+            model_directory(target),
             dtype=str(target.dtype).removeprefix("torch."),
-            speculative=speculative_config("dflash", export_dir, k),
+            speculation=speculation("dflash", export_dir, k),
             max_model_len=target.context_length or 4096,
             record_drafts=True,
-        ) as engine:
-            args = sampling_args(rollouts.settings, list(target.stop_token_ids))
-            output = engine.rows([row.prompt_ids.tolist()], [args])[0].response_ids
-            steps = engine.take_drafts()
+        ) as running:
+            stop_ids = list(target.stop_token_ids)
+            prompt = row.prompt_ids.tolist()
+            output = running.generate([prompt], rollouts.settings, stop_ids, [None])[0]
+            steps = running.take_drafts()
     tokens = row.response_ids.tolist()
     rounds, start = [], 0
     for anchors, proposals in steps:
@@ -392,20 +388,20 @@ def rounds_trace(
                 "anchor_is_rollout_token": bool(anchors) and anchors[0] == tokens[start],
                 "proposed": proposed,
                 "rollout_next": actual,
-                "vllm_accepted": served,
+                "served_accepted": served,
                 "offline_accepted": offline,
             }
         )
         start += served + 1
     first = next(
-        (i for i, r in enumerate(rounds) if r["vllm_accepted"] != r["offline_accepted"]), None
+        (i for i, r in enumerate(rounds) if r["served_accepted"] != r["offline_accepted"]), None
     )
     return {
         "prompt": row.prompt_id,
-        "output_equals_rollout": output == tokens,
+        "output_equals_rollout": output.response_ids == tokens,
         "rounds": rounds,
         "first_difference": first,
     }
 
 
-__all__ = ["WAYS", "rounds_trace", "serve_check", "speculative_config"]
+__all__ = ["WAYS", "rounds_trace", "serve_check", "speculation"]

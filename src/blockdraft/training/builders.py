@@ -25,7 +25,7 @@ from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.drafters.draft_vocab import most_frequent_tokens
 from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.errors import BlockdraftError
-from blockdraft.objectives.registry import make_objective
+from blockdraft.objectives.losses import DPaceParams
 from blockdraft.serialization.checkpoint import load_drafter
 from blockdraft.targets.mask_token import MaskTokenError, load_target_with_mask
 from blockdraft.targets.registry import TargetLoadError, load_target
@@ -34,7 +34,6 @@ from blockdraft.training.config import (
     DataConfig,
     TrainConfig,
     drafted_blocks,
-    objective_spec,
 )
 
 
@@ -180,7 +179,8 @@ def load_train_eval(cfg: TrainConfig, target) -> tuple[RolloutData, RolloutData 
             )
         train_set = train_set.subset(nested_subset(train_set.prompt_ids, d.train_subset))
     train = _materialise(train_set, "data.train_rollouts")
-    if cfg.objective.soft_target_weight > 0 and any(r.topk_ids is None for r in train.rollouts):
+    soft = getattr(cfg.objective.params, "soft_target_weight", 0.0)
+    if soft > 0 and any(r.topk_ids is None for r in train.rollouts):
         raise TrainSetupError(
             f"objective.soft_target_weight: {train_set.directory} stores no top-k distribution "
             "(write the rollouts with `blockdraft rollout --store-topk N`)"
@@ -211,16 +211,15 @@ def resolve_mode(cfg: TrainConfig, train: RolloutData, evaluation: RolloutData |
 
 def build_objective(cfg: TrainConfig, mode: str):
     """The configured objective for rollouts of `mode` (validated by `config.validate`)."""
-    name, params = objective_spec(cfg.objective, mode)
-    return make_objective(name, **params)
+    return cfg.objective.build(mode)
 
 
 def dpace_profile_args(cfg: TrainConfig) -> tuple[float, str]:
-    """(alpha, variant) used for the logged D-PACE weight profile."""
-    variant = {"dpace-cumulative": "cumulative", "dpace-continuation": "continuation"}.get(
-        cfg.objective.name, cfg.objective.variant
-    )
-    return cfg.objective.alpha, variant
+    """(alpha, variant) used for the logged D-PACE weight profile: the run's own for a
+    D-PACE run, D-PACE's defaults otherwise."""
+    p = cfg.objective.params
+    p = p if isinstance(p, DPaceParams) else DPaceParams()
+    return p.alpha, p.variant
 
 
 def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.device):
@@ -299,7 +298,7 @@ def gpu_sized_settings(cfg: TrainConfig) -> list[str]:
     """`key=value` of each setting above what the CPU configs use (`CPU_SIZED`)."""
     values = {key: attrgetter(key)(cfg) for key in CPU_SIZED}
     out = [f"{k}={v}" for k, v in values.items() if v > CPU_SIZED[k]]
-    key = "objective.max_anchors" if cfg.objective.name == "edr" else "num_anchors"
+    key = "objective.max_anchors" if cfg.objective.kind.is_rounds_objective else "num_anchors"
     blocks = drafted_blocks(cfg)
     if blocks * cfg.drafter.block_size > CPU_BLOCK_QUERIES:
         out.insert(1, f"{key}={blocks} x drafter.block_size={cfg.drafter.block_size}")

@@ -20,7 +20,15 @@ from typing import Any, Literal
 import yaml
 
 from blockdraft.errors import BlockdraftError
-from blockdraft.objectives.registry import ObjectiveParamError, check_objective
+from blockdraft.objectives.losses import Objective
+from blockdraft.objectives.params import ObjectiveParamError, ObjectiveParams
+from blockdraft.objectives.registry import (
+    DEFAULT_OBJECTIVE,
+    make_objective,
+    objective_class,
+    parameter_defaults,
+    resolve_alias,
+)
 
 
 class ConfigError(BlockdraftError, ValueError):
@@ -65,24 +73,56 @@ class DrafterConfigSection:
 
 @dataclass
 class ObjectiveConfig:
-    # uniform | decay | dpace | dpace-cumulative | dpace-continuation | e2e | edr
-    name: str = "dpace"
-    gamma: float | None = None  # decay: w_j = exp(-(j-1)/gamma); null = DFlash default for block
-    alpha: float = 0.5  # dpace: weight smoothing q~ = (1-alpha) q + alpha
-    variant: Literal["full", "cumulative", "continuation"] = "full"  # dpace weight variant
+    """The objective (any registered name), the rollouts' mode, and the objective's own
+    parameters (its `Params`), written flat in the YAML section: `{name, mode, **params}`.
+    `cfg.objective.alpha` reads a parameter."""
+
+    name: str = DEFAULT_OBJECTIVE
     mode: Literal["auto", "greedy", "sampling"] = "auto"  # must match the rollouts; auto = read
-    max_anchors: int = 512  # edr: round starts carrying gradient per rollout (sampled beyond)
-    # edr: how round starts beyond max_anchors are drawn (docs/training.md): PPS on each
-    # one's estimated gradient norm or occupancy after a no-grad pass, or uniform (cheaper
-    # steps, far more gradient noise)
-    anchor_sampler: Literal["gradient", "occupancy", "uniform"] = "gradient"
-    # edr / e2e on greedy rollouts: the drafter temperature beta of the relaxation
-    # A = softmax(z / beta)(x), the argmax acceptance as beta -> 0 (docs/methods.md, "EDR");
-    # 0.5 chosen on validation rollouts
-    greedy_temperature: float = 0.5
-    # uniform / decay / dpace: lambda, the share of the target's stored top-k distribution
-    # (rollouts written with --store-topk) in each slot's cross-entropy; 0 = hard labels
-    soft_target_weight: float = 0.0
+    params: ObjectiveParams = field(
+        default_factory=lambda: objective_class(DEFAULT_OBJECTIVE).Params()
+    )
+
+    def __getattr__(self, key: str) -> Any:
+        if key == "params" or key.startswith("__"):
+            raise AttributeError(key)
+        return getattr(self.params, key)
+
+    @property
+    def kind(self) -> type[Objective]:
+        return objective_class(self.name)
+
+    def build(self, mode: str = "sampling") -> Objective:
+        """The objective for rollouts of `mode` ("greedy" | "sampling")."""
+        return make_objective(self.name, mode, **dataclasses.asdict(self.params))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "mode": self.mode, **dataclasses.asdict(self.params)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], prefix: str) -> ObjectiveConfig:
+        """The section's own keys checked by the objective's `Params`; another objective's
+        key is accepted at its default only (every older run.yaml holds them all)."""
+        data = resolve_alias(data)
+        name = data.get("name", DEFAULT_OBJECTIVE)
+        hint = typing.get_type_hints(cls)["mode"]
+        mode = _coerce(data.get("mode", "auto"), hint, f"{prefix}.mode")
+        try:
+            params_cls = objective_class(name).Params
+            hints, others = typing.get_type_hints(params_cls), parameter_defaults()
+            own = {}
+            for k, v in data.items():
+                key = f"{prefix}.{k}"
+                if k in hints:
+                    own[k] = _coerce(v, hints[k], key)
+                elif k not in ("name", "mode") and others.get(k, v) != v:
+                    raise ConfigError(f"{key}: not a parameter of objective {name!r}")
+                elif k not in ("name", "mode") and k not in others:
+                    valid = ", ".join(["name", "mode", *hints])
+                    raise ConfigError(f"unknown config key {key!r} (valid here: {valid})")
+            return cls(name, mode, params_cls(**own))
+        except ObjectiveParamError as exc:
+            raise ConfigError(f"{prefix}.{exc.key}: {exc}") from None
 
 
 @dataclass
@@ -150,14 +190,14 @@ class TrainConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "objective": self.objective.to_dict()}
 
 
 def drafted_blocks(cfg: TrainConfig) -> int:
-    """Blocks drafted with gradient per sequence: EDR's `objective.max_anchors` round
-    starts, the block objectives' `num_anchors`; never more than a sequence has positions."""
-    edr = cfg.objective.name == "edr"
-    return min(cfg.objective.max_anchors if edr else cfg.num_anchors, cfg.data.max_seq_len)
+    """Blocks drafted with gradient per sequence: a rounds objective's `max_anchors` round
+    starts, a block objective's `num_anchors`; never more than a sequence has positions."""
+    rounds = cfg.objective.kind.is_rounds_objective
+    return min(cfg.objective.max_anchors if rounds else cfg.num_anchors, cfg.data.max_seq_len)
 
 
 # --- building from plain data ------------------------------------------------------------
@@ -213,7 +253,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     elif dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping (section), got {value!r}")
-        return _build(tp, value, key)
+        return tp.from_dict(value, key) if hasattr(tp, "from_dict") else _build(tp, value, key)
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
 
 
@@ -257,26 +297,6 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def objective_spec(objective: ObjectiveConfig, mode: str) -> tuple[str, dict[str, Any]]:
-    """The registry name and parameters that a config's `objective` section means, for
-    rollouts of `mode` ("greedy" | "sampling")."""
-    o = objective
-    soft = {"soft_weight": o.soft_target_weight} if o.soft_target_weight else {}
-    params: dict[str, Any] = {
-        "uniform": dict(soft),
-        "decay": {"gamma": o.gamma, **soft},
-        "e2e": {"greedy_temperature": o.greedy_temperature},
-        "edr": {
-            "mode": mode,
-            "max_anchors": o.max_anchors,
-            "anchor_sampler": o.anchor_sampler,
-            "greedy_temperature": o.greedy_temperature,
-        },
-    }.get(o.name, {"alpha": o.alpha, **soft})
-    name = f"dpace-{o.variant}" if o.name == "dpace" and o.variant != "full" else o.name
-    return name, params
-
-
 def validate(cfg: TrainConfig) -> None:
     """Semantic checks the types cannot express; each error names its key."""
     checks: list[tuple[bool, str]] = [
@@ -294,16 +314,9 @@ def validate(cfg: TrainConfig) -> None:
         (0.0 <= (cfg.data.eval_split or 0.0) < 1.0, "data.eval_split: must be in [0, 1)"),
         (cfg.data.max_seq_len >= 2, "data.max_seq_len: must be >= 2"),
         (
-            0.0 <= cfg.objective.soft_target_weight <= 1.0,
-            "objective.soft_target_weight: must be in [0, 1]",
-        ),
-        (
-            not cfg.objective.soft_target_weight
-            or (
-                cfg.objective.name in ("uniform", "decay", "dpace") and cfg.drafter.arch == "dflash"
-            ),
-            "objective.soft_target_weight: only for the cross-entropy objectives (uniform, "
-            "decay, dpace) of a parallel drafter (drafter.arch: dflash)",
+            not getattr(cfg.objective.params, "soft_target_weight", 0.0)
+            or cfg.drafter.arch == "dflash",
+            "objective.soft_target_weight: only for a parallel drafter (drafter.arch: dflash)",
         ),
         (
             cfg.data.train_subset is None or cfg.data.train_subset >= 1,
@@ -344,13 +357,6 @@ def validate(cfg: TrainConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
-    # the objective's own rules live with the objectives; the mode is read from the
-    # rollouts later, so `auto` is checked as the sampling form (a superset of keys)
-    mode = "sampling" if cfg.objective.mode == "auto" else cfg.objective.mode
-    try:
-        check_objective(*objective_spec(cfg.objective, mode))
-    except ObjectiveParamError as exc:
-        raise ConfigError(f"objective.{exc.key}: {exc}") from None
     for key, value in _numbers(cfg):
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}: must be a finite number, got {value}")

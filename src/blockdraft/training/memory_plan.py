@@ -205,7 +205,7 @@ def plan_memory(
     # Target.forward(with_logits=False) keeps only the feature layers' outputs and stops
     # after the highest one; with the last layer among them it keeps all N+1 states.
     # Sampled E2E/EDR need the target's logits: the full forward keeps all N+1 states.
-    sampled = cfg.objective.name in ("e2e", "edr") and cfg.objective.mode != "greedy"
+    sampled = cfg.objective.build().needs_target_distribution and cfg.objective.mode != "greedy"
     last_used = max(s.layer_ids) >= s.layers - 1
     kept_states = s.layers + 1 if last_used or sampled else len(set(s.layer_ids))
     layer_transient = rows_t * (3 * I + 2 * q + 2 * kv + 2 * H)
@@ -242,7 +242,7 @@ def plan_memory(
         ce = _sampled_distribution_bytes(cfg, s.vocab, b, T, Kb, ab, world_size) + target_logits
         held = (
             "target logits and probabilities; the drafter's logits per row chunk only"
-            if cfg.objective.name == "edr" and world_size == 1
+            if cfg.objective.kind.is_rounds_objective and world_size == 1
             else "target logits, [blocks, K, V] drafter logits, their gradient and target "
             "probabilities"
         )
@@ -280,11 +280,11 @@ def _sampled_distribution_bytes(
     per-chunk temporaries; W is V or a draft vocabulary + 2. One-process sampling EDR
     runs its LM head in checkpointed row chunks and holds only the target rows whole
     (`TargetRowTable`, when they fit the chunk budget)."""
-    edr = cfg.objective.name == "edr"
+    rounds = cfg.objective.kind.is_rounds_objective
     rows = b * drafted_blocks(cfg) * (Kb - 1)
     width = cfg.drafter.draft_vocab_size + 2 if cfg.drafter.draft_vocab_size else vocab
     chunk = min(rows, default_chunk_rows(vocab)) * vocab * 4
-    if edr and world_size == 1:
+    if rounds and world_size == 1:
         table = min(b * T * width, DEFAULT_CHUNK_ELEMENTS)
         return max(rows * width, table) * 4 + 2 * chunk
     return rows * width * (2 * ab + 4) + 2 * chunk

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from blockdraft.objectives.registry import parameter_defaults
 from blockdraft.training.config import ConfigError, TrainConfig
 
 SHAPE_KEYS = (
@@ -28,19 +29,12 @@ SHAPE_KEYS = (
     "drafter.draft_vocab_size",
     "target.layer_ids",
 )
-MEANING_KEYS = (
-    "objective.name",
-    "objective.gamma",
-    "objective.alpha",
-    "objective.variant",
-    "objective.mode",
-    "objective.max_anchors",
-    "objective.anchor_sampler",
-    "objective.greedy_temperature",
-    "objective.soft_target_weight",
-    "data.train_subset",
-    "target.name",
-)
+MEANING_KEYS = ("objective.name", "objective.mode", "data.train_subset", "target.name")
+
+
+def meaning_keys() -> tuple[str, ...]:
+    """`MEANING_KEYS` and every registered objective's parameters."""
+    return MEANING_KEYS + tuple(f"objective.{k}" for k in parameter_defaults())
 
 
 def check_allowed_keys(allow_changed: Collection[str]) -> None:
@@ -51,10 +45,10 @@ def check_allowed_keys(allow_changed: Collection[str]) -> None:
                 f"--allow-changed {key}: the drafter's shape cannot change on resume (its "
                 "weights would not fit); start a new run instead"
             )
-        if key not in MEANING_KEYS:
+        if key not in meaning_keys():
             raise ConfigError(
                 f"--allow-changed {key}: not a key a resume refuses (choose from "
-                f"{', '.join(MEANING_KEYS)}; other keys may change without it)"
+                f"{', '.join(meaning_keys())}; other keys may change without it)"
             )
 
 
@@ -80,11 +74,11 @@ def check_resumed_config(
         return
     now = cfg.to_dict()
     shape, meaning = [], []
-    for key in SHAPE_KEYS + MEANING_KEYS:
+    for key in SHAPE_KEYS + meaning_keys():
         found, before = _lookup(stored, key)
-        after = _lookup(now, key)[1]
-        if not found or before == after:
-            continue
+        present, after = _lookup(now, key)
+        if not (found and present) or before == after:
+            continue  # a parameter only one side's objective has changes with objective.name
         change = f"{key} {before!r} -> {after!r}"
         if key in SHAPE_KEYS:
             shape.append(change)

@@ -62,7 +62,7 @@ def block_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> M
     blocks = Blocks.of(batch, anchors.to(device), block_size)
     anchors, labels, mask = blocks.anchors, blocks.labels, blocks.mask
     # greedy E2E: the overlap q(x) at the drafter temperature beta (greedy EDR's relaxation)
-    beta = objective.params.get("greedy_temperature", 0.5) if greedy_overlap else 1.0
+    beta = objective.params.greedy_temperature if greedy_overlap else 1.0
     selector = has_selector(drafter)
     out = inputs.fwd(
         tout.features, batch.input_ids, anchors, labels, blocks.prev, need_full, beta,
@@ -90,7 +90,7 @@ def block_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> M
             tout, positions, settings, DraftSpace.of(drafter),
             default_chunk_rows(vocab), stored, vocab,
         )  # fmt: skip
-        chunk = getattr(objective, "params", {}).get("chunk_rows")
+        chunk = getattr(objective.params, "chunk_rows", None)
         overlap = overlap_with_logits(p, logits, chunk, temperature=temp)
         if selector:
             unary_overlap = overlap_with_logits(p, unary_logits, chunk, temperature=temp)
@@ -100,7 +100,7 @@ def block_step(inputs: StepInputs, batch: Batch, step: int, want_acc: bool) -> M
     train_logq = logq
     if selector and not objective.needs_target_distribution:  # weighted cross-entropy
         train_logq = with_unary_gradient(logq, unary_logq)
-    if objective.params.get("soft_weight", 0.0) > 0:
+    if getattr(objective.params, "soft_target_weight", 0.0) > 0:
         if batch.topk_ids is None:
             raise ValueError(
                 "objective.soft_target_weight: the training rollouts store no top-k "

@@ -1,0 +1,165 @@
+"""The `Engine` interface: what blockdraft asks of a serving engine it runs.
+
+Why one interface: engine rollouts (`rollout --engine`), `serve-check`, the demo's served
+row and `export`'s printed commands all need the same few things of an engine (start it
+on a target folder, optionally with an exported drafter; generate rows from token ids;
+read its drafting counters per request; say before starting why it cannot serve a pair),
+so a new engine is one module implementing `Engine` plus one `register_engine` call
+(`engines/registry.py`), and nothing above this package names an engine's own API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from blockdraft.errors import BlockdraftError
+from blockdraft.sampling import SamplingSettings
+
+Drafts = list[tuple[list[int], list[list[int]]]]  # (anchor ids, proposed ids) per drafting step
+
+
+class EngineError(BlockdraftError):
+    """An engine that is missing, fails to start, or is asked for what it cannot do."""
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How a started engine drafts: `method` "dflash" (an exported drafter in `model`) or
+    "ngram" (prompt lookup, `lookup_min..lookup_max` tokens); `sampled`: at T > 0 draw the
+    drafter's tokens from its distribution and verify with min(1, p/q), as the evaluator
+    scores, rather than accept its argmax with probability p(argmax)."""
+
+    method: str
+    num_proposals: int
+    model: str | None = None
+    sampled: bool = False
+    lookup_min: int = 1
+    lookup_max: int = 3
+
+
+@dataclass
+class SpecCounters:
+    """Speculative-decoding counters: drafts (rounds that proposed tokens), proposed and
+    accepted tokens, and accepted tokens by draft position (1-based in docs, 0 here)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def minus(self, before: SpecCounters) -> SpecCounters:
+        """What happened between `before` and this reading."""
+        per = [
+            a - (before.accepted_per_position[i] if i < len(before.accepted_per_position) else 0)
+            for i, a in enumerate(self.accepted_per_position)
+        ]
+        return SpecCounters(
+            self.drafts - before.drafts,
+            self.draft_tokens - before.draft_tokens,
+            self.accepted - before.accepted,
+            per,
+        )
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """The engines' own figure: 1 + accepted / drafts (tokens a drafting round yields)."""
+        return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
+
+
+@dataclass
+class EngineOutput:
+    """One generated row: response ids, each token's log-prob (NaN where not asked for)
+    and, when asked for, the top-k ids and log-probs of each step's distribution."""
+
+    response_ids: list[int]
+    logprobs: list[float]
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+
+
+class RunningEngine(Protocol):
+    """A started engine over one target (and drafter); closed to give its memory back."""
+
+    version: str  # the engine's own version, recorded in manifests and reports
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: SamplingSettings,
+        stop_token_ids: Sequence[int],
+        seeds: Sequence[int | None],
+        *,
+        logprobs: int | None = None,
+        topk: int = 0,
+    ) -> list[EngineOutput]:
+        """One row per token-id prompt, as one batch; `seeds[i]` seeds prompt i's sampling
+        stream; `logprobs`: None for none, 0 for the sampled token's, k for the top k
+        (`topk` of them kept per step)."""
+        ...
+
+    def counters(self) -> SpecCounters:
+        """The drafting counters since the engine started (zeros without speculation)."""
+        ...
+
+    def take_drafts(self) -> Drafts:
+        """Every drafting step recorded since the last call (`record_drafts=True`), also
+        steps that proposed nothing: what `serve-check` counts lookup rounds and
+        `--rounds` compares by."""
+        ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> RunningEngine: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class Engine(Protocol):
+    """A kind of serving engine: says what it can serve, and starts one."""
+
+    name: str  # what `--engine` takes
+
+    def version(self) -> str | None:
+        """The installed engine's version, None when it is not installed."""
+        ...
+
+    def serve_problem(self, drafter_cfg: dict[str, Any], target_config: Any) -> str | None:
+        """Why this engine cannot serve an exported drafter (its config.json) for a target
+        (its HF config) here, or None when it can: said before minutes of loading."""
+        ...
+
+    def serve_command(self, target: str, drafter_dir: str, num_proposals: int) -> str:
+        """The shell command serving the target with the exported drafter (already quoted)."""
+        ...
+
+    def load(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 2048,
+        seed: int = 0,
+        speculation: Speculation | None = None,
+        sampled_logprobs: bool = False,
+        record_drafts: bool = False,
+    ) -> RunningEngine:
+        """Start the engine on a local model folder. `sampled_logprobs`: log-probs under the
+        distribution tokens were drawn from (after temperature, top-k, top-p), else the
+        T = 1 log-softmax (what greedy rollouts store)."""
+        ...
+
+
+__all__ = [
+    "Drafts",
+    "Engine",
+    "EngineError",
+    "EngineOutput",
+    "RunningEngine",
+    "SpecCounters",
+    "Speculation",
+]
