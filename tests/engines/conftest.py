@@ -4,12 +4,12 @@ greedy rollouts and a briefly trained drafter with a reduced draft vocabulary (`
 from __future__ import annotations
 
 import pytest
+from enginekit import train_tiny_drafter
 
 from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.sampling import SamplingSettings
 from blockdraft.targets.registry import load_target
-from enginekit import train_tiny_drafter
 
 MAX_NEW_TOKENS = 48
 
@@ -36,4 +36,6 @@ def tiny_sets(tiny, tmp_path_factory):
 def tiny_drafter(tiny, tiny_sets, tmp_path_factory):
     """A 1-layer DFlash drafter trained for a few dozen steps on a 512-token draft
     vocabulary: enough that vLLM accepts some of its proposals and some it rejects."""
-    return train_tiny_drafter(tiny, tiny_sets["train"], tmp_path_factory.mktemp("engine-drafter") / "run")
+    return train_tiny_drafter(
+        tiny, tiny_sets["train"], tmp_path_factory.mktemp("engine-drafter") / "run"
+    )

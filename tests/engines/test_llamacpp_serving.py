@@ -21,6 +21,7 @@ import pytest
 from enginekit import train_tiny_drafter
 
 from blockdraft.cli import main
+from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.engines.llamacpp_gguf import server_binary
 from blockdraft.serving.serve_check import serve_check
 
@@ -84,7 +85,7 @@ def test_export_gguf_prints_a_command_that_serves_the_drafter(
     out = tmp_path / "gguf"
     code = main(
         ["export", str(full_vocab_drafter), "--out", str(out), "--format", "gguf",
-         "--target", "tiny", "--no-progress"]
+         "--target", "tiny"]
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert code == 0, printed
@@ -104,7 +105,7 @@ def test_export_gguf_prints_a_command_that_serves_the_drafter(
                         break
             except OSError:
                 time.sleep(0.5)
-        row = next(iter(__import__("blockdraft").data.rollouts.store.RolloutSet.open(tiny_sets["eval"])))
+        row = next(iter(RolloutSet.open(tiny_sets["eval"])))
         body = {"prompt": row.prompt_ids.tolist(), "n_predict": 16, "temperature": 0,
                 "return_tokens": True, "cache_prompt": False}  # fmt: skip
         req = urllib.request.Request(

@@ -123,6 +123,9 @@ class Engine(Protocol):
     """A kind of serving engine: says what it can serve, and starts one."""
 
     name: str  # what `--engine` takes
+    # `take_drafts` also returns prompt lookup's steps that proposed nothing (an engine
+    # that logs only verified drafts counts lookup rounds from its counters instead)
+    records_lookup_steps: bool
 
     def version(self) -> str | None:
         """The installed engine's version, None when it is not installed."""

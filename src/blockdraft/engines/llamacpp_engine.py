@@ -41,6 +41,7 @@ from blockdraft.engines.llamacpp_gguf import (
     convert_to_gguf,
     llamacpp_problem,
     require_tools,
+    server_args,
     server_binary,
 )
 from blockdraft.sampling import SamplingSettings
@@ -57,30 +58,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def server_args(
-    target_gguf: str,
-    *,
-    drafter_gguf: str | None = None,
-    num_proposals: int = 0,
-    ngram: Speculation | None = None,
-    cache_type: str = "f32",
-) -> list[str]:
-    """llama-server's arguments past the binary for a target (and drafter or n-gram).
-
-    The drafter's KV cache takes the target's precision (`-ctkd/-ctvd`; llama.cpp's default
-    f16 would round the injected target features) and drafts are never cut short
-    (`--spec-draft-p-min 0`, `--spec-draft-n-min 0`): the evaluator's full-block rounds."""
-    args = ["-m", target_gguf, "-ctk", cache_type, "-ctv", cache_type]
-    if drafter_gguf is not None:
-        args += ["-md", drafter_gguf, "--spec-type", "draft-dflash"]
-        args += ["--spec-draft-n-max", str(num_proposals), "--spec-draft-n-min", "0"]
-        args += ["--spec-draft-p-min", "0", "-ctkd", cache_type, "-ctvd", cache_type]
-    elif ngram is not None:
-        args += ["--spec-type", NGRAM_TYPE, "--spec-draft-n-max", str(ngram.num_proposals)]
-        args += ["--spec-ngram-simple-size-n", str(ngram.lookup_max)]
-    return args
 
 
 def _completion_body(
@@ -295,6 +272,7 @@ class LlamaCpp:
     target once, cached), then one `llama-server` per start."""
 
     name = "llamacpp"
+    records_lookup_steps = False  # the server logs verified drafts only
 
     def version(self) -> str | None:
         return LLAMACPP_VERSION if server_binary() is not None else None
@@ -303,6 +281,7 @@ class LlamaCpp:
         return llamacpp_problem(drafter_cfg, target_config)
 
     def serve_command(self, target: str, drafter_dir: str, num_proposals: int) -> str:
+        """With GGUFs that `export --format gguf` writes (the target's in the user cache)."""
         gguf = str(Path(drafter_dir) / DRAFTER_GGUF)
         args = server_args("TARGET.gguf", drafter_gguf=gguf, num_proposals=num_proposals)
         return "llama-server " + " ".join(shlex.quote(a) for a in args)
@@ -321,9 +300,11 @@ class LlamaCpp:
         require_tools()
         outtype = OUTTYPES.get(dtype or "float32")
         if outtype is None:
-            raise EngineError(f"the llama.cpp engine converts float32/bfloat16/float16, not {dtype}")
+            raise EngineError(
+                f"the llama.cpp engine converts float32/bfloat16/float16, not {dtype}"
+            )
         target = cached_target_gguf(model_dir, outtype)
-        drafter, k, ngram = None, 0, None
+        drafter, k, ngram_type = None, 0, None
         tmp = None
         if speculation is not None and speculation.method == "dflash":
             if speculation.sampled:
@@ -340,10 +321,15 @@ class LlamaCpp:
             )
             k = speculation.num_proposals
         elif speculation is not None:
-            ngram, k = speculation, speculation.num_proposals
+            ngram_type, k = NGRAM_TYPE, speculation.num_proposals
         cache = "f32" if outtype == "f32" else "f16"
         args = server_args(
-            str(target), drafter_gguf=drafter, num_proposals=k, ngram=ngram, cache_type=cache
+            target,
+            drafter_gguf=drafter,
+            num_proposals=k,
+            ngram_type=ngram_type,
+            ngram_size=speculation.lookup_max if speculation is not None else 3,
+            cache_type=cache,
         )
         try:
             server = LlamaServer(
@@ -357,4 +343,4 @@ class LlamaCpp:
 
 LLAMACPP = LlamaCpp()
 
-__all__ = ["LLAMACPP", "LlamaCpp", "LlamaCppEngine", "LlamaServer", "server_args"]
+__all__ = ["LLAMACPP", "NGRAM_TYPE", "LlamaCpp", "LlamaCppEngine", "LlamaServer"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,9 @@ from typing import Any
 
 from blockdraft.artifacts import write_atomic
 from blockdraft.engines.interface import EngineError
+from blockdraft.serialization.checkpoint import read_config
 from blockdraft.serialization.export import DRAFTER_GGUF
+from blockdraft.targets.registry import model_directory
 from blockdraft.user_cache import cache_root, stable_hash
 
 LLAMACPP_VERSION = "llama-cpp-python 0.3.36's vendored llama.cpp"
@@ -152,7 +155,9 @@ def convert_to_gguf(
     `--target-model-dir` for a drafter); the file is written beside `out` and moved in."""
     script = converter_script()
     if script is None:
-        raise EngineError(f"llama.cpp's convert_hf_to_gguf.py is not in {tools_dir()}: {BUILD_HINT}")
+        raise EngineError(
+            f"llama.cpp's convert_hf_to_gguf.py is not in {tools_dir()}: {BUILD_HINT}"
+        )
     model_dir, out = Path(model_dir), Path(out)
     tokenizer_dir = Path(target_dir) if target_dir is not None else model_dir
     gpt2 = "1" if _byte_level_gpt2(tokenizer_dir) else "0"
@@ -193,20 +198,79 @@ def cached_target_gguf(model_dir: str | Path, outtype: str = "f32", log: Any = N
     return out
 
 
+def gguf_preflight(ckpt: str | Path, target: Any) -> Path:
+    """The target folder the converter reads, once llama.cpp is known to serve the pair:
+    the one-line reason it cannot otherwise, before an export is written."""
+    if target is None:
+        raise EngineError("--format gguf needs --target (the converter reads its folder)")
+    if converter_script() is None:
+        raise EngineError(f"llama.cpp is not built in {tools_dir()}: {BUILD_HINT}")
+    problem = llamacpp_problem(read_config(ckpt), target.model.config)
+    if problem:
+        raise EngineError(problem)
+    folder = model_directory(target)
+    if folder is None:
+        raise EngineError(f"target {target.name!r} has no local model folder to convert")
+    return Path(folder)
+
+
 def export_gguf(
-    export_dir: str | Path, target_dir: str | Path, outtype: str = "f32", log: Any = None
-) -> tuple[Path, Path]:
-    """An exported drafter folder as `drafter.gguf` inside it, and the target as a GGUF
-    (cached): (target GGUF, drafter GGUF), what `llama-server -m ... -md ...` loads."""
-    export_dir = Path(export_dir)
+    export_dir: str | Path, target_dir: str | Path, dtype: str = "float32", log: Any = None
+) -> str:
+    """An exported drafter folder as `drafter.gguf` inside it and the target as a GGUF (in
+    the user cache): the `llama-server` command serving both, shell-quoted."""
+    export_dir, outtype = Path(export_dir), OUTTYPES[dtype]
     target = cached_target_gguf(target_dir, outtype, log=log)
     drafter = convert_to_gguf(export_dir, export_dir / DRAFTER_GGUF, outtype, target_dir, log=log)
-    return target, drafter
+    k = int(_dflash(read_config(export_dir), "block_size") or 16) - 1
+    return serve_command(target, drafter, k, "f32" if outtype == "f32" else "f16")
+
+
+def server_args(
+    target_gguf: str | Path,
+    *,
+    drafter_gguf: str | Path | None = None,
+    num_proposals: int = 0,
+    ngram_type: str | None = None,
+    ngram_size: int = 3,
+    cache_type: str = "f32",
+) -> list[str]:
+    """llama-server's arguments past the binary for a target (and drafter or n-gram type).
+
+    The drafter's KV cache takes the target's precision (`-ctkd/-ctvd`; llama.cpp's default
+    f16 would round the injected target features) and drafts are never cut short
+    (`--spec-draft-p-min 0`, `--spec-draft-n-min 0`): the evaluator's full-block rounds."""
+    args = ["-m", str(target_gguf), "-ctk", cache_type, "-ctv", cache_type]
+    if drafter_gguf is not None:
+        args += ["-md", str(drafter_gguf), "--spec-type", "draft-dflash"]
+        args += ["--spec-draft-n-max", str(num_proposals), "--spec-draft-n-min", "0"]
+        args += ["--spec-draft-p-min", "0", "-ctkd", cache_type, "-ctvd", cache_type]
+    elif ngram_type is not None:
+        args += ["--spec-type", ngram_type, "--spec-draft-n-max", str(num_proposals)]
+        if ngram_type == "ngram-simple":
+            args += ["--spec-ngram-simple-size-n", str(ngram_size)]
+    return args
+
+
+def serve_command(
+    target_gguf: str | Path, drafter_gguf: str | Path, num_proposals: int, cache_type: str = "f32"
+) -> str:
+    """The shell command serving a target GGUF with a drafter GGUF (absolute, quoted)."""
+    args = server_args(
+        Path(target_gguf).resolve(),
+        drafter_gguf=Path(drafter_gguf).resolve(),
+        num_proposals=num_proposals,
+        cache_type=cache_type,
+    )
+    return "llama-server " + " ".join(shlex.quote(a) for a in args)
 
 
 __all__ = [
     "LLAMACPP_DFLASH_TARGETS",
     "export_gguf",
+    "gguf_preflight",
+    "serve_command",
+    "server_args",
     "OUTTYPES",
     "cached_target_gguf",
     "convert_to_gguf",
