@@ -70,3 +70,37 @@ def test_gpt2_split_is_recognised_from_tokenizer_json(tmp_path):
                       "pre_tokenizer": {"type": "Metaspace"}})  # fmt: skip
     assert not write({"model": {"type": "Unigram"}, "normalizer": None,
                       "pre_tokenizer": byte_level})  # fmt: skip
+
+
+def test_rounds_and_proposals_are_read_from_the_servers_log(tmp_path):
+    """The counters come from llama-server's per-round lines, by slot, and a partly
+    written last line waits for the next read (the server logs from its own thread)."""
+    import threading
+
+    from blockdraft.engines.llamacpp_engine import LlamaCppEngine, LlamaServer
+
+    log = tmp_path / "server.log"
+    lines = [
+        "slot update_slots: id  0 | task 4 | accepted  3/ 7 draft tokens\n",
+        "draft:  - seq_id 1, draft candidate   0, pos   0:    17 (   0.900) 'a'\n",
+        "draft:  - seq_id 1, draft candidate   1, pos   0:    18 (   0.050) 'b'\n",
+        "draft:  - seq_id 1, draft candidate   0, pos   1:    19 (   0.800) '\n",
+        "'\n",
+        "slot update_slots: id  1 | task 5 | accepted  0/ 2 draft tokens\n",
+        "slot update_slots: id  0 | task 6 | accepted  7/ 7 draft tok",
+    ]
+    log.write_text("".join(lines))
+    server = object.__new__(LlamaServer)
+    server.log_path, server._read_at, server._rounds, server.proposals = log, 0, {}, {}
+    server._lock = threading.Lock()
+    engine = object.__new__(LlamaCppEngine)
+    engine.server, engine.num_proposals, engine._counted = server, 7, {}
+    c = engine.counters()
+    assert (c.drafts, c.draft_tokens, c.accepted) == (2, 9, 3)
+    assert c.accepted_per_position == [1, 1, 1, 0, 0, 0, 0]
+    assert engine.take_drafts() == [([], [[17, 19]])]
+    with open(log, "a") as f:
+        f.write("ens\n")
+    c = engine.counters()
+    assert (c.drafts, c.accepted) == (3, 10) and c.accepted_per_position == [2] * 3 + [1] * 4
+    assert engine.take_drafts() == []

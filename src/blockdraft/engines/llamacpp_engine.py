@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -52,6 +53,7 @@ PARALLEL = 4  # server slots: batched requests run side by side up to this many
 # llama.cpp's n-gram type that `Speculation("ngram")` starts (its own rule, not blockdraft's)
 NGRAM_TYPE = "ngram-simple"
 _ROUND = " accepted "
+_PROPOSAL = re.compile(r"seq_id (\d+), draft candidate +0, pos +(\d+): +(-?\d+) ")
 
 
 def _free_port() -> int:
@@ -86,7 +88,9 @@ def _completion_body(
 class LlamaServer:
     """One `llama-server` process over a target GGUF (optionally with speculation)."""
 
-    def __init__(self, args: list[str], *, ctx: int, threads: int, seed: int = 0) -> None:
+    def __init__(
+        self, args: list[str], *, ctx: int, threads: int, seed: int = 0, proposals: bool = False
+    ) -> None:
         binary, _ = require_tools()
         self.port = _free_port()
         self.version = LLAMACPP_VERSION
@@ -96,10 +100,20 @@ class LlamaServer:
         self.log_path = Path(self._log.name)
         self._read_at = 0
         self._rounds: dict[int, list[tuple[int, int]]] = {}  # slot id -> (accepted, drafted)
+        self.proposals: dict[int, list[list[int]]] = {}  # slot id -> each draft's tokens
         self._lock = threading.Lock()
         argv = [str(binary), *args, "--host", "127.0.0.1", "--port", str(self.port)]
         argv += ["-c", str(ctx * PARALLEL), "-np", str(PARALLEL), "-t", str(threads)]
-        argv += ["-tb", str(threads), "-s", str(seed), "--no-webui", "-lv", "3"]
+        # debug verbosity (5) logs each draft's candidates: what `take_drafts` returns
+        argv += [
+            "-tb",
+            str(threads),
+            "-s",
+            str(seed),
+            "--no-webui",
+            "-lv",
+            "5" if proposals else "3",
+        ]
         self.argv = argv
         env = {**os.environ, "LLAMA_TRACE": "1"}
         started = time.perf_counter()
@@ -151,6 +165,14 @@ class LlamaServer:
             end = chunk.rfind(b"\n") + 1  # only whole lines; the rest is read next time
             self._read_at += end
             for line in chunk[:end].decode(errors="replace").splitlines():
+                proposal = _PROPOSAL.search(line)
+                if proposal:
+                    seq, pos, token = (int(g) for g in proposal.groups())
+                    drafts = self.proposals.setdefault(seq, [])
+                    if pos == 0 or not drafts:
+                        drafts.append([])
+                    drafts[-1].append(token)
+                    continue
                 if _ROUND not in line or "draft tokens" not in line:
                     continue
                 slot = int(line.split("| task")[0].rsplit("id", 1)[1])
@@ -249,11 +271,13 @@ class LlamaCppEngine:
         return out
 
     def take_drafts(self) -> Drafts:
-        """llama.cpp logs how many tokens each round accepted, not what it proposed: one
-        entry per logged round since the last call, anchors and proposals left empty."""
+        """Each draft's proposals since the last call (`record_drafts=True`: the server logs
+        its candidates at debug verbosity); llama.cpp logs no anchor, and no step where the
+        draft was empty (n-gram types without a match)."""
+        self.server.read_rounds()
         out: Drafts = []
-        for slot, seen in self.server.read_rounds().items():
-            out.extend(([], [[]]) for _ in seen[self._counted.get(slot, 0) :])
+        for slot, seen in self.server.proposals.items():
+            out.extend(([], [list(p)]) for p in seen[self._counted.get(slot, 0) :])
             self._counted[slot] = len(seen)
         return out
 
@@ -332,8 +356,9 @@ class LlamaCpp:
             cache_type=cache,
         )
         try:
+            threads = max(1, torch.get_num_threads())
             server = LlamaServer(
-                args, ctx=max_model_len, threads=max(1, torch.get_num_threads()), seed=seed
+                args, ctx=max_model_len, threads=threads, seed=seed, proposals=record_drafts
             )
         finally:
             if tmp is not None:
