@@ -22,8 +22,8 @@ def _drafter(**over):
     return cfg
 
 
-QWEN = Qwen3Config(architectures=["Qwen3ForCausalLM"], hidden_size=128)
-LLAMA = LlamaConfig(architectures=["LlamaForCausalLM"], hidden_size=128)
+QWEN = Qwen3Config(architectures=["Qwen3ForCausalLM"], hidden_size=128, num_hidden_layers=4)
+LLAMA = LlamaConfig(architectures=["LlamaForCausalLM"], hidden_size=128, num_hidden_layers=4)
 
 
 def test_llama_and_qwen3_targets_of_the_drafters_width_are_served():
@@ -39,6 +39,7 @@ def test_llama_and_qwen3_targets_of_the_drafters_width_are_served():
         (_drafter(draft_vocab_size=512), QWEN, "draft vocabulary (512 tokens)"),
         (_drafter(architectures=["DFlash2DraftModel"]), QWEN, "DFlash2"),
         (_drafter(dflash_config={"target_layer_ids": [0]}), QWEN, "mask_token_id"),
+        (_drafter(dflash_config={"target_layer_ids": [1, 3], "mask_token_id": 2}), QWEN, "layer 3"),
     ],
 )
 def test_what_llamacpp_cannot_load_is_one_line(drafter, target, says):

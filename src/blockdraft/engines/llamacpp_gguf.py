@@ -74,7 +74,8 @@ def llamacpp_problem(drafter_cfg: dict[str, Any], target_config: Any) -> str | N
     Each rule is a layout the vendored llama.cpp does not load as blockdraft exports it:
     its DFlash graph sizes `fc` as (number of target layers) x (the *draft's* hidden size),
     reads target features only from graphs that expose layer inputs (we check `llama` and
-    `qwen3`), and its converter writes no `d2t` for a DFlash draft."""
+    `qwen3`; those capture no input past the top layer), and its converter writes no `d2t`
+    for a DFlash draft."""
     archs = list(getattr(target_config, "architectures", None) or [])
     arch = archs[0] if archs else type(target_config).__name__
     if arch not in LLAMACPP_DFLASH_TARGETS:
@@ -99,6 +100,13 @@ def llamacpp_problem(drafter_cfg: dict[str, Any], target_config: Any) -> str | N
         return (
             "DFlash2 drafters are not checked with llama.cpp here (its DFlash2 path reads the "
             "selector as a lattice over top-k candidates); serve a plain DFlash drafter"
+        )
+    layers = int(getattr(target_config, "num_hidden_layers", 0) or 0)
+    top = [i for i in _dflash(drafter_cfg, "target_layer_ids") or [] if int(i) >= layers - 1]
+    if layers and top:
+        return (
+            f"the drafter reads target layer {top[0]}, the top one: llama.cpp's llama/qwen3 "
+            f"graphs capture layer inputs only, and no layer follows layer {layers - 1}"
         )
     if _dflash(drafter_cfg, "mask_token_id") is None:
         return "the drafter names no mask_token_id, which llama.cpp's draft-dflash requires"
