@@ -245,7 +245,10 @@ class LlamaCppEngine:
         """One row per prompt; several prompts run as concurrent requests (the server's
         slots batch them). Log-probs are not read from llama.cpp here."""
         if logprobs is not None or topk:
-            raise EngineError("the llama.cpp engine returns no log-probs; use vLLM for rollouts")
+            raise EngineError(
+                "the llama.cpp engine returns no log-probs, which rollouts store: write "
+                "rollouts with blockdraft's own loop or --engine vllm"
+            )
         stop = set(map(int, stop_token_ids))
         if len(prompts) == 1:
             return [self._one(prompts[0], settings, stop, seeds[0])]
