@@ -211,11 +211,11 @@ def gguf_preflight(ckpt: str | Path, target: Any) -> Path:
     the one-line reason it cannot otherwise, before an export is written."""
     if target is None:
         raise EngineError("--format gguf needs --target (the converter reads its folder)")
-    if converter_script() is None:
-        raise EngineError(f"llama.cpp is not built in {tools_dir()}: {BUILD_HINT}")
     problem = llamacpp_problem(read_config(ckpt), target.model.config)
     if problem:
         raise EngineError(problem)
+    if converter_script() is None:
+        raise EngineError(f"llama.cpp is not built in {tools_dir()}: {BUILD_HINT}")
     folder = model_directory(target)
     if folder is None:
         raise EngineError(f"target {target.name!r} has no local model folder to convert")
