@@ -90,7 +90,9 @@ def test_export_gguf_prints_a_command_that_serves_the_drafter(
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert (out / "drafter.gguf").is_file()
-    command = next(line for line in printed.splitlines() if line.startswith("llama-server "))
+    commands = [line for line in printed.splitlines() if line.startswith("llama-server ")]
+    assert "TARGET.gguf" in commands[0]  # the generic line, before the GGUFs exist
+    command = commands[-1]  # the one naming the GGUFs just written
     argv = shlex.split(command)
     assert argv[argv.index("-md") + 1] == str((out / "drafter.gguf").resolve())
     port = 18000 + (hash(str(tmp_path)) % 1000)

@@ -311,7 +311,10 @@ class LlamaCpp:
         """With GGUFs that `export --format gguf` writes (the target's in the user cache)."""
         gguf = str(Path(drafter_dir) / DRAFTER_GGUF)
         args = server_args("TARGET.gguf", drafter_gguf=gguf, num_proposals=num_proposals)
-        return "llama-server " + " ".join(shlex.quote(a) for a in args)
+        return (
+            "# (`blockdraft export --format gguf` writes both GGUFs and prints this with them)\n"
+            "llama-server " + " ".join(shlex.quote(a) for a in args)
+        )
 
     def load(
         self,
