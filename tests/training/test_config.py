@@ -68,6 +68,11 @@ def test_overrides_are_typed_and_applied():
         ),
         (BASE, ["objective.name=decay", "objective.gamma=-2"], "objective.gamma:"),
         (BASE, ["objective.variant=cumulative", "objective.alpha=-1"], "objective.alpha:"),
+        (
+            BASE,
+            ["drafter.init_from=runs/x", "drafter.init_layers_from_target=true"],
+            "drafter.init_layers_from_target: not with drafter.init_from",
+        ),
         (BASE, ["optim.betas=[0.9]"], "optim.betas"),
         (BASE, ["optim=3"], "optim"),
         ({}, [], "data.train_rollouts"),

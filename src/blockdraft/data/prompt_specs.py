@@ -2,7 +2,8 @@
 
 Every later stage (rollouts, evaluation, the online decoder) takes a prompt *spec*, so a
 run can be repeated from its manifest alone: a `.jsonl[.gz]` / `.json` / `.parquet` file
-with an optional `:field`, `stdlib:train|eval`, `pydoc:train|eval`, `humaneval`,
+with an optional `:field`, `stdlib:train|eval`, `pydoc:train|eval`, `sharegpt:train|eval`,
+`humaneval`,
 `hf:name[:config]:split:field`, or a mix `SPEC@N+SPEC@N+...` (`SPEC@N`: the first N).
 Prompt ids must be unique, because a rollout's random stream is seeded from its prompt
 id. The syntax in full (field detection, chats, ids): docs/rollouts.md ("Prompt specs").
@@ -20,6 +21,7 @@ from typing import Any
 
 from blockdraft.data.prompt_type import Prompt, PromptError
 from blockdraft.data.pydoc_prompts import pydoc_prompts
+from blockdraft.data.sharegpt_prompts import sharegpt_prompts
 from blockdraft.data.stdlib_prompts import stdlib_prompts
 
 AUTO_FIELDS = ("turns", "messages", "prompt", "question", "instruction", "text", "input")
@@ -43,6 +45,8 @@ def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
         prompts = stdlib_prompts(split, limit=limit)
     elif spec == "pydoc" or spec.startswith("pydoc:"):
         prompts = pydoc_prompts(spec.partition(":")[2] or "train", limit=limit)
+    elif spec == "sharegpt" or spec.startswith("sharegpt:"):
+        prompts = sharegpt_prompts(spec.partition(":")[2] or "train", limit=limit)
     elif spec == "humaneval":
         prompts = _humaneval_prompts()
     elif spec.startswith("hf:"):
@@ -86,7 +90,8 @@ def _split_file_spec(spec: str) -> tuple[Path, str | None]:
         return Path(head).expanduser(), field or None
     raise PromptError(
         f"unknown prompt spec {spec!r}: not an existing file (path[:field]) nor one of "
-        "stdlib:train, stdlib:eval, humaneval, hf:name[:config]:split:field"
+        "stdlib:train, stdlib:eval, pydoc:train, sharegpt:train, humaneval, "
+        "hf:name[:config]:split:field"
     )
 
 

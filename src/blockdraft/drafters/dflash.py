@@ -156,6 +156,31 @@ class BlockDrafter(nn.Module):
             raise RuntimeError("drafter has no target: call drafter.bind_target(target) first")
         return self._shared
 
+    def copy_target_layers(self, target: Any) -> None:
+        """Start each drafter layer as a copy of one of the target's top layers (drafter
+        layer i <- target layer L - N + i). Why: those layers already turn hidden states
+        into next-token predictions, so the drafter starts from them rather than from
+        noise. Every projection must find a target parameter of the same name and shape (a
+        Llama/Qwen-style decoder layer), else a ValueError names it; the drafter's own
+        query/key norms stay as initialised where the target has none (Llama)."""
+        source = getattr(target.model.get_decoder(), "layers", None)
+        n = len(self.layers)
+        if source is None or len(source) < n:
+            raise ValueError("drafter.init_layers_from_target: the target has too few layers")
+        for mine, theirs in zip(self.layers, list(source)[-n:], strict=True):
+            wanted, found = mine.state_dict(), theirs.state_dict()
+            for name, tensor in wanted.items():
+                if name not in found and name.endswith(("q_norm.weight", "k_norm.weight")):
+                    continue
+                if name not in found or found[name].shape != tensor.shape:
+                    shape = tuple(found[name].shape) if name in found else "missing"
+                    raise ValueError(
+                        f"drafter.init_layers_from_target: the target layer's {name} is "
+                        f"{shape}, the drafter's {tuple(tensor.shape)}"
+                    )
+                wanted[name] = found[name].detach().to(tensor.dtype)
+            mine.load_state_dict(wanted)
+
     def set_draft_vocab(self, draft_ids: torch.Tensor) -> None:
         """Install the reduced vocabulary (target ids, see draft_vocab.most_frequent_tokens)."""
         if (

@@ -255,6 +255,8 @@ def build_drafter(cfg: TrainConfig, target, train: RolloutData, device: torch.de
         torch.manual_seed(cfg.seed)
         classes = {"semi_ar": SemiARDrafter, "dflash2": DFlash2Drafter}
         drafter = classes.get(d.arch, BlockDrafter)(dcfg)
+        if d.init_layers_from_target:
+            drafter.copy_target_layers(target)
     except ValueError as exc:  # e.g. a conv group size that does not divide the width
         raise TrainSetupError(f"drafter: {exc}") from None
     if d.draft_vocab_size is not None:

@@ -69,6 +69,7 @@ class DrafterConfigSection:
     conv_group_size: int = 16  # dflash2: channels sharing one dynamic coefficient
     draft_vocab_size: int | None = None  # reduced draft vocabulary; null = full target vocab
     init_from: str | None = None  # drafter checkpoint to start from (fine-tuning stage)
+    init_layers_from_target: bool = False  # start the layers as copies of the target's top ones
 
 
 @dataclass
@@ -302,6 +303,10 @@ def validate(cfg: TrainConfig) -> None:
     checks: list[tuple[bool, str]] = [
         (cfg.drafter.block_size >= 2, "drafter.block_size: must be >= 2 (anchor + >= 1 proposal)"),
         (cfg.drafter.num_layers >= 1, "drafter.num_layers: must be >= 1"),
+        (
+            not (cfg.drafter.init_from and cfg.drafter.init_layers_from_target),
+            "drafter.init_layers_from_target: not with drafter.init_from (it has its own layers)",
+        ),
         (cfg.num_anchors >= 1, "num_anchors: must be >= 1"),
         (cfg.optim.lr > 0, "optim.lr: must be > 0"),
         (len(cfg.optim.betas) == 2, "optim.betas: must be two numbers"),
