@@ -68,12 +68,13 @@ def test_served_lossless_and_rounds_equal_the_offline_evaluator(checked):
 
 
 def test_accepted_per_position_is_the_evaluators(checked):
-    """llama.cpp drafts no further than the response's budget, so at T = 0 what it accepts
-    at each position is the evaluator's T_{>=k} (tokens past a stop token aside)."""
+    """llama.cpp drafts no further than the response's budget: where the evaluator's last
+    round accepts the final token, llama.cpp's last step drafted nothing and emits it
+    unproposed, so it accepts at most one token fewer per response (at position 1)."""
     bench = checked["benchmarks"][0]
     served, offline = bench["served"]["dflash"], bench["offline"]["dflash"]
     past = bench["agreement"]["dflash"]["accepted_past_end_per_position"]
-    assert all(x >= 0 for x in past) and sum(past) <= 7 * bench["num_prompts"]
+    assert all(x <= 0 for x in past[1:]) and -bench["num_prompts"] <= past[0] <= 0
     assert [v - p for v, p in zip(served["accepted_per_position"], past, strict=True)] == (
         pytest.approx(offline["t_ge_k"])
     )
