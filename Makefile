@@ -32,7 +32,7 @@ engine: $(ENGINE_STAMP)
 
 # llama.cpp's llama-server and converter (optional): `serve-check --engine llamacpp`,
 # `export --format gguf`. Built from the pinned llama-cpp-python sdist's vendored llama.cpp
-# into .llamacpp/ (resumable; 2 jobs: about 40 min on 2 busy cores, see docs/serving.md).
+# into .llamacpp/ (resumable; 2 jobs at nice 10 on 2 busy cores: 83 min, docs/serving.md).
 LLAMACPP_JOBS ?= 2
 engine-llamacpp:
 	JOBS=$(LLAMACPP_JOBS) PY=$(PY) bash scripts/build_llamacpp.sh
@@ -47,7 +47,7 @@ test-engine: $(ENGINE_STAMP)
 
 # llama.cpp's llama-server and converter (optional): `serve-check --engine llamacpp`,
 # `export --format gguf`. Built from the pinned llama-cpp-python sdist's vendored llama.cpp
-# into .llamacpp/ (resumable; 2 jobs: about 40 min on 2 busy cores, see docs/serving.md).
+# into .llamacpp/ (resumable; 2 jobs at nice 10 on 2 busy cores: 83 min, docs/serving.md).
 LLAMACPP_JOBS ?= 2
 engine-llamacpp:
 	JOBS=$(LLAMACPP_JOBS) PY=$(PY) bash scripts/build_llamacpp.sh
