@@ -44,14 +44,10 @@ test: $(STAMP)
 	$(BIN)/pytest -q
 
 test-engine: $(ENGINE_STAMP)
-
-# llama.cpp's llama-server and converter (optional): `serve-check --engine llamacpp`,
-# `export --format gguf`. Built from the pinned llama-cpp-python sdist's vendored llama.cpp
-# into .llamacpp/ (resumable; 2 jobs at nice 10 on 2 busy cores: 83 min, docs/serving.md).
-LLAMACPP_JOBS ?= 2
-engine-llamacpp:
-	JOBS=$(LLAMACPP_JOBS) PY=$(PY) bash scripts/build_llamacpp.sh
 	$(BIN)/pytest -q tests/engines
+
+test-llamacpp: $(STAMP)
+	$(BIN)/pytest -q tests/engines/test_llamacpp_serving.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
