@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ENGINE_STAMP := $(VENV)/.engine
 
-.PHONY: install engine demo test test-engine lint bench clean
+.PHONY: install engine engine-llamacpp demo test test-engine test-llamacpp lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,13 @@ $(ENGINE_STAMP): $(STAMP)
 
 engine: $(ENGINE_STAMP)
 
+# llama.cpp's llama-server and converter (optional): `serve-check --engine llamacpp`,
+# `export --format gguf`. Built from the pinned llama-cpp-python sdist's vendored llama.cpp
+# into .llamacpp/ (resumable; 2 jobs at nice 10 on 2 busy cores: 83 min, docs/serving.md).
+LLAMACPP_JOBS ?= 2
+engine-llamacpp:
+	JOBS=$(LLAMACPP_JOBS) PY=$(PY) bash scripts/build_llamacpp.sh
+
 demo: $(STAMP)
 	$(BIN)/blockdraft demo
 
@@ -48,6 +55,9 @@ test: $(STAMP)
 
 test-engine: $(ENGINE_STAMP)
 	$(BIN)/pytest -q tests/engines
+
+test-llamacpp: $(STAMP)
+	$(BIN)/pytest -q tests/engines/test_llamacpp_serving.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

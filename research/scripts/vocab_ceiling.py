@@ -51,7 +51,8 @@ def main() -> None:
         vocabs["checkpoint"] = draft_ids_from_d2t(load_file(args.checkpoint)["d2t"])
     if args.train:
         seqs = [
-            torch.cat([r.prompt_ids, r.response_ids]) for r in RolloutSet.open(Path(args.train))
+            torch.cat([r.prompt_ids, r.response_ids])
+            for r in RolloutSet.open(Path(args.train), allow_incomplete=True)
         ]
         for size in args.size:
             vocabs[str(size)] = most_frequent_tokens(

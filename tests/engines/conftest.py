@@ -4,12 +4,12 @@ greedy rollouts and a briefly trained drafter with a reduced draft vocabulary (`
 from __future__ import annotations
 
 import pytest
+from enginekit import train_tiny_drafter
 
 from blockdraft.data.prompt_specs import load_prompts
 from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.sampling import SamplingSettings
 from blockdraft.targets.registry import load_target
-from blockdraft.training import config_from_dict, train
 
 MAX_NEW_TOKENS = 48
 
@@ -32,28 +32,10 @@ def tiny_sets(tiny, tmp_path_factory):
     return out
 
 
-def _train(tiny, rollouts, run, layer_ids=None):
-    cfg = config_from_dict(
-        {
-            "run_dir": str(run),
-            "seed": 0,
-            "target": {"layer_ids": layer_ids},
-            "num_anchors": 32,
-            "data": {"train_rollouts": str(rollouts), "eval_split": 0.1,
-                     "max_seq_len": 256},
-            "drafter": {"num_layers": 1, "block_size": 8, "draft_vocab_size": 512},
-            "objective": {"name": "dpace"},
-            "optim": {"lr": 3e-3, "batch_size": 8, "max_steps": 60, "warmup_steps": 4},
-            "eval": {"every": 0, "at_start": False},
-            "checkpoint": {"save_every": 0},
-            "logging": {"every": 20, "progress": False, "tensorboard": False},
-        }
-    )  # fmt: skip
-    return train(cfg, target=tiny)
-
-
 @pytest.fixture(scope="session")
 def tiny_drafter(tiny, tiny_sets, tmp_path_factory):
     """A 1-layer DFlash drafter trained for a few dozen steps on a 512-token draft
     vocabulary: enough that vLLM accepts some of its proposals and some it rejects."""
-    return _train(tiny, tiny_sets["train"], tmp_path_factory.mktemp("engine-drafter") / "run")
+    return train_tiny_drafter(
+        tiny, tiny_sets["train"], tmp_path_factory.mktemp("engine-drafter") / "run"
+    )

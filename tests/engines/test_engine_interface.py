@@ -96,5 +96,5 @@ def test_export_prints_every_registered_engines_command(loop_engine, tmp_path, c
 
 
 def test_an_unknown_engine_is_one_line_naming_the_registered_ones(loop_engine):
-    with pytest.raises(EngineError, match="choose one of vllm, loop"):
+    with pytest.raises(EngineError, match="choose one of vllm, llamacpp, loop"):
         get_engine("sglang")

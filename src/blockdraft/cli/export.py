@@ -2,7 +2,9 @@
 
 The output directory loads in SGLang (`--speculative-algorithm DFLASH
 --speculative-draft-model-path DIR`) and vLLM (`method: dflash`) without conversion; see
-docs/export.md for what is checked and against which loader sources.
+docs/export.md for what is checked and against which loader sources. `--format gguf` also
+writes DIR/drafter.gguf and the target as a GGUF for llama.cpp (`llama-server -md`),
+after saying up front whether llama.cpp can serve the pair.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import torch
 
 from blockdraft.cli.drafter_options import drafter_spec
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
+from blockdraft.engines.interface import EngineError
+from blockdraft.engines.llamacpp_gguf import export_gguf, gguf_preflight
 from blockdraft.engines.registry import serve_commands
 from blockdraft.serialization.checkpoint import NAMESPACE, read_config, verify_weights
 from blockdraft.serialization.drafter_spec import checkpoint_of
-from blockdraft.serialization.export import export_drafter, validate_for_serving
+from blockdraft.serialization.export import DRAFTER_GGUF, export_drafter, validate_for_serving
 from blockdraft.targets.registry import list_targets, model_directory
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -27,6 +31,7 @@ EXAMPLE = """examples:
   blockdraft export runs/edr --out drafters/my-dflash --dtype bfloat16
   blockdraft export runs/edr --check          # validate only, write nothing
   blockdraft export hybrid:conf=0.3:runs/edr --out drafters/hybrid   # with lookup fallback
+  blockdraft export runs/edr --out drafters/gguf --format gguf --target smollm2-135m
 """
 
 
@@ -48,6 +53,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=_DTYPES, default=None, help="cast weights (default: keep)")
     add_target_options(p, required=False)  # needed for a reduced draft vocab; names the mask
     p.add_argument("--check", action="store_true", help="only validate CKPT, write nothing")
+    p.add_argument(
+        "--format",
+        choices=("safetensors", "gguf"),
+        default="safetensors",
+        help="gguf: also the drafter and target as llama.cpp GGUFs (needs --target and "
+        "`make engine-llamacpp`; --dtype picks f32/bf16/f16, default f32)",
+    )
     p.add_argument(
         "--expand-vocab",
         action="store_true",
@@ -82,6 +94,13 @@ def run(args: argparse.Namespace) -> int:
     target = None
     if args.target:
         target = load_target_from_args(args, drafters=[ckpt])
+    target_dir = None
+    if args.format == "gguf":
+        try:
+            target_dir = gguf_preflight(ckpt, target)
+        except EngineError as exc:  # before anything is written
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         out = export_drafter(
             ckpt,
@@ -99,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
     print("serve it (target first, then the drafter):")
     config = target.model.config if target is not None else None
     print(serve_commands(out, _target_path(out, target), config))
+    if target_dir is not None:
+        try:
+            command = export_gguf(out, target_dir, args.dtype or "float32", log=print)
+        except EngineError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"# llama.cpp (GGUF: {out / DRAFTER_GGUF})\n{command}")
     return 0
 
 

@@ -190,7 +190,13 @@ def _verdict(
             f"rounds differ on prompts {agree['rounds_differ_on'][:8]} "
             f"(of {agree['rounds_compared_on']} with outputs equal to the rollouts)"
         )
-    if "accepted_past_end" in agree:
+    if agree.get("accepted_past_end", 0) < 0:  # an engine drafting no further than the budget
+        text += (
+            f"; the engine accepted {-agree['accepted_past_end']:g} token(s) fewer than the "
+            "evaluator, in last rounds where it drafted nothing (per position "
+            f"{agree['accepted_past_end_per_position']})"
+        )
+    elif "accepted_past_end" in agree:
         text += (
             f"; the engine's mean acceptance length also counts {agree['accepted_past_end']:g} "
             "token(s) it accepted past the end of a response (per position "

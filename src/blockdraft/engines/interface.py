@@ -122,6 +122,9 @@ class Engine(Protocol):
     distribution tokens were drawn from, else the T = 1 log-softmax (greedy rollouts)."""
 
     name: str  # what `--engine` takes
+    # `take_drafts` also returns prompt lookup's steps that proposed nothing (an engine
+    # that logs only verified drafts counts lookup rounds from its counters instead)
+    records_lookup_steps: bool
 
     def version(self) -> str | None: ...
     def serve_problem(self, drafter_cfg: dict[str, Any], target_config: Any) -> str | None: ...

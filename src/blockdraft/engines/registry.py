@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from blockdraft.engines.interface import Engine, EngineError
+from blockdraft.engines.llamacpp_engine import LLAMACPP
 from blockdraft.engines.vllm_engine import VLLM
 from blockdraft.serialization.checkpoint import read_config
 from blockdraft.serialization.export import dflash_field
@@ -27,6 +28,7 @@ def register_engine(engine: Engine) -> Engine:
 
 
 register_engine(VLLM)
+register_engine(LLAMACPP)
 DEFAULT_ENGINE = VLLM.name  # what serve-check runs unless told otherwise
 
 

@@ -433,6 +433,7 @@ class Vllm:
     """vLLM as an `Engine`: each started engine runs in its own process (`EngineProcess`)."""
 
     name = "vllm"
+    records_lookup_steps = True
 
     def version(self) -> str | None:
         return vllm_version()

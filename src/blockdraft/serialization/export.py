@@ -397,7 +397,8 @@ def export_drafter(
         return _export_locked(ckpt, out_dir, dtype, target, expand_vocab, hybrid_conf)
 
 
-EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, MODELING_FILE}
+DRAFTER_GGUF = "drafter.gguf"  # `export --format gguf`: the drafter as llama.cpp loads it
+EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, MODELING_FILE, DRAFTER_GGUF}
 
 
 def _refuse_to_replace(out_dir: Path, overwrite: bool) -> None:
@@ -562,6 +563,7 @@ def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:
 
 __all__ = [
     "CONFIG_NAME",
+    "DRAFTER_GGUF",
     "ExportError",
     "dflash_field",
     "expected_weight_shapes",

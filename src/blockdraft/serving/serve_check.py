@@ -205,8 +205,13 @@ def _way_report(run: WayRun, bench: Benchmark, way: str, batch_size: int) -> dic
     if way == "none":
         return report
     # tokens a round yielded = 1 + accepted; rounds = decoding steps after the first token
-    if way == "dflash":  # the drafter proposes in every step: rounds = drafts, exactly
-        rounds = [c.drafts for c in run.per_request]
+    if way == "dflash":  # the drafter proposes in every step: rounds = drafts, exactly, except
+        # in an engine that drafts no further than the response (llama.cpp): its last step,
+        # with one token left, drafts nothing, and steps = tokens after the first - accepted
+        rounds = [
+            max(c.drafts, max(len(o) - 1, 0) - c.accepted)
+            for c, o in zip(run.per_request, run.outputs, strict=True)
+        ]
     elif run.lookup_steps is not None:  # ngram/suffix draft in every step, [] or not;
         # the last drafting step, after the final round, is never verified
         rounds = [max(n - 1, 0) for n in run.lookup_steps]
@@ -313,17 +318,18 @@ def serve_check(
                 f"{batch_size}"
             )
             sampled = any(not b.rollouts.settings.greedy for b in benches)
+            recording = way in LOOKUP_WAYS and kind.records_lookup_steps
             with kind.load(
                 model_dir,
                 dtype=dtype,
                 speculation=speculation(way, export_dir, num_proposals, sampled),
                 max_model_len=target.context_length or 4096,
-                record_drafts=way in LOOKUP_WAYS,
+                record_drafts=recording,
             ) as running:
                 engine_version = f"{engine} {running.version}"
                 for bench in benches:
                     run = _run_way(
-                        running, bench, list(target.stop_token_ids), batch_size, way in LOOKUP_WAYS
+                        running, bench, list(target.stop_token_ids), batch_size, recording
                     )
                     results[bench.name][way] = _way_report(run, bench, way, batch_size)
     out: dict[str, Any] = {
