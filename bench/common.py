@@ -16,7 +16,7 @@ import blockdraft.objectives.cross_entropy as ce
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.cross_entropy import weighted_cross_entropy
 from blockdraft.targets.target import Target
-from blockdraft.targets.testing import make_random_target
+from fixture_targets import make_random_target
 from blockdraft.training.draft_forward import DraftForward
 
 

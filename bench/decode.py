@@ -61,7 +61,7 @@ PHASES = ("draft", "target", "verify", "other")
 
 def gemma_shaped_target() -> Any:
     """Random weights at Gemma 3 270M's shape (262k vocabulary): timing without the download."""
-    from blockdraft.targets.testing import make_shaped_target
+    from fixture_targets import make_shaped_target
 
     return make_shaped_target("gemma-3-270m")
 
@@ -70,7 +70,7 @@ def load(args: argparse.Namespace) -> tuple[Any, list[list[int]]]:
     if args.target == "gemma-shaped":
         target = gemma_shaped_target()
     elif args.target == "random":
-        from blockdraft.targets.testing import make_random_target
+        from fixture_targets import make_random_target
 
         target = make_random_target("qwen3", hidden_size=256, num_layers=8)
     else:

@@ -142,7 +142,7 @@ def part_matmul(part: Part, device: torch.device, smoke: bool) -> None:
 
 # --- training steps -------------------------------------------------------------------------
 def shaped_target(device: torch.device, smoke: bool, layers: int):  # type: ignore[no-untyped-def]
-    from blockdraft.targets.testing import make_shaped_target
+    from fixture_targets import make_shaped_target
 
     if smoke:
         return make_shaped_target("qwen3-8b", device=device, **SMOKE_TARGET)
@@ -236,7 +236,7 @@ def part_train(
     if not smoke:
         from transformers import Qwen3Config
 
-        from blockdraft.targets.testing import SHAPES
+        from fixture_targets import SHAPES
 
         full = plan_memory(cfg, 1, "cuda", hf_config=Qwen3Config(**SHAPES["qwen3-8b"][1]))
         part.record(plan_full_target_gib=full.peak / GiB)

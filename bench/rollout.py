@@ -61,7 +61,7 @@ from blockdraft.data.rollouts import generate_rollouts
 from blockdraft.data.rollouts.sampler import SamplingSettings
 from blockdraft.targets.registry import load_target
 from blockdraft.targets.target import Target
-from blockdraft.targets.testing import make_shaped_target
+from fixture_targets import make_shaped_target
 
 TOKENS: dict[tuple[bool | str, int], list[list[int]]] = {}  # the last run's responses, per side
 WORDS = "def class return import for while print self range value index list dict".split()  # noqa: SIM905

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from blockdraft.targets.testing import make_shaped_target
+from fixture_targets import make_shaped_target
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ from blockdraft.data.rollouts.store import (
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
 from blockdraft.targets.target import Target
-from blockdraft.targets.testing import make_shaped_target
+from fixture_targets import make_shaped_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import CachedFeatures, OnlineTargetFeatures
@@ -81,7 +81,7 @@ SHAPES = {
 
 
 def make_target(name: str) -> Target:
-    """Random weights at the real architecture and shape (`targets.testing.SHAPES`)."""
+    """Random weights at the real architecture and shape (`tests/random_targets.py`'s `SHAPES`)."""
     return make_shaped_target("tiny" if name == "tiny" else "gemma-3-270m")
 
 

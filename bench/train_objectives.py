@@ -47,7 +47,7 @@ from blockdraft.data.rollouts.store import Rollout
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.heap import retain_freed_memory
 from blockdraft.objectives.registry import make_objective
-from blockdraft.targets.testing import make_random_target
+from fixture_targets import make_random_target
 from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward

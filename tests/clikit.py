@@ -1,7 +1,7 @@
 """Helpers for CLI tests: a random target saved as a local HF model, rollouts, a drafter.
 
 The CLI loads targets by name or path, so CLI tests need a model on disk: a small random
-Qwen3 (`blockdraft.targets.testing`) saved with `save_pretrained`, loaded back through
+Qwen3 (`tests/random_targets.py`) saved with `save_pretrained`, loaded back through
 the registry like any user model.
 """
 
@@ -15,7 +15,7 @@ from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
 
 
 def save_local_model(path: Path, seed: int = 0) -> Path:
-    from blockdraft.targets.testing import make_random_target
+    from random_targets import make_random_target
 
     target = make_random_target("qwen3", num_layers=4, seed=seed)
     target.model.save_pretrained(path)

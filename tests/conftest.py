@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 # Test models are tiny: one thread is as fast as two and immune to oversubscription when
 # several processes share the 2 cores of a CI machine (two threads were seen 10x slower).

@@ -374,7 +374,7 @@ def greedy_decode_case(drafter_kind: str):
     on a random llama target; `memo` proposes the AR outputs, `ngram` is prompt lookup."""
     from blockdraft.decoding.loop import ar_generate
     from blockdraft.drafters.ngram import NgramDrafter
-    from blockdraft.targets.testing import make_random_target
+    from random_targets import make_random_target
 
     target = make_random_target("llama", seed=1)
     g = torch.Generator().manual_seed(0)

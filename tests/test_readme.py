@@ -56,7 +56,7 @@ def test_quick_start_commands_cover_every_stage():
 
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory) -> Path:
-    from blockdraft.targets.testing import make_random_target
+    from random_targets import make_random_target
 
     target = make_random_target("qwen3", num_layers=4)
     path = tmp_path_factory.mktemp("model") / "random-qwen3"

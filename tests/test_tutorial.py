@@ -62,7 +62,7 @@ def test_the_tutorial_covers_every_stage():
 
 @pytest.mark.skipif(not DATA.is_dir(), reason=f"no offline benchmark data in {DATA}")
 def test_the_tutorial_runs_verbatim(tmp_path):
-    from blockdraft.targets.testing import save_target_without_mask
+    from random_targets import save_target_without_mask
 
     model = save_target_without_mask(tmp_path / "stand-in")
     work = tmp_path / "work"

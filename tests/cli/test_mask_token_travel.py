@@ -16,7 +16,7 @@ from blockdraft.cli import build_parser
 from blockdraft.cli.target_options import TARGET_OPTIONS
 from blockdraft.data.rollouts.store import RolloutSet, check_target, read_manifest, write_manifest
 from blockdraft.targets.registry import load_target
-from blockdraft.targets.testing import save_target_without_mask
+from random_targets import save_target_without_mask
 from clikit import make_rollouts, one_line_error, run_cli
 
 MASK = "<gh_stars>"

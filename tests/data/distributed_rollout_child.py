@@ -45,7 +45,7 @@ def main() -> None:
     import blockdraft.data.rollouts.generate as rollouts
     from blockdraft.data.rollouts.distributed import init_from_env
     from blockdraft.data.rollouts.sampler import SamplingSettings
-    from blockdraft.targets.testing import make_random_target
+    from random_targets import make_random_target
 
     ctx, _, created = init_from_env("cpu")
     original = rollouts._generate_shard

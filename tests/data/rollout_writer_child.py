@@ -43,7 +43,7 @@ def main() -> None:
     torch.set_num_threads(1)
     import blockdraft.data.rollouts.generate as rollouts
     from blockdraft.data.rollouts.sampler import SamplingSettings
-    from blockdraft.targets.testing import make_random_target
+    from random_targets import make_random_target
 
     original = rollouts.generate_batch
     calls = {"n": 0}

@@ -24,7 +24,7 @@ from blockdraft.data.rollouts.importer import (
 )
 from blockdraft.data.rollouts.sampler import generate_batch
 from blockdraft.data.rollouts.store import RolloutError
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 TEXTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os", "The quick", "x"]
 S = SamplingSettings(temperature=0.8, top_p=0.9, top_k=20, max_new_tokens=10, seed=4)

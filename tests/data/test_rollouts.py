@@ -30,7 +30,7 @@ from blockdraft.data.rollouts import (
 )
 from blockdraft.data.rollouts.store import nested_subset
 from blockdraft.targets.target import Target
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 HERE = Path(__file__).parent
 TEXTS = [

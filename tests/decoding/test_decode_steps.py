@@ -16,7 +16,7 @@ from blockdraft.decoding.target_runner import TargetRunner
 from blockdraft.kernels import argmax_screen, packed_linear
 from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
 from blockdraft.kernels.packed_linear import int8_products_exact
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 from fake_drafter import greedy_decode_case
 
 

@@ -9,7 +9,7 @@ import torch
 
 from blockdraft.decoding.hf_generate import ar_vs_hf, has_hf_generate, hf_generate_job
 from blockdraft.decoding.loop import ar_generate
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 
 def test_greedy_hf_generate_equals_our_ar_loop_and_is_timed_side_by_side() -> None:

@@ -23,7 +23,7 @@ from blockdraft.kernels.packed_linear import (
     pack_bf16_onednn,
     packing_supported,
 )
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 
 def _full_forward(target, ids):  # type: ignore[no-untyped-def]

@@ -20,7 +20,7 @@ import torch
 from blockdraft.decoding.loop import ar_generate, decode, speculative_generate
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.semi_ar import SemiARDrafter
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 from fake_drafter import FakeTarget, MemoDrafter, chi2_pvalue, oracle_drafter
 
 ALPHA = 1e-4

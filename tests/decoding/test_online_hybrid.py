@@ -17,7 +17,7 @@ from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.evaluation.offline import mal_ci, offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 from fake_drafter import FakeTarget, chi2_pvalue, oracle_drafter
 
 

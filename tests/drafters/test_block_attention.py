@@ -10,7 +10,7 @@ from blockdraft.drafters import block_attention
 from blockdraft.drafters.block_attention import BlockAttention, block_attention_mask
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.semi_ar import SemiARDrafter
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 BLOCK = 4
 # Unsorted anchors, a repeat, anchor 0 (no context), padding, and a padding-only tile.

@@ -9,7 +9,7 @@ from blockdraft.decoding.proposers import GreedyDraftHead, draft_block
 from blockdraft.drafters.block_attention import BlockAttention, block_attention_mask
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter, grouped_dynamic_conv
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 BLOCK = 5  # K = 4
 

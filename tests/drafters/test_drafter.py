@@ -13,7 +13,7 @@ from blockdraft.drafters.dflash import (
     sample_from_logits,
 )
 from blockdraft.drafters.semi_ar import SemiARDrafter
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 ARCHS = ["qwen3", "llama", "gemma3"]
 BLOCK = 4  # K = 3 proposals

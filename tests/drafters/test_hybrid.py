@@ -13,7 +13,7 @@ from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 
 def replay_rounds(

@@ -13,7 +13,7 @@ BLOCK = 6
 
 @pytest.fixture(scope="module")
 def setup(request):
-    from blockdraft.targets.testing import make_random_target
+    from random_targets import make_random_target
 
     target = make_random_target("qwen3")
     cfg = DrafterConfig.for_target(

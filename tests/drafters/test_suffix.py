@@ -16,7 +16,7 @@ from blockdraft.drafters.suffix import SuffixDrafter, f32
 from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
 from blockdraft.serialization.drafter_spec import DrafterSpec, DrafterSpecError
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 
 # --- an independent reference: counts by scanning the texts ------------------------------

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 
 @pytest.mark.parametrize(("arch", "num_layers"), [("llama", 1), ("qwen3", 2)])

@@ -96,7 +96,7 @@ def test_spread_selection_covers_the_whole_file():
 
 
 def test_ngram_baseline_matches_the_drafters_block(tmp_path):
-    from blockdraft.targets.testing import make_random_target
+    from random_targets import make_random_target
 
     target = make_random_target("qwen3", num_layers=2, seed=0)
     d5 = save_random_drafter(target, tmp_path / "d5", block_size=5)

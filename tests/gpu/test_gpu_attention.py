@@ -15,7 +15,7 @@ import torch
 from blockdraft.drafters.block_attention import BlockAttention, default_attention_impl
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.semi_ar import SemiARDrafter
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 BLOCK = 16

@@ -10,7 +10,7 @@ from device_guard import OffDeviceTensors
 from blockdraft.data.rollouts.sampler import SamplingSettings, generate_batch
 from blockdraft.decoding.loop import decode
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 
 def test_the_guard_catches_a_tensor_made_off_the_device(device):

@@ -19,7 +19,7 @@ from test_memory_plan import LiveBytes
 
 from blockdraft.data.rollouts.sampler import SamplingSettings
 from blockdraft.devices import resolve_dtype
-from blockdraft.targets.testing import make_shaped_target
+from random_targets import make_shaped_target
 from blockdraft.training.config import load_config
 from blockdraft.training.loop import train_step
 from blockdraft.training.memory_plan import plan_memory
@@ -111,7 +111,7 @@ def measure_against_plan(device, name: str) -> tuple[int, int]:  # type: ignore[
 def make_config_only(shape: dict):  # type: ignore[no-untyped-def]
     from transformers import Qwen3Config
 
-    from blockdraft.targets.testing import SHAPES
+    from random_targets import SHAPES
 
     return Qwen3Config(**{**SHAPES["qwen3-8b"][1], **shape})
 

@@ -14,7 +14,7 @@ from blockdraft.data.rollouts.sampler import (
     row_keys,
     sampling_logprobs,
 )
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 
 def test_counter_uniforms_and_draws_are_the_cpus(device):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from blockdraft.decoding.loop import ar_generate, decode
 from blockdraft.kernels import packed_linear
 from blockdraft.kernels.packed_linear import PackedLinears, PackedWeight, packed_linears
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 from fake_drafter import greedy_decode_case
 
 pytestmark = pytest.mark.skipif(

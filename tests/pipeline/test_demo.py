@@ -12,7 +12,7 @@ import pytest
 from blockdraft.cli import main
 from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.pipeline.demo import DemoSettings
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 SMALL = [
     "--num-train-prompts",

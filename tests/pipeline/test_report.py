@@ -155,7 +155,7 @@ def test_commands_end_to_end(tmp_path, capsys) -> None:
     from blockdraft.evaluation.scoring import score_rollout_set
     from blockdraft.serialization.checkpoint import load_drafter, save_drafter
     from blockdraft.targets.registry import load_target
-    from blockdraft.targets.testing import make_random_target
+    from random_targets import make_random_target
 
     src = make_random_target("qwen3")
     tdir = tmp_path / "target"

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.serialization.checkpoint import load_drafter, save_drafter
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 
 def _logits(drafter, target):

@@ -27,7 +27,7 @@ from blockdraft.serialization.checkpoint import (
     save_drafter,
 )
 from blockdraft.serialization.export import ExportError, export_drafter, validate_for_serving
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 FIXTURE = Path(__file__).parent / "fixtures" / "zlab-dflash2-tiny"
 

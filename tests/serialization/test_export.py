@@ -17,7 +17,7 @@ from blockdraft.serialization.export import (
     export_drafter,
     validate_for_serving,
 )
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 
 
 def _reference(target, ids, mask):

@@ -11,7 +11,7 @@ from blockdraft.targets import tiny
 from blockdraft.targets.fingerprint import target_fingerprint
 from blockdraft.targets.hf_target import choose_mask_token_id
 from blockdraft.targets.registry import list_targets, load_target
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 from blockdraft.targets.tokenizer import MASK_TOKEN
 
 

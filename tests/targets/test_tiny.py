@@ -155,7 +155,7 @@ def test_build_threads_stays_within_torch_threads():
 
 def test_bench_shape_of_tiny_matches_tiny_config():
     """Benches time `make_shaped_target("tiny")`: it must stay the shape `tiny` is built at."""
-    from blockdraft.targets.testing import SHAPES, make_shaped_target
+    from random_targets import SHAPES, make_shaped_target
 
     c, (_, fields) = TinyConfig(), SHAPES["tiny"]
     assert (fields["vocab_size"], fields["hidden_size"], fields["num_hidden_layers"]) == (

@@ -27,7 +27,7 @@ from blockdraft.objectives.dpace import dpace_weights
 from blockdraft.objectives.e2e import e2e_from_overlap
 from blockdraft.objectives.edr.recursion import rounds_objective
 from blockdraft.objectives.registry import make_objective
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.steps.anchored_blocks import labels_and_prev

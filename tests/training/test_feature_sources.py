@@ -15,7 +15,7 @@ from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollouts import RolloutSet
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 from blockdraft.training import train
 from blockdraft.training.batching import collate
 from blockdraft.training.builders import TrainSetupError

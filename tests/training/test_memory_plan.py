@@ -75,7 +75,7 @@ def _step_parts(hidden, drafter_layers, block, batch, seq, anchors):  # type: ig
     """(target, DraftForward, AdamW, ids, anchors, labels) of a random training step
     (built inside the caller's LiveBytes, so their memory counts)."""
     from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
-    from blockdraft.targets.testing import make_random_target
+    from random_targets import make_random_target
     from blockdraft.training.draft_forward import DraftForward
 
     gen = torch.Generator().manual_seed(0)
@@ -268,7 +268,7 @@ def _measured_sampled_edr_peak(hidden, block, seq, max_anchors) -> tuple[int, ob
     `training/synthetic.py`'s run) at the library's `num_anchors` (512), which EDR does
     not use: it drafts up to `objective.max_anchors` round starts."""
     from blockdraft.data.rollouts.sampler import SamplingSettings
-    from blockdraft.targets.testing import make_random_target
+    from random_targets import make_random_target
     from blockdraft.training.loop import train_step
     from blockdraft.training.synthetic import random_rollouts, synthetic_run
 

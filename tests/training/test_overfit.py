@@ -12,7 +12,7 @@ from trainkit import make_config, prompts_for
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
 from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.evaluation.scoring import score_rollouts
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 from blockdraft.training import train
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from blockdraft.data.prompt_type import Prompt
-from blockdraft.targets.testing import make_random_target
+from random_targets import make_random_target
 from blockdraft.training import config_from_dict
 
 HEAD_SCALE = 8.0
