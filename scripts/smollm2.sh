@@ -13,8 +13,9 @@
 #             package each time and only ever written here, never into the repository)
 #   rollouts  greedy rollouts of the first ROLLOUT_PROMPTS prompts (an existing set is
 #             extended), their top-TOPK distributions stored; T = 0.7 rollouts for fine-tunes
-#   features  the target's features of the greedy set, once per layer set (LAYERS, LAYERS_TOP)
+#   features  the target's features of the greedy set at LAYERS, once (LAYERS_TOP: in ab)
 #   curve     D-PACE lookup-input drafters on nested subsets of CURVE rollouts each
+#             (STEPS_PER_ROLLOUT steps of batch 8 a rollout, ANCHORS anchors a sequence)
 #   ab        at AB_SIZE rollouts: plain vs lookup inputs, hard vs distilled labels, the layer
 #             set with the top layer, the drafter layer started as the target's top layer
 #   decay     DFlash's decay schedule at AB_SIZE (D-PACE > decay at this scale?)
@@ -37,7 +38,7 @@ if [ "${TINY:-0}" = 1 ]; then
   GSM=${GSM:-4}; CODE=${CODE:-2}; DOC=${DOC:-2}; CHAT=${CHAT:-4}; FT_PROMPTS=${FT_PROMPTS:-4}
   ROLLOUT_PROMPTS=${ROLLOUT_PROMPTS:-12}; TOKENS=${TOKENS:-16}; TOPK=${TOPK:-4}
   CURVE=${CURVE:-"6 12"}; AB_SIZE=${AB_SIZE:-12}; STEPS_PER_ROLLOUT=${STEPS_PER_ROLLOUT:-0.2}
-  SUITE_LIMIT=${SUITE_LIMIT:-2}; BATCH=${BATCH:-4}
+  SUITE_LIMIT=${SUITE_LIMIT:-2}; BATCH=${BATCH:-4}; ENGINE=${ENGINE:-blockdraft}
 else
   GSM=${GSM:-1400}; CODE=${CODE:-700}; DOC=${DOC:-700}; CHAT=${CHAT:-1400}
   FT_PROMPTS=${FT_PROMPTS:-192}
@@ -45,7 +46,9 @@ else
   # nested training subsets (rollouts); at ~150 response tokens a rollout: ~54k..600k tokens
   CURVE=${CURVE:-"360 1000 2000 4000"}; AB_SIZE=${AB_SIZE:-1000}
   STEPS_PER_ROLLOUT=${STEPS_PER_ROLLOUT:-0.6}  # steps of batch 8 per training rollout
-  SUITE_LIMIT=${SUITE_LIMIT:-}; BATCH=${BATCH:-32}
+  # vLLM's CPU build (`make engine`) at batch 64: ~165 response tokens/s on 2 AMX cores,
+  # twice blockdraft's own loop; ENGINE=blockdraft where vLLM is not installed
+  SUITE_LIMIT=${SUITE_LIMIT:-}; BATCH=${BATCH:-64}; ENGINE=${ENGINE:-vllm}
 fi
 SEEDS=${SEEDS:-"0 1"}
 FT_LR=${FT_LR:-3e-4}
@@ -67,12 +70,19 @@ train() {  # train NAME key=value...: configs/smollm2-135m.yaml with overrides
       logging.progress=false eval.every=0 "$@" > "$run.log" 2>&1
 }
 
+features() {  # features LAYERS: the target's features of the greedy set at those layers
+  log "features: layers $1"
+  # shellcheck disable=SC2086
+  $BD features $TGT --rollouts "$OUT/rollouts/mix-t0" --out "$(layers_dir "$1")" \
+      --layer-ids $1 --threads "$THREADS" --no-progress
+}
+
 scratch() {  # scratch NAME ROLLOUTS LAYERS key=value...: from scratch on cached features
   local name=$1 n=$2 layers=$3; shift 3
   local steps; steps=$(awk -v n="$n" -v r="$STEPS_PER_ROLLOUT" 'BEGIN{s=int(n*r); print s<2?2:s}')
   train "$name" data.train_rollouts="$OUT/rollouts/mix-t0" data.train_subset="$n" data.eval_split=0 \
       data.features="$(layers_dir "$layers")" target.layer_ids="$(yaml_list "$layers")" \
-      data.max_seq_len=2048 num_anchors=256 optim.max_steps="$steps" optim.epochs=1000 \
+      data.max_seq_len=2048 num_anchors="${ANCHORS:-256}" optim.max_steps="$steps" optim.epochs=1000 \
       checkpoint.save_every=50 "$@"
 }
 
@@ -97,20 +107,15 @@ EOF
   ;;
 rollouts)
   log "rollouts: the first $ROLLOUT_PROMPTS prompts of the mix (greedy), $FT_PROMPTS at T = 0.7"
-  $BD rollout $TGT --prompts "$OUT/prompts/mix.jsonl@$ROLLOUT_PROMPTS" --temperature 0 \
+  $BD rollout $TGT --engine "$ENGINE" --prompts "$OUT/prompts/mix.jsonl@$ROLLOUT_PROMPTS" --temperature 0 \
       --max-new-tokens "$TOKENS" --store-topk "$TOPK" --batch-size "$BATCH" \
       --threads "$THREADS" --out "$OUT/rollouts/mix-t0" --no-progress
-  $BD rollout $TGT --prompts "$OUT/prompts/mix.jsonl@$FT_PROMPTS" --temperature 0.7 \
+  $BD rollout $TGT --engine "$ENGINE" --prompts "$OUT/prompts/mix.jsonl@$FT_PROMPTS" --temperature 0.7 \
       --top-p 0.8 --top-k 20 --seed 0 --max-new-tokens "$TOKENS" --batch-size "$BATCH" \
       --threads "$THREADS" --out "$OUT/rollouts/mix-t07" --no-progress
   log "rollouts done" ;;
 features)
-  for layers in "$LAYERS" "$LAYERS_TOP"; do
-    log "features: layers $layers"
-    # shellcheck disable=SC2086
-    $BD features $TGT --rollouts "$OUT/rollouts/mix-t0" --out "$(layers_dir "$layers")" \
-        --layer-ids $layers --threads "$THREADS" --no-progress
-  done
+  features "$LAYERS"
   log "features done" ;;
 curve)
   for n in $CURVE; do log "curve: lookup-input D-PACE on $n rollouts"
@@ -121,6 +126,7 @@ ab)
   scratch "plain-$AB_SIZE" "$AB_SIZE" "$LAYERS"
   scratch "distill-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
       objective.soft_target_weight=0.5
+  features "$LAYERS_TOP"
   scratch "toplayer-$AB_SIZE" "$AB_SIZE" "$LAYERS_TOP" drafter.lookup_inputs=true
   scratch "inittop-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
       drafter.init_layers_from_target=true
