@@ -33,6 +33,7 @@ from blockdraft.evaluation.scoring import score_rollout_set
 from blockdraft.heap import retain_freed_memory
 from blockdraft.pipeline.report import terminal_summary, write_report
 from blockdraft.pipeline.stages import Stage, fingerprint, portable, recorded_key
+from blockdraft.sampling import MAX_NEW_TOKENS
 from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
 from blockdraft.serving.serve_check import serve_check
 from blockdraft.targets.fingerprint import target_fingerprint
@@ -55,7 +56,7 @@ class DemoSettings:
     eval_prompts: str = "stdlib:eval"
     num_train_prompts: int = 384
     num_eval_prompts: int = 64
-    max_new_tokens: int = 128
+    max_new_tokens: int = MAX_NEW_TOKENS
     drafter_layers: int = 1
     # the drafters' reduced draft vocabulary (`drafter.draft_vocab_size`); None = auto
     # (`draft_vocab_for`)
