@@ -15,12 +15,28 @@ DIR=${LLAMACPP_DIR:-.llamacpp}
 JOBS=${JOBS:-$(nproc)}
 PY=${PY:-python3}
 TARGETS=${TARGETS:-llama-server}
+# This CPU's instruction sets, named one by one instead of -march=native: native builds
+# also compile ggml's AMX kernels (quantised weights: Q4_0/Q4_1/Q8_0), and a virtual machine
+# whose kernel does not grant AMX tile state kills llama-server with SIGILL on a Q4 GGUF.
+isa_flags() {
+    local flags; flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+    local pair has
+    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI \
+            avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI \
+            avx512_bf16:AVX512_BF16; do
+        has=OFF; [[ " $flags " == *" ${pair%%:*} "* ]] && has=ON
+        echo "-DGGML_${pair##*:}=$has"
+    done
+    echo "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+}
 start=$(date +%s)
 mkdir -p "$DIR/sdist"
 SDIST="$DIR/sdist/llama_cpp_python-$VERSION.tar.gz"
 if [ ! -f "$SDIST" ]; then
     echo "[llamacpp] downloading the llama-cpp-python==$VERSION sdist (75 MB) ..."
-    "$PY" -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation \
+    # pip reads the sdist's metadata in an isolated build environment (it installs
+    # scikit-build-core there for a moment); nothing is built or installed here
+    "$PY" -m pip download --quiet --no-deps --no-binary :all: \
         "llama-cpp-python==$VERSION" -d "$DIR/sdist"
 fi
 if [ ! -f "$DIR/src/.unpacked" ]; then
@@ -38,7 +54,7 @@ if [ ! -f "$DIR/build/build.ninja" ]; then
         -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_UI=OFF \
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-        -DGGML_NATIVE=ON >"$DIR/cmake.log" 2>&1 \
+        -DGGML_NATIVE=OFF $(isa_flags) >"$DIR/cmake.log" 2>&1 \
         || { tail -20 "$DIR/cmake.log"; exit 1; }
 fi
 echo "[llamacpp] building $TARGETS with $JOBS jobs (ninja prints [done/total]) ..."
