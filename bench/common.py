@@ -16,8 +16,8 @@ import blockdraft.objectives.cross_entropy as ce
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.cross_entropy import weighted_cross_entropy
 from blockdraft.targets.target import Target
-from fixture_targets import make_random_target
 from blockdraft.training.draft_forward import DraftForward
+from fixture_targets import make_random_target
 
 
 @dataclass(frozen=True)

@@ -48,12 +48,12 @@ from blockdraft.data.rollouts.store import (
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
 from blockdraft.targets.target import Target
-from fixture_targets import make_shaped_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.feature_sources import CachedFeatures, OnlineTargetFeatures
 from blockdraft.training.steps import StepInputs
 from blockdraft.training.steps.block import block_step
+from fixture_targets import make_shaped_target
 
 
 def _clock() -> float:

@@ -47,7 +47,6 @@ from blockdraft.data.rollouts.store import Rollout
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.heap import retain_freed_memory
 from blockdraft.objectives.registry import make_objective
-from fixture_targets import make_random_target
 from blockdraft.threads import flush_denormals
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
@@ -57,6 +56,7 @@ from blockdraft.training.steps.anchored_blocks import pad_anchor_lists
 from blockdraft.training.steps.block import block_step
 from blockdraft.training.steps.rounds import RoundsBatch, rounds_step, score_round_starts
 from common import SHAPES, random_target
+from fixture_targets import make_random_target
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,11 +18,15 @@
 #             (STEPS_PER_ROLLOUT steps of batch 8 a rollout, ANCHORS anchors a sequence)
 #   ab        at AB_SIZE rollouts: plain vs lookup inputs, hard vs distilled labels, the layer
 #             set with the top layer, the drafter layer started as the target's top layer
+#   fullvocab a plain drafter over the whole vocabulary at AB_SIZE: what llama.cpp can serve
 #   decay     DFlash's decay schedule at AB_SIZE (D-PACE > decay at this scale?)
 #   finetune  one epoch of EDR and of E2E from the D-PACE drafter of AB_SIZE, seeds SEEDS
 #   suite     `blockdraft suite --split` at T = 0 (configs/suites/smollm2.yaml): prompt
 #             lookup, every drafter and its `hybrid:`, and the per-round oracle ($OUT/suite.txt)
 #   suite-t07 the same at T = 0.7 / top-p 0.8 / top-k 20 ($OUT/suite-t07.txt)
+#   llamacpp  (not in the default list; needs make engine-llamacpp and the suite's rollouts)
+#             bench/llamacpp.py: the fullvocab drafter in llama-server at batch 1, f32 and Q4
+#             ($OUT/llamacpp.txt)
 # TINY=1 runs every section at a toy size (a few prompts, a few steps) to check the pipeline.
 # THREADS=1 on a machine others share (OpenMP threads that wait for a busy core run slowly).
 set -euo pipefail
@@ -51,8 +55,9 @@ else
   SUITE_LIMIT=${SUITE_LIMIT:-}; BATCH=${BATCH:-64}; ENGINE=${ENGINE:-vllm}
 fi
 SEEDS=${SEEDS:-"0 1"}
+LLAMACPP_PROMPTS=${LLAMACPP_PROMPTS:-8}; LLAMACPP_SET=${LLAMACPP_SET:-humaneval}
 FT_LR=${FT_LR:-3e-4}
-SECTIONS=${*:-"prompts rollouts features curve ab decay finetune suite suite-t07"}
+SECTIONS=${*:-"prompts rollouts features curve ab fullvocab decay finetune suite suite-t07"}
 TGT="--target smollm2-135m"
 R=$OUT/runs
 mkdir -p "$R" "$OUT/prompts"
@@ -131,6 +136,19 @@ ab)
   scratch "inittop-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
       drafter.init_layers_from_target=true
   log "ab done" ;;
+fullvocab)
+  # llama.cpp serves a DFlash drafter only over the target's whole vocabulary (no d2t map)
+  log "fullvocab: plain D-PACE at $AB_SIZE rollouts over all 49,152 tokens (llama.cpp)"
+  scratch "fullvocab-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.draft_vocab_size=null
+  log "fullvocab done" ;;
+llamacpp)
+  # batch 1 in llama-server (make engine-llamacpp): the full-vocabulary drafter vs no
+  # speculation and llama.cpp's n-gram types, f32 and the wheel's Q4_1 GGUF side by side
+  log "llamacpp: bench/llamacpp.py on $LLAMACPP_PROMPTS suite prompts"
+  $PY bench/llamacpp.py --target smollm2-135m --drafter "$R/fullvocab-$AB_SIZE/final" \
+      --rollouts "$OUT/suite-rollouts/$LLAMACPP_SET" --limit "$LLAMACPP_PROMPTS" \
+      --max-new-tokens 128 --q4 | tee "$OUT/llamacpp.txt"
+  log "llamacpp done" ;;
 decay)
   log "decay at $AB_SIZE rollouts"
   scratch "decay-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true objective.name=decay
@@ -157,5 +175,5 @@ suite|suite-t07)
       --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/$tag.json" --overwrite \
       ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} "${runs[@]}" "${hybrids[@]}" | tee "$OUT/$tag.txt"
   log "$tag done" ;;
-*) echo "unknown section $section (prompts rollouts features curve ab decay finetune suite suite-t07)" >&2; exit 2 ;;
+*) echo "unknown section $section (prompts rollouts features curve ab fullvocab decay finetune suite suite-t07 llamacpp)" >&2; exit 2 ;;
 esac; done

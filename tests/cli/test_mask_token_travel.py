@@ -16,8 +16,8 @@ from blockdraft.cli import build_parser
 from blockdraft.cli.target_options import TARGET_OPTIONS
 from blockdraft.data.rollouts.store import RolloutSet, check_target, read_manifest, write_manifest
 from blockdraft.targets.registry import load_target
-from random_targets import save_target_without_mask
 from clikit import make_rollouts, one_line_error, run_cli
+from random_targets import save_target_without_mask
 
 MASK = "<gh_stars>"
 TRAIN = [

@@ -16,8 +16,8 @@ from blockdraft.decoding.target_runner import TargetRunner
 from blockdraft.kernels import argmax_screen, packed_linear
 from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
 from blockdraft.kernels.packed_linear import int8_products_exact
-from random_targets import make_random_target
 from fake_drafter import greedy_decode_case
+from random_targets import make_random_target
 
 
 @pytest.mark.parametrize("kind", ["int8", "bf16"])

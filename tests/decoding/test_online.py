@@ -20,8 +20,8 @@ import torch
 from blockdraft.decoding.loop import ar_generate, decode, speculative_generate
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.semi_ar import SemiARDrafter
-from random_targets import make_random_target
 from fake_drafter import FakeTarget, MemoDrafter, chi2_pvalue, oracle_drafter
+from random_targets import make_random_target
 
 ALPHA = 1e-4
 

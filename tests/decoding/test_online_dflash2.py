@@ -31,9 +31,9 @@ from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.drafters.draft_vocab import most_frequent_tokens, target_to_draft
 from blockdraft.evaluation.offline import mal_ci, offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
-from random_targets import make_random_target
 from dflash2_fit import fit_dflash2
 from fake_drafter import chi2_pvalue
+from random_targets import make_random_target
 
 BLOCK, TOP_K = 5, 6
 

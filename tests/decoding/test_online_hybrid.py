@@ -17,8 +17,8 @@ from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.evaluation.offline import mal_ci, offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
-from random_targets import make_random_target
 from fake_drafter import FakeTarget, chi2_pvalue, oracle_drafter
+from random_targets import make_random_target
 
 
 def test_hybrid_sampling_is_lossless() -> None:

@@ -22,8 +22,8 @@ from blockdraft.decoding.verify import verify_onehot, verify_standard
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
-from random_targets import make_random_target
 from fake_drafter import FakeTarget, chi2_pvalue
+from random_targets import make_random_target
 
 ALPHA = 1e-4
 

@@ -24,8 +24,8 @@ from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.kernels import ENV, cpu_kernels_apply
 from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
-from random_targets import make_random_target
 from fake_drafter import greedy_decode_case
+from random_targets import make_random_target
 
 GREEDY = Sampling(0.0, 1.0, 0, None)
 

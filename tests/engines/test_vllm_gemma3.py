@@ -21,8 +21,8 @@ from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.checkpoint import read_config, resolve_checkpoint
 from blockdraft.serving.serve_check import serve_check
 from blockdraft.targets.registry import load_target
-from random_targets import make_random_target
 from blockdraft.training import config_from_dict, train
+from random_targets import make_random_target
 
 pytestmark = [needs_vllm, pytest.mark.slow]
 

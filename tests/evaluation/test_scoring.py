@@ -25,8 +25,8 @@ from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.evaluation.offline import mal_ci, offline_stats
 from blockdraft.evaluation.scoring import acceptance_tensor, score_rollouts
 from blockdraft.sampling import processed_probs
-from random_targets import make_random_target
 from fake_drafter import FakeTarget, MemoDrafter, oracle_drafter
+from random_targets import make_random_target
 
 Z = 3.29  # two-sided 99.9%
 

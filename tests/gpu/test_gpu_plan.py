@@ -19,11 +19,11 @@ from test_memory_plan import LiveBytes
 
 from blockdraft.data.rollouts.sampler import SamplingSettings
 from blockdraft.devices import resolve_dtype
-from random_targets import make_shaped_target
 from blockdraft.training.config import load_config
 from blockdraft.training.loop import train_step
 from blockdraft.training.memory_plan import plan_memory
 from blockdraft.training.synthetic import random_rollouts, synthetic_run
+from random_targets import make_shaped_target
 
 # (target shape overrides of `qwen3-8b`, config overrides, rollout temperature)
 CUDA_SHAPES = {

@@ -26,10 +26,10 @@ import torch
 from device_guard import OffDeviceTensors
 
 from blockdraft.data.rollouts.sampler import SamplingSettings
-from random_targets import make_random_target
 from blockdraft.training.config import load_config
 from blockdraft.training.loop import train_step
 from blockdraft.training.synthetic import random_rollouts, synthetic_run
+from random_targets import make_random_target
 
 LOSS_RTOL = 0.02
 GRAD_TOLERANCE = {

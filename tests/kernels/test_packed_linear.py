@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from blockdraft.decoding.loop import ar_generate, decode
 from blockdraft.kernels import packed_linear
 from blockdraft.kernels.packed_linear import PackedLinears, PackedWeight, packed_linears
-from random_targets import make_random_target
 from fake_drafter import greedy_decode_case
+from random_targets import make_random_target
 
 pytestmark = pytest.mark.skipif(
     not packed_linear.packing_supported(), reason="this torch build has no MKL packed GEMM"

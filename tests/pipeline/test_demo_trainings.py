@@ -18,8 +18,8 @@ from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
 from blockdraft.errors import BlockdraftError
 from blockdraft.pipeline import demo
 from blockdraft.targets.registry import load_target
-from random_targets import make_random_target
 from blockdraft.training.config import config_from_dict
+from random_targets import make_random_target
 
 
 @pytest.fixture(scope="module")

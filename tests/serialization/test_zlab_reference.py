@@ -19,8 +19,8 @@ from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.serialization.checkpoint import load_drafter, save_drafter
 from blockdraft.serialization.export import export_drafter, validate_for_serving
-from random_targets import make_random_target
 from dflash2_fit import fit_dflash2
+from random_targets import make_random_target
 from zlab_reference import assert_same_as_reference, reference_checkpoint, zlab_model
 
 BLOCK = 5

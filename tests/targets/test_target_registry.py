@@ -11,8 +11,8 @@ from blockdraft.targets import tiny
 from blockdraft.targets.fingerprint import target_fingerprint
 from blockdraft.targets.hf_target import choose_mask_token_id
 from blockdraft.targets.registry import list_targets, load_target
-from random_targets import make_random_target
 from blockdraft.targets.tokenizer import MASK_TOKEN
+from random_targets import make_random_target
 
 
 @pytest.fixture(autouse=True)

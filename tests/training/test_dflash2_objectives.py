@@ -27,12 +27,12 @@ from blockdraft.objectives.dpace import dpace_weights
 from blockdraft.objectives.e2e import e2e_from_overlap
 from blockdraft.objectives.edr.recursion import rounds_objective
 from blockdraft.objectives.registry import make_objective
-from random_targets import make_random_target
 from blockdraft.training.batching import collate
 from blockdraft.training.draft_forward import DraftForward
 from blockdraft.training.steps.anchored_blocks import labels_and_prev
 from blockdraft.training.steps.block import block_step, sampled_anchors
 from blockdraft.training.steps.rounds import rounds_step
+from random_targets import make_random_target
 
 BLOCK, TOP_K = 4, 48
 

@@ -15,7 +15,6 @@ from blockdraft.data.feature_writer import plan_features, write_features
 from blockdraft.data.rollouts import RolloutSet
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
-from random_targets import make_random_target
 from blockdraft.training import train
 from blockdraft.training.batching import collate
 from blockdraft.training.builders import TrainSetupError
@@ -28,6 +27,7 @@ from blockdraft.training.feature_sources import (
 from blockdraft.training.steps import StepInputs
 from blockdraft.training.steps.block import block_step
 from blockdraft.training.steps.rounds import rounds_step
+from random_targets import make_random_target
 
 
 @pytest.fixture(scope="module")

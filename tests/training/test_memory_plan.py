@@ -75,8 +75,8 @@ def _step_parts(hidden, drafter_layers, block, batch, seq, anchors):  # type: ig
     """(target, DraftForward, AdamW, ids, anchors, labels) of a random training step
     (built inside the caller's LiveBytes, so their memory counts)."""
     from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
-    from random_targets import make_random_target
     from blockdraft.training.draft_forward import DraftForward
+    from random_targets import make_random_target
 
     gen = torch.Generator().manual_seed(0)
     target = make_random_target(hidden_size=hidden, num_layers=6, num_heads=4, num_kv_heads=2)
@@ -268,9 +268,9 @@ def _measured_sampled_edr_peak(hidden, block, seq, max_anchors) -> tuple[int, ob
     `training/synthetic.py`'s run) at the library's `num_anchors` (512), which EDR does
     not use: it drafts up to `objective.max_anchors` round starts."""
     from blockdraft.data.rollouts.sampler import SamplingSettings
-    from random_targets import make_random_target
     from blockdraft.training.loop import train_step
     from blockdraft.training.synthetic import random_rollouts, synthetic_run
+    from random_targets import make_random_target
 
     cfg = _cfg(
         **{

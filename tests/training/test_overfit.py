@@ -12,8 +12,8 @@ from trainkit import make_config, prompts_for
 from blockdraft.data.rollouts import SamplingSettings, generate_rollouts
 from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.evaluation.scoring import score_rollouts
-from random_targets import make_random_target
 from blockdraft.training import train
+from random_targets import make_random_target
 
 
 @pytest.mark.slow

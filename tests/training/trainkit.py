@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from blockdraft.data.prompt_type import Prompt
-from random_targets import make_random_target
 from blockdraft.training import config_from_dict
+from random_targets import make_random_target
 
 HEAD_SCALE = 8.0
 MAX_NEW_TOKENS = 24
