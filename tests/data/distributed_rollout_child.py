@@ -45,6 +45,7 @@ def main() -> None:
     import blockdraft.data.rollouts.generate as rollouts
     from blockdraft.data.rollouts.distributed import init_from_env
     from blockdraft.data.rollouts.sampler import SamplingSettings
+
     # run as a script, the child sees only its own folder on sys.path: tests/ holds the fixture
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from random_targets import make_random_target

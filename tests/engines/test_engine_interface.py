@@ -2,12 +2,14 @@
 
 `LoopEngine` below implements the interface with blockdraft's own generation loop (no
 serving engine needed): once registered, `rollout --engine loop` writes through it and
-`export` prints its serve command, with no other edit. Its greedy rows must equal the
+`export` prints its serve command and writes its file format (`--format loopfile`),
+with no other edit. Its greedy rows must equal the
 built-in loop's, so the test fails where a caller bypasses the interface's arguments.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,8 +50,26 @@ class _Running:
         self.close()
 
 
+class LoopFormat:
+    """A file format of the planted engine: `check` refuses a checkpoint holding a
+    `refuse` marker, `write` adds one file and returns its serve command."""
+
+    name = "loopfile"
+
+    def check(self, ckpt, target) -> str:
+        if (Path(ckpt) / "refuse").exists():
+            raise EngineError("loop cannot serve this drafter")
+        return "checked"
+
+    def write(self, export_dir, checked, dtype, log) -> str:
+        (Path(export_dir) / "drafter.loop").write_text(f"{checked} {dtype}")
+        return f"loop-serve --file {Path(export_dir) / 'drafter.loop'}"
+
+
 class LoopEngine:
     name = "loop"
+    records_lookup_steps = False
+    export_format = LoopFormat()
 
     def version(self) -> str:
         return _Running.version
@@ -93,6 +113,24 @@ def test_export_prints_every_registered_engines_command(loop_engine, tmp_path, c
     printed = capsys.readouterr().out
     assert f"--drafter {(tmp_path / 'out').resolve()} -k " in printed
     assert "# vllm\nvllm serve " in printed
+
+
+def test_export_format_of_a_registered_engine_is_checked_first_then_written(
+    loop_engine, tmp_path, capsys
+):
+    from clikit import save_random_drafter
+
+    save_random_drafter(load_target("tiny", progress=False), tmp_path / "ckpt")
+    out = tmp_path / "out"
+    assert main(["export", str(tmp_path / "ckpt"), "--out", str(out), "--format", "loopfile"]) == 0
+    assert (out / "drafter.loop").read_text() == "checked float32"
+    assert f"loop-serve --file {out / 'drafter.loop'}" in capsys.readouterr().out
+    (tmp_path / "ckpt" / "refuse").touch()
+    refused = tmp_path / "refused"
+    args = ["export", str(tmp_path / "ckpt"), "--out", str(refused), "--format", "loopfile"]
+    assert main(args) == 2
+    assert "error: loop cannot serve this drafter" in capsys.readouterr().err
+    assert not refused.exists()  # refused before anything is written
 
 
 def test_an_unknown_engine_is_one_line_naming_the_registered_ones(loop_engine):

@@ -19,11 +19,10 @@ import torch
 from blockdraft.cli.drafter_options import drafter_spec
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.engines.interface import EngineError
-from blockdraft.engines.llamacpp_gguf import export_gguf, gguf_preflight
-from blockdraft.engines.registry import serve_commands
+from blockdraft.engines.registry import export_formats, serve_commands
 from blockdraft.serialization.checkpoint import NAMESPACE, read_config, verify_weights
 from blockdraft.serialization.drafter_spec import checkpoint_of
-from blockdraft.serialization.export import DRAFTER_GGUF, export_drafter, validate_for_serving
+from blockdraft.serialization.export import export_drafter, validate_for_serving
 from blockdraft.targets.registry import list_targets, model_directory
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -55,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true", help="only validate CKPT, write nothing")
     p.add_argument(
         "--format",
-        choices=("safetensors", "gguf"),
+        choices=("safetensors", *export_formats()),
         default="safetensors",
         help="gguf: also the drafter and target as llama.cpp GGUFs (needs --target and "
         "`make engine-llamacpp`; --dtype picks f32/bf16/f16, default f32)",
@@ -94,10 +93,10 @@ def run(args: argparse.Namespace) -> int:
     target = None
     if args.target:
         target = load_target_from_args(args, drafters=[ckpt])
-    target_dir = None
-    if args.format == "gguf":
+    engine_format, checked = export_formats().get(args.format), None
+    if engine_format is not None:
         try:
-            target_dir = gguf_preflight(ckpt, target)
+            checked = engine_format.check(ckpt, target)
         except EngineError as exc:  # before anything is written
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -118,13 +117,13 @@ def run(args: argparse.Namespace) -> int:
     print("serve it (target first, then the drafter):")
     config = target.model.config if target is not None else None
     print(serve_commands(out, _target_path(out, target), config))
-    if target_dir is not None:
+    if engine_format is not None:
         try:
-            command = export_gguf(out, target_dir, args.dtype or "float32", log=print)
+            command = engine_format.write(out, checked, args.dtype or "float32", log=print)
         except EngineError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(f"# llama.cpp (GGUF: {out / DRAFTER_GGUF})\n{command}")
+        print(f"# {args.format} files in {out}\n{command}")
     return 0
 
 

@@ -113,6 +113,19 @@ class RunningEngine(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
+class EngineFormat(Protocol):
+    """An engine's own file format beside the DFlash folder (`export --format NAME`).
+
+    `check` runs before anything is written: the one-line `EngineError` why the engine
+    cannot serve the pair, else what `write` needs; `write` adds the engine's files to an
+    export folder and returns the shell command that serves them."""
+
+    name: str  # what `export --format` takes
+
+    def check(self, ckpt: str | Path, target: Any) -> Any: ...
+    def write(self, export_dir: str | Path, checked: Any, dtype: str, log: Any) -> str: ...
+
+
 class Engine(Protocol):
     """A kind of serving engine. `version()`: None when it is not installed.
     `serve_problem`: why it cannot serve an exported drafter (its config.json) for a
@@ -125,6 +138,8 @@ class Engine(Protocol):
     # `take_drafts` also returns prompt lookup's steps that proposed nothing (an engine
     # that logs only verified drafts counts lookup rounds from its counters instead)
     records_lookup_steps: bool
+    # the files `export --format` writes for it; None: it loads the exported DFlash folder
+    export_format: EngineFormat | None
 
     def version(self) -> str | None: ...
     def serve_problem(self, drafter_cfg: dict[str, Any], target_config: Any) -> str | None: ...
@@ -146,6 +161,7 @@ __all__ = [
     "Drafts",
     "Engine",
     "EngineError",
+    "EngineFormat",
     "EngineOutput",
     "RunningEngine",
     "SpecCounters",

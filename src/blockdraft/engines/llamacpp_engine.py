@@ -36,6 +36,7 @@ from blockdraft.engines.interface import (
     Speculation,
 )
 from blockdraft.engines.llamacpp_gguf import (
+    GGUF,
     LLAMACPP_VERSION,
     OUTTYPES,
     cached_target_gguf,
@@ -300,6 +301,7 @@ class LlamaCpp:
 
     name = "llamacpp"
     records_lookup_steps = False  # the server logs verified drafts only
+    export_format = GGUF
 
     def version(self) -> str | None:
         return LLAMACPP_VERSION if server_binary() is not None else None

@@ -206,32 +206,39 @@ def cached_target_gguf(model_dir: str | Path, outtype: str = "f32", log: Any = N
     return out
 
 
-def gguf_preflight(ckpt: str | Path, target: Any) -> Path:
-    """The target folder the converter reads, once llama.cpp is known to serve the pair:
-    the one-line reason it cannot otherwise, before an export is written."""
-    if target is None:
-        raise EngineError("--format gguf needs --target (the converter reads its folder)")
-    problem = llamacpp_problem(read_config(ckpt), target.model.config)
-    if problem:
-        raise EngineError(problem)
-    if converter_script() is None:
-        raise EngineError(f"llama.cpp is not built in {tools_dir()}: {BUILD_HINT}")
-    folder = model_directory(target)
-    if folder is None:
-        raise EngineError(f"target {target.name!r} has no local model folder to convert")
-    return Path(folder)
+class GgufFormat:
+    """`export --format gguf`: the drafter as `drafter.gguf` in the export folder and the
+    target as a GGUF (converted once, in the user cache), for `llama-server -md`."""
+
+    name = "gguf"
+
+    def check(self, ckpt: str | Path, target: Any) -> Path:
+        """The target folder the converter reads, once llama.cpp is known to serve the
+        pair: the one-line reason it cannot otherwise, before an export is written."""
+        if target is None:
+            raise EngineError("--format gguf needs --target (the converter reads its folder)")
+        problem = llamacpp_problem(read_config(ckpt), target.model.config)
+        if problem:
+            raise EngineError(problem)
+        if converter_script() is None:
+            raise EngineError(f"llama.cpp is not built in {tools_dir()}: {BUILD_HINT}")
+        folder = model_directory(target)
+        if folder is None:
+            raise EngineError(f"target {target.name!r} has no local model folder to convert")
+        return Path(folder)
+
+    def write(
+        self, export_dir: str | Path, checked: Path, dtype: str = "float32", log: Any = None
+    ) -> str:
+        """The `llama-server` command serving both GGUFs, shell-quoted."""
+        export_dir, outtype = Path(export_dir), OUTTYPES[dtype]
+        target = cached_target_gguf(checked, outtype, log=log)
+        drafter = convert_to_gguf(export_dir, export_dir / DRAFTER_GGUF, outtype, checked, log=log)
+        k = int(_dflash(read_config(export_dir), "block_size") or 16) - 1
+        return serve_command(target, drafter, k, "f32" if outtype == "f32" else "f16")
 
 
-def export_gguf(
-    export_dir: str | Path, target_dir: str | Path, dtype: str = "float32", log: Any = None
-) -> str:
-    """An exported drafter folder as `drafter.gguf` inside it and the target as a GGUF (in
-    the user cache): the `llama-server` command serving both, shell-quoted."""
-    export_dir, outtype = Path(export_dir), OUTTYPES[dtype]
-    target = cached_target_gguf(target_dir, outtype, log=log)
-    drafter = convert_to_gguf(export_dir, export_dir / DRAFTER_GGUF, outtype, target_dir, log=log)
-    k = int(_dflash(read_config(export_dir), "block_size") or 16) - 1
-    return serve_command(target, drafter, k, "f32" if outtype == "f32" else "f16")
+GGUF = GgufFormat()
 
 
 def server_args(
@@ -275,8 +282,8 @@ def serve_command(
 
 __all__ = [
     "LLAMACPP_DFLASH_TARGETS",
-    "export_gguf",
-    "gguf_preflight",
+    "GGUF",
+    "GgufFormat",
     "serve_command",
     "server_args",
     "OUTTYPES",

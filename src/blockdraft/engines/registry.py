@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from blockdraft.engines.interface import Engine, EngineError
+from blockdraft.engines.interface import Engine, EngineError, EngineFormat
 from blockdraft.engines.llamacpp_engine import LLAMACPP
 from blockdraft.engines.vllm_engine import VLLM
 from blockdraft.serialization.checkpoint import read_config
@@ -41,6 +41,11 @@ def get_engine(name: str) -> Engine:
     if name not in ENGINES:
         raise EngineError(f"unknown engine {name!r}: choose one of {', '.join(ENGINES)}")
     return ENGINES[name]
+
+
+def export_formats() -> dict[str, EngineFormat]:
+    """The engine file formats `export --format` can write beside the DFlash folder."""
+    return {e.export_format.name: e.export_format for e in ENGINES.values() if e.export_format}
 
 
 def serve_commands(
@@ -80,6 +85,7 @@ __all__ = [
     "DEFAULT_ENGINE",
     "ENGINES",
     "engine_names",
+    "export_formats",
     "get_engine",
     "register_engine",
     "serve_commands",

@@ -434,6 +434,7 @@ class Vllm:
 
     name = "vllm"
     records_lookup_steps = True
+    export_format = None  # it loads the exported DFlash folder itself
 
     def version(self) -> str | None:
         return vllm_version()
