@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import re
 from pydoc_data.topics import topics
 
-from blockdraft.data.prompt_type import Prompt, PromptError
+from blockdraft.data.prompt_type import Prompt, check_split, hash_fraction
 from blockdraft.data.stdlib_prompts import stdlib_files, stdlib_root, stdlib_split_of
 
 EVAL_FRACTION = 0.1
@@ -32,13 +31,9 @@ TEMPLATES = (
 )
 
 
-def _fraction(key: str) -> float:
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
-
-
 def pydoc_split_of(topic: str) -> str:
     """`"eval"` or `"train"` for a documentation topic (a hash of its name)."""
-    return "eval" if _fraction(f"pydoc/{topic}") < EVAL_FRACTION else "train"
+    return "eval" if hash_fraction(f"pydoc/{topic}") < EVAL_FRACTION else "train"
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -66,7 +61,7 @@ def _instructions(key: str, title: str, text: str, split: str) -> list[Prompt]:
     out = []
     for i, para in enumerate(_paragraphs(text)):
         pid = f"pydoc/{key}/{i}"
-        template = TEMPLATES[int(_fraction(pid) * len(TEMPLATES))]
+        template = TEMPLATES[int(hash_fraction(pid) * len(TEMPLATES))]
         out.append(Prompt(pid, template.format(text=para, title=title), None, f"pydoc:{split}"))
     return out
 
@@ -98,7 +93,6 @@ def pydoc_prompts_of_split(split: str) -> tuple[Prompt, ...]:
 
 def pydoc_prompts(split: str, limit: int | None = None) -> list[Prompt]:
     """Prompts of the `train` or `eval` split (topics in sorted order), at most `limit`."""
-    if split not in ("train", "eval"):
-        raise PromptError(f"unknown pydoc split {split!r}: use pydoc:train or pydoc:eval")
+    check_split("pydoc", split)
     prompts = list(pydoc_prompts_of_split(split))
     return prompts[:limit] if limit is not None else prompts

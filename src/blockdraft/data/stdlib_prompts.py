@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import sysconfig
 import textwrap
 from pathlib import Path
 
-from blockdraft.data.prompt_type import Prompt, PromptError
+from blockdraft.data.prompt_type import Prompt, check_split, hash_fraction
 
 EVAL_FRACTION = 0.1
 # ~150 tokens of the tiny target's tokenizer: prompt + 128 new tokens then stays within
@@ -34,13 +33,9 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def _fraction(key: str) -> float:
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
-
-
 def stdlib_split_of(relpath: str) -> str:
     """`"eval"` or `"train"` for a stdlib file path relative to the stdlib root."""
-    return "eval" if _fraction(relpath) < EVAL_FRACTION else "train"
+    return "eval" if hash_fraction(relpath) < EVAL_FRACTION else "train"
 
 
 @functools.lru_cache(maxsize=1)
@@ -96,10 +91,11 @@ def _split_prompts(split: str) -> tuple[Prompt, ...]:
     """Every prompt of a split, in rounds over its files (module docstring)."""
     files = sorted(
         (rel for rel in stdlib_files() if stdlib_split_of(rel) == split),
-        key=lambda rel: _fraction(f"order/{rel}"),
+        key=lambda rel: hash_fraction(f"order/{rel}"),
     )
     per_file = [
-        sorted(file_prompts(rel, split), key=lambda p: _fraction(f"order/{p.id}")) for rel in files
+        sorted(file_prompts(rel, split), key=lambda p: hash_fraction(f"order/{p.id}"))
+        for rel in files
     ]
     rounds = max(map(len, per_file), default=0)
     return tuple(ps[r] for r in range(rounds) for ps in per_file if r < len(ps))
@@ -107,6 +103,5 @@ def _split_prompts(split: str) -> tuple[Prompt, ...]:
 
 def stdlib_prompts(split: str, limit: int | None = None) -> list[Prompt]:
     """Prompts of the `train` or `eval` split, spread over its files, at most `limit`."""
-    if split not in ("train", "eval"):
-        raise PromptError(f"unknown stdlib split {split!r}: use stdlib:train or stdlib:eval")
+    check_split("stdlib", split)
     return list(_split_prompts(split)[:limit])

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.lookup_inputs import lookup_rule
 from blockdraft.drafters.ngram import NgramConfig, NgramDrafter
 from blockdraft.errors import CheckpointError
@@ -51,16 +50,6 @@ class LookupServing:
         inputs = lookup_rule(num_proposals).config if lookup_inputs else None
         hybrid = None if hybrid_conf is None else NgramDrafter(num_proposals).config
         return cls(inputs, hybrid_conf, hybrid)
-
-    @classmethod
-    def of_hybrid(cls, drafter: Any) -> LookupServing | None:
-        """The lookups of a loaded drafter (a `HybridDrafter` or a block drafter)."""
-        inner = drafter.drafter if isinstance(drafter, HybridDrafter) else drafter
-        cfg = inner.config
-        out = cls.of(int(cfg.num_proposals), bool(getattr(cfg, "lookup_inputs", False)), None)
-        if isinstance(drafter, HybridDrafter):
-            out = cls(out.inputs if out else None, drafter.min_confidence, drafter.ngram.config)
-        return out
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
