@@ -22,7 +22,7 @@ from typing import Any
 from blockdraft.artifacts import write_atomic
 from blockdraft.engines.interface import EngineError
 from blockdraft.serialization.checkpoint import read_config
-from blockdraft.serialization.export import DRAFTER_GGUF
+from blockdraft.serialization.export import DRAFTER_GGUF, dflash_field
 from blockdraft.targets.registry import model_directory
 from blockdraft.user_cache import cache_root, stable_hash
 
@@ -63,11 +63,6 @@ def require_tools() -> tuple[Path, Path]:
     return server, script
 
 
-def _dflash(cfg: dict[str, Any], key: str) -> Any:
-    sub = cfg.get("dflash_config") or {}
-    return sub.get(key, cfg.get(key))
-
-
 def llamacpp_problem(drafter_cfg: dict[str, Any], target_config: Any) -> str | None:
     """Why llama.cpp's `draft-dflash` cannot serve this drafter for this target, or None.
 
@@ -102,13 +97,13 @@ def llamacpp_problem(drafter_cfg: dict[str, Any], target_config: Any) -> str | N
             "selector as a lattice over top-k candidates); serve a plain DFlash drafter"
         )
     layers = int(getattr(target_config, "num_hidden_layers", 0) or 0)
-    top = [i for i in _dflash(drafter_cfg, "target_layer_ids") or [] if int(i) >= layers - 1]
+    top = [i for i in dflash_field(drafter_cfg, "target_layer_ids") or [] if int(i) >= layers - 1]
     if layers and top:
         return (
             f"the drafter reads target layer {top[0]}, the top one: llama.cpp's llama/qwen3 "
             f"graphs capture layer inputs only, and no layer follows layer {layers - 1}"
         )
-    if _dflash(drafter_cfg, "mask_token_id") is None:
+    if dflash_field(drafter_cfg, "mask_token_id") is None:
         return "the drafter names no mask_token_id, which llama.cpp's draft-dflash requires"
     return None
 
@@ -234,7 +229,7 @@ class GgufFormat:
         export_dir, outtype = Path(export_dir), OUTTYPES[dtype]
         target = cached_target_gguf(checked, outtype, log=log)
         drafter = convert_to_gguf(export_dir, export_dir / DRAFTER_GGUF, outtype, checked, log=log)
-        k = int(_dflash(read_config(export_dir), "block_size") or 16) - 1
+        k = int(dflash_field(read_config(export_dir), "block_size") or 16) - 1
         return serve_command(target, drafter, k, "f32" if outtype == "f32" else "f16")
 
 

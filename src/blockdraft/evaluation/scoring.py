@@ -27,6 +27,7 @@ from tqdm import tqdm
 from blockdraft.artifacts import with_filename
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollouts.store import target_fingerprint
+from blockdraft.decoding.proposers import proposals_per_round
 from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter, future_tokens
@@ -38,12 +39,6 @@ from blockdraft.user_cache import cache_root
 
 SCORING_VERSION = "3"  # part of every cache key: raised when scores may change
 LOGIT_BUDGET = 1 << 24  # floats of drafter logits materialised at once (64 MB float32)
-
-
-def _num_proposals(drafter: Any) -> int:
-    cfg = getattr(drafter, "config", None)
-    k = getattr(cfg, "num_proposals", None) if cfg is not None else None
-    return int(k if k is not None else drafter.num_proposals)
 
 
 @torch.no_grad()
@@ -61,7 +56,7 @@ def acceptance_tensor(
     """`[L-1, K]` float32 acceptance probabilities of one rollout (module docstring)."""
     if isinstance(drafter, NgramDrafter | SuffixDrafter):  # deterministic: 1[x = y] from ids
         return drafter.acceptance_from_tokens(prompt_ids.reshape(-1), response_ids.reshape(-1))
-    k = _num_proposals(drafter)
+    k = proposals_per_round(drafter)
     prompt_ids, response_ids = prompt_ids.long().reshape(-1), response_ids.long().reshape(-1)
     hybrid = drafter if isinstance(drafter, HybridDrafter) else None
     if hybrid is not None:  # per slot: the drafter's q, or a one-hot on the looked-up token
