@@ -51,20 +51,6 @@ def _cache_kwarg(model: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def crop_cache(cache: Any, length: int) -> None:
-    """Keep the first `length` positions of an HF cache (drop a rejected suffix), in place."""
-    current = cache.get_seq_length()
-    if length > current:
-        raise ValueError(f"cannot crop a cache of length {current} to {length}")
-    if length == current:
-        return
-    crop_params = inspect.signature(cache.crop).parameters
-    if "tokens_to_remove" in crop_params:
-        cache.crop(-(current - length))
-    else:  # transformers 4.x: crop(max_length)
-        cache.crop(length)
-
-
 class Target:
     """A frozen HF causal LM plus its tokenizer, with feature extraction for drafters."""
 
@@ -158,7 +144,7 @@ class Target:
         with_logits: bool = True,
     ) -> TargetOutput:
         """Run the target; return logits, concatenated chosen-layer features and cache
-        (`use_cache=True` without `cache` starts one; cut it with `crop_cache`).
+        (`use_cache=True` without `cache` starts one; `TargetRunner.crop` cuts it).
         `with_logits=False` skips the LM head: training on rollout tokens needs only the
         features, and at Gemma's 262k vocabulary the head costs more than all its layers.
         """
