@@ -37,8 +37,7 @@ from blockdraft.data.rollouts.shards import (  # noqa: F401  (re-exported: the p
 )
 from blockdraft.errors import BlockdraftError
 from blockdraft.sampling import SamplingSettings
-from blockdraft.targets.fingerprint import legacy_target_fingerprint
-from blockdraft.targets.fingerprint import target_fingerprint as registry_fingerprint
+from blockdraft.targets.fingerprint import legacy_target_fingerprint, target_fingerprint
 
 FORMAT = "blockdraft-rollouts"
 VERSION = 1
@@ -99,16 +98,6 @@ def tokenizer_difference(stored: dict[str, Any] | None, tokenizer: Any) -> str:
     if stored.get("chat_template_sha256") != now["chat_template_sha256"]:
         what.append("the chat template")
     return "; ".join(what)
-
-
-def target_fingerprint(target: Any) -> str:
-    """Identity of a target (tokenizer, config, weight sample), as the model registry defines it.
-
-    Re-exported here so every consumer of rollout manifests (training, scoring) compares
-    fingerprints made by one function.
-    """
-
-    return str(registry_fingerprint(target))
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:
@@ -242,13 +231,7 @@ class RolloutSet(Sequence):
     def check_files(self, sha256: bool = True) -> None:
         """Every listed shard exists with its recorded size (and SHA-256): one-line errors."""
         for shard in self._shards:
-            check_file(
-                shard_path(self.directory, shard),
-                shard,
-                RolloutError,
-                sha256=sha256,
-                hint=REPAIR_HINT,
-            )
+            verify_shard(self.directory, shard, sha256)
 
     @property
     def settings(self) -> SamplingSettings:
@@ -377,6 +360,6 @@ def check_target(rollouts: RolloutSet, target: Any, what: str = "") -> None:
     )
 
 
-def verify_shard(directory: Path, shard: dict[str, Any]) -> None:
-    """The shard's size and SHA-256 against its manifest entry (one line naming it)."""
-    check_file(shard_path(directory, shard), shard, RolloutError, sha256=True, hint=REPAIR_HINT)
+def verify_shard(directory: Path, shard: dict[str, Any], sha256: bool = True) -> None:
+    """The shard's size (and SHA-256) against its manifest entry (one line naming it)."""
+    check_file(shard_path(directory, shard), shard, RolloutError, sha256=sha256, hint=REPAIR_HINT)
