@@ -37,6 +37,13 @@ def closest(word: str, candidates: Sequence[str]) -> str | None:
     return found[0] if found else None
 
 
+def user_error(message: object) -> int:
+    """Print a command's one `error: ...` line (a user or file error) and return its exit
+    code, 2, the code argparse gives a bad command line."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one `error: ...` line (exit 2), like all others.
 

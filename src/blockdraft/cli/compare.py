@@ -9,8 +9,8 @@ is `blockdraft.evaluation.eval_compare.compare`.
 from __future__ import annotations
 
 import argparse
-import sys
 
+from blockdraft.cli.arguments import user_error
 from blockdraft.cli.drafter_options import (
     add_allow_incomplete,
     add_scored_args,
@@ -49,8 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if len(args.drafters) < 2:
-        print("error: compare needs at least two drafters", file=sys.stderr)
-        return 2
+        return user_error("compare needs at least two drafters")
     return run_scored_command(
         args,
         compare,

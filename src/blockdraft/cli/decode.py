@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from typing import Any
 
-from blockdraft.cli.arguments import add_sampling_args, nonnegative_int, positive_int
+from blockdraft.cli.arguments import add_sampling_args, nonnegative_int, positive_int, user_error
 from blockdraft.cli.drafter_options import (
     DRAFTER_HELP,
     add_json_arg,
@@ -189,8 +188,7 @@ def run(args: argparse.Namespace) -> int:
             mal, ci = mal_ci(acc)
             out.update(offline_mal=mal, offline_mal_ci95=list(ci), rollouts=str(args.rollouts))
     except (FileNotFoundError, ValueError, PromptError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     for i, toks in enumerate(result.outputs[: args.show]):
         print(f"--- output {i} ({len(toks)} tokens) ---\n{target.decode(toks)}")
     lo, hi = result.tau_ci95

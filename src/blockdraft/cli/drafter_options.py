@@ -9,12 +9,11 @@ and no command module imports another.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from blockdraft.artifacts import refuse_existing
-from blockdraft.cli.arguments import positive_int, seed_int
+from blockdraft.cli.arguments import positive_int, seed_int, user_error
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.devices import (
     add_device_args,
@@ -148,8 +147,7 @@ def run_scored_command(
             **options,
         )
     except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     print(markdown(result))
     write_json_flag(args, json_obj(result))
     return 0

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from blockdraft.cli.arguments import user_error
 from blockdraft.cli.drafter_options import drafter_spec
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.engines.interface import EngineError
@@ -76,8 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = args.ckpt
     if spec.kind == "ngram":
-        print("error: prompt lookup has no weights to export", file=sys.stderr)
-        return 2
+        return user_error("prompt lookup has no weights to export")
     ckpt = checkpoint_of(spec)
     hybrid_conf = spec.min_confidence if spec.kind == "hybrid" else None
     if args.check:
@@ -88,8 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{ckpt}: {'servable' if not problems else f'{len(problems)} problem(s)'}")
         return 1 if problems else 0
     if not args.out:
-        print("error: --out DIR is required (or pass --check)", file=sys.stderr)
-        return 2
+        return user_error("--out DIR is required (or pass --check)")
     target = None
     if args.target:
         target = load_target_from_args(args, drafters=[ckpt])
@@ -98,8 +97,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             checked = engine_format.check(ckpt, target)
         except EngineError as exc:  # before anything is written
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return user_error(exc)
     try:
         out = export_drafter(
             ckpt,
@@ -111,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
             hybrid_conf=hybrid_conf,
         )
     except ValueError as exc:  # not servable (or another user error): one line, status 2
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     print(f"exported {ckpt} -> {out} (validated for SGLang / vLLM / z-lab dflash)")
     print("serve it (target first, then the drafter):")
     config = target.model.config if target is not None else None
@@ -121,8 +118,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             command = engine_format.write(out, checked, args.dtype or "float32", log=print)
         except EngineError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return user_error(exc)
         print(f"# {args.format} files in {out}\n{command}")
     return 0
 

@@ -10,7 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blockdraft.cli.arguments import int_at_least_2, nonnegative_int, positive_float, positive_int
+from blockdraft.cli.arguments import (
+    int_at_least_2,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    user_error,
+)
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.feature_store import FeatureError
 from blockdraft.data.feature_writer import plan_features, write_features
@@ -103,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
     except MaskTokenError:
         raise
     except (ValueError, OSError) as exc:
-        print(f"error: cannot load target {args.target!r}: {exc}", file=sys.stderr)
-        return 2
+        return user_error(f"cannot load target {args.target!r}: {exc}")
     if args.layer_ids is not None:  # checked once the layer count is known
         bad = [i for i in args.layer_ids if i >= target.num_layers]
         if bad:
@@ -137,8 +142,7 @@ def run(args: argparse.Namespace) -> int:
             target, plan, batch_size=args.batch_size, progress=not args.no_progress
         )
     except (FeatureError, RolloutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     print(
         f"{store.num_rows} rollouts, {store.manifest['num_tokens']} tokens of features -> "
         f"{args.out} (train with data.features={args.out})"

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from blockdraft.cli.arguments import user_error
 from blockdraft.pipeline.report import drafters_from_eval, existing_report_files, write_report
 
 EXAMPLE = """example:
@@ -142,7 +142,6 @@ def run(args: argparse.Namespace) -> int:
             )
         path = write_report(args.out, drafters, comparisons, logs, online, title=args.title)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     print(f"wrote {path}")
     return 0

@@ -21,6 +21,7 @@ from blockdraft.cli.arguments import (
     nonnegative_int,
     positive_int,
     top_k_or_minus_one,
+    user_error,
 )
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.prompt_specs import load_prompts
@@ -203,8 +204,7 @@ def run_import(args: argparse.Namespace) -> int:
         )
         _, device, _ = init_from_env(args.device)
     except (PromptError, RuntimeError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     target = _load(args, device)  # a bad target is one line from the CLI's handler
     try:
         report = import_rollouts(
@@ -221,8 +221,7 @@ def run_import(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     except (PromptError, RolloutError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     print(report.summary())
     return 0
 
@@ -274,8 +273,7 @@ def run(args: argparse.Namespace) -> int:
         prompts = load_prompts(args.prompts, limit=args.limit, allow_download=args.allow_download)
         ctx, device, created = init_from_env(args.device)
     except (PromptError, RuntimeError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     try:
         return _generate(args, settings, prompts, ctx, device)
     finally:
@@ -316,8 +314,7 @@ def _generate(args: argparse.Namespace, settings: Any, prompts: Any, ctx: Any, d
             engine_name=rows.name if rows is not None else None,
         )
     except (PromptError, RolloutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     finally:
         if rows is not None:
             rows.close()

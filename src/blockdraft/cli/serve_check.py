@@ -16,7 +16,7 @@ import argparse
 import sys
 from typing import Any
 
-from blockdraft.cli.arguments import positive_int
+from blockdraft.cli.arguments import positive_int, user_error
 from blockdraft.cli.drafter_options import (
     add_json_arg,
     add_target_args,
@@ -97,8 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not args.rollouts and not args.suite:
-        print("error: give --rollouts DIR (repeatable) or --suite FILE", file=sys.stderr)
-        return 2
+        return user_error("give --rollouts DIR (repeatable) or --suite FILE")
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
     try:
         target = setup_target(args)
@@ -131,8 +130,7 @@ def run(args: argparse.Namespace) -> int:
             engine=args.engine,
         )
     except (EngineError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     print(render(result))
     write_json_flag(args, result)
     return 0

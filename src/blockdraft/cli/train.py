@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from blockdraft.cli.arguments import PrintAndExit, positive_float, positive_int
+from blockdraft.cli.arguments import PrintAndExit, positive_float, positive_int, user_error
 from blockdraft.data.rollouts.store import RolloutError
 from blockdraft.heap import retain_freed_memory
 from blockdraft.pipeline.report import read_metrics
@@ -117,8 +117,7 @@ def run(args: argparse.Namespace) -> int:
         if allow_changed and not args.resume:
             raise ConfigError("--allow-changed: only means something with --resume")
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
@@ -127,8 +126,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             plan = plan_memory(cfg, world, args.plan_device)
         except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return user_error(exc)
         print(plan.render(args.device_gb))
         return 0 if plan.fits(args.device_gb * 1e9) else 1
     # process-wide CPU settings only for work on a CPU (a GPU run keeps the defaults)
@@ -148,8 +146,7 @@ def run(args: argparse.Namespace) -> int:
             cfg, resume=args.resume, overwrite=args.overwrite, allow_changed=allow_changed
         )
     except (ConfigError, TrainSetupError, RolloutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(exc)
     except NonFiniteLossError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
