@@ -16,7 +16,8 @@ import re
 from pydoc_data.topics import topics
 
 from blockdraft.data.prompt_type import Prompt, check_split, hash_fraction
-from blockdraft.data.stdlib_prompts import stdlib_files, stdlib_root, stdlib_split_of
+from blockdraft.data.stdlib_prompts import stdlib_files, stdlib_split_of
+from blockdraft.targets.tiny_corpus import stdlib_dir
 
 EVAL_FRACTION = 0.1
 MIN_PARAGRAPH_CHARS = 160
@@ -67,7 +68,7 @@ def _instructions(key: str, title: str, text: str, split: str) -> list[Prompt]:
 
 
 def _module_docstring(relpath: str) -> str | None:
-    source = (stdlib_root() / relpath).read_text(encoding="utf-8", errors="replace")
+    source = (stdlib_dir() / relpath).read_text(encoding="utf-8", errors="replace")
     try:
         return ast.get_docstring(ast.parse(source))
     except SyntaxError:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import ast
 import functools
-import sysconfig
 import textwrap
-from pathlib import Path
 
 from blockdraft.data.prompt_type import Prompt, check_split, hash_fraction
+from blockdraft.targets.tiny_corpus import stdlib_dir
 
 EVAL_FRACTION = 0.1
 # ~150 tokens of the tiny target's tokenizer: prompt + 128 new tokens then stays within
@@ -28,11 +27,6 @@ MAX_PROMPT_CHARS = 600
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "lib2to3", "__pycache__", "turtledemo"}
 
 
-def stdlib_root() -> Path:
-    """Directory of the running interpreter's standard library sources."""
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
 def stdlib_split_of(relpath: str) -> str:
     """`"eval"` or `"train"` for a stdlib file path relative to the stdlib root."""
     return "eval" if hash_fraction(relpath) < EVAL_FRACTION else "train"
@@ -41,7 +35,7 @@ def stdlib_split_of(relpath: str) -> str:
 @functools.lru_cache(maxsize=1)
 def stdlib_files() -> tuple[str, ...]:
     """All usable stdlib source files (relative posix paths, sorted); tests are excluded."""
-    root = stdlib_root()
+    root = stdlib_dir()
     out = []
     for path in root.rglob("*.py"):
         rel = path.relative_to(root).as_posix()
@@ -54,7 +48,7 @@ def stdlib_files() -> tuple[str, ...]:
 
 def file_prompts(relpath: str, split: str) -> list[Prompt]:
     """Signature + docstring prompts of one stdlib file, in source order."""
-    source = (stdlib_root() / relpath).read_text(encoding="utf-8", errors="replace")
+    source = (stdlib_dir() / relpath).read_text(encoding="utf-8", errors="replace")
     try:
         tree = ast.parse(source)
     except SyntaxError:  # a few stdlib files are templates or Python-2 era data

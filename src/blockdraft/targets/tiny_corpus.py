@@ -34,6 +34,7 @@ class Corpus:
 
 
 def stdlib_dir() -> Path:
+    """Directory of the running interpreter's standard library sources."""
     return Path(sysconfig.get_paths()["stdlib"])
 
 
