@@ -209,11 +209,9 @@ def sha256_bytes(data: bytes) -> str:
 
 def file_digest(path: str | os.PathLike) -> dict[str, Any]:
     """`{"bytes", "sha256"}` of a file, streamed (the record `check_file` compares with)."""
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return {"bytes": Path(path).stat().st_size, "sha256": h.hexdigest()}
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    return {"bytes": Path(path).stat().st_size, "sha256": digest}
 
 
 _VERIFIED: set[tuple[str, int, int, str]] = set()  # (file, size, mtime, sha256) hashed here
