@@ -37,6 +37,15 @@ def default_chunk_rows(vocab_size: int) -> int:
     return max(1, DEFAULT_CHUNK_ELEMENTS // max(1, vocab_size))
 
 
+def check_chunk_rows(chunk_rows: int | None, vocab_size: int) -> int:
+    """`chunk_rows`, or the default for this vocabulary; a clear error for bad values."""
+    if chunk_rows is None:
+        return default_chunk_rows(vocab_size)
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
+    return chunk_rows
+
+
 def keeps_probabilities(
     rows: int, vocab_size: int, dtype: torch.dtype, budget_bytes: int | None = None
 ) -> bool:
@@ -274,10 +283,7 @@ def target_logprobs_and_top(
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= vocab_size:
         raise ValueError(f"top_k must be an int in [0, {vocab_size}], got {top_k!r}")
     _check_targets(targets, vocab_size, hidden.shape[:-1])
-    if chunk_rows is None:
-        chunk_rows = default_chunk_rows(vocab_size)
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
+    chunk_rows = check_chunk_rows(chunk_rows, vocab_size)
     lead_shape = hidden.shape[:-1]
     flat_hidden = hidden.reshape(-1, hidden_size)
     flat_targets = targets.reshape(-1).long()

@@ -15,18 +15,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from blockdraft.objectives.cross_entropy import default_chunk_rows
+from blockdraft.objectives.cross_entropy import check_chunk_rows
 
 Tensor = torch.Tensor
-
-
-def check_chunk_rows(chunk_rows: int | None, vocab_size: int) -> int:
-    """`chunk_rows`, or the default for this vocabulary; a clear error for bad values."""
-    if chunk_rows is None:
-        return default_chunk_rows(vocab_size)
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
-    return chunk_rows
 
 
 # ~1 MB of float32 per [rows, V] buffer: a chunk that stays in a core's cache between the

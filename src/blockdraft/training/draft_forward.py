@@ -16,11 +16,12 @@ from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.objectives.cross_entropy import (
+    check_chunk_rows,
     target_logprobs,
     target_logprobs_and_top,
     token_logprobs,
 )
-from blockdraft.objectives.row_chunks import by_row_chunks, check_chunk_rows
+from blockdraft.objectives.row_chunks import by_row_chunks
 from blockdraft.training.draft_space import DraftSpace
 
 
