@@ -55,7 +55,6 @@ def edr_surrogate(
     *,
     lengths: Tensor | None = None,
     reduction: str = "sum",
-    inclusion_weights: Tensor | None = None,
 ) -> Tensor:
     """TD-form EDR loss whose gradient equals that of the exact rounds objective J.
 
@@ -68,7 +67,7 @@ def edr_surrogate(
     recursions. A detached offset makes the *value* exact as well: without weights the
     result equals J (the expected number of rounds when `c = 1 - A`).
 
-    `row_weights` (`[L-1]`, or `[B, L-1]` for batches; alias `inclusion_weights`) weights
+    `row_weights` (`[L-1]`, or `[B, L-1]` for batches) weights
     each round-start row, e.g. `1/pi` on rows drawn by `sample_round_starts` and 0
     elsewhere: value and gradient are then Horvitz-Thompson estimates of J and its
     gradient (each row carries its share `row_value` of J; J's leading 1 is added
@@ -77,10 +76,6 @@ def edr_surrogate(
 
     Returns a scalar for one rollout; for batches `reduction` picks sum/mean over
     rollouts or the per-rollout `[B]` values (`"none"`)."""
-    if inclusion_weights is not None:
-        if row_weights is not None:
-            raise ValueError("pass row_weights or its alias inclusion_weights, not both")
-        row_weights = inclusion_weights
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     acc, cst, lengths, single = as_batch(acceptance, cost, lengths)
@@ -123,7 +118,6 @@ __all__ = [
     "COST_FORMS",
     "MODES",
     "OccupancyValue",
-    "REDUCTIONS",
     "acceptance_and_cost",
     "candidate_scores",
     "greedy_soft_from_logprobs",
