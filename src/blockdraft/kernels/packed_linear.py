@@ -37,7 +37,7 @@ def _reorder(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
 
 
-def _version(weight: torch.Tensor) -> int | None:
+def tensor_version(weight: torch.Tensor) -> int | None:
     """The in-place version counter; None for inference tensors (they have none, and only
     inference-mode code, i.e. never a training step, can change them)."""
     return None if weight.is_inference() else weight._version
@@ -49,7 +49,7 @@ class PackedWeight:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight.detach()
         self.bias = None if bias is None else bias.detach()
-        self.version = _version(self.weight)
+        self.version = tensor_version(self.weight)
         self.packed = _reorder(self.weight, PACK_ROWS)
 
     def __deepcopy__(self, memo: dict) -> None:
@@ -68,7 +68,7 @@ class PackedWeight:
             and x.dtype == torch.float32
             and x.device.type == "cpu"
             and not torch.is_grad_enabled()
-            and _version(self.weight) == self.version
+            and tensor_version(self.weight) == self.version
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from blockdraft.kernels.packed_linear import MIN_PACKED_ELEMENTS, pack_weight
+from blockdraft.kernels.packed_linear import MIN_PACKED_ELEMENTS, pack_weight, tensor_version
 
 SUPPORTED = ("Qwen3ForCausalLM", "LlamaForCausalLM")
 
@@ -138,7 +138,7 @@ class LeanTarget:
         place (tensor versions); None where `supports` says no."""
         if not cls.supports(model):
             return None
-        key = (tuple(layer_ids), tuple(_version(p) for p in model.parameters()))
+        key = (tuple(layer_ids), tuple(tensor_version(p) for p in model.parameters()))
         cached = _LEAN.get(model)
         if cached is None or cached[0] != key:
             cached = (key, cls(model, layer_ids))
@@ -206,10 +206,6 @@ class LeanTarget:
         if hidden.shape[0] > 1 and self.head_packed is not None:
             return self.head_packed(hidden)
         return torch.mm(hidden, self.head_t)
-
-
-def _version(p: torch.Tensor) -> int | None:
-    return None if p.is_inference() else p._version
 
 
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
