@@ -28,7 +28,7 @@ from blockdraft.data.stdlib_prompts import stdlib_prompts
 AUTO_FIELDS = ("turns", "messages", "prompt", "question", "instruction", "text", "input")
 ID_FIELDS = ("id", "question_id", "task_id", "idx")
 MIX_SEPARATOR = "+"
-__all__ = ["Prompt", "PromptError", "load_prompts", "mix_parts", "render_prompt"]
+__all__ = ["Prompt", "PromptError", "load_prompts", "render_prompt"]
 
 
 # --- spec parsing ----------------------------------------------------------------------

@@ -97,4 +97,4 @@ def vllm_dflash_problem(drafter_cfg: dict[str, Any], target_config: Any) -> str 
     return None
 
 
-__all__ = ["VLLM_DFLASH_TARGETS", "VLLM_TABLE_VERSION", "vllm_dflash_problem", "vllm_version"]
+__all__ = ["VLLM_DFLASH_TARGETS", "vllm_dflash_problem", "vllm_version"]

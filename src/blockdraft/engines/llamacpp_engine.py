@@ -376,4 +376,4 @@ class LlamaCpp:
 
 LLAMACPP = LlamaCpp()
 
-__all__ = ["LLAMACPP", "NGRAM_TYPE", "LlamaCpp", "LlamaCppEngine", "LlamaServer"]
+__all__ = ["LLAMACPP", "LlamaCppEngine", "LlamaServer"]

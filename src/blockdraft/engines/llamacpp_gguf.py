@@ -276,9 +276,7 @@ def serve_command(
 
 
 __all__ = [
-    "LLAMACPP_DFLASH_TARGETS",
     "GGUF",
-    "GgufFormat",
     "serve_command",
     "server_args",
     "OUTTYPES",
@@ -287,5 +285,4 @@ __all__ = [
     "llamacpp_problem",
     "require_tools",
     "server_binary",
-    "tools_dir",
 ]

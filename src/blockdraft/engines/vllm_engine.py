@@ -477,4 +477,4 @@ class Vllm:
 
 VLLM = Vllm()
 
-__all__ = ["VLLM", "EngineProcess", "Vllm", "VllmEngine", "load_vllm", "output_row"]
+__all__ = ["VLLM", "load_vllm"]

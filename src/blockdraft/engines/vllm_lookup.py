@@ -221,4 +221,4 @@ def _hand_over_verified(runner_class: type) -> None:
     runner_class.propose_draft_token_ids = propose_draft_token_ids
 
 
-__all__ = ["RequestLookups", "install", "merge_hybrid", "serving_of", "verified_texts"]
+__all__ = ["RequestLookups", "install", "merge_hybrid", "verified_texts"]

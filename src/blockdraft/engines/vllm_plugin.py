@@ -173,4 +173,4 @@ def __getattr__(name: str) -> Any:  # vLLM's registry imports the classes by nam
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DFLASH_ARCH", "GEMMA3_ARCH", "SUPPORTED_VLLM", "plugin_applies", "register"]
+__all__ = ["SUPPORTED_VLLM", "plugin_applies", "register"]

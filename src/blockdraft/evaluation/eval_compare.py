@@ -26,7 +26,6 @@ __all__ = [
     "drafter_names",
     "evaluate",
     "load_scored",
-    "json_text",
     "write_json",
 ]
 

@@ -101,12 +101,10 @@ def make_objective(name: str, mode: str = "sampling", **params: Any) -> Objectiv
 
 
 __all__ = [
-    "ALIASES",
     "DEFAULT_OBJECTIVE",
     "OBJECTIVES",
     "OBJECTIVE_NAMES",
     "ObjectiveParamError",
-    "check_objective",
     "make_objective",
     "objective_class",
     "objective_params",

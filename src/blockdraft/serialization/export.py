@@ -568,6 +568,5 @@ __all__ = [
     "dflash_field",
     "expected_weight_shapes",
     "export_drafter",
-    "mask_token_string",
     "validate_for_serving",
 ]

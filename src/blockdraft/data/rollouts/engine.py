@@ -97,4 +97,4 @@ def engine_rows(
     return EngineRows(chosen, model_dir, settings, stop_token_ids, **kwargs)
 
 
-__all__ = ["EngineRows", "engine_rows", "row_seed"]
+__all__ = ["engine_rows", "row_seed"]
