@@ -319,14 +319,12 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    try:
+    with contextlib.suppress(OSError):  # directories cannot be fsynced on every platform
         fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    except OSError:  # directories cannot be fsynced on every platform
-        pass
 
 
 def refuse_existing(path: str | os.PathLike, flag: str, overwrite: bool) -> None:
@@ -416,28 +414,26 @@ def ensure_free_space(directory: str | os.PathLike, need_bytes: int, what: str) 
 _RUN_MARKERS = ("run.yaml", "metrics.jsonl", "checkpoints", "final", "best")
 
 
+def _json_field(path: Path, key: str) -> Any:
+    """`key` of the JSON object in `path`; None when it is missing, unreadable or no object."""
+    try:
+        return json.loads(path.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def stored_artifact(directory: str | os.PathLike) -> str | None:
     """What blockdraft artefact `directory` is: `export`, `checkpoint`, `run`, a manifest's
     `format` (`blockdraft-rollouts`, `blockdraft-features`), or None (not one of ours)."""
     d = Path(directory)
     if not d.is_dir():
         return None
-    manifest = d / "manifest.json"
-    if manifest.is_file():
-        try:
-            fmt = json.loads(manifest.read_text()).get("format")
-        except (OSError, ValueError, AttributeError):
-            fmt = None
-        if isinstance(fmt, str) and fmt.startswith("blockdraft-"):
-            return fmt
-    config = d / "config.json"
-    if config.is_file():
-        try:
-            ours = json.loads(config.read_text()).get("blockdraft")
-        except (OSError, ValueError, AttributeError):
-            ours = None
-        if isinstance(ours, dict):
-            return "export" if "exported_from" in ours else "checkpoint"
+    fmt = _json_field(d / "manifest.json", "format")
+    if isinstance(fmt, str) and fmt.startswith("blockdraft-"):
+        return fmt
+    ours = _json_field(d / "config.json", "blockdraft")
+    if isinstance(ours, dict):
+        return "export" if "exported_from" in ours else "checkpoint"
     if (d / "trainer_state.json").is_file():
         return "checkpoint"
     if any((d / m).exists() for m in _RUN_MARKERS):
