@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blockdraft.artifacts import write_atomic
+
 MARKER = "stage.json"
 
 
@@ -34,30 +36,25 @@ class Stage:
     def key(self) -> str:
         return fingerprint(self.inputs)
 
-    def is_done(self) -> bool:
+    def _marker(self) -> Any:
         try:
-            return json.loads((self.directory / MARKER).read_text()).get("key") == self.key
+            return json.loads((self.directory / MARKER).read_text())
         except (json.JSONDecodeError, OSError):
-            return False
+            return {}
+
+    def is_done(self) -> bool:
+        return self._marker().get("key") == self.key
 
     def outputs(self) -> dict[str, Any]:
         """What `finish` recorded (empty if the stage is not done)."""
-        if not self.is_done():
-            return {}
-        return json.loads((self.directory / MARKER).read_text()).get("outputs", {})
+        marker = self._marker()
+        return marker.get("outputs", {}) if marker.get("key") == self.key else {}
 
     def finish(self, outputs: dict[str, Any] | None = None) -> None:
-        """Record completion atomically (write a temp file, then rename)."""
+        """Record completion atomically (`write_atomic`)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / (MARKER + ".tmp")
-        tmp.write_text(
-            json.dumps(
-                {"key": self.key, "inputs": self.inputs, "outputs": outputs or {}},
-                indent=2,
-                default=str,
-            )
-        )
-        tmp.replace(self.directory / MARKER)
+        record = {"key": self.key, "inputs": self.inputs, "outputs": outputs or {}}
+        write_atomic(self.directory / MARKER, json.dumps(record, indent=2, default=str).encode())
 
 
 def recorded_key(directory: Path) -> str | None:
