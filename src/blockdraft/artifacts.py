@@ -299,14 +299,15 @@ def with_filename(exc: OSError, path: str | os.PathLike) -> OSError:
     return exc
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+def write_atomic(path: str | os.PathLike, data: bytes, per_process: bool = False) -> None:
     """Write `data` to `path` via a temp file, fsync and rename: readers see old or new.
 
     The temp file never outlives a failure (a full disk must not stay full), and a failed
-    write names `path` (Python's write errors carry no file name).
+    write names `path` (Python's write errors carry no file name). `per_process`: the temp
+    file's name holds the pid, for writers of one path that may race.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp" if per_process else f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)

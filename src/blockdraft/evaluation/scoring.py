@@ -24,7 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save
 from tqdm import tqdm
 
-from blockdraft.artifacts import with_filename
+from blockdraft.artifacts import with_filename, write_atomic
 from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollouts.store import target_fingerprint
 from blockdraft.decoding.proposers import proposals_per_round
@@ -332,18 +332,10 @@ def write_cache_entry(path: Path, tensors: dict[str, torch.Tensor], meta: dict[s
     """Store computed scores in the cache, atomically (a per-process temp file, fsync,
     rename). The cache is optional: a full disk or an unusable directory is one warning
     naming the path, the temp file is removed, and the scores are still returned."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = save(tensors, metadata=meta)
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, save(tensors, metadata=meta), per_process=True)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         print(
             f"warning: {os_error_message(with_filename(exc, path))}: the acceptance cache "
             "was not written (the scores are used as computed)",
