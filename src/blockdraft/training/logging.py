@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from blockdraft.artifacts import with_filename
+from blockdraft.artifacts import with_filename, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -53,9 +53,7 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
     if drop:
         with open(run_dir / "metrics.superseded.jsonl", "a") as fh:
             fh.write("\n".join(drop) + "\n")
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    tmp.replace(path)
+    write_atomic(path, "".join(line + "\n" for line in keep).encode())
 
 
 class MetricsLogger:
