@@ -158,13 +158,11 @@ def write_checkpoint_dir(
             (tmp / name).write_bytes(data)
         if check is not None:
             check(tmp)
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
         if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
             os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if exc.filename is None or str(tmp) in str(exc.filename):  # name what we write
