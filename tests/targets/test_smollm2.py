@@ -9,6 +9,7 @@ import json
 import pytest
 
 from blockdraft.targets import smollm2
+from blockdraft.targets.gguf_cache import MANIFEST
 from blockdraft.targets.registry import list_targets, load_target
 from blockdraft.user_cache import targets_dir
 from clikit import one_line_error, run_cli
@@ -56,7 +57,7 @@ def test_smollm2_converts_once_and_loads_as_a_chat_target(tmp_path):
     from blockdraft.data.prompt_type import Prompt
 
     target = smollm2.load_smollm2_target(cache_dir=tmp_path, progress=False)
-    manifest = json.loads((smollm2.smollm2_cache_path(tmp_path) / smollm2.MANIFEST).read_text())
+    manifest = json.loads((smollm2.smollm2_cache_path(tmp_path) / MANIFEST).read_text())
     assert manifest["gguf_sha256"] == smollm2.GGUF_SHA256
     assert manifest["num_parameters"] == 134_515_008
     assert type(target.model).__name__ == "LlamaForCausalLM"

@@ -96,15 +96,12 @@ def _build(args: argparse.Namespace) -> int:
     if args.name == registry.TINY:
         config = tiny.TinyConfig() if args.seed is None else tiny.TinyConfig(seed=args.seed)
         path = tiny.build_tiny_target(config, progress=True, num_threads=args.threads)
-        manifest = tiny.read_manifest(path)
         if args.seed is None and tiny.shipped_tiny_path() is not None:
             print(_against_shipped(path))
     elif args.name == registry.GEMMA:
         path = gemma.convert_gemma(progress=True)
-        manifest = gemma.read_manifest()
     elif args.name == registry.SMOLLM2:
         path = smollm2.convert_smollm2(progress=True)
-        manifest = smollm2.read_manifest()
     else:
         print(
             f"error: only named targets are built ({registry.TINY}, {registry.GEMMA}, "
@@ -113,7 +110,7 @@ def _build(args: argparse.Namespace) -> int:
         )
         return 2
     print(f"{args.name}: {path} (ready in {time.perf_counter() - t0:.1f}s)")
-    print(json.dumps(_summary(manifest), indent=2))
+    print(json.dumps(_summary(tiny.read_manifest(path)), indent=2))
     return 0
 
 

@@ -15,14 +15,13 @@ from typing import Any
 import torch
 
 from blockdraft.targets.gguf_cache import (
-    MANIFEST,
     GgufTarget,
     check_sha256,
     convert_once,
     load_converted,
 )
 from blockdraft.targets.target import Target
-from blockdraft.user_cache import read_json, targets_dir
+from blockdraft.user_cache import targets_dir
 
 NAME = "gemma-3-270m"
 MASK_TOKEN = "<unused0>"
@@ -123,7 +122,3 @@ def load_gemma_target(
     # stray tokens, so prompts are rendered as plain text (see `render_prompt`).
     target.tokenizer.chat_template = None
     return target
-
-
-def read_manifest(cache_dir: str | Path | None = None) -> dict[str, Any]:
-    return read_json(gemma_cache_path(cache_dir) / MANIFEST)

