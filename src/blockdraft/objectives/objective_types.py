@@ -330,7 +330,7 @@ class EDRObjective(Objective):
                     )
                 row_weights[i, :rows] = 1.0 if w is None else w.detach().to(row_weights.dtype)
         total = edr.edr_surrogate(
-            acc_batch, cost_batch, lengths=lengths, reduction="sum", inclusion_weights=row_weights
+            acc_batch, cost_batch, lengths=lengths, reduction="sum", row_weights=row_weights
         )
         tokens = sum(acc.shape[0] for acc in acceptance)
         loss = total / max(tokens, 1)
