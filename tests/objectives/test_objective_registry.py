@@ -141,10 +141,10 @@ def test_edr_rounds_loss_normalises_by_emitted_tokens_and_scatters_weights(monke
         )
         return out, torch.tensor([t.shape[0] + 1 for t in tensors])
 
-    def fake_surrogate(acc, cost, *, lengths, reduction, inclusion_weights=None):
+    def fake_surrogate(acc, cost, *, lengths, reduction, row_weights=None):
         assert reduction == "sum"
         rows = torch.arange(acc.shape[1]).view(1, -1) < (lengths.view(-1, 1) - 1)
-        w = rows.to(acc.dtype) if inclusion_weights is None else inclusion_weights
+        w = rows.to(acc.dtype) if row_weights is None else row_weights
         assert torch.all(w[~rows] == 0)
         return (w * (2 * acc + cost).sum(-1)).sum()
 
@@ -197,7 +197,7 @@ def test_edr_rounds_loss_with_the_real_module_if_present() -> None:
     per_rollout_w = [
         float(
             edr.edr_surrogate(
-                a, c, inclusion_weights=torch.ones(a.shape[0], dtype=a.dtype) if w is None else w
+                a, c, row_weights=torch.ones(a.shape[0], dtype=a.dtype) if w is None else w
             )
         )
         for a, c, w in zip(acc, cost, weights, strict=True)
