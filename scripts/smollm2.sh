@@ -149,8 +149,8 @@ llamacpp)
   # speculation and llama.cpp's n-gram types, f32 and the wheel's Q4_1 GGUF side by side
   log "llamacpp: bench/llamacpp.py on $LLAMACPP_PROMPTS suite prompts"
   $PY bench/llamacpp.py --target smollm2-135m --drafter "$R/fullvocab-$AB_SIZE/final" \
-      --rollouts "$OUT/suite-rollouts/$LLAMACPP_SET" --limit "$LLAMACPP_PROMPTS" \
-      --max-new-tokens 128 --q4 | tee "$OUT/llamacpp.txt"
+      --rollouts "$(ls -d "$OUT/suite-rollouts/$LLAMACPP_SET"-* | head -1)" --limit "$LLAMACPP_PROMPTS" \
+      --max-new-tokens 128 --threads "$THREADS" --q4 | tee "$OUT/llamacpp.txt"
   log "llamacpp done" ;;
 decay)
   log "decay at $AB_SIZE rollouts"
