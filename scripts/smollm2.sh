@@ -16,6 +16,7 @@
 #   features  the target's features of the greedy set at LAYERS, once (LAYERS_TOP: in ab)
 #   curve     D-PACE lookup-input drafters on nested subsets of CURVE rollouts each
 #             (STEPS_PER_ROLLOUT steps of batch 8 a rollout, ANCHORS anchors a sequence)
+#   seeds     the largest curve drafter again at each seed of SEEDS after the first
 #   ab        at AB_SIZE rollouts: plain vs lookup inputs, hard vs distilled labels, the layer
 #             set with the top layer, the drafter layer started as the target's top layer
 #   fullvocab a plain drafter over the whole vocabulary at AB_SIZE: what llama.cpp can serve
@@ -57,7 +58,7 @@ fi
 SEEDS=${SEEDS:-"0 1"}
 LLAMACPP_PROMPTS=${LLAMACPP_PROMPTS:-8}; LLAMACPP_SET=${LLAMACPP_SET:-humaneval}
 FT_LR=${FT_LR:-3e-4}
-SECTIONS=${*:-"prompts rollouts features curve ab fullvocab decay finetune suite suite-t07"}
+SECTIONS=${*:-"prompts rollouts features curve seeds ab fullvocab decay finetune suite suite-t07"}
 TGT="--target smollm2-135m"
 R=$OUT/runs
 mkdir -p "$R" "$OUT/prompts"
@@ -129,6 +130,12 @@ curve)
   for n in $CURVE; do log "curve: lookup-input D-PACE on $n rollouts"
     scratch "lookup-$n" "$n" "$LAYERS" drafter.lookup_inputs=true; done
   log "curve done" ;;
+seeds)
+  n=${CURVE##* }  # the largest curve size again at each further seed: the spread between seeds
+  for seed in $SEEDS; do [ "$seed" = 0 ] && continue
+    log "seeds: lookup-input D-PACE on $n rollouts, seed $seed"
+    scratch "lookup-$n-s$seed" "$n" "$LAYERS" drafter.lookup_inputs=true seed="$seed"; done
+  log "seeds done" ;;
 ab)
   log "ab at $AB_SIZE rollouts: plain, distilled, top layer"
   scratch "plain-$AB_SIZE" "$AB_SIZE" "$LAYERS"
@@ -182,5 +189,5 @@ suite|suite-t07)
       --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/$tag.json" --overwrite \
       ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} "${runs[@]}" "${hybrids[@]}" | tee "$OUT/$tag.txt"
   log "$tag done" ;;
-*) echo "unknown section $section (prompts rollouts features curve ab fullvocab decay finetune suite suite-t07 llamacpp)" >&2; exit 2 ;;
+*) echo "unknown section $section (prompts rollouts features curve seeds ab fullvocab decay finetune suite suite-t07 llamacpp)" >&2; exit 2 ;;
 esac; done
