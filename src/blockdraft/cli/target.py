@@ -163,7 +163,6 @@ def _info(args: argparse.Namespace) -> int:
     }
     path = getattr(target.model, "name_or_path", None)
     if path:
-        manifest = Path(path) / "blockdraft_manifest.json"
         info["path"] = str(path)
         names = ("chat_template.jinja", "chat_template.json")
         files = [f for f in names if (Path(path) / f).is_file()]
@@ -171,8 +170,8 @@ def _info(args: argparse.Namespace) -> int:
             info["chat_template_file"] = (
                 f"{files[0]} is in {path} but not used: a base model, prompts are plain text"
             )
-        if manifest.is_file():
-            info["manifest"] = _summary(json.loads(manifest.read_text()))
+        if tiny.is_built(path):  # a built target's manifest (any named target)
+            info["manifest"] = _summary(tiny.read_manifest(path))
     print(json.dumps(info, indent=2))
     return 0
 
