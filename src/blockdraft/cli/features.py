@@ -113,12 +113,10 @@ def run(args: argparse.Namespace) -> int:
     if args.layer_ids is not None:  # checked once the layer count is known
         bad = [i for i in args.layer_ids if i >= target.num_layers]
         if bad:
-            print(
-                f"error: --layer-ids: {bad} out of range for the {target.num_layers}-layer "
-                f"target {args.target!r} (valid: 0..{target.num_layers - 1})",
-                file=sys.stderr,
+            return user_error(
+                f"--layer-ids: {bad} out of range for the {target.num_layers}-layer "
+                f"target {args.target!r} (valid: 0..{target.num_layers - 1})"
             )
-            return 2
         target.layer_ids = list(args.layer_ids)
     try:
         plan = plan_features(
@@ -132,12 +130,10 @@ def run(args: argparse.Namespace) -> int:
         print(plan.summary(), flush=True)
         gb = plan.total_bytes / 1e9
         if gb > args.max_gb:
-            print(
-                f"error: --max-gb: the features would take {gb:.3g} GB > {args.max_gb:g} GB; "
-                f"pass --max-gb {gb * 1.1:.2g} to allow it (or use fewer rollouts / --max-seq-len)",
-                file=sys.stderr,
+            return user_error(
+                f"--max-gb: the features would take {gb:.3g} GB > {args.max_gb:g} GB; "
+                f"pass --max-gb {gb * 1.1:.2g} to allow it (or use fewer rollouts / --max-seq-len)"
             )
-            return 2
         store = write_features(
             target, plan, batch_size=args.batch_size, progress=not args.no_progress
         )

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from blockdraft.cli.arguments import add_sampling_args, positive_int, seed_int
+from blockdraft.cli.arguments import add_sampling_args, positive_int, seed_int, user_error
 from blockdraft.cli.target_options import add_target_options, load_target_from_args
 from blockdraft.data.prompt_specs import check_fits_context
 from blockdraft.errors import BlockdraftError
@@ -103,12 +102,10 @@ def _build(args: argparse.Namespace) -> int:
     elif args.name == registry.SMOLLM2:
         path = smollm2.convert_smollm2(progress=True)
     else:
-        print(
-            f"error: only named targets are built ({registry.TINY}, {registry.GEMMA}, "
-            f"{registry.SMOLLM2}); got {args.name!r}",
-            file=sys.stderr,
+        return user_error(
+            f"only named targets are built ({registry.TINY}, {registry.GEMMA}, "
+            f"{registry.SMOLLM2}); got {args.name!r}"
         )
-        return 2
     print(f"{args.name}: {path} (ready in {time.perf_counter() - t0:.1f}s)")
     print(json.dumps(_summary(tiny.read_manifest(path)), indent=2))
     return 0
@@ -166,7 +163,6 @@ def _info(args: argparse.Namespace) -> int:
     }
     path = getattr(target.model, "name_or_path", None)
     if path:
-        manifest = Path(path) / "blockdraft_manifest.json"
         info["path"] = str(path)
         names = ("chat_template.jinja", "chat_template.json")
         files = [f for f in names if (Path(path) / f).is_file()]
@@ -174,8 +170,8 @@ def _info(args: argparse.Namespace) -> int:
             info["chat_template_file"] = (
                 f"{files[0]} is in {path} but not used: a base model, prompts are plain text"
             )
-        if manifest.is_file():
-            info["manifest"] = _summary(json.loads(manifest.read_text()))
+        if tiny.is_built(path):  # a built target's manifest (any named target)
+            info["manifest"] = _summary(tiny.read_manifest(path))
     print(json.dumps(info, indent=2))
     return 0
 

@@ -135,12 +135,10 @@ def run(args: argparse.Namespace) -> int:
         retain_freed_memory()  # training steps reuse their big buffers (heap.py)
 
     if args.resume and not Path(cfg.run_dir).exists():
-        print(
-            f"error: --resume: no run directory {cfg.run_dir}: drop --resume to start a new run "
-            "(or set run_dir=... to the run to continue)",
-            file=sys.stderr,
+        return user_error(
+            f"--resume: no run directory {cfg.run_dir}: drop --resume to start a new run "
+            "(or set run_dir=... to the run to continue)"
         )
-        return 2
     try:
         final = train(
             cfg, resume=args.resume, overwrite=args.overwrite, allow_changed=allow_changed

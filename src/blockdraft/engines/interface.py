@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import torch
 
@@ -82,6 +82,17 @@ class EngineOutput:
     logprobs: list[float]
     topk_ids: torch.Tensor | None = None
     topk_logprobs: torch.Tensor | None = None
+
+
+class ClosedOnExit:
+    """`with engine:` closes it on the way out (the context-manager half of every
+    `RunningEngine`); the engine's own `close` gives its memory back."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class RunningEngine(Protocol):
@@ -158,6 +169,7 @@ class Engine(Protocol):
 
 
 __all__ = [
+    "ClosedOnExit",
     "Drafts",
     "Engine",
     "EngineError",

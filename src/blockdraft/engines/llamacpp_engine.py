@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from blockdraft.engines.interface import (
+    ClosedOnExit,
     Drafts,
     EngineError,
     EngineOutput,
@@ -194,7 +195,7 @@ class LlamaServer:
         self._log.close()
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(ClosedOnExit):
     """A started llama-server, answering `RunningEngine`'s questions (batch = concurrent
     requests on its slots; counters from its per-round log lines)."""
 
@@ -287,12 +288,6 @@ class LlamaCppEngine:
 
     def close(self) -> None:
         self.server.close()
-
-    def __enter__(self) -> LlamaCppEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class LlamaCpp:

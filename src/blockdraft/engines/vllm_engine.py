@@ -24,6 +24,7 @@ import torch
 
 from blockdraft.engines.dflash_support import vllm_dflash_problem, vllm_version
 from blockdraft.engines.interface import (
+    ClosedOnExit,
     Drafts,
     EngineError,
     EngineOutput,
@@ -106,7 +107,7 @@ def load_vllm() -> Any:
     return vllm
 
 
-class VllmEngine:
+class VllmEngine(ClosedOnExit):
     """One vLLM `LLM` over a local model directory, optionally with a speculative config.
 
     `logprobs="sampled"` returns log-probs under the distribution tokens were drawn from
@@ -191,12 +192,6 @@ class VllmEngine:
             del llm
         gc.collect()
 
-    def __enter__(self) -> VllmEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def _record_drafts(store: list) -> None:
     """Wrap vLLM's drafting steps (a drafter's, prompt lookup's, suffix decoding's) so each
@@ -256,7 +251,7 @@ def _sampling_args(
     }
 
 
-class EngineProcess:
+class EngineProcess(ClosedOnExit):
     """A `VllmEngine` in a child process of its own, asked for rows over a pipe.
 
     Why: vLLM changes process-wide state when it starts (torch's thread count) and its
@@ -322,12 +317,6 @@ class EngineProcess:
 
     def _see_log(self) -> str:
         return f" (vLLM's messages: {self.log_path})" if self.log_path is not None else ""
-
-    def __enter__(self) -> EngineProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._proc.is_alive():

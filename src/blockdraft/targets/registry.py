@@ -14,11 +14,10 @@ from typing import Any
 import torch
 
 from blockdraft.targets.gemma import gemma_cache_path, load_gemma_target
-from blockdraft.targets.gguf_cache import MANIFEST
 from blockdraft.targets.hf_target import load_hf_target, token_id, transformers_quiet
 from blockdraft.targets.smollm2 import load_smollm2_target, smollm2_cache_path
 from blockdraft.targets.target import Target, default_layer_ids
-from blockdraft.targets.tiny import load_tiny_target, tiny_target_path
+from blockdraft.targets.tiny import is_built, load_tiny_target, tiny_target_path
 
 TINY = "tiny"
 GEMMA = "gemma-3-270m"
@@ -51,7 +50,7 @@ def list_targets() -> list[dict[str, Any]]:
         {
             "name": name,
             "description": description,
-            "ready": (paths[name] / MANIFEST).is_file(),
+            "ready": is_built(paths[name]),
             "path": str(paths[name]),
         }
         for name, (_, _, description) in _NAMED.items()

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from blockdraft.decoding.cpu.lean_target import rms_norm, rope_tables
 from blockdraft.drafters.dflash2 import ConvDecoderLayer, grouped_dynamic_conv
 from blockdraft.drafters.layers import DecoderLayer
 from blockdraft.kernels.packed_linear import (
@@ -34,14 +35,6 @@ from blockdraft.kernels.packed_linear import (
 )
 
 DTYPES = (torch.float32, torch.bfloat16)  # the drafter dtypes the lean round computes in
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`RMSNorm` as the drafter's module computes it: in fp32, back to x's dtype."""
-    if x.dtype == torch.float32:  # no casts: at `tiny`'s size every op is dispatch
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class _Product:
@@ -223,13 +216,9 @@ class LeanDrafter:
         return cached[1]
 
     def _tables(self, n: int) -> None:
-        freqs = torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq[None]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = emb.cos() * self.scale
-        sin = emb.sin() * self.scale
-        sin[:, : self.head_dim // 2] = -sin[:, : self.head_dim // 2]
+        cos, sin = rope_tables(self.inv_freq, self.scale, n, self.head_dim)
         # the module's tables: computed in fp32, then rounded to the drafter's dtype
-        self.cos, self.sin = self.cos.to(self.dtype), sin.to(self.dtype)
+        self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)
 
     def new_state(self) -> LeanDraftState:
         return LeanDraftState(len(self.layers), self.kv_heads, self.head_dim, 256, self.dtype)
@@ -256,7 +245,7 @@ class LeanDrafter:
         ctx = None
         if state.pending:
             feats = state.pending[0] if len(state.pending) == 1 else torch.cat(state.pending)
-            ctx = _rms(self.fc(feats.to(self.dtype)), self.hidden_norm, self.eps)
+            ctx = rms_norm(self.fc(feats.to(self.dtype)), self.hidden_norm, self.eps)
         t = 0 if ctx is None else ctx.shape[0]
         end = anchor_position + B
         if end > self.cos.shape[0]:
@@ -280,14 +269,14 @@ class LeanDrafter:
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         for i, w in enumerate(self.layers):
             aconv, mconv = w["attention_conv"], w["mlp_conv"]
-            hb = _rms(x, w["ln1"], self.eps)
+            hb = rms_norm(x, w["ln1"], self.eps)
             if aconv is not None:
                 hb, dynamic = _conv_prepare(aconv, hb)
             rows = hb if ctx is None else torch.cat([ctx, hb])
             qkv = w["qkv"](rows)
             qk = qkv[:, : (h + kvh) * d].view(t + B, h + kvh, d)
             if w["qk"] is not None:
-                qk = _rms(qk, w["qk"], self.eps)
+                qk = rms_norm(qk, w["qk"], self.eps)
             qk = (qk * cos + qk.roll(d // 2, -1) * sin).transpose(0, 1)  # [h+kvh, t+B, d]
             state.keys[i][:, start:end] = qk[h:]
             state.values[i][:, start:end] = (
@@ -301,14 +290,14 @@ class LeanDrafter:
             )
             out = w["o"](att[0].transpose(0, 1).reshape(B, h * d))
             x = x + (out if aconv is None else _conv_finish(aconv, out, dynamic))
-            hm = _rms(x, w["ln2"], self.eps)
+            hm = rms_norm(x, w["ln2"], self.eps)
             if mconv is not None:
                 hm, dynamic = _conv_prepare(mconv, hm)
             gu = w["gu"](hm)
             out = w["down"](F.silu(gu[:, : self.inter]) * gu[:, self.inter :])
             x = x + (out if mconv is None else _conv_finish(mconv, out, dynamic))
         state.done, state.pending = anchor_position, []
-        return _rms(x[1:], self.norm, self.eps)
+        return rms_norm(x[1:], self.norm, self.eps)
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

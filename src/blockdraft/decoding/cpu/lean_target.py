@@ -24,9 +24,24 @@ from blockdraft.kernels.packed_linear import MIN_PACKED_ELEMENTS, pack_weight, t
 SUPPORTED = ("Qwen3ForCausalLM", "LlamaForCausalLM")
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm (fp32 in, fp32 out): `weight * x * rsqrt(mean(x^2) + eps)`."""
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm `weight * x * rsqrt(mean(x^2) + eps)` as HF's and the drafter's modules
+    compute it: in fp32, back to x's dtype (fp32 in, fp32 out, with no casts)."""
+    if x.dtype == torch.float32:  # no casts: at `tiny`'s size every op is dispatch
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rope_tables(
+    inv_freq: torch.Tensor, scale: float, n: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos / signed sin `[n, d]` of positions 0..n-1 (rotate-half as a roll)."""
+    freqs = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq[None]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    sin = emb.sin() * scale
+    sin[:, : head_dim // 2] = -sin[:, : head_dim // 2]
+    return emb.cos() * scale, sin
 
 
 class LeanCache:
@@ -147,12 +162,7 @@ class LeanTarget:
 
     def _tables(self, n: int) -> None:
         """cos / signed sin `[n, d]` (rotate-half as a roll) and the causal mask `[n, n]`."""
-        freqs = torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq[None]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = emb.cos() * self.rope_scale
-        sin = emb.sin() * self.rope_scale
-        sin[:, : self.head_dim // 2] = -sin[:, : self.head_dim // 2]
-        self.sin = sin
+        self.cos, self.sin = rope_tables(self.inv_freq, self.rope_scale, n, self.head_dim)
         self.mask = torch.ones(n, n, dtype=torch.bool).tril()
 
     def new_cache(self, length: int = 0) -> LeanCache:
@@ -175,10 +185,10 @@ class LeanTarget:
         x = self.embed[ids]
         kept: dict[int, torch.Tensor] = {}
         for i, w in enumerate(self.layers):
-            qkv = torch.mm(_rms(x, w.ln1, eps), w.qkv)
+            qkv = torch.mm(rms_norm(x, w.ln1, eps), w.qkv)
             qk = qkv[:, : (h + kvh) * d].view(T, h + kvh, d)
             if w.qk_norm is not None:
-                qk = _rms(qk, w.qk_norm, eps)
+                qk = rms_norm(qk, w.qk_norm, eps)
             # HF: x * cos + cat(-x2, x1) * sin; the sign lives in `sin`, the swap is a roll
             qk = (qk * cos + qk.roll(d // 2, -1) * sin).transpose(0, 1)  # [h + kvh, T, d]
             cache.keys[i][:, start:end] = qk[h:]
@@ -191,12 +201,12 @@ class LeanTarget:
                 enable_gqa=h != kvh,
             )
             x = x + torch.mm(att[0].transpose(0, 1).reshape(T, h * d), w.o)
-            gu = torch.mm(_rms(x, w.ln2, eps), w.gate_up)
+            gu = torch.mm(rms_norm(x, w.ln2, eps), w.gate_up)
             x = x + torch.mm(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], w.down)
             if features and i in self.layer_ids:
                 kept[i] = x
         cache.length = end
-        final = _rms(x, self.norm, eps)
+        final = rms_norm(x, self.norm, eps)
         if not features:
             return final, None
         return final, torch.cat([kept[i] for i in self.layer_ids], dim=-1)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import torch
 
 from blockdraft.objectives.edr.acceptance import (
-    COST_FORMS,
-    MODES,
     acceptance_and_cost,
     candidate_scores,
     greedy_soft_from_logprobs,
@@ -24,7 +22,6 @@ from blockdraft.objectives.edr.acceptance import (
     target_support,
 )
 from blockdraft.objectives.edr.recursion import (
-    OccupancyValue,
     as_batch,
     expected_rounds,
     occupancy_and_value,
@@ -115,9 +112,6 @@ def edr_surrogate(
 
 
 __all__ = [
-    "COST_FORMS",
-    "MODES",
-    "OccupancyValue",
     "acceptance_and_cost",
     "candidate_scores",
     "greedy_soft_from_logprobs",
