@@ -119,7 +119,9 @@ rollouts)
   $BD rollout $TGT --engine "$ENGINE" --prompts "$OUT/prompts/mix.jsonl@$ROLLOUT_PROMPTS" --temperature 0 \
       --max-new-tokens "$TOKENS" --store-topk "$TOPK" --batch-size "$BATCH" \
       --threads "$THREADS" --out "$OUT/rollouts/mix-t0" --no-progress
-  $BD rollout $TGT --engine "$ENGINE" --prompts "$OUT/prompts/mix.jsonl@$FT_PROMPTS" --temperature 0.7 \
+  # vLLM's CPU build cannot rewind a seeded request's random stream when it splits a prompt's
+  # prefill ("CPU Generator does not use offset"): blockdraft's own loop samples this set
+  $BD rollout $TGT --engine "${SAMPLED_ENGINE:-blockdraft}" --prompts "$OUT/prompts/mix.jsonl@$FT_PROMPTS" --temperature 0.7 \
       --top-p 0.8 --top-k 20 --seed 0 --max-new-tokens "$TOKENS" --batch-size "$BATCH" \
       --threads "$THREADS" --out "$OUT/rollouts/mix-t07" --no-progress
   log "rollouts done" ;;

@@ -353,7 +353,13 @@ def _serve_rows(conn: Any, engine_kwargs: dict[str, Any], log_path: Path | None 
                 outputs = engine.generate(prompts, params)
                 conn.send([output_row(o, topk) for o in outputs])
             except Exception as exc:  # report, keep the parent's error handling in charge
-                conn.send(("error", f"vLLM failed to generate: {' '.join(str(exc).split())}"))
+                message = " ".join(str(exc).split())
+                if "does not use offset" in message:  # torch's CPU generator cannot rewind
+                    message += (
+                        " (vLLM's CPU build cannot sample seeded requests whose prompts it"
+                        " prefills in chunks: --engine blockdraft samples at T > 0 on a CPU)"
+                    )
+                conn.send(("error", f"vLLM failed to generate: {message}"))
 
 
 def output_row(request: Any, topk: int = 0) -> EngineOutput:
