@@ -17,14 +17,15 @@
 #   curve     D-PACE lookup-input drafters on nested subsets of CURVE rollouts each
 #             (STEPS_PER_ROLLOUT steps of batch 8 a rollout, ANCHORS anchors a sequence)
 #   seeds     the largest curve drafter again at each seed of SEEDS after the first
-#   ab        at AB_SIZE rollouts: plain vs lookup inputs, hard vs distilled labels, the layer
-#             set with the top layer, the drafter layer started as the target's top layer
+#   ab        at AB_SIZE rollouts (AB_RUNS): plain vs lookup inputs, hard vs distilled labels,
+#             the layer set with the top layer, the drafter layer started as the target's top layer
 #   fullvocab a plain drafter over the whole vocabulary at AB_SIZE: what llama.cpp can serve
 #   decay     DFlash's decay schedule at AB_SIZE (D-PACE > decay at this scale?)
 #   finetune  one epoch of EDR and of E2E from the D-PACE drafter of AB_SIZE, seeds SEEDS
 #   suite     `blockdraft suite --split` at T = 0 (configs/suites/smollm2.yaml): prompt
 #             lookup, every drafter and its `hybrid:`, and the per-round oracle ($OUT/suite.txt)
 #   suite-t07 the same at T = 0.7 / top-p 0.8 / top-k 20 ($OUT/suite-t07.txt)
+#             (SUITE_RUNS="NAME ...": only those runs; default every finished one)
 #   llamacpp  (not in the default list; needs make engine-llamacpp and the suite's rollouts)
 #             bench/llamacpp.py: the fullvocab drafter in llama-server at batch 1, f32 and Q4
 #             ($OUT/llamacpp.txt)
@@ -58,6 +59,7 @@ fi
 SEEDS=${SEEDS:-"0 1"}
 LLAMACPP_PROMPTS=${LLAMACPP_PROMPTS:-8}; LLAMACPP_SET=${LLAMACPP_SET:-humaneval}
 FT_LR=${FT_LR:-3e-4}
+AB_RUNS=${AB_RUNS:-"plain distill toplayer inittop"}  # toplayer caches a second feature set
 SECTIONS=${*:-"prompts rollouts features curve seeds ab fullvocab decay finetune suite suite-t07"}
 TGT="--target smollm2-135m"
 R=$OUT/runs
@@ -139,14 +141,17 @@ seeds)
     scratch "lookup-$n-s$seed" "$n" "$LAYERS" drafter.lookup_inputs=true seed="$seed"; done
   log "seeds done" ;;
 ab)
-  log "ab at $AB_SIZE rollouts: plain, distilled, top layer"
-  scratch "plain-$AB_SIZE" "$AB_SIZE" "$LAYERS"
-  scratch "distill-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
-      objective.soft_target_weight=0.5
-  features "$LAYERS_TOP"
-  scratch "toplayer-$AB_SIZE" "$AB_SIZE" "$LAYERS_TOP" drafter.lookup_inputs=true
-  scratch "inittop-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
-      drafter.init_layers_from_target=true
+  log "ab at $AB_SIZE rollouts: $AB_RUNS"
+  for run in $AB_RUNS; do case $run in
+  plain) scratch "plain-$AB_SIZE" "$AB_SIZE" "$LAYERS" ;;
+  distill) scratch "distill-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
+      objective.soft_target_weight=0.5 ;;
+  toplayer) features "$LAYERS_TOP"
+    scratch "toplayer-$AB_SIZE" "$AB_SIZE" "$LAYERS_TOP" drafter.lookup_inputs=true ;;
+  inittop) scratch "inittop-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
+      drafter.init_layers_from_target=true ;;
+  *) echo "unknown A/B run $run (plain distill toplayer inittop)" >&2; exit 2 ;;
+  esac; done
   log "ab done" ;;
 fullvocab)
   # llama.cpp serves a DFlash drafter only over the target's whole vocabulary (no d2t map)
@@ -182,6 +187,7 @@ suite|suite-t07)
   fi
   runs=()
   for d in "$R"/*/; do [ -d "$d/final" ] && runs+=("${d%/}"); done
+  if [ -n "${SUITE_RUNS:-}" ]; then runs=(); for n in $SUITE_RUNS; do runs+=("$R/$n"); done; fi
   hybrids=()
   for d in "${runs[@]}"; do case $(basename "$d") in plain-*) hybrids+=("hybrid:$d") ;; esac; done
   suite=configs/suites/smollm2.yaml; tag=suite
