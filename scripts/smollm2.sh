@@ -20,8 +20,9 @@
 #   ab        at AB_SIZE rollouts (AB_RUNS): plain vs lookup inputs, hard vs distilled labels,
 #             the layer set with the top layer, the drafter layer started as the target's top layer
 #   fullvocab a plain drafter over the whole vocabulary at AB_SIZE: what llama.cpp can serve
-#   decay     DFlash's decay schedule at AB_SIZE (D-PACE > decay at this scale?)
-#   finetune  one epoch of EDR and of E2E from the D-PACE drafter of AB_SIZE, seeds SEEDS
+#   decay     DFlash's decay schedule at AB_SIZE, seeds SEEDS (with D-PACE partners past seed 0)
+#   finetune  one epoch of EDR and of E2E (FT_OBJECTIVES) from the D-PACE drafter of AB_SIZE
+#             (FT_FROM: another run, e.g. lookup-2000), seeds SEEDS
 #   suite     `blockdraft suite --split` at T = 0 (configs/suites/smollm2.yaml): prompt
 #             lookup, every drafter and its `hybrid:`, and the per-round oracle ($OUT/suite.txt)
 #   suite-t07 the same at T = 0.7 / top-p 0.8 / top-k 20 ($OUT/suite-t07.txt)
@@ -59,6 +60,7 @@ fi
 SEEDS=${SEEDS:-"0 1"}
 LLAMACPP_PROMPTS=${LLAMACPP_PROMPTS:-8}; LLAMACPP_SET=${LLAMACPP_SET:-humaneval}
 FT_LR=${FT_LR:-3e-4}
+FT_FROM=${FT_FROM:-lookup-$AB_SIZE}; FT_OBJECTIVES=${FT_OBJECTIVES:-"edr e2e"}
 AB_RUNS=${AB_RUNS:-"plain distill toplayer inittop"}  # toplayer caches a second feature set
 SECTIONS=${*:-"prompts rollouts features curve seeds ab fullvocab decay finetune suite suite-t07"}
 TGT="--target smollm2-135m"
@@ -167,14 +169,20 @@ llamacpp)
       --max-new-tokens 128 --threads "$THREADS" --q4 | tee "$OUT/llamacpp.txt"
   log "llamacpp done" ;;
 decay)
-  log "decay at $AB_SIZE rollouts"
-  scratch "decay-$AB_SIZE" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true objective.name=decay
+  for seed in $SEEDS; do sfx=$([ "$seed" = 0 ] || echo "-s$seed")
+    log "decay at $AB_SIZE rollouts, seed $seed"
+    scratch "decay-$AB_SIZE$sfx" "$AB_SIZE" "$LAYERS" drafter.lookup_inputs=true \
+        objective.name=decay seed="$seed"
+    [ "$seed" = 0 ] || scratch "lookup-$AB_SIZE$sfx" "$AB_SIZE" "$LAYERS" \
+        drafter.lookup_inputs=true seed="$seed"  # its D-PACE partner at that seed
+  done
   log "decay done" ;;
 finetune)
-  for seed in $SEEDS; do for obj in edr e2e; do
-    log "finetune $obj seed $seed"
-    train "ft-$obj-s$seed" objective.name="$obj" seed="$seed" \
-        drafter.init_from="$R/lookup-$AB_SIZE/final" data.train_rollouts="$OUT/rollouts/mix-t07" \
+  for seed in $SEEDS; do for obj in $FT_OBJECTIVES; do
+    name=ft-$obj-s$seed; [ "$FT_FROM" = "lookup-$AB_SIZE" ] || name=$FT_FROM-$obj-s$seed
+    log "finetune $obj seed $seed from $FT_FROM"
+    train "$name" objective.name="$obj" seed="$seed" \
+        drafter.init_from="$R/$FT_FROM/final" data.train_rollouts="$OUT/rollouts/mix-t07" \
         target.layer_ids="$(yaml_list "$LAYERS")" \
         optim.lr="$FT_LR" optim.warmup_ratio=0 optim.schedule=constant optim.epochs=1 \
         optim.max_steps=null checkpoint.save_every=0
