@@ -70,6 +70,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--q4", action="store_true", help="also SmolLM2's own Q4_1 GGUF")
     p.add_argument("--ngram", default=",".join(NGRAM_TYPES), help="llama.cpp's n-gram types")
+    p.add_argument(
+        "--draft-lengths",
+        default="",
+        help="comma-separated shorter drafts for the drafter too (e.g. 3: a block of 4; the "
+        "drafter was trained on whole blocks, so the bench's tau says what a cut costs)",
+    )
     args = p.parse_args()
     configure_cpu(args.threads, "cpu")
     target = load_target(args.target, progress=False)
@@ -85,17 +91,19 @@ def main() -> None:
         precisions["q4_1"] = gguf_path()
     rows = []
     with tempfile.TemporaryDirectory(prefix="blockdraft-bench-") as tmp:
-        export = export_drafter(ckpt, Path(tmp) / "drafter", target=target)
+        # llama.cpp loads no d2t: a reduced draft vocabulary is served over the whole one
+        export = export_drafter(ckpt, Path(tmp) / "drafter", target=target, expand_vocab=True)
         drafter = convert_to_gguf(export, Path(tmp) / "drafter.gguf", "f32", folder, log=print)
         for name, gguf in precisions.items():
             cache = "f32" if name == "f32" else "f16"
             ways = {"none": (server_args(gguf, cache_type=cache), 0)}
             for kind in filter(None, args.ngram.split(",")):
                 ways[kind] = (server_args(gguf, ngram_type=kind, num_proposals=k), k)
-            ways["dflash"] = (
-                server_args(gguf, drafter_gguf=drafter, num_proposals=k, cache_type=cache),
-                k,
-            )
+            for n in [k, *(int(x) for x in filter(None, args.draft_lengths.split(",")))]:
+                ways["dflash" if n == k else f"dflash-{n}"] = (
+                    server_args(gguf, drafter_gguf=drafter, num_proposals=n, cache_type=cache),
+                    n,
+                )
             base = None
             for way, (argv, kk) in ways.items():
                 print(f"[bench] {name} {way} ...", flush=True)

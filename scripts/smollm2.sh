@@ -23,6 +23,9 @@
 #   decay     DFlash's decay schedule at AB_SIZE, seeds SEEDS (with D-PACE partners past seed 0)
 #   finetune  one epoch of EDR and of E2E (FT_OBJECTIVES) from the D-PACE drafter of AB_SIZE
 #             (FT_FROM: another run, e.g. lookup-2000), seeds SEEDS
+#   wide      each finished run on a reduced draft vocabulary (WIDE_RUNS="NAME ...": only those)
+#             exported over the whole vocabulary as runs/NAME-wide (`export --expand-vocab`):
+#             the same weights scoring every token (what llama.cpp serves, and it accepts more)
 #   suite     `blockdraft suite --split` at T = 0 (configs/suites/smollm2.yaml): prompt
 #             lookup, every drafter and its `hybrid:`, and the per-round oracle ($OUT/suite.txt)
 #   suite-t07 the same at T = 0.7 / top-p 0.8 / top-k 20 ($OUT/suite-t07.txt)
@@ -62,7 +65,7 @@ LLAMACPP_PROMPTS=${LLAMACPP_PROMPTS:-8}; LLAMACPP_SET=${LLAMACPP_SET:-humaneval}
 FT_LR=${FT_LR:-3e-4}
 FT_FROM=${FT_FROM:-lookup-$AB_SIZE}; FT_OBJECTIVES=${FT_OBJECTIVES:-"edr e2e"}
 AB_RUNS=${AB_RUNS:-"plain distill toplayer inittop"}  # toplayer caches a second feature set
-SECTIONS=${*:-"prompts rollouts features curve seeds ab fullvocab decay finetune suite suite-t07"}
+SECTIONS=${*:-"prompts rollouts features curve seeds ab fullvocab decay finetune wide suite suite-t07"}
 TGT="--target smollm2-135m"
 R=$OUT/runs
 mkdir -p "$R" "$OUT/prompts"
@@ -188,13 +191,20 @@ finetune)
         optim.max_steps=null checkpoint.save_every=0
   done; done
   log "finetune done" ;;
+wide)
+  names=${WIDE_RUNS:-$(cd "$R" && { grep -l '"draft_vocab_size": [0-9]' -- */final/config.json || true; } | cut -d/ -f1)}
+  for n in $names; do [ -d "$R/$n-wide" ] && continue
+    log "wide: $n over the whole vocabulary -> $n-wide"
+    $BD export "$R/$n" --out "$R/$n-wide" --expand-vocab $TGT > "$R/$n-wide.log" 2>&1
+  done
+  log "wide done" ;;
 suite|suite-t07)
   if [ ! -d "$DATA/gsm8k" ]; then  # the suites read the offline benchmark copies
     log "$section skipped: no benchmark copies (gsm8k/, humaneval/, mt_bench/) in DATA=$DATA"
     continue
   fi
   runs=()
-  for d in "$R"/*/; do [ -d "$d/final" ] && runs+=("${d%/}"); done
+  for d in "$R"/*/; do [ -d "$d/final" ] || [ -f "$d/config.json" ] && runs+=("${d%/}"); done
   if [ -n "${SUITE_RUNS:-}" ]; then runs=(); for n in $SUITE_RUNS; do runs+=("$R/$n"); done; fi
   hybrids=()
   for d in "${runs[@]}"; do case $(basename "$d") in plain-*) hybrids+=("hybrid:$d") ;; esac; done
@@ -205,5 +215,5 @@ suite|suite-t07)
       --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/$tag.json" --overwrite \
       ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} "${runs[@]}" "${hybrids[@]}" | tee "$OUT/$tag.txt"
   log "$tag done" ;;
-*) echo "unknown section $section (prompts rollouts features curve seeds ab fullvocab decay finetune suite suite-t07 llamacpp)" >&2; exit 2 ;;
+*) echo "unknown section $section (prompts rollouts features curve seeds ab fullvocab decay finetune wide suite suite-t07 llamacpp)" >&2; exit 2 ;;
 esac; done

@@ -19,6 +19,7 @@ from blockdraft.data.rollouts.sampler import generate_batch
 from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.engines.interface import EngineError, EngineOutput, SpecCounters
 from blockdraft.engines.registry import ENGINES, get_engine, register_engine
+from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
 from blockdraft.targets.registry import load_target
 
 
@@ -51,13 +52,14 @@ class _Running:
 
 
 class LoopFormat:
-    """A file format of the planted engine: `check` refuses a checkpoint holding a
-    `refuse` marker, `write` adds one file and returns its serve command."""
+    """A file format of the planted engine: `check` refuses a lookup-aware export (as the
+    config.json the export will have says), `write` adds one file and returns its serve
+    command."""
 
     name = "loopfile"
 
-    def check(self, ckpt, target) -> str:
-        if (Path(ckpt) / "refuse").exists():
+    def check(self, drafter_cfg, target) -> str:
+        if drafter_cfg.get("architectures") == [LOOKUP_ARCHITECTURE]:
             raise EngineError("loop cannot serve this drafter")
         return "checked"
 
@@ -69,6 +71,7 @@ class LoopFormat:
 class LoopEngine:
     name = "loop"
     records_lookup_steps = False
+    lookup_rules_match = False
     export_format = LoopFormat()
 
     def version(self) -> str:
@@ -125,9 +128,8 @@ def test_export_format_of_a_registered_engine_is_checked_first_then_written(
     assert main(["export", str(tmp_path / "ckpt"), "--out", str(out), "--format", "loopfile"]) == 0
     assert (out / "drafter.loop").read_text() == "checked float32"
     assert f"loop-serve --file {out / 'drafter.loop'}" in capsys.readouterr().out
-    (tmp_path / "ckpt" / "refuse").touch()
-    refused = tmp_path / "refused"
-    args = ["export", str(tmp_path / "ckpt"), "--out", str(refused), "--format", "loopfile"]
+    refused = tmp_path / "refused"  # the same checkpoint, exported with a lookup fallback
+    args = ["export", f"hybrid:{tmp_path / 'ckpt'}", "--out", str(refused), "--format", "loopfile"]
     assert main(args) == 2
     assert "error: loop cannot serve this drafter" in capsys.readouterr().err
     assert not refused.exists()  # refused before anything is written

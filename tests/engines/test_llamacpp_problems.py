@@ -4,6 +4,7 @@ each (these run without llama.cpp built)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
 
 from blockdraft.engines import llamacpp_gguf
@@ -36,7 +37,12 @@ def test_llama_and_qwen3_targets_of_the_drafters_width_are_served():
     [
         (_drafter(), Gemma3TextConfig(architectures=["Gemma3ForCausalLM"]), "Gemma3ForCausalLM"),
         (_drafter(hidden_size=64, target_hidden_size=128), QWEN, "hidden size (64)"),
-        (_drafter(draft_vocab_size=512), QWEN, "draft vocabulary (512 tokens)"),
+        (
+            _drafter(draft_vocab_size=512),
+            QWEN,
+            "(512 tokens) cannot be served by llama.cpp: export it with --expand-vocab",
+        ),  # fmt: skip
+        (_drafter(architectures=["DFlashLookupDraftModel"]), QWEN, "lookup-aware"),
         (_drafter(architectures=["DFlash2DraftModel"]), QWEN, "DFlash2"),
         (_drafter(dflash_config={"target_layer_ids": [0]}), QWEN, "mask_token_id"),
         (_drafter(dflash_config={"target_layer_ids": [1, 3], "mask_token_id": 2}), QWEN, "layer 3"),
@@ -105,3 +111,32 @@ def test_rounds_and_proposals_are_read_from_the_servers_log(tmp_path):
     c = engine.counters()
     assert (c.drafts, c.accepted) == (3, 10) and c.accepted_per_position == [2] * 3 + [1] * 4
     assert engine.take_drafts() == []
+
+
+def test_export_checks_the_config_the_export_will_have(tmp_path, capsys, monkeypatch):
+    """`export --format gguf` refuses a reduced vocabulary (naming --expand-vocab) and a
+    hybrid (lookup-aware once exported), and with --expand-vocab goes past the vocabulary
+    rule: the refusal it reaches without llama.cpp built is the missing build, not d2t.
+    Nothing is written on any refusal."""
+    from blockdraft.cli import main
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+    from blockdraft.serialization.checkpoint import save_drafter
+    from blockdraft.targets.registry import load_target
+
+    tiny = load_target("tiny", progress=False)
+    drafter = BlockDrafter(DrafterConfig.for_target(tiny, block_size=4, draft_vocab_size=64))
+    drafter.bind_target(tiny).set_draft_vocab(torch.arange(64))
+    ckpt = save_drafter(drafter, tmp_path / "c")
+    base = ["export", "--format", "gguf", "--target", "tiny", "--out"]
+
+    def refused(*args: str) -> str:
+        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+        assert main([*base, str(out), *args]) == 2
+        assert not out.exists()
+        return capsys.readouterr().err
+
+    assert "export it with --expand-vocab" in refused(str(ckpt))
+    assert "lookup-aware" in refused(f"hybrid:{ckpt}", "--expand-vocab")
+    monkeypatch.setenv(llamacpp_gguf.TOOLS_ENV, str(tmp_path / "no-build"))
+    err = refused(str(ckpt), "--expand-vocab")
+    assert "make engine-llamacpp" in err and "d2t" not in err

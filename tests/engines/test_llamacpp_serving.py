@@ -129,11 +129,16 @@ def test_serve_check_cli_prints_the_table(full_vocab_drafter, tiny_sets, tmp_pat
     out = tmp_path / "sc.json"
     code = main(
         ["serve-check", "--engine", "llamacpp", "--target", "tiny", "--rollouts",
-         str(tiny_sets["eval"]), str(full_vocab_drafter), "--ways", "dflash", "--limit", "3",
+         str(tiny_sets["eval"]), str(full_vocab_drafter), "--ways", "dflash,ngram", "--limit", "3",
          "--json", str(out), "--no-progress"]
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert code == 0
     assert "| dflash | 3/3 |" in printed
-    assert "rounds equal the offline evaluator's on every prompt" in printed
-    assert json.loads(out.read_text())["benchmarks"][0]["agreement"]["dflash"]["exact"] is True
+    assert "- dflash: rounds equal the offline evaluator's on every prompt" in printed
+    # llama.cpp's n-gram is its own rule: reported, never judged against blockdraft's
+    assert "- ngram: llamacpp's own rule, not blockdraft's" in printed
+    assert "rounds differ" not in printed
+    bench = json.loads(out.read_text())["benchmarks"][0]
+    assert bench["agreement"]["dflash"]["exact"] is True
+    assert "ngram" not in bench["agreement"] and bench["engine_rules"] == ["ngram"]

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.semi_ar import SemiARDrafter
-from blockdraft.serialization.checkpoint import save_drafter
+from blockdraft.serialization.checkpoint import load_drafter, save_drafter
 from blockdraft.serialization.export import (
     expected_weight_shapes,
     export_drafter,
@@ -174,6 +174,37 @@ def test_reduced_vocab_export_needs_target_head_rows(random_target, tmp_path):
     assert torch.equal(tensors["lm_head.weight"], random_target.lm_head.weight[ids])
     # vLLM reconstructs target ids as arange(N) + d2t
     assert torch.equal(torch.arange(16) + tensors["d2t"], ids)
+
+
+def test_expand_vocab_scores_the_whole_vocabulary_with_the_same_body(random_target, tmp_path):
+    """`expand_vocab` on a reduced-vocabulary DFlash drafter: no d2t and no head rows in the
+    export, the same hidden states, logits equal to the trained drafter's on its vocabulary
+    and, outside it, the target's head applied to those hidden states (an independent
+    matmul), so a token outside the vocabulary can now be proposed."""
+    cfg = DrafterConfig.for_target(random_target, block_size=4, draft_vocab_size=16)
+    drafter = BlockDrafter(cfg).bind_target(random_target).eval()
+    ids = torch.arange(3, 3 + 16 * 7, 7)
+    drafter.set_draft_vocab(ids)
+    path = save_drafter(drafter, tmp_path / "c")
+    out = export_drafter(path, tmp_path / "wide", target=random_target, expand_vocab=True)
+    assert validate_for_serving(out) == []
+    assert not {"d2t", "lm_head.weight"} & set(load_file(str(out / "model.safetensors")))
+    assert "draft_vocab_size" not in json.loads((out / "config.json").read_text())
+    wide = load_drafter(out, random_target).eval()
+    assert wide.config.draft_vocab_size is None
+    tokens = torch.randint(
+        0, random_target.vocab_size, (1, 10), generator=torch.Generator().manual_seed(3)
+    )
+    feats = random_target.forward(tokens).features
+    anchors = torch.tensor([[0, 5]])
+    with torch.no_grad():
+        hidden = drafter.forward_blocks(feats, tokens, anchors)
+        assert torch.equal(wide.forward_blocks(feats, tokens, anchors), hidden)
+        narrow, full = drafter.compute_logits(hidden), wide.compute_logits(hidden)
+    torch.testing.assert_close(full[..., ids], narrow[..., ids], rtol=0, atol=1e-6)
+    assert torch.isinf(narrow[..., 0]).all()  # token 0 is outside the draft vocabulary
+    head = random_target.lm_head.weight.detach().float()
+    torch.testing.assert_close(full, hidden.float() @ head.T, rtol=1e-5, atol=1e-5)
 
 
 def test_cli_export(random_target, tmp_path, capsys):

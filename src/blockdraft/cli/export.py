@@ -23,7 +23,13 @@ from blockdraft.engines.interface import EngineError
 from blockdraft.engines.registry import export_formats, serve_commands
 from blockdraft.serialization.checkpoint import NAMESPACE, read_config, verify_weights
 from blockdraft.serialization.drafter_spec import checkpoint_of
-from blockdraft.serialization.export import export_drafter, validate_for_serving
+from blockdraft.serialization.export import (
+    ExportError,
+    export_drafter,
+    full_vocab_config,
+    validate_for_serving,
+    with_lookups,
+)
 from blockdraft.targets.registry import list_targets, model_directory
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -63,8 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--expand-vocab",
         action="store_true",
-        help="DFlash2 on a reduced draft vocabulary: write it in z-lab's full-vocabulary "
-        "layout (its format has no d2t); score the export to see what changed",
+        help="a reduced draft vocabulary: write the drafter over the target's whole "
+        "vocabulary (llama.cpp and z-lab's DFlash2 format load no d2t); score the export "
+        "to see what changed",
     )
     p.add_argument(
         "--overwrite",
@@ -94,9 +101,12 @@ def run(args: argparse.Namespace) -> int:
         target = load_target_from_args(args, drafters=[ckpt])
     engine_format, checked = export_formats().get(args.format), None
     if engine_format is not None:
-        try:
-            checked = engine_format.check(ckpt, target)
-        except EngineError as exc:  # before anything is written
+        try:  # on the config.json the export will have, before anything is written
+            cfg = with_lookups(read_config(ckpt), hybrid_conf, str(ckpt))
+            if args.expand_vocab:
+                full_vocab_config(cfg)
+            checked = engine_format.check(cfg, target)
+        except (EngineError, ExportError) as exc:
             return user_error(exc)
     try:
         out = export_drafter(

@@ -169,6 +169,11 @@ def render(result: dict[str, Any]) -> str:
             )
         for way, agree in bench["agreement"].items():
             lines.append(f"- {way}: {_verdict(way, agree, served[way], offline[way], greedy)}")
+        for way in bench.get("engine_rules", []):
+            lines.append(
+                f"- {way}: {result['engine'].split()[0]}'s own rule, not blockdraft's: its "
+                "rounds are reported, not compared (the offline row is blockdraft's rule)"
+            )
     return "\n".join(lines)
 
 

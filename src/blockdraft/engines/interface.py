@@ -127,13 +127,14 @@ class RunningEngine(Protocol):
 class EngineFormat(Protocol):
     """An engine's own file format beside the DFlash folder (`export --format NAME`).
 
-    `check` runs before anything is written: the one-line `EngineError` why the engine
-    cannot serve the pair, else what `write` needs; `write` adds the engine's files to an
-    export folder and returns the shell command that serves them."""
+    `check` runs before anything is written, on the config.json the export will have:
+    the one-line `EngineError` why the engine cannot serve the pair, else what `write`
+    needs; `write` adds the engine's files to an export folder and returns the shell
+    command that serves them."""
 
     name: str  # what `export --format` takes
 
-    def check(self, ckpt: str | Path, target: Any) -> Any: ...
+    def check(self, drafter_cfg: dict[str, Any], target: Any) -> Any: ...
     def write(self, export_dir: str | Path, checked: Any, dtype: str, log: Any) -> str: ...
 
 
@@ -149,6 +150,9 @@ class Engine(Protocol):
     # `take_drafts` also returns prompt lookup's steps that proposed nothing (an engine
     # that logs only verified drafts counts lookup rounds from its counters instead)
     records_lookup_steps: bool
+    # its `ngram`/`suffix` ways run blockdraft's lookup rules, so serve-check compares their
+    # rounds with the evaluator's; else they are the engine's own rules, reported only
+    lookup_rules_match: bool
     # the files `export --format` writes for it; None: it loads the exported DFlash folder
     export_format: EngineFormat | None
 

@@ -296,6 +296,7 @@ class LlamaCpp:
 
     name = "llamacpp"
     records_lookup_steps = False  # the server logs verified drafts only
+    lookup_rules_match = False  # ngram-simple & co. are its own rules
     export_format = GGUF
 
     def version(self) -> str | None:

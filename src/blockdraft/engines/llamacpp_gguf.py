@@ -23,6 +23,7 @@ from blockdraft.artifacts import write_atomic
 from blockdraft.engines.interface import EngineError
 from blockdraft.serialization.checkpoint import read_config
 from blockdraft.serialization.export import DRAFTER_GGUF, dflash_field
+from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
 from blockdraft.targets.registry import model_directory
 from blockdraft.user_cache import cache_root, stable_hash
 
@@ -85,11 +86,17 @@ def llamacpp_problem(drafter_cfg: dict[str, Any], target_config: Any) -> str | N
             f"llama.cpp's DFlash graph needs the drafter's hidden size ({draft_h}) to equal "
             f"the target's ({target_h}): it sizes the feature projection by the draft's width"
         )
+    if drafter_cfg.get("architectures") == [LOOKUP_ARCHITECTURE]:
+        return (
+            "a lookup-aware drafter (lookup inputs or a hybrid fallback) is served by "
+            "blockdraft's vLLM plugin only: llama.cpp's draft-dflash feeds it no lookup tokens"
+        )
     draft_vocab = drafter_cfg.get("draft_vocab_size")
     if draft_vocab is not None and int(draft_vocab) != int(drafter_cfg.get("vocab_size") or 0):
         return (
             f"llama.cpp's converter writes no d2t for a DFlash draft, so a reduced draft "
-            f"vocabulary ({draft_vocab} tokens) cannot be served by llama.cpp"
+            f"vocabulary ({draft_vocab} tokens) cannot be served by llama.cpp: export it "
+            f"with --expand-vocab (the whole vocabulary; score the export to see what changed)"
         )
     if any("DFlash2" in a for a in drafter_cfg.get("architectures") or []):
         return (
@@ -207,12 +214,12 @@ class GgufFormat:
 
     name = "gguf"
 
-    def check(self, ckpt: str | Path, target: Any) -> Path:
+    def check(self, drafter_cfg: dict[str, Any], target: Any) -> Path:
         """The target folder the converter reads, once llama.cpp is known to serve the
         pair: the one-line reason it cannot otherwise, before an export is written."""
         if target is None:
             raise EngineError("--format gguf needs --target (the converter reads its folder)")
-        problem = llamacpp_problem(read_config(ckpt), target.model.config)
+        problem = llamacpp_problem(drafter_cfg, target.model.config)
         if problem:
             raise EngineError(problem)
         if converter_script() is None:

@@ -429,6 +429,7 @@ class Vllm:
 
     name = "vllm"
     records_lookup_steps = True
+    lookup_rules_match = True  # set to blockdraft's rules (speculation())
     export_format = None  # it loads the exported DFlash folder itself
 
     def version(self) -> str | None:

@@ -380,8 +380,9 @@ def export_drafter(
     refused unless `overwrite`, and `overwrite` replaces only a previous export: never a
     run, rollout set, feature set or checkpoint, nor anything inside one (`out_dir`'s
     writer lock is held meanwhile, so two exports never interleave). `expand_vocab`: a
-    DFlash2 drafter on a reduced draft vocabulary is written in z-lab's full-vocabulary
-    layout (`expand_dflash2_vocab`), which its format needs; it is refused otherwise.
+    drafter on a reduced draft vocabulary is written over the target's whole vocabulary
+    (`expand_dflash_vocab`; DFlash2 in z-lab's layout, `expand_dflash2_vocab`, which its
+    format needs: it is refused otherwise; llama.cpp needs it for either).
     A `lookup_inputs` drafter, or any DFlash drafter with `hybrid_conf` (the `hybrid`
     spec's fallback), is written lookup-aware (`with_lookups`): served by blockdraft's
     vLLM plugin only.
@@ -452,8 +453,8 @@ def _export_locked(
     except Exception as exc:  # SafetensorError
         raise CheckpointError(f"{weights}: cannot read weights ({exc})") from None
     dflash2 = cfg.get("architectures") == [DFLASH2_ARCHITECTURE]
-    if expand_vocab and dflash2 and cfg.get("draft_vocab_size") is not None:
-        expand_dflash2_vocab(cfg, tensors)
+    if expand_vocab and cfg.get("draft_vocab_size") is not None:
+        (expand_dflash2_vocab if dflash2 else expand_dflash_vocab)(cfg, tensors)
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
         cfg["dtype"] = str(dtype).removeprefix("torch.")
@@ -505,6 +506,26 @@ def with_lookups(cfg: dict[str, Any], hybrid_conf: float | None, source: str) ->
     return cfg
 
 
+def full_vocab_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`cfg` (config.json, changed in place) without its reduced draft vocabulary."""
+    cfg.pop("draft_vocab_size", None)
+    drafter_config = (cfg.get(NAMESPACE) or {}).get("drafter_config")
+    if isinstance(drafter_config, dict):
+        drafter_config["draft_vocab_size"] = None
+    return cfg
+
+
+def expand_dflash_vocab(cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    """A DFlash checkpoint on a reduced draft vocabulary, rewritten in place to score the
+    target's whole vocabulary: its head *is* the target's LM head, so only `d2t` (and the
+    head rows an export carries) go. Why: llama.cpp loads no `d2t`. The drafter never
+    learned to push a token outside its vocabulary down, so where one outscores the
+    trained rows the proposal changes; score the export to see how often."""
+    tensors.pop("d2t")
+    tensors.pop("lm_head.weight", None)
+    full_vocab_config(cfg)
+
+
 def expand_dflash2_vocab(cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
     """A DFlash2 checkpoint on a reduced draft vocabulary D, rewritten in place in z-lab's
     layout, whose unary logits come from the target's whole LM head and whose codebooks
@@ -532,10 +553,7 @@ def expand_dflash2_vocab(cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) 
     full_succ = succ.new_zeros((vocab, succ.shape[1]))
     full_succ[ids] = succ
     tensors[pred_name], tensors[succ_name] = full_pred, full_succ
-    cfg.pop("draft_vocab_size")
-    drafter_config = (cfg.get(NAMESPACE) or {}).get("drafter_config")
-    if isinstance(drafter_config, dict):
-        drafter_config["draft_vocab_size"] = None
+    full_vocab_config(cfg)
 
 
 def mask_token_string(cfg: dict[str, Any], target: Any = None) -> str | None:

@@ -351,8 +351,10 @@ def serve_check(
             "agreement": {
                 way: _agreement(bench, served[way], way)
                 for way in ("dflash", *LOOKUP_WAYS)
-                if way in served
+                if way in served and (way == "dflash" or kind.lookup_rules_match)
             },
+            # the engine's own lookup rules: their rounds are reported, never compared
+            "engine_rules": [w for w in LOOKUP_WAYS if w in served and not kind.lookup_rules_match],
         }
         out["benchmarks"].append(entry)
     return out
