@@ -17,9 +17,11 @@
 #   curve     D-PACE lookup-input drafters on nested subsets of CURVE rollouts each
 #             (STEPS_PER_ROLLOUT steps of batch 8 a rollout, ANCHORS anchors a sequence)
 #   seeds     the largest curve drafter again at each seed of SEEDS after the first
+#   steps     the largest curve drafter with STEPS_X (2) times the steps: data or epochs?
 #   ab        at AB_SIZE rollouts (AB_RUNS): plain vs lookup inputs, hard vs distilled labels,
 #             the layer set with the top layer, the drafter layer started as the target's top layer
-#   fullvocab a plain drafter over the whole vocabulary at AB_SIZE: what llama.cpp can serve
+#   fullvocab (not in the default list) a plain drafter *trained* over the whole vocabulary
+#             at AB_SIZE (4x the cost a step; `wide` serves the 8,192-token one over it instead)
 #   decay     DFlash's decay schedule at AB_SIZE, seeds SEEDS (with D-PACE partners past seed 0)
 #   finetune  one epoch of EDR and of E2E (FT_OBJECTIVES) from the D-PACE drafter of AB_SIZE
 #             (FT_FROM: another run, e.g. lookup-2000), seeds SEEDS
@@ -31,7 +33,8 @@
 #   suite-t07 the same at T = 0.7 / top-p 0.8 / top-k 20 ($OUT/suite-t07.txt)
 #             (SUITE_RUNS="NAME ...": only those runs; default every finished one)
 #   llamacpp  (not in the default list; needs make engine-llamacpp and the suite's rollouts)
-#             bench/llamacpp.py: the fullvocab drafter in llama-server at batch 1, f32 and Q4
+#             bench/llamacpp.py: the plain AB_SIZE drafter (over the whole vocabulary) in
+#             llama-server at batch 1, f32 and Q4, also drafting 3 tokens a round
 #             ($OUT/llamacpp.txt)
 # TINY=1 runs every section at a toy size (a few prompts, a few steps) to check the pipeline.
 # THREADS=1 on a machine others share (OpenMP threads that wait for a busy core run slowly).
@@ -65,7 +68,7 @@ LLAMACPP_PROMPTS=${LLAMACPP_PROMPTS:-8}; LLAMACPP_SET=${LLAMACPP_SET:-humaneval}
 FT_LR=${FT_LR:-3e-4}
 FT_FROM=${FT_FROM:-lookup-$AB_SIZE}; FT_OBJECTIVES=${FT_OBJECTIVES:-"edr e2e"}
 AB_RUNS=${AB_RUNS:-"plain distill toplayer inittop"}  # toplayer caches a second feature set
-SECTIONS=${*:-"prompts rollouts features curve seeds ab fullvocab decay finetune wide suite suite-t07"}
+SECTIONS=${*:-"prompts rollouts features curve seeds steps ab decay finetune wide suite suite-t07"}
 TGT="--target smollm2-135m"
 R=$OUT/runs
 mkdir -p "$R" "$OUT/prompts"
@@ -145,6 +148,12 @@ seeds)
     log "seeds: lookup-input D-PACE on $n rollouts, seed $seed"
     scratch "lookup-$n-s$seed" "$n" "$LAYERS" drafter.lookup_inputs=true seed="$seed"; done
   log "seeds done" ;;
+steps)
+  n=${CURVE##* }; x=${STEPS_X:-2}  # the largest curve size trained x times as many steps
+  log "steps: lookup-input D-PACE on $n rollouts, ${x}x the steps"
+  STEPS_PER_ROLLOUT=$(awk -v r="$STEPS_PER_ROLLOUT" -v x="$x" 'BEGIN{print r*x}') \
+      scratch "lookup-$n-x$x" "$n" "$LAYERS" drafter.lookup_inputs=true
+  log "steps done" ;;
 ab)
   log "ab at $AB_SIZE rollouts: $AB_RUNS"
   for run in $AB_RUNS; do case $run in
@@ -167,9 +176,9 @@ llamacpp)
   # batch 1 in llama-server (make engine-llamacpp): the full-vocabulary drafter vs no
   # speculation and llama.cpp's n-gram types, f32 and the wheel's Q4_1 GGUF side by side
   log "llamacpp: bench/llamacpp.py on $LLAMACPP_PROMPTS suite prompts"
-  $PY bench/llamacpp.py --target smollm2-135m --drafter "$R/fullvocab-$AB_SIZE/final" \
+  $PY bench/llamacpp.py --target smollm2-135m --drafter "$R/plain-$AB_SIZE/final" \
       --rollouts "$(ls -d "$OUT/suite-rollouts/$LLAMACPP_SET"-* | head -1)" --limit "$LLAMACPP_PROMPTS" \
-      --max-new-tokens 128 --threads "$THREADS" --q4 | tee "$OUT/llamacpp.txt"
+      --max-new-tokens 128 --threads "$THREADS" --q4 --draft-lengths 3 | tee "$OUT/llamacpp.txt"
   log "llamacpp done" ;;
 decay)
   for seed in $SEEDS; do sfx=$([ "$seed" = 0 ] || echo "-s$seed")
@@ -215,5 +224,5 @@ suite|suite-t07)
       --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/$tag.json" --overwrite \
       ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} "${runs[@]}" "${hybrids[@]}" | tee "$OUT/$tag.txt"
   log "$tag done" ;;
-*) echo "unknown section $section (prompts rollouts features curve seeds ab fullvocab decay finetune wide suite suite-t07 llamacpp)" >&2; exit 2 ;;
+*) echo "unknown section $section (prompts rollouts features curve seeds steps ab fullvocab decay finetune wide suite suite-t07 llamacpp)" >&2; exit 2 ;;
 esac; done

@@ -108,12 +108,13 @@ def plot(mean, base, series, lines, goal, path) -> None:
         a, b = fit([math.log2(n) for n in sizes], ys)
         xs = [sizes[0], sizes[-1] * 4]
         ax.plot(xs, [a + b * math.log2(x) for x in xs], ls=":", color=bars[0].get_color())
-    for name, style in [(base, "--"), *((n, "-.") for n in lines)]:
-        ax.axhline(mean[name]["mal"], ls=style, color="gray", lw=1)
-        ax.annotate(name, (ax.get_xlim()[0], mean[name]["mal"]), fontsize=8, va="bottom")
-    ax.axhline(goal * mean[base]["mal"], color="red", lw=1)
-    ax.annotate(f"{goal:g}x {base}", (ax.get_xlim()[0], goal * mean[base]["mal"]), fontsize=8,
-                va="bottom", color="red")  # fmt: skip
+    levels = [(base, mean[base]["mal"], "gray", "--")]
+    levels += [(n, mean[n]["mal"], "gray", "-.") for n in lines]
+    levels.append((f"{goal:g}x {base}", goal * mean[base]["mal"], "red", "-"))
+    where = ax.get_yaxis_transform()  # x in axes fractions, y in MAL
+    for name, y, color, style in levels:
+        ax.axhline(y, ls=style, color=color, lw=1)
+        ax.text(0.01, y, name, transform=where, fontsize=8, va="bottom", color=color)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("training rollouts (log scale; dotted: log-linear fit)")
     ax.set_ylabel("suite-mean MAL (95% CI)")

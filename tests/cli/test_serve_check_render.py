@@ -32,3 +32,25 @@ def test_the_ngram_verdict_follows_the_agreement_it_prints_beside():
     assert "not expected to be equal" not in same
     differ = render(_result(exact=False)).splitlines()[-1]
     assert differ.startswith("- ngram: rounds differ on prompts [1]")
+
+
+def test_an_output_that_differs_is_named_not_reported_as_a_round_difference():
+    """Rounds equal on every comparable prompt, one output unlike its rollout: the verdict
+    says how many were compared and that one differs, never "rounds differ on []"."""
+    result = _result(exact=False)
+    bench = result["benchmarks"][0]
+    bench["agreement"]["ngram"].update(rounds_differ_on=[], rounds_compared_on=1)
+    bench["served"]["ngram"]["outputs_equal"] = [True, False]
+    line = render(result).splitlines()[-1]
+    assert line.startswith("- ngram: rounds equal the offline evaluator's on the 1 prompt(s)")
+    assert "(1 differs" in line and "[]" not in line
+
+
+def test_an_engines_own_lookup_rule_is_reported_not_judged():
+    result = _result(exact=True)
+    bench = result["benchmarks"][0]
+    bench["agreement"], bench["engine_rules"] = {}, ["ngram"]
+    result["engine"] = "llamacpp 0.3"
+    line = render(result).splitlines()[-1]
+    assert line.startswith("- ngram: llamacpp's own rule, not blockdraft's")
+    assert "rounds equal" not in line and "rounds differ" not in line

@@ -188,6 +188,13 @@ def _verdict(
     # of the longest suffix), so its rounds are compared prompt by prompt like a drafter's
     if agree["exact"]:
         text = "rounds equal the offline evaluator's on every prompt, so served tau = offline MAL"
+    elif not agree["rounds_differ_on"]:  # an output differs: the engine's numerics, or loss
+        other = len(row["outputs_equal"]) - agree["rounds_compared_on"]
+        text = (
+            f"rounds equal the offline evaluator's on the {agree['rounds_compared_on']} "
+            f"prompt(s) whose output equals the rollout ({other} differ"
+            f"{'s' if other == 1 else ''}: see whether `none` differs there too)"
+        )
     else:
         text = (
             f"rounds differ on prompts {agree['rounds_differ_on'][:8]} "
