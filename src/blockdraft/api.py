@@ -507,8 +507,10 @@ def export(
     loader), validated before it is moved into place; returns the output directory.
 
     `dtype` casts the weights (`"bfloat16"` for engines); a reduced draft vocabulary needs
-    its `target` for the LM-head rows. `hybrid_conf` exports the `hybrid:conf=C` spec
-    (prompt lookup as a per-slot fallback; served by blockdraft's vLLM plugin only).
+    its `target` for the LM-head rows, or `expand_vocab` to score the whole vocabulary
+    (what llama.cpp loads; it changes the proposals, so score it). `hybrid_conf` exports
+    the `hybrid:conf=C` spec (prompt lookup as a per-slot fallback; served by blockdraft's
+    vLLM plugin only).
 
         >>> print(blockdraft.export("runs/quick", "export/quick"))
     """
