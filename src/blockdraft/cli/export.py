@@ -25,10 +25,9 @@ from blockdraft.serialization.checkpoint import NAMESPACE, read_config, verify_w
 from blockdraft.serialization.drafter_spec import checkpoint_of
 from blockdraft.serialization.export import (
     ExportError,
+    export_config,
     export_drafter,
-    full_vocab_config,
     validate_for_serving,
-    with_lookups,
 )
 from blockdraft.targets.registry import list_targets, model_directory
 
@@ -102,9 +101,7 @@ def run(args: argparse.Namespace) -> int:
     engine_format, checked = export_formats().get(args.format), None
     if engine_format is not None:
         try:  # on the config.json the export will have, before anything is written
-            cfg = with_lookups(read_config(ckpt), hybrid_conf, str(ckpt))
-            if args.expand_vocab:
-                full_vocab_config(cfg)
+            cfg = export_config(ckpt, hybrid_conf, args.expand_vocab)
             checked = engine_format.check(cfg, target)
         except (EngineError, ExportError) as exc:
             return user_error(exc)

@@ -443,10 +443,9 @@ def _export_locked(
     expand_vocab: bool,
     hybrid_conf: float | None,
 ) -> Path:
-    cfg = read_config(ckpt)
+    cfg = export_config(ckpt, hybrid_conf)
     if target is not None:  # as eval, decode and serve-check refuse it
         check_made_for(ckpt, target, adopt_layer_ids=True)
-    with_lookups(cfg, hybrid_conf, str(ckpt))
     weights = verify_weights(ckpt, cfg)
     try:
         tensors = load_file(str(weights))
@@ -504,6 +503,15 @@ def with_lookups(cfg: dict[str, Any], hybrid_conf: float | None, source: str) ->
         cfg.setdefault(NAMESPACE, {})[SECTION] = serving.to_json()
         cfg["architectures"] = [LOOKUP_ARCHITECTURE]
     return cfg
+
+
+def export_config(
+    ckpt: str | Path, hybrid_conf: float | None = None, expand_vocab: bool = False
+) -> dict[str, Any]:
+    """The config.json an export of `ckpt` will have (lookup-aware, over the whole
+    vocabulary): what an engine checks before anything is converted or written."""
+    cfg = with_lookups(read_config(ckpt), hybrid_conf, str(ckpt))
+    return full_vocab_config(cfg) if expand_vocab else cfg
 
 
 def full_vocab_config(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -32,9 +32,8 @@ from blockdraft.engines.registry import DEFAULT_ENGINE, get_engine
 from blockdraft.evaluation.eval_compare import benchmark_name
 from blockdraft.evaluation.offline import mal_ci, offline_stats
 from blockdraft.evaluation.scoring import score_rollout_set, shared_target_features
-from blockdraft.serialization.checkpoint import read_config
 from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, load_drafter_spec
-from blockdraft.serialization.export import export_drafter, with_lookups
+from blockdraft.serialization.export import export_config, export_drafter
 from blockdraft.targets.registry import model_directory
 
 WAYS = ("dflash", "ngram", "suffix", "none")
@@ -126,7 +125,7 @@ def _served_drafter(
     ckpt = checkpoint_of(spec)
     assert ckpt is not None
     hybrid_conf = spec.min_confidence if spec.kind == "hybrid" else None
-    cfg = with_lookups(read_config(ckpt), hybrid_conf, str(ckpt))
+    cfg = export_config(ckpt, hybrid_conf)
     return DrafterSpec(spec.kind, str(ckpt), spec.options), ckpt, hybrid_conf, cfg
 
 
