@@ -13,11 +13,13 @@
 #             package each time and only ever written here, never into the repository)
 #   rollouts  greedy rollouts of the first ROLLOUT_PROMPTS prompts (an existing set is
 #             extended), their top-TOPK distributions stored; T = 0.7 rollouts for fine-tunes
-#   features  the target's features of the greedy set at LAYERS, once (LAYERS_TOP: in ab)
+#   features  the target's features of the greedy set at LAYERS, once (LAYERS_TOP: in ab);
+#             a grown set (more ROLLOUT_PROMPTS) adds its new rollouts' features only
 #   curve     D-PACE lookup-input drafters on nested subsets of CURVE rollouts each
 #             (STEPS_PER_ROLLOUT steps of batch 8 a rollout, ANCHORS anchors a sequence)
 #   seeds     the largest curve drafter again at each seed of SEEDS after the first
 #   steps     the largest curve drafter with STEPS_X (2) times the steps: data or epochs?
+#             (one run per seed of STEPS_SEEDS, default SEEDS)
 #   ab        at AB_SIZE rollouts (AB_RUNS): plain vs lookup inputs, hard vs distilled labels,
 #             the layer set with the top layer, the drafter layer started as the target's top layer
 #   fullvocab (not in the default list) a plain drafter *trained* over the whole vocabulary
@@ -64,6 +66,7 @@ else
   SUITE_LIMIT=${SUITE_LIMIT:-}; BATCH=${BATCH:-64}; ENGINE=${ENGINE:-vllm}
 fi
 SEEDS=${SEEDS:-"0 1"}
+STEPS_SEEDS=${STEPS_SEEDS:-$SEEDS}
 LLAMACPP_PROMPTS=${LLAMACPP_PROMPTS:-8}; LLAMACPP_SET=${LLAMACPP_SET:-humaneval}
 FT_LR=${FT_LR:-3e-4}
 FT_FROM=${FT_FROM:-lookup-$AB_SIZE}; FT_OBJECTIVES=${FT_OBJECTIVES:-"edr e2e"}
@@ -150,9 +153,11 @@ seeds)
   log "seeds done" ;;
 steps)
   n=${CURVE##* }; x=${STEPS_X:-2}  # the largest curve size trained x times as many steps
-  log "steps: lookup-input D-PACE on $n rollouts, ${x}x the steps"
-  STEPS_PER_ROLLOUT=$(awk -v r="$STEPS_PER_ROLLOUT" -v x="$x" 'BEGIN{print r*x}') \
-      scratch "lookup-$n-x$x" "$n" "$LAYERS" drafter.lookup_inputs=true
+  for seed in $STEPS_SEEDS; do sfx=$([ "$seed" = 0 ] || echo "-s$seed")
+    log "steps: lookup-input D-PACE on $n rollouts, ${x}x the steps, seed $seed"
+    STEPS_PER_ROLLOUT=$(awk -v r="$STEPS_PER_ROLLOUT" -v x="$x" 'BEGIN{print r*x}') \
+        scratch "lookup-$n-x$x$sfx" "$n" "$LAYERS" drafter.lookup_inputs=true seed="$seed"
+  done
   log "steps done" ;;
 ab)
   log "ab at $AB_SIZE rollouts: $AB_RUNS"

@@ -7,12 +7,13 @@ import json
 
 import pytest
 import torch
-from trainkit import make_config
+from trainkit import MAX_NEW_TOKENS, make_config, prompts_for
 
 import blockdraft.data.feature_writer as features_mod
-from blockdraft.data.feature_store import FeatureError, FeatureStore
+from blockdraft.data.feature_store import FeatureError, FeatureStore, rollout_set_id
 from blockdraft.data.feature_writer import plan_features, write_features
-from blockdraft.data.rollouts import RolloutSet
+from blockdraft.data.rollouts import RolloutSet, SamplingSettings, generate_rollouts
+from blockdraft.data.rollouts.store import read_manifest
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.objectives.registry import make_objective
 from blockdraft.training import train
@@ -265,3 +266,46 @@ def test_disk_formula_and_max_gb_guard(target, rollout_dirs, tmp_path, monkeypat
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
     assert main(argv + ["--out", str(tmp_path / "y"), "--store-dtype", "float32"]) == 0
     assert FeatureStore(tmp_path / "y").manifest["num_tokens"] == tokens
+
+
+def test_a_grown_rollout_set_extends_its_features(target, tmp_path, monkeypatch):
+    """Rollouts extended by more prompts: only the new rows are computed, and the directory
+    holds what a fresh run on the grown set holds, row for row; another set is refused."""
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, seed=1)
+
+    def rollouts(name, n, prefix="g"):
+        d = tmp_path / name
+        prompts = prompts_for(prefix, n)
+        generate_rollouts(target, prompts, d, settings, batch_size=4, progress=False)
+        return d
+
+    def features(rdir, out):
+        plan = plan_features(target, rdir, out, dtype="float32", shard_size=4)
+        return plan, write_features(target, plan, batch_size=3, progress=False)
+
+    grown = rollouts("grown", 10)
+    features(grown, tmp_path / "f")
+    rollouts("grown", 17)  # the same directory, extended
+    computed = []
+    real = features_mod._shard_rows
+    def counting(t, p, lo, hi, *args):
+        computed.append(lo)
+        return real(t, p, lo, hi, *args)
+
+    monkeypatch.setattr(features_mod, "_shard_rows", counting)
+    plan, store = features(grown, tmp_path / "f")
+    assert plan.done_rows == 10 and min(computed) == 10
+    monkeypatch.setattr(features_mod, "_shard_rows", real)
+    _, fresh = features(rollouts("fresh", 17), tmp_path / "f-fresh")
+    assert store.num_rows == fresh.num_rows == 17 and store.manifest["complete"]
+    assert store.manifest["rollouts"]["set_id"] == rollout_set_id(read_manifest(grown))
+    for row in range(17):
+        torch.testing.assert_close(store.row(row), fresh.row(row), rtol=0, atol=0)
+        assert store.row_info(row) == fresh.row_info(row)
+    rs = list(RolloutSet.open(grown))
+    CachedFeatures.open(  # training accepts the extended directory for the grown set
+        tmp_path / "f", target=target, rollout_dir=grown, rollouts=rs, max_seq_len=64
+    )
+    other = rollouts("other", 20, prefix="h")  # larger, but its first rows are other rollouts
+    with pytest.raises(FeatureError, match=r"computed from another rollout set .* not the first"):
+        plan_features(target, other, tmp_path / "f", dtype="float32", shard_size=4)

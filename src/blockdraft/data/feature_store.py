@@ -4,7 +4,7 @@ Why cache them: a training step runs the frozen target over its batch only to re
 `len(layer_ids)` hidden states per token, which never change for a fixed rollout set, so
 `blockdraft features` computes them once and training reads them back (`data.features`).
 This module reads and checks a features directory (`FeatureStore`) and owns its identity
-(`rollout_set_id`) and the truncation rule both sides apply (`truncated_span`). Shard
+(`rollout_set_id`, and the id its first rows had: `rollout_prefix_set_id`) and the truncation rule both sides apply (`truncated_span`). Shard
 layout and size on disk: docs/architecture.md ("data") and docs/training.md.
 """
 
@@ -55,6 +55,22 @@ def rollout_set_id(manifest: dict[str, Any]) -> str:
         "shards": [(s["first_row"], s["rows"], s["sha256"]) for s in manifest.get("shards", [])],
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def rollout_prefix_set_id(manifest: dict[str, Any], num_rows: int) -> str | None:
+    """`rollout_set_id` of the set's first `num_rows` rollouts, as that smaller set had it.
+
+    A rollout set grows by appending shards and never rewrites one, so the set it was at
+    `num_rows` rollouts is its first shards up to that row: the same id when those shards
+    end exactly there, None when no shard boundary falls at `num_rows`.
+    """
+    shards, rows = [], 0
+    for shard in manifest.get("shards", []):
+        if rows == num_rows:
+            break
+        shards.append(shard)
+        rows += shard["rows"]
+    return rollout_set_id({**manifest, "shards": shards}) if rows == num_rows else None
 
 
 def truncated_span(prompt_len: int, response_len: int, max_seq_len: int | None) -> tuple[int, int]:

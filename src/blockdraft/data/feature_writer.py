@@ -6,7 +6,9 @@ work; `write_features` then fills the directory shard by shard, each written ato
 and only then listed, so a killed run keeps every listed shard and a resumed directory
 equals an uninterrupted one. A directory holds one rollout set's features under one
 target, layer set, dtype and truncation; resuming with any of them changed is refused,
-naming the key. Layout: `feature_store.py`.
+naming the key. A rollout set that has grown since (`blockdraft rollout` with more
+prompts appends) extends the directory: the stored rows are the new set's first rows, so
+only the new rollouts are computed. Layout: `feature_store.py`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from blockdraft.data.feature_store import (
     dtype_bytes,
     encode_shard,
     read_manifest,
+    rollout_prefix_set_id,
     rollout_set_id,
     shard_path,
     truncated_span,
@@ -153,7 +156,16 @@ def plan_features(
     done = 0
     if (out / MANIFEST).exists():
         manifest = read_manifest(out, "--out")
+        grown = _grown_from(manifest, rman)
         for key in _IDENTITY:
+            if key == "rollouts.set_id" and grown:
+                continue
+            if key == "rollouts.set_id" and _get(manifest, key) != _get(header, key):
+                raise FeatureError(
+                    f"{out / MANIFEST}: refusing to mix features: computed from another rollout "
+                    f"set ({_get(manifest, 'rollouts.directory')}), which is not the first rows "
+                    f"of {rdir}; use another --out"
+                )
             if _get(manifest, key) != _get(header, key):
                 raise FeatureError(
                     f"{out / MANIFEST}: refusing to mix features: {key} differs (stored "
@@ -169,6 +181,15 @@ def plan_features(
     return FeaturePlan(
         out, header, rollouts, spans, header["feature_size"] * dtype_bytes(dtype), done
     )
+
+
+def _grown_from(manifest: dict[str, Any], rollout_manifest: dict[str, Any]) -> bool:
+    """Whether the stored features' rollout set is a proper prefix of this rollout set."""
+    stored = manifest.get("rollouts", {})
+    rows = stored.get("num_rollouts")
+    if not isinstance(rows, int) or rows >= int(rollout_manifest.get("num_rollouts", 0)):
+        return False
+    return rollout_prefix_set_id(rollout_manifest, rows) == stored.get("set_id")
 
 
 @torch.no_grad()
@@ -243,6 +264,15 @@ def _write_locked(target: Any, plan: FeaturePlan, batch_size: int, progress: boo
     manifest = read_manifest(out, "--out") if (out / MANIFEST).exists() else None
     if manifest is not None:
         _drop_damaged(out, manifest)
+        if manifest["rollouts"]["set_id"] != h["rollouts"]["set_id"]:  # grew: plan_features
+            print(
+                f"features: the rollout set grew from {manifest['rollouts']['num_rollouts']} to "
+                f"{h['rollouts']['num_rollouts']} rollouts; computing the new ones only",
+                file=sys.stderr,
+                flush=True,
+            )
+            manifest.update(rollouts=h["rollouts"], complete=False)
+            write_manifest(out, manifest)
     done = sum(s["rows"] for s in manifest["shards"]) if manifest is not None else 0
     left = sum(n for _, n in plan.spans[done:]) * plan.bytes_per_token
     ensure_free_space(out, left, "the features")  # before anything is written
