@@ -6,16 +6,17 @@ roughly. Here every way has its own engine, all started first, and each prompt i
 by every way in turn (the order rotating from prompt to prompt), so every way sees the
 same conditions and the ratios are paired per prompt. Several drafters can run side by
 side (an export over the draft vocabulary next to the same weights over the whole one),
-and `--draft-lengths` adds each speculative way again drafting fewer tokens a round (a
-drafter then fills a block shorter than it was trained on: lossless, fewer accepted).
+and `--draft-lengths 7,4` serves each speculative way at each of those K (a drafter then
+fills a block shorter than it was trained on: lossless, fewer accepted).
 
     python bench/vllm_serving.py --target smollm2-135m --rollouts SUITE/gsm8k-* \
         --rollouts SUITE/humaneval-* --rollouts SUITE/mt-bench-* --limit 6 \
         --drafter RUN/lookup-2000-x2-edr-s0 --drafter RUN/lookup-2000-x2-edr-s0-wide
 
 Prints tokens/s over all prompts (token-weighted), the ratio to no speculation and to
-`ngram` with a 95% bootstrap CI over prompts, tau (the engine's 1 + accepted / drafts)
-and how many outputs equal no speculation's (greedy: all must).
+`ngram` with a 95% bootstrap CI over prompts, tau (tokens per target step after the first
+token, steps without a proposal included: the served MAL) and how many outputs equal no
+speculation's (greedy: all must).
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def main() -> None:
     p.add_argument("--rollouts", action="append", required=True, help="prompts and settings")
     p.add_argument("--limit", type=int, default=6, help="prompts of each rollout set")
     p.add_argument("--ways", default="none,ngram,suffix", help="vLLM's own ways")
-    p.add_argument("--draft-lengths", default="", help="also each speculative way at these K")
+    p.add_argument(
+        "--draft-lengths", default="", help="K of every speculative way (default: the drafter's)"
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     if "none" not in args.ways.split(","):
@@ -95,13 +98,13 @@ def main() -> None:
             k = int(cfg.get("block_size") or cfg["dflash_config"]["block_size"]) - 1
             exports[name] = (str(export_drafter(ckpt, Path(tmp) / name, target=target)), k)
         k0 = next(iter(exports.values()))[1] if exports else 7
-        lengths = [k0, *(int(x) for x in filter(None, args.draft_lengths.split(",")))]
+        lengths = [int(x) for x in filter(None, args.draft_lengths.split(","))] or [k0]
         plan = {}
         for way in filter(None, args.ways.split(",")):
             for k in [0] if way == "none" else lengths:
                 plan[way if k in (0, k0) else f"{way}@{k}"] = (way, None, k)
         for name, (export, k) in exports.items():
-            for n in [k, *lengths[1:]]:
+            for n in lengths:
                 plan[name if n == k else f"{name}@{n}"] = ("dflash", export, n)
         for label, (way, export, k) in plan.items():
             print(f"[bench] starting vLLM: {label}", flush=True)
@@ -126,7 +129,7 @@ def main() -> None:
                 timed[w].append((len(out.response_ids), time.perf_counter() - started))
                 outputs[w].append(out.response_ids)
             print(f"[bench] prompt {i + 1}/{len(rows)}", flush=True)
-        taus = {w: engines[w].counters().minus(before[w]).mean_acceptance_length for w in before}
+        accepted = {w: engines[w].counters().minus(before[w]).accepted for w in before}
     tokens = sum(n for n, _ in timed["none"]) if "none" in timed else 0
     print(f"\n{target.name} in vLLM {kind.version()}, batch 1, {args.threads} thread(s), "
           f"{_cpu()}; {len(rows)} prompts, {tokens} tokens a way, interleaved")  # fmt: skip
@@ -138,7 +141,8 @@ def main() -> None:
         vs_none = _shown(_ratio_ci(timed[w], timed["none"]))
         vs_ref = _shown(_ratio_ci(timed[w], timed[ref])) if ref else "-"
         same = sum(a == b for a, b in zip(outputs[w], outputs["none"], strict=True))
-        tau = f"{taus[w]:.3f}" if w in taus else "-"
+        n = sum(t for t, _ in timed[w]) - len(rows)  # tokens after each prompt's first
+        tau = f"{n / max(n - accepted.get(w, 0), 1):.3f}"
         print(f"| {w} | {k_of[w] or '-'} | {tps:.1f} | {vs_none} | {vs_ref} | {tau} | "
               f"{same}/{len(rows)} |")  # fmt: skip
 

@@ -26,7 +26,8 @@
 #             at AB_SIZE (4x the cost a step; `wide` serves the 8,192-token one over it instead)
 #   decay     DFlash's decay schedule at AB_SIZE, seeds SEEDS (with D-PACE partners past seed 0)
 #   finetune  one epoch of EDR and of E2E (FT_OBJECTIVES) from the D-PACE drafter of AB_SIZE
-#             (FT_FROM: another run, e.g. lookup-2000), seeds SEEDS
+#             (FT_FROM: another run, e.g. lookup-2000), seeds SEEDS, on the T = 0.7 set;
+#             FT_GREEDY=N: on the first N greedy rollouts instead (their cached features)
 #   wide      each finished run on a reduced draft vocabulary (WIDE_RUNS="NAME ...": only those)
 #             exported over the whole vocabulary as runs/NAME-wide (`export --expand-vocab`):
 #             the same weights scoring every token (what llama.cpp serves, and it accepts more)
@@ -197,10 +198,15 @@ decay)
 finetune)
   for seed in $SEEDS; do for obj in $FT_OBJECTIVES; do
     name=ft-$obj-s$seed; [ "$FT_FROM" = "lookup-$AB_SIZE" ] || name=$FT_FROM-$obj-s$seed
-    log "finetune $obj seed $seed from $FT_FROM"
-    train "$name" objective.name="$obj" seed="$seed" \
-        drafter.init_from="$R/$FT_FROM/final" data.train_rollouts="$OUT/rollouts/mix-t07" \
-        target.layer_ids="$(yaml_list "$LAYERS")" \
+    data=(data.train_rollouts="$OUT/rollouts/mix-t07")
+    if [ -n "${FT_GREEDY:-}" ]; then  # greedy rollouts: the features cached for them serve
+      name=$FT_FROM-$obj-t0-s$seed
+      data=(data.train_rollouts="$OUT/rollouts/mix-t0" data.train_subset="$FT_GREEDY" data.eval_split=0
+        data.features="$(layers_dir "$LAYERS")" data.max_seq_len=2048)
+    fi
+    log "finetune $obj seed $seed from $FT_FROM${FT_GREEDY:+ on $FT_GREEDY greedy rollouts}"
+    train "$name" objective.name="$obj" seed="$seed" "${data[@]}" \
+        drafter.init_from="$R/$FT_FROM/final" target.layer_ids="$(yaml_list "$LAYERS")" \
         optim.lr="$FT_LR" optim.warmup_ratio=0 optim.schedule=constant optim.epochs=1 \
         optim.max_steps=null checkpoint.save_every=0
   done; done
