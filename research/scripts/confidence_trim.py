@@ -22,7 +22,7 @@ from blockdraft.data.anchors import round_start_anchors
 from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.decoding.proposers import proposals_per_round
 from blockdraft.evaluation.offline import offline_stats
-from blockdraft.evaluation.scoring import _target_features
+from blockdraft.evaluation.scoring import _target_features, acceptance_tensor
 from blockdraft.serialization.drafter_spec import DrafterSpec, load_drafter_spec
 from blockdraft.targets.registry import load_target
 from blockdraft.threads import configure_cpu
@@ -31,25 +31,19 @@ from blockdraft.user_cache import cache_root
 
 @torch.no_grad()
 def scored(drafter, target, prompt_ids, response_ids):
-    """`[L-1, K]` greedy acceptance (0/1) and slot confidence at every round start."""
+    """`[L-1, K]` greedy acceptance (the evaluator's own) and slot confidence at every
+    round start (the same block forward, its softmax maximum)."""
+    acc = acceptance_tensor(drafter, target, prompt_ids, response_ids, None, 0.0)
     k = proposals_per_round(drafter)
     prompt_ids, response_ids = prompt_ids.long().reshape(-1), response_ids.long().reshape(-1)
-    P, L = prompt_ids.numel(), response_ids.numel()
     seq = torch.cat([prompt_ids, response_ids])
-    anchors = round_start_anchors(P, L)
+    anchors = round_start_anchors(prompt_ids.numel(), response_ids.numel())
     idx = anchors[:, None] + torch.arange(1, k + 1)[None, :]
-    valid = idx < seq.numel()
-    labels = seq[idx.clamp_max(seq.numel() - 1)]
     prev = seq[(idx - 1).clamp_max(seq.numel() - 1)]
     features = _target_features(target, seq)
     hidden = drafter.forward_blocks(features, seq.unsqueeze(0), anchors.unsqueeze(0))[0]
     logits = drafter.compute_draft_logits(hidden, prev).float()
-    ids = drafter.draft_ids
-    best = logits.argmax(-1)
-    best = best if ids is None else ids[best]
-    acc = ((best == labels) & valid).float()
-    confidence = torch.softmax(logits, -1).amax(-1)
-    return acc, confidence
+    return acc, torch.softmax(logits, -1).amax(-1)
 
 
 def walk(acc: torch.Tensor, kept: torch.Tensor) -> tuple[int, int]:
