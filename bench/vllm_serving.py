@@ -7,16 +7,18 @@ by every way in turn (the order rotating from prompt to prompt), so every way se
 same conditions and the ratios are paired per prompt. Several drafters can run side by
 side (an export over the draft vocabulary next to the same weights over the whole one),
 and `--draft-lengths 7,4` serves each speculative way at each of those K (a drafter then
-fills a block shorter than it was trained on: lossless, fewer accepted).
+fills a block shorter than it was trained on: lossless, fewer accepted). A drafter may be a
+spec: `trim:conf=0.3:RUN` proposes each step only its confident prefix; `--drafter X@K`
+serves X at K only, whatever `--draft-lengths` says.
 
     python bench/vllm_serving.py --target smollm2-135m --rollouts SUITE/gsm8k-* \
         --rollouts SUITE/humaneval-* --rollouts SUITE/mt-bench-* --limit 6 \
-        --drafter RUN/lookup-2000-x2-edr-s0 --drafter RUN/lookup-2000-x2-edr-s0-wide
+        --drafter RUN/lookup-2000-x2-edr-s0 --drafter trim:conf=0.3:RUN/lookup-2000-x2-edr-s0
 
 Prints tokens/s over all prompts (token-weighted), the ratio to no speculation and to
 `ngram` with a 95% bootstrap CI over prompts, tau (tokens per target step after the first
-token, steps without a proposal included: the served MAL) and how many outputs equal no
-speculation's (greedy: all must).
+token, steps without a proposal included: the served MAL), the tokens drafted a step and
+how many outputs equal no speculation's (greedy: all must).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.engines.vllm_engine import Vllm
-from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of
+from blockdraft.serialization.drafter_spec import DrafterSpec, checkpoint_of, display_name
 from blockdraft.serialization.export import export_config, export_drafter
 from blockdraft.serving.serve_check import speculation
 from blockdraft.targets.registry import load_target, model_directory
@@ -68,7 +70,12 @@ def _shown(ratio_ci: tuple[float, float, float]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="smollm2-135m")
-    p.add_argument("--drafter", action="append", default=[], help="run, checkpoint or export")
+    p.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        help="run, checkpoint or export, or a hybrid:/trim: spec of one; X@K: at K only",
+    )
     p.add_argument("--rollouts", action="append", required=True, help="prompts and settings")
     p.add_argument("--limit", type=int, default=6, help="prompts of each rollout set")
     p.add_argument("--ways", default="none,ngram,suffix", help="vLLM's own ways")
@@ -90,21 +97,27 @@ def main() -> None:
         raise SystemExit("vllm_serving.py: greedy rollouts only (outputs are compared)")
     kind, engines, k_of = Vllm(), {}, {}
     with tempfile.TemporaryDirectory(prefix="bd-bench-") as tmp, contextlib.ExitStack() as stack:
-        exports = {}
-        for path in args.drafter:
-            ckpt = checkpoint_of(DrafterSpec(path=path))
-            name = Path(path.rstrip("/")).name
-            cfg = export_config(ckpt, None)
+        exports = []
+        for text in args.drafter:
+            head, at, fixed = text.rpartition("@")
+            text, fixed_k = (head, int(fixed)) if at and fixed.isdigit() else (text, None)
+            spec = DrafterSpec.parse(text)
+            ckpt = checkpoint_of(spec)
+            name = display_name(spec) or Path(text.rstrip("/")).name
+            conf = spec.min_confidence if spec.kind in ("hybrid", "trim") else None
+            confs = {f"{spec.kind}_conf": conf} if conf is not None else {}
+            cfg = export_config(ckpt, **confs)
             k = int(cfg.get("block_size") or cfg["dflash_config"]["block_size"]) - 1
-            exports[name] = (str(export_drafter(ckpt, Path(tmp) / name, target=target)), k)
-        k0 = next(iter(exports.values()))[1] if exports else 7
+            out = export_drafter(ckpt, Path(tmp) / f"export-{len(exports)}", target=target, **confs)
+            exports.append((name, str(out), k, fixed_k))
+        k0 = exports[0][2] if exports else 7
         lengths = [int(x) for x in filter(None, args.draft_lengths.split(","))] or [k0]
         plan = {}
         for way in filter(None, args.ways.split(",")):
             for k in [0] if way == "none" else lengths:
                 plan[way if k in (0, k0) else f"{way}@{k}"] = (way, None, k)
-        for name, (export, k) in exports.items():
-            for n in lengths:
+        for name, export, k, fixed_k in exports:
+            for n in [fixed_k] if fixed_k else lengths:
                 plan[name if n == k else f"{name}@{n}"] = ("dflash", export, n)
         for label, (way, export, k) in plan.items():
             print(f"[bench] starting vLLM: {label}", flush=True)
@@ -129,24 +142,26 @@ def main() -> None:
                 timed[w].append((len(out.response_ids), time.perf_counter() - started))
                 outputs[w].append(out.response_ids)
             print(f"[bench] prompt {i + 1}/{len(rows)}", flush=True)
-        accepted = {w: engines[w].counters().minus(before[w]).accepted for w in before}
+        counted = {w: engines[w].counters().minus(before[w]) for w in before}
     tokens = sum(n for n, _ in timed["none"]) if "none" in timed else 0
     print(f"\n{target.name} in vLLM {kind.version()}, batch 1, {args.threads} thread(s), "
           f"{_cpu()}; {len(rows)} prompts, {tokens} tokens a way, interleaved")  # fmt: skip
     # prompt lookup at the first draft length asked for: the free baseline to beat
     ref = next((w for w in labels if plan[w][0] == "ngram"), None)
     print(f"| way | K | tokens/s | vs none [95% CI] | vs {ref or 'ngram'} [95% CI] | tau | "
-          "outputs = none |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          "drafted a step | outputs = none |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for w in labels:
         tps = sum(n for n, _ in timed[w]) / sum(s for _, s in timed[w])
         vs_none = _shown(_ratio_ci(timed[w], timed["none"]))
         vs_ref = _shown(_ratio_ci(timed[w], timed[ref])) if ref else "-"
         same = sum(a == b for a, b in zip(outputs[w], outputs["none"], strict=True))
         n = sum(t for t, _ in timed[w]) - len(rows)  # tokens after each prompt's first
-        tau = f"{n / max(n - accepted.get(w, 0), 1):.3f}"
-        print(f"| {w} | {k_of[w] or '-'} | {tps:.1f} | {vs_none} | {vs_ref} | {tau} | "
-              f"{same}/{len(rows)} |")  # fmt: skip
+        c = counted.get(w)
+        steps = max(n - (c.accepted if c else 0), 1)
+        drafted = f"{c.draft_tokens / steps:.2f}" if c else "-"
+        print(f"| {w} | {k_of[w] or '-'} | {tps:.1f} | {vs_none} | {vs_ref} | {n / steps:.3f} | "
+              f"{drafted} | {same}/{len(rows)} |")  # fmt: skip
 
 
 if __name__ == "__main__":

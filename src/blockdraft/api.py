@@ -502,6 +502,7 @@ def export(
     overwrite: bool = False,
     expand_vocab: bool = False,
     hybrid_conf: float | None = None,
+    trim_conf: float | None = None,
 ) -> Path:
     """`blockdraft export`: a serving-ready copy of a drafter (SGLang, vLLM, z-lab's
     loader), validated before it is moved into place; returns the output directory.
@@ -509,8 +510,9 @@ def export(
     `dtype` casts the weights (`"bfloat16"` for engines); a reduced draft vocabulary needs
     its `target` for the LM-head rows, or `expand_vocab` to score the whole vocabulary
     (what llama.cpp loads; it changes the proposals, so score it). `hybrid_conf` exports
-    the `hybrid:conf=C` spec (prompt lookup as a per-slot fallback; served by blockdraft's
-    vLLM plugin only).
+    the `hybrid:conf=C` spec (prompt lookup as a per-slot fallback), `trim_conf` the
+    `trim:conf=C` spec (each block cut before its first slot below C); both are served by
+    blockdraft's vLLM plugin only.
 
         >>> print(blockdraft.export("runs/quick", "export/quick"))
     """
@@ -526,4 +528,5 @@ def export(
         overwrite=overwrite,
         expand_vocab=expand_vocab,
         hybrid_conf=hybrid_conf,
+        trim_conf=trim_conf,
     )

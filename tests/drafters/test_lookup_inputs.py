@@ -20,7 +20,7 @@ from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
 from blockdraft.serialization.checkpoint import load_drafter, read_config, save_drafter
 from blockdraft.serialization.export import export_drafter
-from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
+from blockdraft.serialization.serving_rules import LOOKUP_ARCHITECTURE
 from random_targets import make_random_target
 
 K = 4

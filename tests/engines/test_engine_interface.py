@@ -19,7 +19,7 @@ from blockdraft.data.rollouts.sampler import generate_batch
 from blockdraft.data.rollouts.store import RolloutSet
 from blockdraft.engines.interface import EngineError, EngineOutput, SpecCounters
 from blockdraft.engines.registry import ENGINES, get_engine, register_engine
-from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
+from blockdraft.serialization.serving_rules import LOOKUP_ARCHITECTURE
 from blockdraft.targets.registry import load_target
 
 

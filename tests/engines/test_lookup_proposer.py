@@ -1,6 +1,6 @@
 """The lookup-aware proposer's parts, without vLLM: per-request lookups grown step by step,
-the verified text read from vLLM's batch before bookkeeping, and hybrid's merge, each
-against blockdraft's own implementation."""
+the verified text read from vLLM's batch before bookkeeping, hybrid's merge and trim's
+cut, each against blockdraft's own implementation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ import torch
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter
-from blockdraft.engines.vllm_lookup import RequestLookups, merge_hybrid, verified_texts
+from blockdraft.drafters.trimmed import TrimmedDrafter
+from blockdraft.engines.vllm_lookup import (
+    RequestLookups,
+    merge_hybrid,
+    trim_drafts,
+    trimmed_lengths,
+    verified_texts,
+)
 
 
 @pytest.mark.parametrize("match", ["first", "latest"])
@@ -75,3 +82,18 @@ def test_merge_hybrid_equals_hybrid_drafters_choice(random_target):
     assert torch.equal(merged_probs[rows].argmax(-1), merged[rows])
     assert torch.equal(merged_probs[rows].sum(-1), torch.ones(int(rows.sum())))
     assert torch.equal(merged_probs[~rows], probs[~rows])
+
+
+def test_trim_cuts_each_request_where_the_trimmed_drafter_does():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6 * 4, 50, generator=gen) * torch.linspace(0.5, 6, 24)[:, None]
+    trimmed = TrimmedDrafter(SimpleNamespace(config=None, num_proposals=4), 0.3)
+    lengths = trimmed_lengths(logits, 6, 0.3)
+    assert lengths == trimmed.kept(logits.view(6, 4, 50)).sum(-1).tolist()
+    assert 0 < sum(lengths) < 24  # some cut, some kept
+    drafts = torch.arange(24).view(6, 4)
+    assert trim_drafts(drafts, lengths) == [
+        list(range(4 * i, 4 * i + n)) for i, n in enumerate(lengths)
+    ]
+    with pytest.raises(RuntimeError, match="drafted for 6 requests"):
+        trim_drafts(drafts, lengths[:5])

@@ -105,3 +105,20 @@ def test_vllm_without_the_plugin_refuses_a_lookup_export(tiny, lookup_drafter, t
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode != 0
     assert "DFlashLookupDraftModel" in done.stderr  # refused for its architecture, loudly
+
+
+def test_trimmed_drafter_takes_the_evaluators_rounds(tiny, tiny_sets, tiny_drafter):
+    """Each step proposes only the slots before the first below `conf`, fewer than K on
+    some steps and none on others: vLLM must take the evaluator's rounds of the cut
+    blocks, steps that proposed nothing included."""
+    spec = DrafterSpec.parse(f"trim:conf=0.5:{tiny_drafter}")
+    checked = serve_check(
+        tiny, spec, [tiny_sets["eval"]], ways=("dflash",), batch_size=4, log=lambda m: None
+    )
+    assert checked["drafter"].startswith("trim:conf=0.5:")
+    rounds = _assert_served_exactly(checked)
+    served = checked["benchmarks"][0]["served"]["dflash"]
+    assert served["drafts"] < sum(rounds)  # some steps proposed nothing
+    rollouts = RolloutSet.open(tiny_sets["eval"])
+    # the cut changed rounds: the whole blocks take others
+    assert rounds != _offline_rounds(tiny, DrafterSpec.parse(str(tiny_drafter)), rollouts)

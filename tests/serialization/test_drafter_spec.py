@@ -41,6 +41,8 @@ STRING_METHODS |= {"search", "compile"}
         ("hybrid:runs/dpace", "hybrid", "runs/dpace", ()),
         ("hybrid:conf=0.5:runs/x", "hybrid", "runs/x", (("conf", "0.5"),)),
         ("hybrid:conf=0.25:runs/a:b", "hybrid", "runs/a:b", (("conf", "0.25"),)),
+        ("trim:runs/dpace", "trim", "runs/dpace", ()),
+        ("trim:conf=0.4:runs/x", "trim", "runs/x", (("conf", "0.4"),)),
     ],
 )
 def test_a_spec_round_trips(text, kind, path, options):
@@ -62,6 +64,9 @@ def test_a_spec_says_what_it_builds():
     assert display_name(DrafterSpec.parse("ngram:k=4")) == "ngram:k=4"
     assert display_name(DrafterSpec.parse("hybrid:conf=0.5:runs/x/final")) == "x+ngram@0.5"
     assert display_name(DrafterSpec.parse("hybrid:runs/x")) == "x+ngram"
+    assert DrafterSpec.parse("trim:runs/x").min_confidence == 0.3
+    assert display_name(DrafterSpec.parse("trim:conf=0.4:runs/x/final")) == "x+trim@0.4"
+    assert display_name(DrafterSpec.parse("trim:runs/x")) == "x+trim@0.3"
     assert display_name(DrafterSpec.parse("runs/x")) is None
     assert checkpoint_of(DrafterSpec.parse("ngram")) is None
 
@@ -77,6 +82,8 @@ BAD = [
     ("hybrid:conf=2:runs/x", "conf must be in"),
     ("hybrid:conf=0.5", "expected hybrid"),
     ("hybrid:", "expected hybrid"),
+    ("trim:conf=-1:runs/x", "conf must be in"),
+    ("trim:conf=0.5", "expected trim"),
     ("", "empty drafter spec"),
 ]
 

@@ -1,6 +1,7 @@
-"""Lookup-aware exports: `lookup_inputs` drafters and `hybrid` specs carry the lookups
-their blocks read under `blockdraft.serving`, named so that only blockdraft's plugin
-serves them; anything that would let an engine serve another drafter is refused."""
+"""Lookup-aware exports: `lookup_inputs` drafters, `hybrid` and `trim` specs carry the
+lookups their blocks read and where they end under `blockdraft.serving`, named so that
+only blockdraft's plugin serves them; anything that would let an engine serve another
+drafter is refused."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.ngram import NgramConfig
 from blockdraft.errors import CheckpointError
 from blockdraft.serialization.checkpoint import read_config, save_drafter
-from blockdraft.serialization.export import export_drafter, validate_for_serving
-from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE, LookupServing
+from blockdraft.serialization.export import ExportError, export_drafter, validate_for_serving
+from blockdraft.serialization.serving_rules import LOOKUP_ARCHITECTURE, ServingRules
 
 
 def _ckpt(target, path, **kw):
@@ -51,9 +52,23 @@ def test_hybrid_export_carries_its_threshold_and_vllms_lookup(random_target, tmp
     out = export_drafter(ckpt, tmp_path / "hybrid", hybrid_conf=0.25)
     cfg = read_config(out)
     assert cfg["architectures"] == [LOOKUP_ARCHITECTURE]
-    serving = LookupServing.read(cfg["blockdraft"], "x")
-    assert serving == LookupServing(None, 0.25, NgramConfig(5, 3, 1, "first"))
+    serving = ServingRules.read(cfg["blockdraft"], "x")
+    assert serving == ServingRules(None, 0.25, NgramConfig(5, 3, 1, "first"))
     assert validate_for_serving(out) == []
+
+
+def test_trim_export_carries_its_threshold(random_target, tmp_path):
+    ckpt = _ckpt(random_target, tmp_path / "c", lookup_inputs=True)
+    out = export_drafter(ckpt, tmp_path / "trim", trim_conf=0.35)
+    cfg = read_config(out)
+    assert cfg["architectures"] == [LOOKUP_ARCHITECTURE]
+    assert cfg["blockdraft"]["serving"]["trim"] == {"conf": 0.35}
+    assert ServingRules.read(cfg["blockdraft"], "x") == ServingRules(
+        NgramConfig(5, 3, 1, "latest"), None, None, 0.35
+    )
+    assert validate_for_serving(out) == []
+    with pytest.raises(ExportError, match="not both"):
+        export_drafter(ckpt, tmp_path / "both", hybrid_conf=0.3, trim_conf=0.3)
 
 
 @pytest.mark.parametrize(
@@ -68,6 +83,8 @@ def test_hybrid_export_carries_its_threshold_and_vllms_lookup(random_target, tmp
         ),
         (lambda c: c["blockdraft"].pop("serving"), "MASK"),
         (lambda c: c["blockdraft"]["serving"].update(hybrid={"conf": 2}), "hybrid"),
+        (lambda c: c["blockdraft"]["serving"].update(trim={"conf": "high"}), "trim.conf"),
+        (lambda c: c["blockdraft"]["serving"].update(trim={"min": 0.3}), "trim"),
     ],
 )
 def test_tampered_lookup_exports_are_refused(random_target, tmp_path, change, words):
@@ -80,10 +97,10 @@ def test_tampered_lookup_exports_are_refused(random_target, tmp_path, change, wo
 def test_a_bad_section_is_one_line_naming_the_key():
     bad = {"serving": {"hybrid": {"conf": 1.5, "lookup": {}}}}
     with pytest.raises(CheckpointError, match=r"f\.json: blockdraft\.serving\.hybrid\.conf"):
-        LookupServing.read(bad, "f.json")
+        ServingRules.read(bad, "f.json")
     rule = {"k": 0, "max": 3, "min": 1, "match": "first"}
     with pytest.raises(CheckpointError, match=r"lookup_inputs: ngram drafter: k must be"):
-        LookupServing.read({"serving": {"lookup_inputs": rule}}, "f.json")
+        ServingRules.read({"serving": {"lookup_inputs": rule}}, "f.json")
 
 
 def test_cli_exports_a_hybrid_spec_and_prints_a_plugin_command(random_target, tmp_path, capsys):

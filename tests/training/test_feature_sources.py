@@ -288,6 +288,7 @@ def test_a_grown_rollout_set_extends_its_features(target, tmp_path, monkeypatch)
     rollouts("grown", 17)  # the same directory, extended
     computed = []
     real = features_mod._shard_rows
+
     def counting(t, p, lo, hi, *args):
         computed.append(lo)
         return real(t, p, lo, hi, *args)

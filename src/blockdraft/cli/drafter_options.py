@@ -28,7 +28,8 @@ from blockdraft.threads import add_threads_arg, configure_cpu
 DRAFTER_HELP = (
     "drafter checkpoint directory (or run dir with final/); `ngram` or "
     "`ngram:k=7,max=3,min=1` for prompt lookup; `suffix[:k=7]` for suffix decoding; "
-    "`hybrid[:conf=C]:RUN` for RUN with prompt lookup as a per-slot fallback"
+    "`hybrid[:conf=C]:RUN` for RUN with prompt lookup as a per-slot fallback; "
+    "`trim[:conf=C]:RUN` for RUN proposing each block only up to its first slot below C"
 )
 
 

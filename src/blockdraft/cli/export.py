@@ -36,6 +36,7 @@ EXAMPLE = """examples:
   blockdraft export runs/edr --out drafters/my-dflash --dtype bfloat16
   blockdraft export runs/edr --check          # validate only, write nothing
   blockdraft export hybrid:conf=0.3:runs/edr --out drafters/hybrid   # with lookup fallback
+  blockdraft export trim:conf=0.3:runs/edr --out drafters/trimmed     # its confident prefix
   blockdraft export runs/edr --out drafters/gguf --format gguf --target smollm2-135m
 """
 
@@ -51,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "ckpt",
         type=drafter_spec,
         help="drafter checkpoint directory, or a run directory (its final/ is used); "
-        "hybrid[:conf=C]:PATH exports PATH with its prompt-lookup fallback (served by "
+        "hybrid[:conf=C]:PATH exports PATH with its prompt-lookup fallback, trim[:conf=C]:PATH "
+        "proposing only the slots before the first below confidence C (both served by "
         "blockdraft's vLLM plugin only)",
     )
     p.add_argument("--out", help="output directory (required unless --check)")
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return user_error("prompt lookup has no weights to export")
     ckpt = checkpoint_of(spec)
     hybrid_conf = spec.min_confidence if spec.kind == "hybrid" else None
+    trim_conf = spec.min_confidence if spec.kind == "trim" else None
     if args.check:
         verify_weights(ckpt)
         problems = validate_for_serving(ckpt)
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     engine_format, checked = export_formats().get(args.format), None
     if engine_format is not None:
         try:  # on the config.json the export will have, before anything is written
-            cfg = export_config(ckpt, hybrid_conf, args.expand_vocab)
+            cfg = export_config(ckpt, hybrid_conf, args.expand_vocab, trim_conf)
             checked = engine_format.check(cfg, target)
         except (EngineError, ExportError) as exc:
             return user_error(exc)
@@ -114,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             expand_vocab=args.expand_vocab,
             hybrid_conf=hybrid_conf,
+            trim_conf=trim_conf,
         )
     except ValueError as exc:  # not servable (or another user error): one line, status 2
         return user_error(exc)

@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "drafter",
         type=drafter_spec,
         help="drafter run directory, checkpoint or export (exported on the fly), or "
-        "hybrid[:conf=C]:PATH (served with its prompt-lookup fallback by blockdraft's plugin)",
+        "hybrid[:conf=C]:PATH (served with its prompt-lookup fallback by blockdraft's plugin), "
+        "or trim[:conf=C]:PATH (each block cut before its first slot below confidence C)",
     )
     p.add_argument(
         "--rollouts",

@@ -4,8 +4,9 @@ Why cache them: a training step runs the frozen target over its batch only to re
 `len(layer_ids)` hidden states per token, which never change for a fixed rollout set, so
 `blockdraft features` computes them once and training reads them back (`data.features`).
 This module reads and checks a features directory (`FeatureStore`) and owns its identity
-(`rollout_set_id`, and the id its first rows had: `rollout_prefix_set_id`) and the truncation rule both sides apply (`truncated_span`). Shard
-layout and size on disk: docs/architecture.md ("data") and docs/training.md.
+(`rollout_set_id`, and the id its first rows had: `rollout_prefix_set_id`) and the
+truncation rule both sides apply (`truncated_span`). Shard layout and size on disk:
+docs/architecture.md ("data") and docs/training.md.
 """
 
 from __future__ import annotations

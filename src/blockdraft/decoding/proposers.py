@@ -1,11 +1,12 @@
 """One small interface for everything that proposes a block, so the loop never asks which
 kind of drafter it holds.
 
-Prompt lookup, a parallel or semi-AR block drafter, a lookup-input drafter and a hybrid
-(drafter + lookup fallback) differ in what they read (features or only the verified text)
-and in how a block is drawn; `proposer_for` picks the adapter once, and the loop calls
-`start`, then `propose` / `advance` every round. Proposals are target token ids; `q` is the
-distribution they were drawn from (None: deterministic, i.e. one-hot, or T = 0).
+Prompt lookup, a parallel or semi-AR block drafter, a lookup-input drafter, a hybrid
+(drafter + lookup fallback) and a trimmed drafter (its confident prefix only) differ in
+what they read (features or only the verified text) and in how a block is drawn;
+`proposer_for` picks the adapter once, and the loop calls `start`, then `propose` /
+`advance` every round. Proposals are target token ids; `q` is the distribution they were
+drawn from (None: deterministic, i.e. one-hot, or T = 0).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.lookup_inputs import lookup_rule
 from blockdraft.drafters.ngram import NgramTable
 from blockdraft.drafters.suffix import SuffixDrafter
+from blockdraft.drafters.trimmed import TrimmedDrafter
 from blockdraft.kernels import cpu_kernels_apply
 from blockdraft.kernels.argmax_screen import ScreenedArgmaxHead
 from blockdraft.kernels.packed_linear import pack_weight
@@ -73,6 +75,8 @@ def proposer_for(drafter: Any, sampling: Sampling) -> Proposer:
     or prompt lookup (anything with `propose(tokens)`)."""
     if isinstance(drafter, HybridDrafter):
         return HybridProposer(drafter, sampling)
+    if isinstance(drafter, TrimmedDrafter):
+        return TrimmedProposer(drafter, sampling)
     if hasattr(drafter, "new_state"):
         return BlockProposer(drafter, sampling)
     if callable(getattr(drafter, "propose", None)):
@@ -196,12 +200,7 @@ class HybridProposer(BlockProposer):
     def __init__(self, drafter: HybridDrafter, sampling: Sampling) -> None:
         super().__init__(drafter, sampling)
         self.head = None  # the merge needs the drafter's logits, not only its argmax
-        # the trained drafter's hidden states: at T = 0 on a CPU through its lean round
-        inner = drafter.drafter
-        greedy_cpu = sampling.greedy and cpu_kernels_apply(_device(inner))
-        self.context = (LeanDrafter.of(inner) if greedy_cpu else None) or inner
-        self.state = self.context.new_state()
-        self.products = GreedyDraftHead.of(inner) if greedy_cpu else None  # its packed head
+        self.context, self.state, self.products = _logit_round(drafter.drafter, sampling)
         # a lookup-input drafter under a fallback of the same rule: one lookup serves both
         shared = self.block_lookup is not None and (
             self.block_lookup.drafter.config == drafter.ngram.config
@@ -221,6 +220,52 @@ class HybridProposer(BlockProposer):
                 hidden, looked_up, s.temperature, s.top_p, s.top_k, s.generator, products
             )
         )
+
+
+class TrimmedProposer(BlockProposer):
+    """A block drafter proposing only the slots before its first unconfident one
+    (drafters/trimmed.py): 0..K tokens a round, as prompt lookup proposes."""
+
+    def __init__(self, drafter: TrimmedDrafter, sampling: Sampling) -> None:
+        super().__init__(drafter.drafter, sampling)
+        self.trimmed = drafter
+        self.head = self.selector_head = None  # the cut needs the logits, not only the argmax
+        self.context, self.state, self.products = _logit_round(drafter.drafter, sampling)
+
+    def propose(self, tokens: list[int], anchor: int, position: int) -> Proposal:
+        s = self.sampling
+        if self.block_lookup is not None:
+            self.state.lookup = self.block_lookup.propose(tokens)
+        hidden = self.context.draft_hidden(self.state, anchor, position)
+        inner = self.trimmed.drafter
+        if self.products is None:
+            logits = inner.compute_draft_logits(hidden)  # [K, V_draft]
+        else:
+            logits = inner.slot_logits(hidden, None, self.products.products(hidden))
+        n = int(self.trimmed.kept(logits).sum())
+        ids = inner.draft_ids
+        if n == 0:
+            return Proposal(torch.zeros(0, dtype=torch.long, device=logits.device), None)
+        if s.greedy:
+            best = logits.argmax(-1)
+            best = best if ids is None else ids.to(best.device)[best]
+            return Proposal(best[:n], None)
+        vocab = int(inner.config.vocab_size) if ids is not None else logits.shape[-1]
+        drawn, q = sample_draft_logits(
+            logits[:n], ids, vocab, s.temperature, s.top_p, s.top_k, s.generator
+        )
+        return Proposal(drawn, q)
+
+
+def _logit_round(inner: Any, sampling: Sampling) -> tuple[Any, Any, GreedyDraftHead | None]:
+    """(context, state, packed head or None) for a proposer that needs a trained drafter's
+    logits each round: at T = 0 on a CPU its lean round and packed head."""
+    greedy_cpu = (
+        sampling.greedy and GreedyDraftHead.applies(inner) and cpu_kernels_apply(_device(inner))
+    )
+    context = (LeanDrafter.of(inner) if greedy_cpu else None) or inner
+    products = GreedyDraftHead.of(inner) if greedy_cpu else None
+    return context, context.new_state(), products
 
 
 def _device(drafter: Any) -> torch.device:

@@ -17,6 +17,7 @@ import torch
 
 from blockdraft.drafters.draft_vocab import sample_draft_logits
 from blockdraft.drafters.ngram import NgramDrafter
+from blockdraft.drafters.trimmed import slot_confidence
 
 DEFAULT_MIN_CONFIDENCE = 0.3
 
@@ -123,6 +124,6 @@ class HybridDrafter:
         temperature 1 whatever the sampling temperature, so that one threshold means the
         same thing in greedy and sampled decoding); `looked_up` is how many tokens the
         lookup proposed (slots past it always keep the drafter's token)."""
-        conf = torch.softmax(logits.float(), dim=-1).amax(-1)
+        conf = slot_confidence(logits)
         slots = torch.arange(conf.shape[-1], device=conf.device)
         return (conf < self.min_confidence) & (slots < looked_up)

@@ -19,7 +19,7 @@ import torch
 
 from blockdraft.engines.vllm_plugin import SUPPORTED_VLLM, plugin_applies
 from blockdraft.engines.vllm_plugin import register as register_vllm_plugin
-from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
+from blockdraft.serialization.serving_rules import LOOKUP_ARCHITECTURE
 
 VLLM_TABLE_VERSION = "0.32.0"
 # Text-model architectures whose vLLM 0.32.0 class exposes auxiliary hidden states (the

@@ -23,7 +23,7 @@ from blockdraft.artifacts import write_atomic
 from blockdraft.engines.interface import EngineError
 from blockdraft.serialization.checkpoint import read_config
 from blockdraft.serialization.export import DRAFTER_GGUF, dflash_field
-from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
+from blockdraft.serialization.serving_rules import LOOKUP_ARCHITECTURE
 from blockdraft.targets.registry import model_directory
 from blockdraft.user_cache import cache_root, stable_hash
 

@@ -16,7 +16,7 @@ from blockdraft.engines.llamacpp_engine import LLAMACPP
 from blockdraft.engines.vllm_engine import VLLM
 from blockdraft.serialization.checkpoint import read_config
 from blockdraft.serialization.export import dflash_field
-from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
+from blockdraft.serialization.serving_rules import LOOKUP_ARCHITECTURE
 
 ENGINES: dict[str, Engine] = {}
 

@@ -34,7 +34,7 @@ from blockdraft.engines.interface import (
 from blockdraft.engines.vllm_plugin import register as register_vllm_plugin
 from blockdraft.sampling import SamplingSettings
 from blockdraft.serialization.checkpoint import read_config
-from blockdraft.serialization.export import lookup_serving_of
+from blockdraft.serialization.export import serving_rules_of
 from blockdraft.user_cache import cache_root
 
 INSTALL_HINT = (
@@ -220,12 +220,12 @@ def _record_drafts(store: list) -> None:
     def propose(self: Any, *args: Any, **kwargs: Any) -> Any:
         drafts = original(self, *args, **kwargs)
         anchors = kwargs.get("next_token_ids")
-        store.append(
-            (
-                [] if anchors is None else [int(t) for t in anchors.reshape(-1).tolist()],
-                [[int(t) for t in row] for row in drafts.reshape(drafts.shape[0], -1).tolist()],
-            )
-        )
+        rows = [[int(t) for t in row] for row in drafts.reshape(drafts.shape[0], -1).tolist()]
+        lengths = getattr(self, "trimmed", None)  # a trimmed drafter's cut, made right after
+        if lengths is not None:
+            rows = [row[:n] for row, n in zip(rows, lengths, strict=True)]
+        anchor_ids = [] if anchors is None else [int(t) for t in anchors.reshape(-1).tolist()]
+        store.append((anchor_ids, rows))
         return drafts
 
     propose._blockdraft_recording = True  # type: ignore[attr-defined]
@@ -400,7 +400,7 @@ def _reads_lookups(speculative: dict[str, Any]) -> bool:
     model = speculative.get("model")
     if speculative.get("method") != "dflash" or not model or not Path(model).is_dir():
         return False
-    return lookup_serving_of(read_config(model), str(model)) is not None
+    return serving_rules_of(read_config(model), str(model)) is not None
 
 
 def _speculative_config(spec: Speculation | None) -> dict[str, Any] | None:

@@ -6,8 +6,12 @@ the request's verified tokens (prompt, output so far and the token just sampled,
 the anchor): the inputs `lookup_block_inputs` gives the drafter in training and scoring.
 A `hybrid` export needs each slot whose max probability, over the drafter's own (draft)
 vocabulary as the evaluator computes it, is below `conf` to take the looked-up token where
-lookup has one (`HybridDrafter.use_lookup`). Both change only what is proposed, so vLLM's
-verification stays lossless.
+lookup has one (`HybridDrafter.use_lookup`). A `trim` export proposes each request only
+the slots before its first one below `conf` (`TrimmedDrafter.kept`): vLLM's DFlash
+proposer drafts K for every request, so the runner's draft token ids are cut to each
+request's length before the scheduler reads them (as variable-length lists, the form its
+`ngram` proposer hands over). All change only what is proposed, so vLLM's verification
+stays lossless.
 
 Where the verified tokens are: vLLM drafts before its bookkeeping (the padded drafter
 batch, the only mode DFlash runs in), so request i's verified text is
@@ -27,7 +31,8 @@ from typing import Any
 import torch
 
 from blockdraft.drafters.ngram import NgramConfig, NgramTable
-from blockdraft.serialization.lookup_serving import LookupServing
+from blockdraft.drafters.trimmed import slot_confidence
+from blockdraft.serialization.serving_rules import ServingRules
 
 PLACEHOLDER = -1  # vLLM's id for a rejected position in the sampled-token rows
 
@@ -87,7 +92,7 @@ def merge_hybrid(
         if row:
             lookup[b, : min(len(row), K)] = torch.tensor(row[:K])
     lookup = lookup.to(tokens.device)
-    confidence = torch.softmax(draft_logits.float(), dim=-1).amax(-1).view(B, K)
+    confidence = slot_confidence(draft_logits).view(B, K)
     slots = torch.arange(K, device=tokens.device)
     use = ((confidence < conf) & (slots < (lookup >= 0).sum(-1, keepdim=True))).view(-1)
     merged = torch.where(use, lookup.view(-1).to(tokens.dtype), tokens.view(-1))
@@ -97,9 +102,27 @@ def merge_hybrid(
     return merged.view_as(tokens), probs
 
 
-def serving_of(hf_config: Any) -> LookupServing | None:
+def trimmed_lengths(draft_logits: torch.Tensor, num_requests: int, conf: float) -> list[int]:
+    """`trim`'s block length per request: the drafter's logits `[B*K, D]` (request-major,
+    its own vocabulary); each request keeps the slots before its first below `conf`."""
+    confident = slot_confidence(draft_logits).view(num_requests, -1) >= conf
+    return confident.long().cumprod(-1).sum(-1).tolist()
+
+
+def trim_drafts(draft_token_ids: Any, lengths: list[int]) -> list[list[int]]:
+    """The runner's draft token ids `[B, K]` cut to each request's length."""
+    rows = draft_token_ids.tolist()
+    if len(rows) != len(lengths):
+        raise RuntimeError(
+            f"blockdraft's trimmed DFlash: vLLM drafted for {len(rows)} requests but the "
+            f"proposer cut {len(lengths)} blocks (a vLLM other than 0.32 drafts otherwise)"
+        )
+    return [row[:n] for row, n in zip(rows, lengths, strict=True)]
+
+
+def serving_of(hf_config: Any) -> ServingRules | None:
     """The `blockdraft.serving` section vLLM's draft config carries (None: a plain drafter)."""
-    return LookupServing.read(getattr(hf_config, "blockdraft", None), "the draft model config")
+    return ServingRules.read(getattr(hf_config, "blockdraft", None), "the draft model config")
 
 
 @functools.cache
@@ -110,7 +133,7 @@ def _lookup_proposer_class() -> type:
     class LookupDFlashProposer(DFlashProposer):
         """vLLM's DFlash proposer, its block inputs and draft merged with prompt lookup."""
 
-        def start_lookups(self, serving: LookupServing) -> None:
+        def start_lookups(self, serving: ServingRules) -> None:
             self.serving = serving
             self.verified: list[list[int]] | None = None
             self.request_ids: list[Any] = []
@@ -119,6 +142,7 @@ def _lookup_proposer_class() -> type:
                 RequestLookups(serving.hybrid_lookup) if serving.hybrid_lookup else None
             )
             self.hybrid_proposals: list[list[int]] | None = None
+            self.trimmed: list[int] | None = None
 
         def take_verified(self, request_ids: list[Any], texts: list[list[int]]) -> None:
             self.request_ids, self.verified = request_ids, texts
@@ -155,14 +179,26 @@ def _lookup_proposer_class() -> type:
                 self.hybrid_proposals = self.hybrid_lookups.propose(ids, texts)
             return out
 
+        def take_trimmed(self) -> list[int] | None:
+            """Each request's block length this step (None: all K, no `trim` rule)."""
+            lengths, self.trimmed = self.trimmed, None
+            return lengths
+
         def _sample_draft_tokens(self, hidden_states: Any, sampling_metadata: Any) -> Any:
             tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
             looked_up, self.hybrid_proposals = self.hybrid_proposals, None
-            if self.serving.hybrid_conf is None or looked_up is None:
+            hybrid = self.serving.hybrid_conf is not None and looked_up is not None
+            trim = self.serving.trim_conf
+            if not hybrid and trim is None:
                 return tokens, probs
             model = self.model
             # the drafter's own vocabulary, before vLLM spreads it over the target's
             draft_logits = model.logits_processor(model.lm_head, hidden_states)
+            if trim is not None:
+                requests = tokens.numel() // self.num_speculative_tokens
+                self.trimmed = trimmed_lengths(draft_logits, requests, trim)
+            if not hybrid:
+                return tokens, probs
             return merge_hybrid(tokens, draft_logits, looked_up, self.serving.hybrid_conf, probs)
 
     LookupDFlashProposer.__qualname__ = "LookupDFlashProposer"
@@ -202,7 +238,7 @@ def install() -> None:
 
 def _hand_over_verified(runner_class: type) -> None:
     """Have the runner give a lookup-aware proposer the requests' verified tokens right
-    before it drafts (once per runner class)."""
+    before it drafts, and cut a trimmed proposer's drafts after (once per runner class)."""
     original = runner_class.propose_draft_token_ids
     if getattr(original, "blockdraft_lookups", False):
         return
@@ -215,10 +251,21 @@ def _hand_over_verified(runner_class: type) -> None:
             discard = getattr(getattr(self, "discard_request_mask", None), "np", None)
             texts = verified_texts(self.input_batch, sampled_token_ids, discard)
             drafter.take_verified(list(self.input_batch.req_ids), texts)
-        return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        drafts = original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        lengths = drafter.take_trimmed() if hasattr(drafter, "take_trimmed") else None
+        if lengths is None or not isinstance(drafts, torch.Tensor):
+            return drafts
+        return trim_drafts(drafts, lengths)
 
     propose_draft_token_ids.blockdraft_lookups = True  # type: ignore[attr-defined]
     runner_class.propose_draft_token_ids = propose_draft_token_ids
 
 
-__all__ = ["RequestLookups", "install", "merge_hybrid", "verified_texts"]
+__all__ = [
+    "RequestLookups",
+    "install",
+    "merge_hybrid",
+    "trim_drafts",
+    "trimmed_lengths",
+    "verified_texts",
+]

@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from blockdraft.engines.vllm_lookup import install as install_lookups
-from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
+from blockdraft.serialization.serving_rules import LOOKUP_ARCHITECTURE
 
 SUPPORTED_VLLM = ("0.32.",)
 GEMMA3_ARCH = "Gemma3ForCausalLM"

@@ -3,7 +3,8 @@
 Every round start of a rollout gets its own block, and all go through the drafter's
 training forward (`forward_blocks`) on the features of *one* target forward, in chunks.
 A proposal's acceptance is `1[argmax q = x]` on greedy rollouts and `min(1, q(x) / p(x))`
-on sampled ones (p(x) the stored log-prob, q processed as the decoder samples it); an
+on sampled ones (p(x) the stored log-prob, q processed as the decoder samples it), and 0
+past a trimmed drafter's cut (the slot is not proposed); an
 `NgramDrafter` or `SuffixDrafter` is scored from token ids alone. Results are cached per
 (drafter weights, target, rollouts, settings) (docs/methods.md).
 """
@@ -32,6 +33,7 @@ from blockdraft.drafters.draft_vocab import target_to_draft
 from blockdraft.drafters.hybrid import HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter, future_tokens
 from blockdraft.drafters.suffix import SuffixDrafter
+from blockdraft.drafters.trimmed import TrimmedDrafter
 from blockdraft.errors import os_error_message
 from blockdraft.kernels.row_argmax import row_argmax
 from blockdraft.sampling import processed_probs
@@ -63,6 +65,9 @@ def acceptance_tensor(
         drafter = hybrid.drafter
         looked_up = hybrid.ngram.proposals_from_tokens(prompt_ids, response_ids)
         lookup_hit = (looked_up == future_tokens(response_ids, k)).double()
+    trimmed = drafter if isinstance(drafter, TrimmedDrafter) else None
+    if trimmed is not None:  # per block: the slots before the first unconfident one
+        drafter = trimmed.drafter
     P, L = prompt_ids.numel(), response_ids.numel()
     if P == 0:
         raise ValueError("rollout has an empty prompt: the first round has no context")
@@ -129,6 +134,8 @@ def acceptance_tensor(
                 lengths = (looked_up[rows] >= 0).sum(-1, keepdim=True)
                 use = hybrid.use_lookup(logits, lengths).to(dev)
                 acc = torch.where(use, lookup_hit[rows], acc)
+            if trimmed is not None:
+                acc = acc * trimmed.kept(logits).to(dev)
             out[rows] = torch.where(valid, acc, torch.zeros((), dtype=torch.float64, device=dev))
     return out.float().cpu()
 
@@ -215,7 +222,7 @@ def _precision_key(drafter: Any, target: Any) -> list[str]:
     """The dtypes the target and the drafter ran in, when not float32 (`--dtype bfloat16`
     scores differ from fp32 ones by rounding, so they must not share a cache entry; fp32
     runs keep the keys they always had)."""
-    inner = drafter.drafter if isinstance(drafter, HybridDrafter) else drafter
+    inner = drafter.drafter if isinstance(drafter, HybridDrafter | TrimmedDrafter) else drafter
     dtypes = [getattr(target, "dtype", torch.float32), getattr(inner, "dtype", torch.float32)]
     if all(d == torch.float32 for d in dtypes):
         return []
@@ -292,6 +299,8 @@ def score_rollouts(
         drafter_id = tensor_state_hash(drafter)
     if isinstance(drafter, HybridDrafter) and drafter_id is not None:
         drafter_id = f"{drafter_id}+{drafter.ngram.name}@{drafter.min_confidence}"
+    if isinstance(drafter, TrimmedDrafter) and drafter_id is not None:
+        drafter_id = f"{drafter_id}+trim@{drafter.min_confidence}"
     path = None
     if use_cache and drafter_id is not None:
         key = hashlib.sha256(

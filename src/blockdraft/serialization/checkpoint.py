@@ -32,7 +32,7 @@ from blockdraft.drafters.dflash2 import DFlash2Drafter
 from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 from blockdraft.drafters.semi_ar import SemiARDrafter
 from blockdraft.errors import CheckpointError, disk_write_error
-from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE
+from blockdraft.serialization.serving_rules import LOOKUP_ARCHITECTURE
 from blockdraft.targets.fingerprint import target_fingerprint
 
 CONFIG_NAME = "config.json"

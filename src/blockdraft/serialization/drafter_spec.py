@@ -7,7 +7,9 @@
 - `suffix` or `suffix:k=7,depth=24,factor=1,prob=0.1[,global=1]`: suffix decoding
   (vLLM's `method: suffix`, `drafters/suffix.py`), no checkpoint;
 - `hybrid:PATH` or `hybrid:conf=0.3:PATH`: the drafter at PATH with prompt lookup as a
-  per-slot fallback (`drafters/hybrid.py`).
+  per-slot fallback (`drafters/hybrid.py`);
+- `trim:PATH` or `trim:conf=0.3:PATH`: the drafter at PATH proposing only the prefix of
+  each block before its first slot below that confidence (`drafters/trimmed.py`).
 
 Why one type: the text is parsed where it enters (the command line, a suite file, the
 Python API) and everything below takes the `DrafterSpec`, so a bad spec is one error
@@ -27,6 +29,7 @@ import torch
 from blockdraft.drafters.hybrid import DEFAULT_MIN_CONFIDENCE, HybridDrafter
 from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.drafters.suffix import SuffixDrafter
+from blockdraft.drafters.trimmed import DEFAULT_TRIM_CONFIDENCE, TrimmedDrafter
 from blockdraft.errors import BlockdraftError
 from blockdraft.serialization.checkpoint import checkpoint_hash, load_drafter, resolve_checkpoint
 
@@ -41,6 +44,8 @@ SUFFIX_KEYS = {
 }
 SUFFIX_FORM = "suffix[:k=K,depth=D,factor=F,prob=P,global=0|1]"
 HYBRID_FORM = "hybrid[:conf=C]:PATH"
+TRIM_FORM = "trim[:conf=C]:PATH"
+CONFIDENCE_KINDS = ("hybrid", "trim")  # a checkpoint with a per-slot confidence rule
 LOOKUP_KINDS = ("ngram", "suffix")  # drafters made from token ids alone: no checkpoint
 
 
@@ -50,10 +55,11 @@ class DrafterSpecError(BlockdraftError, ValueError):
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """One drafter as typed: `kind` is `checkpoint`, `ngram`, `suffix` or `hybrid`; `path`
-    the checkpoint or run directory as typed (None for `ngram` and `suffix`); `options`
-    the `key=value` pairs (ngram's k/max/min/match, suffix's k/depth/factor/prob/global,
-    hybrid's conf) in the order typed, so `str()` gives the text back."""
+    """One drafter as typed: `kind` is `checkpoint`, `ngram`, `suffix`, `hybrid` or `trim`;
+    `path` the checkpoint or run directory as typed (None for `ngram` and `suffix`);
+    `options` the `key=value` pairs (ngram's k/max/min/match, suffix's
+    k/depth/factor/prob/global, hybrid's and trim's conf) in the order typed, so `str()`
+    gives the text back."""
 
     kind: str = "checkpoint"
     path: str | None = None
@@ -70,16 +76,17 @@ class DrafterSpec:
             pairs = [p.partition("=") for p in rest.split(",") if p.strip()]
             spec = cls(kind, None, tuple((k.strip(), v.strip()) for k, _, v in pairs))
             spec.lookup_drafter(raw)  # checked now, not when the drafter is first used
-        elif kind == "hybrid" and colon:
+        elif kind in CONFIDENCE_KINDS and colon:
             conf, _, path = rest.partition(":") if rest.startswith("conf=") else ("", "", rest)
-            spec = cls("hybrid", path, (("conf", conf[len("conf=") :]),) if conf else ())
+            spec = cls(kind, path, (("conf", conf[len("conf=") :]),) if conf else ())
             if not path:
-                raise DrafterSpecError(f"bad drafter spec {raw!r}: expected {HYBRID_FORM}")
+                form = HYBRID_FORM if kind == "hybrid" else TRIM_FORM
+                raise DrafterSpecError(f"bad drafter spec {raw!r}: expected {form}")
             spec.min_confidence  # noqa: B018 - checked now, not when the drafter loads
         elif not raw:
             raise DrafterSpecError(
                 f"empty drafter spec: expected a checkpoint or run directory, {NGRAM_FORM}, "
-                f"{SUFFIX_FORM} or {HYBRID_FORM}"
+                f"{SUFFIX_FORM}, {HYBRID_FORM} or {TRIM_FORM}"
             )
         else:
             spec = cls("checkpoint", raw)
@@ -106,8 +113,8 @@ class DrafterSpec:
         opts = ",".join(f"{k}={v}" for k, v in self.options)
         if self.kind in LOOKUP_KINDS:
             return f"{self.kind}:{opts}" if opts else self.kind
-        if self.kind == "hybrid":
-            return "hybrid:" + "".join(f"{k}={v}:" for k, v in self.options) + str(self.path)
+        if self.kind in CONFIDENCE_KINDS:
+            return f"{self.kind}:" + "".join(f"{k}={v}:" for k, v in self.options) + str(self.path)
         return str(self.path)
 
     def ngram(self, text: str | None = None) -> NgramDrafter:
@@ -146,10 +153,11 @@ class DrafterSpec:
 
     @property
     def min_confidence(self) -> float:
-        """A `hybrid` spec's confidence threshold (`conf`, default 0.3)."""
+        """A `hybrid` or `trim` spec's confidence threshold (`conf`, default 0.3)."""
         conf = dict(self.options).get("conf")
+        default = DEFAULT_MIN_CONFIDENCE if self.kind == "hybrid" else DEFAULT_TRIM_CONFIDENCE
         try:
-            value = DEFAULT_MIN_CONFIDENCE if conf is None else float(conf)
+            value = default if conf is None else float(conf)
         except ValueError:
             value = math.nan
         if not 0.0 <= value <= 1.0:
@@ -199,6 +207,8 @@ def load_drafter_spec(
         k = int(drafter.config.num_proposals)
         hybrid = HybridDrafter(drafter, NgramDrafter(k), min_confidence=spec.min_confidence)
         return hybrid, checkpoint_hash(ckpt)
+    if spec.kind == "trim":
+        return TrimmedDrafter(drafter, spec.min_confidence), checkpoint_hash(ckpt)
     return drafter, checkpoint_hash(ckpt)
 
 
@@ -206,8 +216,10 @@ def display_name(spec: DrafterSpec) -> str | None:
     """The name a non-path spec shows in tables (None for plain paths)."""
     if _typed(spec).kind in LOOKUP_KINDS:
         return str(spec)
-    if spec.kind == "hybrid":
+    if spec.kind in CONFIDENCE_KINDS:
         p = Path(str(spec.path)).resolve()
         base = p.parent.name if p.name in ("final", "best") else p.name
+        if spec.kind == "trim":
+            return f"{base}+trim@{spec.min_confidence:g}"
         return f"{base}+ngram" + (f"@{spec.min_confidence:g}" if spec.options else "")
     return None

@@ -44,7 +44,7 @@ from blockdraft.serialization.checkpoint import (
     verify_weights,
     write_checkpoint_dir,
 )
-from blockdraft.serialization.lookup_serving import LOOKUP_ARCHITECTURE, SECTION, LookupServing
+from blockdraft.serialization.serving_rules import LOOKUP_ARCHITECTURE, SECTION, ServingRules
 from blockdraft.targets.registry import load_tokenizer
 
 _FLOATS = {torch.float32, torch.bfloat16, torch.float16}
@@ -205,10 +205,10 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
     return problems
 
 
-def lookup_serving_of(cfg: dict[str, Any], source: str) -> LookupServing | None:
-    """The lookups a config.json's drafter needs served (`serialization/lookup_serving.py`):
+def serving_rules_of(cfg: dict[str, Any], source: str) -> ServingRules | None:
+    """The lookups a config.json's drafter needs served (`serialization/serving_rules.py`):
     its `blockdraft.serving` section (None when absent; `CheckpointError` when bad)."""
-    return LookupServing.read(cfg.get(NAMESPACE), source)
+    return ServingRules.read(cfg.get(NAMESPACE), source)
 
 
 def _lookup_problems(cfg: dict[str, Any], file: Path) -> list[str]:
@@ -216,7 +216,7 @@ def _lookup_problems(cfg: dict[str, Any], file: Path) -> list[str]:
     (an engine would otherwise serve another drafter than the one scored), and only such
     a drafter may carry them; a `lookup_inputs` drafter's slots must read `lookup_rule(K)`."""
     try:
-        serving = lookup_serving_of(cfg, str(file))
+        serving = serving_rules_of(cfg, str(file))
     except CheckpointError as exc:
         return [str(exc)]
     named = cfg.get("architectures") == [LOOKUP_ARCHITECTURE]
@@ -368,6 +368,7 @@ def export_drafter(
     overwrite: bool = False,
     expand_vocab: bool = False,
     hybrid_conf: float | None = None,
+    trim_conf: float | None = None,
 ) -> Path:
     """Write a serving-ready copy of checkpoint `ckpt` to `out_dir`; raise if it would not load.
 
@@ -384,8 +385,8 @@ def export_drafter(
     (`expand_dflash_vocab`; DFlash2 in z-lab's layout, `expand_dflash2_vocab`, which its
     format needs: it is refused otherwise; llama.cpp needs it for either).
     A `lookup_inputs` drafter, or any DFlash drafter with `hybrid_conf` (the `hybrid`
-    spec's fallback), is written lookup-aware (`with_lookups`): served by blockdraft's
-    vLLM plugin only.
+    spec's fallback) or `trim_conf` (the `trim` spec's cut), is written lookup-aware
+    (`with_lookups`): served by blockdraft's vLLM plugin only.
     """
     ckpt, out_dir = resolve_checkpoint(ckpt), Path(out_dir)
     if out_dir.resolve() == ckpt.resolve():
@@ -395,7 +396,7 @@ def export_drafter(
     _refuse_to_replace(out_dir, overwrite)
     with writer_lock(out_dir, "an export"):
         _refuse_to_replace(out_dir, overwrite)  # as seen now that we hold the lock
-        return _export_locked(ckpt, out_dir, dtype, target, expand_vocab, hybrid_conf)
+        return _export_locked(ckpt, out_dir, dtype, target, expand_vocab, hybrid_conf, trim_conf)
 
 
 DRAFTER_GGUF = "drafter.gguf"  # `export --format gguf`: the drafter as llama.cpp loads it
@@ -442,8 +443,9 @@ def _export_locked(
     target: Any,
     expand_vocab: bool,
     hybrid_conf: float | None,
+    trim_conf: float | None,
 ) -> Path:
-    cfg = export_config(ckpt, hybrid_conf)
+    cfg = export_config(ckpt, hybrid_conf, trim_conf=trim_conf)
     if target is not None:  # as eval, decode and serve-check refuse it
         check_made_for(ckpt, target, adopt_layer_ids=True)
     weights = verify_weights(ckpt, cfg)
@@ -485,20 +487,27 @@ def _export_locked(
     )
 
 
-def with_lookups(cfg: dict[str, Any], hybrid_conf: float | None, source: str) -> dict[str, Any]:
+def with_lookups(
+    cfg: dict[str, Any], hybrid_conf: float | None, source: str, trim_conf: float | None = None
+) -> dict[str, Any]:
     """`cfg` (a drafter's config.json, changed in place) as a lookup-aware export names it:
-    `blockdraft.serving` and `LOOKUP_ARCHITECTURE` for a `lookup_inputs` drafter or a
-    `hybrid_conf` fallback, unchanged for a plain drafter (docs/export.md)."""
+    `blockdraft.serving` and `LOOKUP_ARCHITECTURE` for a `lookup_inputs` drafter, a
+    `hybrid_conf` fallback or a `trim_conf` cut, unchanged for a plain drafter
+    (docs/export.md)."""
     own = (cfg.get(NAMESPACE) or {}).get("drafter_config") or {}
     reads_lookup = bool(isinstance(own, dict) and own.get("lookup_inputs"))
-    if hybrid_conf is not None and cfg.get("architectures") == [DFLASH2_ARCHITECTURE]:
-        raise ExportError(
-            f"{source}: hybrid needs a parallel (dflash) drafter; DFlash2 drafts slot by slot"
-        )
+    for name, conf in (("hybrid", hybrid_conf), ("trim", trim_conf)):
+        if conf is not None and cfg.get("architectures") == [DFLASH2_ARCHITECTURE]:
+            raise ExportError(
+                f"{source}: {name} needs a parallel (dflash) drafter; DFlash2 drafts slot by slot"
+            )
     block = dflash_field(cfg, "block_size")
     if not isinstance(block, int) or block < 2:
         return cfg  # validation names the bad block_size
-    serving = LookupServing.of(block - 1, reads_lookup, hybrid_conf)
+    try:
+        serving = ServingRules.of(block - 1, reads_lookup, hybrid_conf, trim_conf)
+    except ValueError as exc:
+        raise ExportError(f"{source}: {exc}") from None
     if serving is not None:
         cfg.setdefault(NAMESPACE, {})[SECTION] = serving.to_json()
         cfg["architectures"] = [LOOKUP_ARCHITECTURE]
@@ -506,11 +515,14 @@ def with_lookups(cfg: dict[str, Any], hybrid_conf: float | None, source: str) ->
 
 
 def export_config(
-    ckpt: str | Path, hybrid_conf: float | None = None, expand_vocab: bool = False
+    ckpt: str | Path,
+    hybrid_conf: float | None = None,
+    expand_vocab: bool = False,
+    trim_conf: float | None = None,
 ) -> dict[str, Any]:
     """The config.json an export of `ckpt` will have (lookup-aware, over the whole
     vocabulary): what an engine checks before anything is converted or written."""
-    cfg = with_lookups(read_config(ckpt), hybrid_conf, str(ckpt))
+    cfg = with_lookups(read_config(ckpt), hybrid_conf, str(ckpt), trim_conf)
     return full_vocab_config(cfg) if expand_vocab else cfg
 
 

@@ -8,9 +8,9 @@ rollouts and the rounds per request the evaluator's exact rounds (so the served 
 the offline MAL; the engine's own mean acceptance length also counts tokens accepted past
 an output's end, reported apart), accepted tokens by position beside T_{>=k},
 and tokens/s at batch 1 and batched. At T > 0 the served tau is checked against the
-offline MAL's bootstrap CI. The drafter may be a `lookup_inputs` one or a
-`hybrid[:conf=C]:PATH` spec: exported lookup-aware, served through blockdraft's vLLM
-plugin, and held to the same checks. Definitions: docs/serving.md.
+offline MAL's bootstrap CI. The drafter may be a `lookup_inputs` one, a
+`hybrid[:conf=C]:PATH` or a `trim[:conf=C]:PATH` spec: exported lookup-aware, served
+through blockdraft's vLLM plugin, and held to the same checks. Definitions: docs/serving.md.
 """
 
 from __future__ import annotations
@@ -115,18 +115,22 @@ def _offline(
 
 def _served_drafter(
     drafter: str | Path | DrafterSpec,
-) -> tuple[DrafterSpec, Path, float | None, dict[str, Any]]:
-    """(the spec scored, its checkpoint, hybrid's conf or None, the config.json its export
-    will have): a path names a checkpoint, run or export; a `DrafterSpec` may also be
-    `hybrid[:conf=C]:PATH` (served with its lookup fallback by blockdraft's vLLM plugin)."""
+) -> tuple[DrafterSpec, Path, dict[str, float | None], dict[str, Any]]:
+    """(the spec scored, its checkpoint, the export's `hybrid_conf` and `trim_conf`, the
+    config.json its export will have): a path names a checkpoint, run or export; a
+    `DrafterSpec` may also be `hybrid[:conf=C]:PATH` (served with its lookup fallback) or
+    `trim[:conf=C]:PATH` (its confident prefix), both by blockdraft's vLLM plugin."""
     spec = drafter if isinstance(drafter, DrafterSpec) else DrafterSpec(path=str(drafter))
     if spec.kind == "ngram":
         raise EngineError("serve-check serves a trained drafter; prompt lookup is its `ngram` way")
     ckpt = checkpoint_of(spec)
     assert ckpt is not None
-    hybrid_conf = spec.min_confidence if spec.kind == "hybrid" else None
-    cfg = export_config(ckpt, hybrid_conf)
-    return DrafterSpec(spec.kind, str(ckpt), spec.options), ckpt, hybrid_conf, cfg
+    confs = {
+        "hybrid_conf": spec.min_confidence if spec.kind == "hybrid" else None,
+        "trim_conf": spec.min_confidence if spec.kind == "trim" else None,
+    }
+    cfg = export_config(ckpt, **confs)
+    return DrafterSpec(spec.kind, str(ckpt), spec.options), ckpt, confs, cfg
 
 
 def _run_way(
@@ -204,16 +208,16 @@ def _way_report(run: WayRun, bench: Benchmark, way: str, batch_size: int) -> dic
     if way == "none":
         return report
     # tokens a round yielded = 1 + accepted; rounds = decoding steps after the first token
-    if way == "dflash":  # the drafter proposes in every step: rounds = drafts, exactly, except
+    if run.lookup_steps is not None:  # ngram, suffix, a trimmed drafter: every drafting
+        # step recorded, [] or not; the last one, after the final round, is never verified
+        rounds = [max(n - 1, 0) for n in run.lookup_steps]
+    elif way == "dflash":  # the drafter proposes in every step: rounds = drafts, exactly, except
         # in an engine that drafts no further than the response (llama.cpp): its last step,
         # with one token left, drafts nothing, and steps = tokens after the first - accepted
         rounds = [
             max(c.drafts, max(len(o) - 1, 0) - c.accepted)
             for c, o in zip(run.per_request, run.outputs, strict=True)
         ]
-    elif run.lookup_steps is not None:  # ngram/suffix draft in every step, [] or not;
-        # the last drafting step, after the final round, is never verified
-        rounds = [max(n - 1, 0) for n in run.lookup_steps]
     else:  # from the counters: steps without a match draft nothing, and engines count tokens
         # it accepted past a response's end, so this undercounts rounds by a few
         rounds = [
@@ -286,7 +290,7 @@ def serve_check(
     model_dir = model_directory(target)
     if model_dir is None:
         raise EngineError(f"target {target.name!r} has no local model folder for {engine} to load")
-    spec, ckpt, hybrid_conf, cfg = _served_drafter(drafter)
+    spec, ckpt, confs, cfg = _served_drafter(drafter)
     problem = kind.serve_problem(cfg, target.model.config)
     if problem and "dflash" in ways:
         raise EngineError(problem)
@@ -308,16 +312,16 @@ def serve_check(
     with tempfile.TemporaryDirectory(prefix="blockdraft-serve-") as tmp:
         export_dir = None
         if "dflash" in ways:
-            export_dir = str(
-                export_drafter(ckpt, Path(tmp) / "drafter", target=target, hybrid_conf=hybrid_conf)
-            )
+            export_dir = str(export_drafter(ckpt, Path(tmp) / "drafter", target=target, **confs))
         for way in ways:
             log(
                 f"[serve-check] {engine} ({way}): {len(benches)} benchmark(s), batch 1 and "
                 f"{batch_size}"
             )
             sampled = any(not b.rollouts.settings.greedy for b in benches)
-            recording = way in LOOKUP_WAYS and kind.records_lookup_steps
+            # every drafting step, empty ones included, where a way may propose nothing
+            trimmed = way == "dflash" and confs["trim_conf"] is not None
+            recording = (way in LOOKUP_WAYS or trimmed) and kind.records_lookup_steps
             with kind.load(
                 model_dir,
                 dtype=dtype,
@@ -333,7 +337,7 @@ def serve_check(
                     results[bench.name][way] = _way_report(run, bench, way, batch_size)
     out: dict[str, Any] = {
         "target": target.name,
-        "drafter": str(spec) if spec.kind == "hybrid" else str(ckpt),
+        "drafter": str(spec) if spec.kind in ("hybrid", "trim") else str(ckpt),
         "engine": engine_version,
         "batch_size": batch_size,
         "benchmarks": [],
@@ -387,7 +391,7 @@ def rounds_trace(
         raise EngineError(f"--rounds {index}: {rollout_dir} holds prompts 0..{len(rollouts) - 1}")
     one = rollouts.subset([index])
     row = one[0]
-    spec, ckpt, hybrid_conf, cfg = _served_drafter(drafter)
+    spec, ckpt, confs, cfg = _served_drafter(drafter)
     kind = get_engine(engine)
     problem = kind.serve_problem(cfg, target.model.config)
     if problem:
@@ -396,9 +400,7 @@ def rounds_trace(
     acc = score_rollout_set(model, target, one, drafter_id=model_id, progress=False)[0]
     k = int(model.config.num_proposals)
     with tempfile.TemporaryDirectory(prefix="blockdraft-rounds-") as tmp:
-        export_dir = str(
-            export_drafter(ckpt, Path(tmp) / "drafter", target=target, hybrid_conf=hybrid_conf)
-        )
+        export_dir = str(export_drafter(ckpt, Path(tmp) / "drafter", target=target, **confs))
         with kind.load(
             model_directory(target),
             dtype=str(target.dtype).removeprefix("torch."),
