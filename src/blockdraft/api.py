@@ -288,8 +288,8 @@ def load_drafter(
     spec: str | Path | DrafterSpec, target: Target, *, dtype: str | None = None
 ) -> Any:
     """A drafter bound to `target` for decoding: a checkpoint or run directory (its
-    `final/`), `ngram[:k=7,max=3,min=1]` (prompt lookup), `suffix[:k=7]` (suffix decoding)
-    or `hybrid:RUN`.
+    `final/`), `ngram[:k=7,max=3,min=1]` (prompt lookup), `suffix[:k=7]` (suffix decoding),
+    `hybrid:RUN` or `trim:RUN`.
 
         >>> drafter = blockdraft.load_drafter("runs/quick", target)
         >>> print(drafter.config.block_size)

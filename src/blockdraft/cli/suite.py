@@ -95,8 +95,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "drafters",
         nargs="*",
         type=drafter_spec,
-        help="checkpoint or run directories, `ngram[:...]`, `suffix[:...]`, `hybrid:PATH` (the "
-        "baseline is always scored first, then the suite's references)",
+        help="checkpoint or run directories, `ngram[:...]`, `suffix[:...]`, `hybrid:PATH`, "
+        "`trim:PATH` (the baseline is always scored first, then the suite's references)",
     )
     p.set_defaults(func=run)
 

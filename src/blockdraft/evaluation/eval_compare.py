@@ -1,9 +1,10 @@
 """Offline evaluation runs: score drafters on rollout sets, evaluate, compare, write JSON.
 
 What `blockdraft eval` / `compare` and the demo call. A drafter is a checkpoint or run
-directory or a spec (`ngram[:...]`, `hybrid:PATH`); checkpoints are scored with the
-target layers their own config records, so drafters trained on other `target.layer_ids`
-compare, and acceptance tensors are cached, so `compare` after `evaluate` costs nothing.
+directory or a spec (`ngram[:...]`, `hybrid:PATH`, `trim:PATH`); checkpoints are scored
+with the target layers their own config records, so drafters trained on other
+`target.layer_ids` compare, and acceptance tensors are cached, so `compare` after
+`evaluate` costs nothing.
 """
 
 from __future__ import annotations
