@@ -35,6 +35,12 @@
 #             lookup, every drafter and its `hybrid:`, and the per-round oracle ($OUT/suite.txt)
 #   suite-t07 the same at T = 0.7 / top-p 0.8 / top-k 20 ($OUT/suite-t07.txt)
 #             (SUITE_RUNS="NAME ...": only those runs; default every finished one)
+#   speed     (not in the default list; needs make engine and the suite's rollouts)
+#             bench/vllm_serving.py: SPEED_RUN (default the largest curve drafter's 2x-steps
+#             greedy EDR fine-tune) in vLLM at batch 1 on 8 prompts of each suite benchmark
+#             beside no speculation, `ngram` and `suffix`, all drafting SPEED_K (4), and the
+#             same drafter trimmed at each confidence of SPEED_TRIM (0.3 0.5 0.7) drafting
+#             up to its K ($OUT/speed.txt; run it on otherwise idle cores)
 #   llamacpp  (not in the default list; needs make engine-llamacpp and the suite's rollouts)
 #             bench/llamacpp.py: the plain AB_SIZE drafter (over the whole vocabulary) in
 #             llama-server at batch 1, f32 and Q4, also drafting 3 tokens a round
@@ -186,6 +192,16 @@ llamacpp)
       --rollouts "$(ls -d "$OUT/suite-rollouts/$LLAMACPP_SET"-* | head -1)" --limit "$LLAMACPP_PROMPTS" \
       --max-new-tokens 128 --threads "$THREADS" --q4 --draft-lengths 3 | tee "$OUT/llamacpp.txt"
   log "llamacpp done" ;;
+speed)
+  run=$R/${SPEED_RUN:-lookup-${CURVE##* }-x${STEPS_X:-2}-edr-t0-s0}; trims=()
+  k=$($PY -c 'import json, sys; c = json.load(open(sys.argv[1]))
+print((c.get("block_size") or c["dflash_config"]["block_size"]) - 1)' "$run/final/config.json")
+  for c in ${SPEED_TRIM:-0.3 0.5 0.7}; do trims+=(--drafter "trim:conf=$c:$run@$k"); done
+  log "speed: $run in vLLM, drafting ${SPEED_K:-4}, trimmed at ${SPEED_TRIM:-0.3 0.5 0.7}"
+  sets=(); for b in gsm8k humaneval mt-bench; do sets+=(--rollouts "$(ls -d "$OUT/suite-rollouts/$b"-* | head -1)"); done
+  $PY bench/vllm_serving.py --target smollm2-135m "${sets[@]}" --limit 8 \
+      --draft-lengths "${SPEED_K:-4}" --drafter "$run" "${trims[@]}" | tee "$OUT/speed.txt"
+  log "speed done" ;;
 decay)
   for seed in $SEEDS; do sfx=$([ "$seed" = 0 ] || echo "-s$seed")
     log "decay at $AB_SIZE rollouts, seed $seed"
@@ -235,5 +251,5 @@ suite|suite-t07)
       --cache-dir "$OUT/cache" --threads "$THREADS" --no-progress --json "$OUT/$tag.json" --overwrite \
       ${SUITE_LIMIT:+--limit "$SUITE_LIMIT"} "${runs[@]}" "${hybrids[@]}" | tee "$OUT/$tag.txt"
   log "$tag done" ;;
-*) echo "unknown section $section (prompts rollouts features curve seeds steps ab fullvocab decay finetune wide suite suite-t07 llamacpp)" >&2; exit 2 ;;
+*) echo "unknown section $section (prompts rollouts features curve seeds steps ab fullvocab decay finetune wide suite suite-t07 speed llamacpp)" >&2; exit 2 ;;
 esac; done
