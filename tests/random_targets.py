@@ -158,3 +158,26 @@ def make_shaped_target(
         model = cls._from_config(config_cls(**fields, **ids), dtype=dtype or torch.float32)
     mask = tok.convert_tokens_to_ids(MASK_TOKEN)
     return Target(model.eval(), tok, name=f"{shape}-shaped", mask_token_id=mask)
+
+
+def confident_random_drafter(draft_vocab: bool = False, lookup_inputs: bool = False):
+    """(target, drafter): a random qwen3 target with a sharpened head and a random 1-layer
+    block-5 drafter whose inputs are scaled up, so its slot confidences spread over (0, 1)
+    (per-slot confidence rules then choose both ways); `draft_vocab`: on a reduced
+    vocabulary of every other target id (the target's tokens then fall outside it)."""
+    from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
+
+    torch.manual_seed(0)
+    target = make_random_target("qwen3", seed=2)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)
+    size = target.vocab_size // 2 if draft_vocab else None
+    cfg = DrafterConfig.for_target(
+        target, num_layers=1, block_size=5, draft_vocab_size=size, lookup_inputs=lookup_inputs
+    )
+    drafter = BlockDrafter(cfg).bind_target(target).eval()
+    if draft_vocab:
+        drafter.set_draft_vocab(torch.arange(0, target.vocab_size, 2)[:size])
+    with torch.no_grad():
+        drafter.fc.weight.mul_(20.0)
+    return target, drafter

@@ -123,6 +123,36 @@ def _exact_and_empirical(target, drafter, prompt, n, max_new, verifier, temperat
     return keys, exact, counts, emitted_total, rounds
 
 
+def _assert_sampled_tau_agrees_with_offline_mal(target, drafter, prompts, floor):
+    """T = 1: rollouts sampled from the target, the drafter's offline MAL on them and its
+    online tau on the same prompts agree within a 99.9% interval (both above `floor`, so
+    the drafter is tested where it is accepted)."""
+    from blockdraft.data.rollouts.sampler import SamplingSettings, generate_batch
+    from blockdraft.data.rollouts.store import Rollout
+    from blockdraft.evaluation.offline import mal_ci
+    from blockdraft.evaluation.scoring import score_rollouts
+
+    settings = SamplingSettings(temperature=1.0, max_new_tokens=20, seed=3)
+    gen = generate_batch(target, prompts, [str(i) for i in range(len(prompts))], settings)
+    rollouts = [
+        Rollout(
+            str(i),
+            torch.tensor(p),
+            torch.as_tensor(r.response_ids),
+            torch.as_tensor(r.logprobs).float(),
+        )
+        for i, (p, r) in enumerate(zip(prompts, gen, strict=True))
+    ]
+    acc = score_rollouts(drafter, target, rollouts, 1.0, use_cache=False)
+    mal, (lo, hi) = mal_ci(acc, n_boot=1000)
+    online = decode(
+        target, drafter, prompts, temperature=1.0, max_new_tokens=20, seed=5, measure_ar=False
+    )
+    se_off, se_on = (hi - lo) / 3.92, (online.tau_ci95[1] - online.tau_ci95[0]) / 3.92
+    assert mal > floor and online.tau > floor
+    assert abs(online.tau - mal) < 3.29 * math.hypot(se_off, se_on), (online.tau, mal)
+
+
 @pytest.mark.parametrize(
     "verifier,markov,top_k",
     [("standard", 0.0, 0), ("block", 0.0, 0), ("standard", 1.0, 3), ("block", 1.0, 0)],

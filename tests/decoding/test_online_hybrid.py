@@ -1,32 +1,32 @@
 """The hybrid drafter in the real decoding loop: lossless at T=1 (chi-square against the
-exact output distribution), online rounds == offline expected rounds at T=0 per prompt,
-and online tau == offline MAL at T=1 within a 99.9% interval."""
+exact output distribution; the trimmed drafter too), online rounds == offline expected
+rounds at T=0 per prompt, and online tau == offline MAL at T=1 within a 99.9% interval."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from test_online import ALPHA, _exact_and_empirical
+from test_online import ALPHA, _assert_sampled_tau_agrees_with_offline_mal, _exact_and_empirical
 
-from blockdraft.data.rollouts.sampler import SamplingSettings, generate_batch
 from blockdraft.data.rollouts.store import Rollout
 from blockdraft.decoding.loop import ar_generate, decode
 from blockdraft.drafters.dflash import BlockDrafter, DrafterConfig
 from blockdraft.drafters.hybrid import HybridDrafter
-from blockdraft.evaluation.offline import mal_ci, offline_stats
+from blockdraft.drafters.trimmed import TrimmedDrafter
+from blockdraft.evaluation.offline import offline_stats
 from blockdraft.evaluation.scoring import score_rollouts
 from fake_drafter import FakeTarget, chi2_pvalue, oracle_drafter
-from random_targets import make_random_target
+from random_targets import confident_random_drafter, make_random_target
 
 
-def test_hybrid_sampling_is_lossless() -> None:
+@pytest.mark.parametrize("rule", [HybridDrafter, TrimmedDrafter])
+def test_confidence_rule_sampling_is_lossless(rule) -> None:
+    """hybrid (both sources supply slots) and trim (blocks of 0..3 tokens) at 0.6."""
     target = FakeTarget(vocab=3, seed=2, scale=0.7, stop_token_ids=[0])
     fake = oracle_drafter(target, 3, strength=1.5, noise=1.0, ctx_scale=0.5, seed=4)
-    hybrid = HybridDrafter(fake, min_confidence=0.6)  # both sources supply slots
+    drafter = rule(fake, min_confidence=0.6)
     keys, exact, counts, _, _ = _exact_and_empirical(
-        target, hybrid, [1, 2, 1, 2], 1200, 4, "standard"
+        target, drafter, [1, 2, 1, 2], 1200, 4, "standard"
     )
     probs = torch.tensor([exact[k] for k in keys], dtype=torch.float64)
     pval, stat, df = chi2_pvalue(counts, probs)
@@ -37,17 +37,7 @@ def test_hybrid_sampling_is_lossless() -> None:
 def _confident_setup(draft_vocab: bool = False):
     """A confident random drafter; `draft_vocab`: on a reduced vocabulary of half the
     target's ids (the merge then reads D columns, the target's tokens fall outside)."""
-    torch.manual_seed(0)
-    target = make_random_target("qwen3", seed=2)
-    with torch.no_grad():
-        target.lm_head.weight.mul_(4.0)
-    size = target.vocab_size // 2 if draft_vocab else None
-    cfg = DrafterConfig.for_target(target, num_layers=1, block_size=5, draft_vocab_size=size)
-    drafter = BlockDrafter(cfg).bind_target(target).eval()
-    if draft_vocab:
-        drafter.set_draft_vocab(torch.arange(0, target.vocab_size, 2)[:size])
-    with torch.no_grad():
-        drafter.fc.weight.mul_(20.0)
+    target, drafter = confident_random_drafter(draft_vocab)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, target.vocab_size, (5,), generator=g).tolist() for _ in range(12)]
     return target, HybridDrafter(drafter, min_confidence=0.5), prompts
@@ -96,17 +86,4 @@ def test_hybrid_of_a_lookup_input_drafter_decodes_as_scored_offline() -> None:
 @pytest.mark.parametrize("draft_vocab", [False, True])
 def test_hybrid_sampling_online_tau_agrees_with_offline_mal(draft_vocab) -> None:
     target, hybrid, prompts = _confident_setup(draft_vocab)
-    settings = SamplingSettings(temperature=1.0, max_new_tokens=20, seed=3)
-    gen = generate_batch(target, prompts, [str(i) for i in range(len(prompts))], settings)
-    rollouts = [
-        _rollout(i, p, r.response_ids, r.logprobs)
-        for i, (p, r) in enumerate(zip(prompts, gen, strict=True))
-    ]
-    acc = score_rollouts(hybrid, target, rollouts, 1.0, use_cache=False)
-    mal, (lo, hi) = mal_ci(acc, n_boot=1000)
-    online = decode(
-        target, hybrid, prompts, temperature=1.0, max_new_tokens=20, seed=5, measure_ar=False
-    )
-    se_off, se_on = (hi - lo) / 3.92, (online.tau_ci95[1] - online.tau_ci95[0]) / 3.92
-    assert mal > 1.2 and online.tau > 1.2
-    assert abs(online.tau - mal) < 3.29 * math.hypot(se_off, se_on), (online.tau, mal)
+    _assert_sampled_tau_agrees_with_offline_mal(target, hybrid, prompts, 1.2)
