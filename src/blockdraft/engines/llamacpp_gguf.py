@@ -88,8 +88,9 @@ def llamacpp_problem(drafter_cfg: dict[str, Any], target_config: Any) -> str | N
         )
     if drafter_cfg.get("architectures") == [LOOKUP_ARCHITECTURE]:
         return (
-            "a lookup-aware drafter (lookup inputs or a hybrid fallback) is served by "
-            "blockdraft's vLLM plugin only: llama.cpp's draft-dflash feeds it no lookup tokens"
+            "a lookup-aware drafter (lookup inputs, a hybrid fallback or a trim) is served by "
+            "blockdraft's vLLM plugin only: llama.cpp's draft-dflash feeds it no lookup tokens "
+            "and drafts whole blocks"
         )
     draft_vocab = drafter_cfg.get("draft_vocab_size")
     if draft_vocab is not None and int(draft_vocab) != int(drafter_cfg.get("vocab_size") or 0):
