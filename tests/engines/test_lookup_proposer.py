@@ -16,6 +16,7 @@ from blockdraft.drafters.ngram import NgramDrafter
 from blockdraft.drafters.trimmed import TrimmedDrafter
 from blockdraft.engines.vllm_lookup import (
     RequestLookups,
+    draft_argmax_in_target_ids,
     merge_hybrid,
     trim_drafts,
     trimmed_lengths,
@@ -97,3 +98,18 @@ def test_trim_cuts_each_request_where_the_trimmed_drafter_does():
     ]
     with pytest.raises(RuntimeError, match="drafted for 6 requests"):
         trim_drafts(drafts, lengths[:5])
+
+
+def test_draft_argmax_maps_to_the_target_id_vllms_spread_logits_pick():
+    # vLLM's compute_logits writes draft id i at target id i + d2t[i], -inf elsewhere
+    gen = torch.Generator().manual_seed(2)
+    target_vocab, draft_vocab = 40, 12
+    targets = torch.randperm(target_vocab, generator=gen)[:draft_vocab].sort().values
+    d2t = targets - torch.arange(draft_vocab)
+    logits = torch.randn(9, draft_vocab, generator=gen)
+    spread = torch.full((9, target_vocab), float("-inf"))
+    spread[:, targets] = logits
+    got = draft_argmax_in_target_ids(logits, d2t)
+    assert torch.equal(got, spread.argmax(-1))
+    assert not torch.equal(got, logits.argmax(-1))  # the mapping moved some ids
+    assert torch.equal(draft_argmax_in_target_ids(logits, None), logits.argmax(-1))

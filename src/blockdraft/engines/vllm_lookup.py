@@ -109,6 +109,18 @@ def trimmed_lengths(draft_logits: torch.Tensor, num_requests: int, conf: float) 
     return confident.long().cumprod(-1).sum(-1).tolist()
 
 
+def draft_argmax_in_target_ids(
+    draft_logits: torch.Tensor, draft_id_to_target_id: torch.Tensor | None
+) -> torch.Tensor:
+    """The target ids of the drafter's argmax over its own vocabulary: what vLLM's
+    `compute_logits(...).argmax(-1)` gives, whose logits put draft id i at target id
+    `i + draft_id_to_target_id[i]` and -inf elsewhere."""
+    ids = draft_logits.argmax(dim=-1)
+    if draft_id_to_target_id is None:
+        return ids
+    return ids + draft_id_to_target_id.to(ids.device)[ids]
+
+
 def trim_drafts(draft_token_ids: Any, lengths: list[int]) -> list[list[int]]:
     """The runner's draft token ids `[B, K]` cut to each request's length."""
     rows = draft_token_ids.tolist()
@@ -179,21 +191,36 @@ def _lookup_proposer_class() -> type:
                 self.hybrid_proposals = self.hybrid_lookups.propose(ids, texts)
             return out
 
+        def _plain_greedy_draft(self, sampling_metadata: Any) -> bool:
+            """Whether vLLM's own draft is the argmax of `compute_logits` (no sampled draft
+            probabilities, no per-rank argmax, no heterogeneous vocabulary)."""
+            sampled = getattr(self, "_enable_probabilistic_draft_probs", True)
+            return (
+                (not sampled or bool(sampling_metadata.all_greedy))
+                and not getattr(self, "use_local_argmax_reduction", True)
+                and not getattr(self, "use_heterogeneous_vocab", True)
+            )
+
         def take_trimmed(self) -> list[int] | None:
             """Each request's block length this step (None: all K, no `trim` rule)."""
             lengths, self.trimmed = self.trimmed, None
             return lengths
 
         def _sample_draft_tokens(self, hidden_states: Any, sampling_metadata: Any) -> Any:
-            tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
             looked_up, self.hybrid_proposals = self.hybrid_proposals, None
             hybrid = self.serving.hybrid_conf is not None and looked_up is not None
             trim = self.serving.trim_conf
             if not hybrid and trim is None:
-                return tokens, probs
+                return super()._sample_draft_tokens(hidden_states, sampling_metadata)
             model = self.model
             # the drafter's own vocabulary, before vLLM spreads it over the target's
             draft_logits = model.logits_processor(model.lm_head, hidden_states)
+            if self._plain_greedy_draft(sampling_metadata):
+                # the argmax vLLM would take, from these logits: one LM-head pass, not two
+                d2t = getattr(model, "draft_id_to_target_id", None)
+                tokens, probs = draft_argmax_in_target_ids(draft_logits, d2t), None
+            else:
+                tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
             if trim is not None:
                 requests = tokens.numel() // self.num_speculative_tokens
                 self.trimmed = trimmed_lengths(draft_logits, requests, trim)
@@ -265,6 +292,7 @@ __all__ = [
     "RequestLookups",
     "install",
     "merge_hybrid",
+    "draft_argmax_in_target_ids",
     "trim_drafts",
     "trimmed_lengths",
     "verified_texts",
