@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from blockdraft.drafters.draft_vocab import draft_ids_from_d2t
 from blockdraft.drafters.ngram import NgramConfig, NgramTable
 from blockdraft.drafters.trimmed import slot_confidence
 from blockdraft.serialization.serving_rules import ServingRules
@@ -118,7 +119,7 @@ def draft_argmax_in_target_ids(
     ids = draft_logits.argmax(dim=-1)
     if draft_id_to_target_id is None:
         return ids
-    return ids + draft_id_to_target_id.to(ids.device)[ids]
+    return draft_ids_from_d2t(draft_id_to_target_id.to(ids.device))[ids]
 
 
 def trim_drafts(draft_token_ids: Any, lengths: list[int]) -> list[list[int]]:
@@ -290,9 +291,9 @@ def _hand_over_verified(runner_class: type) -> None:
 
 __all__ = [
     "RequestLookups",
+    "draft_argmax_in_target_ids",
     "install",
     "merge_hybrid",
-    "draft_argmax_in_target_ids",
     "trim_drafts",
     "trimmed_lengths",
     "verified_texts",
