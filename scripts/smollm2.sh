@@ -27,7 +27,8 @@
 #   decay     DFlash's decay schedule at AB_SIZE, seeds SEEDS (with D-PACE partners past seed 0)
 #   finetune  one epoch of EDR and of E2E (FT_OBJECTIVES) from the D-PACE drafter of AB_SIZE
 #             (FT_FROM: another run, e.g. lookup-2000), seeds SEEDS, on the T = 0.7 set;
-#             FT_GREEDY=N: on the first N greedy rollouts instead (their cached features)
+#             FT_GREEDY=N: on the first N greedy rollouts instead (their cached features);
+#             FT_LR: the constant learning rate (3e-4); another one gets its own run (NAME-edr-lr1e-4-...)
 #   wide      each finished run on a reduced draft vocabulary (WIDE_RUNS="NAME ...": only those)
 #             exported over the whole vocabulary as runs/NAME-wide (`export --expand-vocab`):
 #             the same weights scoring every token (what llama.cpp serves, and it accepts more)
@@ -211,10 +212,11 @@ decay)
   log "decay done" ;;
 finetune)
   for seed in $SEEDS; do for obj in $FT_OBJECTIVES; do
-    name=ft-$obj-s$seed; [ "$FT_FROM" = "lookup-$AB_SIZE" ] || name=$FT_FROM-$obj-s$seed
+    lr=$([ "$FT_LR" = 3e-4 ] || echo "-lr$FT_LR")  # another learning rate: its own run
+    name=ft-$obj$lr-s$seed; [ "$FT_FROM" = "lookup-$AB_SIZE" ] || name=$FT_FROM-$obj$lr-s$seed
     data=(data.train_rollouts="$OUT/rollouts/mix-t07")
     if [ -n "${FT_GREEDY:-}" ]; then  # greedy rollouts: the features cached for them serve
-      name=$FT_FROM-$obj-t0-s$seed
+      name=$FT_FROM-$obj$lr-t0-s$seed
       data=(data.train_rollouts="$OUT/rollouts/mix-t0" data.train_subset="$FT_GREEDY" data.eval_split=0
         data.features="$(layers_dir "$LAYERS")" data.max_seq_len=2048)
     fi
