@@ -40,7 +40,7 @@
 #             bench/vllm_serving.py: SPEED_RUN (default the largest curve drafter's 2x-steps
 #             greedy EDR fine-tune) in vLLM at batch 1 on 8 prompts of each suite benchmark
 #             beside no speculation, `ngram` and `suffix`, all drafting SPEED_K (4), and the
-#             same drafter trimmed at each confidence of SPEED_TRIM (0.3 0.5) within those
+#             same drafter trimmed at each confidence of SPEED_TRIM (0.3 0.5; SPEED_TRIM= none) within those
 #             SPEED_K ($OUT/speed.txt; run it on otherwise idle cores)
 #   llamacpp  (not in the default list; needs make engine-llamacpp and the suite's rollouts)
 #             bench/llamacpp.py: the plain AB_SIZE drafter (over the whole vocabulary) in
@@ -195,8 +195,8 @@ llamacpp)
   log "llamacpp done" ;;
 speed)
   run=$R/${SPEED_RUN:-lookup-${CURVE##* }-x${STEPS_X:-2}-edr-t0-s0}; trims=()
-  for c in ${SPEED_TRIM:-0.3 0.5}; do trims+=(--drafter "trim:conf=$c:$run@${SPEED_K:-4}"); done
-  log "speed: $run in vLLM, drafting ${SPEED_K:-4}, trimmed at ${SPEED_TRIM:-0.3 0.5}"
+  for c in ${SPEED_TRIM-0.3 0.5}; do trims+=(--drafter "trim:conf=$c:$run@${SPEED_K:-4}"); done
+  log "speed: $run in vLLM, drafting ${SPEED_K:-4}, trimmed at ${SPEED_TRIM-0.3 0.5}"
   sets=(); for b in gsm8k humaneval mt-bench; do sets+=(--rollouts "$(ls -d "$OUT/suite-rollouts/$b"-* | head -1)"); done
   $PY bench/vllm_serving.py --target smollm2-135m "${sets[@]}" --limit 8 \
       --draft-lengths "${SPEED_K:-4}" --drafter "$run" "${trims[@]}" | tee "$OUT/speed.txt"
