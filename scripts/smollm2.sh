@@ -40,8 +40,9 @@
 #             bench/vllm_serving.py: SPEED_RUN (default the largest curve drafter's 2x-steps
 #             greedy EDR fine-tune) in vLLM at batch 1 on 8 prompts of each suite benchmark
 #             beside no speculation, `ngram` and `suffix`, all drafting SPEED_K (4), and the
-#             same drafter trimmed at each confidence of SPEED_TRIM (0.3 0.5; SPEED_TRIM= none) within those
-#             SPEED_K ($OUT/speed.txt; run it on otherwise idle cores)
+#             same drafter trimmed at each confidence of SPEED_TRIM (0.3 0.5; empty: none) within
+#             those SPEED_K, and its whole-vocabulary export if `wide` made one ($OUT/speed.txt;
+#             run it on otherwise idle cores)
 #   llamacpp  (not in the default list; needs make engine-llamacpp and the suite's rollouts)
 #             bench/llamacpp.py: the plain AB_SIZE drafter (over the whole vocabulary) in
 #             llama-server at batch 1, f32 and Q4, also drafting 3 tokens a round
@@ -194,12 +195,13 @@ llamacpp)
       --max-new-tokens 128 --threads "$THREADS" --q4 --draft-lengths 3 | tee "$OUT/llamacpp.txt"
   log "llamacpp done" ;;
 speed)
-  run=$R/${SPEED_RUN:-lookup-${CURVE##* }-x${STEPS_X:-2}-edr-t0-s0}; trims=()
-  for c in ${SPEED_TRIM-0.3 0.5}; do trims+=(--drafter "trim:conf=$c:$run@${SPEED_K:-4}"); done
+  run=$R/${SPEED_RUN:-lookup-${CURVE##* }-x${STEPS_X:-2}-edr-t0-s0}; variants=()
+  for c in ${SPEED_TRIM-0.3 0.5}; do variants+=(--drafter "trim:conf=$c:$run@${SPEED_K:-4}"); done
+  [ -d "$run-wide" ] && variants+=(--drafter "$run-wide")  # its whole-vocabulary export, if made
   log "speed: $run in vLLM, drafting ${SPEED_K:-4}, trimmed at ${SPEED_TRIM-0.3 0.5}"
   sets=(); for b in gsm8k humaneval mt-bench; do sets+=(--rollouts "$(ls -d "$OUT/suite-rollouts/$b"-* | head -1)"); done
   $PY bench/vllm_serving.py --target smollm2-135m "${sets[@]}" --limit 8 \
-      --draft-lengths "${SPEED_K:-4}" --drafter "$run" "${trims[@]}" | tee "$OUT/speed.txt"
+      --draft-lengths "${SPEED_K:-4}" --drafter "$run" "${variants[@]}" | tee "$OUT/speed.txt"
   log "speed done" ;;
 decay)
   for seed in $SEEDS; do sfx=$([ "$seed" = 0 ] || echo "-s$seed")
